@@ -1,0 +1,242 @@
+// Package attest is the shared vocabulary of nodeproof's evidence checks:
+// the kinds of evidence, the claims a verifier vouches for, the session that
+// ties a challenge to its answer, the binding of a kubelet key into evidence,
+// and the one typed refusal, Denial, that every check returns.
+//
+// Authenticity and authorization are separate steps. A Verifier (attest/tpm,
+// identity/gcp, identity/aws) returns Claims only when every check in its
+// doc comment passed; attest/policy then decides whether those claims may
+// have a pool. Neither logs: callers write one line per decision.
+package attest
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Kind names a kind of evidence.
+type Kind string
+
+// The kinds of evidence nodeproof understands.
+const (
+	KindTPM Kind = "tpm"
+	KindGCP Kind = "gcp"
+	KindAWS Kind = "aws"
+)
+
+// BindingLabel starts every binding digest, so that a quote or token made
+// for nodeproof cannot be mistaken for one made for another protocol.
+const BindingLabel = "nodeproof/v1 attestation binding"
+
+// NonceSize is the size of a server nonce in bytes.
+const NonceSize = 32
+
+// BindingDigest returns SHA-256(BindingLabel ‖ 0x00 ‖ nonce ‖ kubeletKeySHA256).
+// It is the qualifying data of a TPM quote and part of a GCP token's
+// audience: one piece of evidence serves exactly one session (the nonce) and
+// one kubelet key (its hash), so neither a replayed quote nor a swapped key
+// passes.
+func BindingDigest(nonce, kubeletKeySHA256 []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte(BindingLabel))
+	h.Write([]byte{0})
+	h.Write(nonce)
+	h.Write(kubeletKeySHA256)
+	return h.Sum(nil)
+}
+
+// KeySHA256 returns the SHA-256 of a public key's PKIX DER encoding after
+// checking that it parses as one. This is the hash that evidence binds and
+// that the CSR approver compares against a CSR's key.
+func KeySHA256(pkixDER []byte) ([]byte, error) {
+	if _, err := x509.ParsePKIXPublicKey(pkixDER); err != nil {
+		return nil, Deny(ReasonMalformed, "kubelet public key is not PKIX DER: %v", err)
+	}
+	sum := sha256.Sum256(pkixDER)
+	return sum[:], nil
+}
+
+// Equal reports whether a and b are equal, in time that depends only on
+// their lengths. Every comparison of a secret or a binding goes through it.
+func Equal(a, b []byte) bool {
+	return subtle.ConstantTimeCompare(a, b) == 1
+}
+
+// Session is what a server remembers between a challenge and its answer.
+// Servers seal it (AEAD) and hand it to the node, so any replica can verify
+// the answer; nothing in it may be trusted unless it came back sealed.
+type Session struct {
+	Kind Kind   `json:"kind"`
+	Pool string `json:"pool"`
+	// Nonce is the server's fresh random value for this session.
+	Nonce []byte `json:"nonce"`
+	// KubeletKeySHA256 is the hash of the kubelet public key the node bound.
+	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
+	// IssuedAt and Expires bound the session's life.
+	IssuedAt time.Time `json:"issuedAt"`
+	Expires  time.Time `json:"expires"`
+	// State is kind-specific (for TPM: the activation secret, the AK and
+	// the EK facts already checked).
+	State []byte `json:"state,omitempty"`
+}
+
+// Claims are the facts a verifier vouches for after every one of its checks
+// passed. Policy decides what they may have; nothing here is a decision.
+type Claims struct {
+	Kind Kind `json:"kind"`
+	// Identity is a stable identifier of the machine for this kind of
+	// evidence: "tpm-ek:<sha256 of EK PKIX DER>" or a cloud instance ID.
+	Identity string `json:"identity"`
+	// NodeName is the node name the evidence itself establishes (TPM
+	// inventory, cloud instance name); empty when the evidence names none.
+	NodeName string `json:"nodeName,omitempty"`
+	// Addresses the evidence attests for this node (DNS names and IPs).
+	Addresses []string `json:"addresses,omitempty"`
+	// KubeletKeySHA256 is the hash of the kubelet public key bound into the
+	// evidence.
+	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
+	// VerifiedAt is when the verifier finished its checks.
+	VerifiedAt time.Time `json:"verifiedAt"`
+
+	TPM *TPMClaims `json:"tpm,omitempty"`
+}
+
+// TPMClaims are the facts a TPM attestation establishes.
+type TPMClaims struct {
+	// EKSHA256 is the hex SHA-256 of the EK public key (PKIX DER).
+	EKSHA256 string `json:"ekSHA256"`
+	// EKTrust names what vouched for the EK: "ca:<root set name>" or
+	// "inventory".
+	EKTrust string `json:"ekTrust"`
+	// EKCertSubject, EKCertIssuer and EKCertSerial describe the EK
+	// certificate when one was presented.
+	EKCertSubject string `json:"ekCertSubject,omitempty"`
+	EKCertIssuer  string `json:"ekCertIssuer,omitempty"`
+	EKCertSerial  string `json:"ekCertSerial,omitempty"`
+	// AKName is the hex TPM name of the attestation key.
+	AKName string `json:"akName"`
+	// PCRBank is the hash bank the quote covered: "sha256" or "sha1".
+	PCRBank string `json:"pcrBank"`
+	// PCRs are the quoted PCR values, hex, by index.
+	PCRs map[int]string `json:"pcrs"`
+	// Boot is what the replayed event log says about the boot.
+	Boot BootState `json:"boot"`
+}
+
+// BootState is the boot as the event log tells it, after the log replayed
+// against quoted PCRs. A field is only set when replayed events establish it;
+// the *Known flags distinguish "absent from the log" from a zero value, so
+// an empty or partial log can never satisfy a policy that asks for a field.
+type BootState struct {
+	// LogEvents is the number of events that replayed.
+	LogEvents int `json:"logEvents"`
+	// ReplayedPCRs lists the PCRs whose events replayed to the quoted value.
+	ReplayedPCRs []int `json:"replayedPCRs,omitempty"`
+
+	SecureBootKnown bool `json:"secureBootKnown"`
+	SecureBoot      bool `json:"secureBoot"`
+	// PK, KEK, DB and DBX are hex SHA-256 digests of the UEFI variables'
+	// data as measured into PCR 7; empty when not measured.
+	PK  string `json:"pk,omitempty"`
+	KEK string `json:"kek,omitempty"`
+	DB  string `json:"db,omitempty"`
+	DBX string `json:"dbx,omitempty"`
+	// DBXKnown is set when the dbx variable was measured; DBXEntries counts
+	// its hash entries (a larger dbx revokes more).
+	DBXKnown   bool     `json:"dbxKnown"`
+	DBXEntries int      `json:"dbxEntries"`
+	DBXHashes  []string `json:"dbxHashes,omitempty"`
+
+	// BootApplications are the hex digests (in the PCR bank's hash) of the
+	// EFI boot services applications measured into PCR 4, in boot order:
+	// for a shim + GRUB boot, the shim, GRUB, then the kernel.
+	BootApplications []string `json:"bootApplications,omitempty"`
+	// Shim, Bootloader and Kernel name BootApplications[0], [1] and [2]
+	// when present.
+	Shim       string `json:"shim,omitempty"`
+	Bootloader string `json:"bootloader,omitempty"`
+	Kernel     string `json:"kernel,omitempty"`
+	// KernelCmdlineKnown is set when a kernel command line was measured.
+	KernelCmdlineKnown bool   `json:"kernelCmdlineKnown"`
+	KernelCmdline      string `json:"kernelCmdline,omitempty"`
+}
+
+// Reason is the machine-readable cause of a refusal. Tests assert reasons,
+// never message text; mcs maps each to an HTTP status and approver to a CSR
+// condition reason.
+type Reason string
+
+// Reasons for refusing evidence. Each check has its own.
+const (
+	// Input.
+	ReasonMalformed Reason = "MalformedEvidence"
+	// Sessions.
+	ReasonSessionInvalid Reason = "SessionInvalid"
+	ReasonSessionExpired Reason = "SessionExpired"
+	ReasonSessionReused  Reason = "SessionReused"
+	// TPM: endorsement key.
+	ReasonEKUntrusted      Reason = "EKUntrusted"
+	ReasonEKMismatch       Reason = "EKCertificateKeyMismatch"
+	ReasonEKNotInInventory Reason = "EKNotInInventory"
+	ReasonEKCertInvalid    Reason = "EKCertificateInvalid"
+	// TPM: attestation key.
+	ReasonAKInvalid       Reason = "AKInvalid"
+	ReasonAKAttributes    Reason = "AKAttributes"
+	ReasonAKCreation      Reason = "AKCreationAttestation"
+	ReasonActivation      Reason = "CredentialActivationFailed"
+	ReasonQuoteSignature  Reason = "QuoteSignature"
+	ReasonQuoteNotTPM     Reason = "QuoteNotTPMGenerated"
+	ReasonQuoteBinding    Reason = "QuoteBindingMismatch"
+	ReasonKubeletKey      Reason = "KubeletKeyMismatch"
+	ReasonQuoteSelection  Reason = "QuotePCRSelection"
+	ReasonQuotePCRDigest  Reason = "QuotePCRDigestMismatch"
+	ReasonNoSHA256Bank    Reason = "SHA256BankMissing"
+	ReasonEventLogInvalid Reason = "EventLogMalformed"
+	ReasonEventLogReplay  Reason = "EventLogReplayMismatch"
+	// Policy (authorization).
+	ReasonPolicyUnknownPool     Reason = "PoolNotInPolicy"
+	ReasonPolicyKindNotAllowed  Reason = "EvidenceKindNotAllowed"
+	ReasonPolicySHA1            Reason = "SHA1BankNotAllowed"
+	ReasonPolicyEKTrust         Reason = "EKTrustNotAllowed"
+	ReasonPolicySecureBootOff   Reason = "SecureBootDisabled"
+	ReasonPolicySecureBootUnk   Reason = "SecureBootStateUnknown"
+	ReasonPolicyBootDenied      Reason = "BootComponentDenied"
+	ReasonPolicyBootNotAllowed  Reason = "BootComponentNotAllowed"
+	ReasonPolicyBootMissing     Reason = "BootComponentNotMeasured"
+	ReasonPolicyDBX             Reason = "DBXOutdated"
+	ReasonPolicyPCRValue        Reason = "PCRValueMismatch"
+	ReasonPolicyKernelCmdline   Reason = "KernelCmdlineNotAllowed"
+	ReasonPolicyNodeNameMissing Reason = "NodeNameNotEstablished"
+)
+
+// Denial is the one typed refusal. Wrap it with %w; read it back with
+// ReasonOf. Detail is for humans and must never carry a secret.
+type Denial struct {
+	Reason Reason
+	Detail string
+}
+
+func (d *Denial) Error() string {
+	if d.Detail == "" {
+		return string(d.Reason)
+	}
+	return string(d.Reason) + ": " + d.Detail
+}
+
+// Deny returns a *Denial with a formatted detail.
+func Deny(r Reason, format string, args ...any) error {
+	return &Denial{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// ReasonOf returns the reason of the first Denial in err's chain.
+func ReasonOf(err error) (Reason, bool) {
+	var d *Denial
+	if errors.As(err, &d) {
+		return d.Reason, true
+	}
+	return "", false
+}

@@ -1,0 +1,309 @@
+// Package tpm is nodeproof's TPM 2.0 evidence: the wire format, the
+// node-side collector (collect.go) and the server-side verifier
+// (verify.go). The verifier establishes Claims; attest/policy decides what
+// they may have.
+package tpm
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2/credactivation"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// activationSecretSize is the size of the credential-activation secret.
+const activationSecretSize = 32
+
+// Options configure a Verifier. Each field says what it changes about
+// security.
+type Options struct {
+	// Roots are the TPM-vendor CA sets an EK certificate may chain to.
+	// Empty trusts no EK certificate (the inventory may still vouch).
+	Roots []RootSet
+	// Inventory lists EKs trusted without a certificate. Nil trusts none.
+	Inventory *Inventory
+	// RequiredPCRs must all be covered by the quote. Nil means 0-9, the
+	// PCRs the firmware, Secure Boot and the boot loader measure into.
+	RequiredPCRs []int
+	// SessionTTL bounds the time between challenge and answer. Zero means
+	// five minutes.
+	SessionTTL time.Duration
+	// Clock tells the time; required (no global clock).
+	Clock func() time.Time
+	// Rand is the randomness for nonces and activation secrets; nil means
+	// crypto/rand.
+	Rand io.Reader
+}
+
+// Verifier is the server side of TPM evidence. It is safe for concurrent
+// use and keeps no per-session state: what it needs between the two steps
+// is in the attest.Session it returns, which the caller must seal.
+type Verifier struct {
+	ek       *ekTrust
+	required []int
+	ttl      time.Duration
+	clock    func() time.Time
+	rand     io.Reader
+}
+
+// NewVerifier returns a Verifier.
+func NewVerifier(o Options) (*Verifier, error) {
+	if o.Clock == nil {
+		return nil, errors.New("tpm: Options.Clock is required")
+	}
+	v := &Verifier{ek: newEKTrust(o.Roots, o.Inventory), required: o.RequiredPCRs, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	if v.required == nil {
+		v.required = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+	}
+	for _, i := range v.required {
+		if i < 0 || i > 23 {
+			return nil, fmt.Errorf("tpm: required PCR %d out of range", i)
+		}
+	}
+	if v.ttl == 0 {
+		v.ttl = 5 * time.Minute
+	}
+	if v.rand == nil {
+		v.rand = rand.Reader
+	}
+	return v, nil
+}
+
+// sessionState is the TPM part of a sealed attest.Session.
+type sessionState struct {
+	Secret     []byte   `json:"secret"`
+	AKPublic   []byte   `json:"akPublic"`
+	EKSHA256   []byte   `json:"ekSHA256"`
+	EKTrust    string   `json:"ekTrust"`
+	CertSubj   string   `json:"certSubject,omitempty"`
+	CertIssuer string   `json:"certIssuer,omitempty"`
+	CertSerial string   `json:"certSerial,omitempty"`
+	NodeName   string   `json:"nodeName,omitempty"`
+	Addresses  []string `json:"addresses,omitempty"`
+}
+
+// Challenge is step one. It checks the node's identity and returns the
+// challenge for the node and the session for the caller to seal.
+//
+// Checks, each with its own denial reason:
+//  1. Sizes: every structure and certificate within bounds
+//     (MalformedEvidence); the kubelet key hash is 32 bytes.
+//  2. EK trust (see ekTrust): inventory, or an EK certificate whose key is
+//     the EK (EKCertificateKeyMismatch) chaining to a configured vendor
+//     root (EKUntrusted, EKCertificateInvalid); neither: EKNotInInventory.
+//  3. AK public area: decodes (AKInvalid); restricted signing key with
+//     fixedTPM, fixedParent, sensitiveDataOrigin, not decrypt, RSA >= 2048
+//     or NIST P-256+, SHA-256+ scheme (AKAttributes).
+//  4. AK creation attestation: TPM_GENERATED, a creation attestation of
+//     exactly this AK, creation-data digest matching, signed by the AK
+//     (AKCreationAttestation).
+//
+// Then it makes the credential (TPM2_MakeCredential, with go-tpm's
+// credactivation) for the AK's name under the EK, with a fresh 32-byte
+// secret, and a fresh 32-byte nonce.
+func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
+	if err := checkRequestSizes(req); err != nil {
+		return nil, nil, err
+	}
+	if len(kubeletKeySHA256) != 32 {
+		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
+	}
+	now := v.clock()
+	ek, err := v.ek.check(req.EKPublic, req.EKCertificate, req.EKIntermediates, now)
+	if err != nil {
+		return nil, nil, err
+	}
+	ak, err := parseAKPublic(req.AK.Public)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := ak.checkCreation(req.AK.CreateData, req.AK.CreateAttestation, req.AK.CreateSignature); err != nil {
+		return nil, nil, err
+	}
+	secret := make([]byte, activationSecretSize)
+	nonce := make([]byte, attest.NonceSize)
+	if _, err := io.ReadFull(v.rand, secret); err != nil {
+		return nil, nil, fmt.Errorf("tpm: activation secret: %w", err)
+	}
+	if _, err := io.ReadFull(v.rand, nonce); err != nil {
+		return nil, nil, fmt.Errorf("tpm: nonce: %w", err)
+	}
+	cred, encSecret, err := credactivation.Generate(ak.name.Digest, ek.Public, 16, secret)
+	if err != nil {
+		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "make credential: %v", err)
+	}
+	state, err := json.Marshal(sessionState{
+		Secret: secret, AKPublic: req.AK.Public, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
+		CertSubj: ek.CertSubj, CertIssuer: ek.CertIssuer, CertSerial: ek.CertSerial,
+		NodeName: ek.NodeName, Addresses: ek.Addresses,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("tpm: session state: %w", err)
+	}
+	sess := &attest.Session{
+		Kind: attest.KindTPM, Pool: pool, Nonce: nonce, KubeletKeySHA256: kubeletKeySHA256,
+		IssuedAt: now, Expires: now.Add(v.ttl), State: state,
+	}
+	return &Challenge{Nonce: nonce, Credential: cred, Secret: encSecret}, sess, nil
+}
+
+// Verify is step two: it checks the node's answer against the session the
+// caller unsealed and, only if every check passes, returns Claims.
+// One-time use of a session is the caller's to enforce (the store).
+//
+// Checks, each with its own denial reason:
+//  1. The session is a TPM session (SessionInvalid) and has not expired at
+//     the verifier's clock (SessionExpired).
+//  2. Sizes of every field (MalformedEvidence).
+//  3. The activation secret equals the session's, in constant time
+//     (CredentialActivationFailed): the AK lives in the TPM that holds the
+//     EK.
+//  4. A quote of the SHA-256 bank is used when present; otherwise a SHA-1
+//     quote is accepted here and marked pcrBank "sha1" for policy to refuse
+//     (SHA256BankMissing when there is neither).
+//  5. The quote (see verifyQuote): AK signature (QuoteSignature),
+//     TPM_GENERATED and quote type (QuoteNotTPMGenerated), qualifying data
+//     = attest.BindingDigest(session nonce, the kubelet key hash the node
+//     says it bound) (QuoteBindingMismatch), PCR selection covers
+//     RequiredPCRs (QuotePCRSelection), PCR values match the quoted digest
+//     (QuotePCRDigestMismatch).
+//  6. The kubelet key hash the quote binds is the session's, in constant
+//     time (KubeletKeyMismatch): so the accepted quote's qualifying data is
+//     exactly BindingDigest(session nonce, session kubelet key).
+//  7. The event log parses (EventLogMalformed) and replays to the quoted
+//     PCR values (EventLogReplayMismatch).
+//  8. Boot state is read only from replayed events whose data matches its
+//     digest where the meaning is in the data (EventLogMalformed).
+func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
+	now := v.clock()
+	if sess == nil || sess.Kind != attest.KindTPM {
+		return nil, attest.Deny(attest.ReasonSessionInvalid, "not a TPM session")
+	}
+	if !now.Before(sess.Expires) {
+		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	}
+	var st sessionState
+	if err := json.Unmarshal(sess.State, &st); err != nil {
+		return nil, attest.Deny(attest.ReasonSessionInvalid, "session state: %v", err)
+	}
+	if err := checkEvidenceSizes(ev); err != nil {
+		return nil, err
+	}
+	if len(st.Secret) != activationSecretSize || !attest.Equal(ev.ActivationSecret, st.Secret) {
+		return nil, attest.Deny(attest.ReasonActivation, "activation secret does not match: the AK is not in the TPM that holds the EK")
+	}
+	ak, err := parseAKPublic(st.AKPublic)
+	if err != nil {
+		return nil, err
+	}
+	q, err := pickQuote(ev.Quotes)
+	if err != nil {
+		return nil, err
+	}
+	binding := attest.BindingDigest(sess.Nonce, ev.KubeletKeySHA256)
+	qr, err := verifyQuote(ak, q, ev.PCRs, binding, v.required)
+	if err != nil {
+		return nil, err
+	}
+	if !attest.Equal(ev.KubeletKeySHA256, sess.KubeletKeySHA256) {
+		return nil, attest.Deny(attest.ReasonKubeletKey, "the quote binds a kubelet key other than the one this session was opened for")
+	}
+	events, err := replayLog(ev.EventLog, qr.bank, qr.pcrs)
+	if err != nil {
+		return nil, err
+	}
+	boot, err := bootState(events, qr.bank)
+	if err != nil {
+		return nil, err
+	}
+	pcrs := make(map[int]string, len(qr.pcrs))
+	for i, d := range qr.pcrs {
+		pcrs[i] = hex.EncodeToString(d)
+	}
+	ekHex := hex.EncodeToString(st.EKSHA256)
+	return &attest.Claims{
+		Kind:             attest.KindTPM,
+		Identity:         "tpm-ek:" + ekHex,
+		NodeName:         st.NodeName,
+		Addresses:        st.Addresses,
+		KubeletKeySHA256: sess.KubeletKeySHA256,
+		VerifiedAt:       now,
+		TPM: &attest.TPMClaims{
+			EKSHA256: ekHex, EKTrust: st.EKTrust,
+			EKCertSubject: st.CertSubj, EKCertIssuer: st.CertIssuer, EKCertSerial: st.CertSerial,
+			AKName: ak.nameHex, PCRBank: bankName(qr.bank), PCRs: pcrs, Boot: boot,
+		},
+	}, nil
+}
+
+// pickQuote returns the SHA-256 quote, else a SHA-1 one.
+func pickQuote(quotes []Quote) (Quote, error) {
+	var sha1Quote *Quote
+	for i, q := range quotes {
+		h, err := quoteBank(q)
+		if err != nil {
+			continue
+		}
+		switch bankName(h) {
+		case "sha256":
+			return q, nil
+		case "sha1":
+			sha1Quote = &quotes[i]
+		}
+	}
+	if sha1Quote != nil {
+		return *sha1Quote, nil
+	}
+	return Quote{}, attest.Deny(attest.ReasonNoSHA256Bank, "no quote of the SHA-256 bank")
+}
+
+func checkRequestSizes(r *ChallengeRequest) error {
+	if r == nil {
+		return attest.Deny(attest.ReasonMalformed, "empty challenge request")
+	}
+	fields := [][]byte{r.EKPublic, r.EKCertificate, r.AK.Public, r.AK.CreateData, r.AK.CreateAttestation, r.AK.CreateSignature}
+	fields = append(fields, r.EKIntermediates...)
+	for _, f := range fields {
+		if len(f) > maxStructure {
+			return attest.Deny(attest.ReasonMalformed, "a field of %d bytes exceeds %d", len(f), maxStructure)
+		}
+	}
+	if len(r.EKIntermediates) > maxChain {
+		return attest.Deny(attest.ReasonMalformed, "more than %d EK intermediates", maxChain)
+	}
+	if len(r.EKPublic) == 0 || len(r.AK.Public) == 0 {
+		return attest.Deny(attest.ReasonMalformed, "EK and AK public keys are required")
+	}
+	return nil
+}
+
+func checkEvidenceSizes(e *Evidence) error {
+	if e == nil {
+		return attest.Deny(attest.ReasonMalformed, "empty evidence")
+	}
+	if len(e.Quotes) == 0 || len(e.Quotes) > maxQuotes {
+		return attest.Deny(attest.ReasonMalformed, "%d quotes; want 1 to %d", len(e.Quotes), maxQuotes)
+	}
+	if len(e.PCRs) > maxPCRs {
+		return attest.Deny(attest.ReasonMalformed, "%d PCR values; at most %d", len(e.PCRs), maxPCRs)
+	}
+	for _, q := range e.Quotes {
+		if len(q.Quote) > maxStructure || len(q.Signature) > maxStructure {
+			return attest.Deny(attest.ReasonMalformed, "quote exceeds %d bytes", maxStructure)
+		}
+	}
+	if len(e.ActivationSecret) > maxStructure {
+		return attest.Deny(attest.ReasonMalformed, "activation secret too large")
+	}
+	if len(e.EventLog) > MaxEventLogSize {
+		return attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes exceeds %d", len(e.EventLog), MaxEventLogSize)
+	}
+	return nil
+}

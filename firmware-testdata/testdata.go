@@ -1,0 +1,97 @@
+// Package firmwaretestdata holds real TCG event logs from real machines and
+// the outcome nodeproof expects for each (expected/<name>.json), for tests
+// to walk. README.md says where each log came from.
+package firmwaretestdata
+
+import (
+	"embed"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"sort"
+	"strings"
+)
+
+//go:embed logs/*.bin logs/*.json expected/*.json
+var files embed.FS
+
+// Expected is the outcome expected for one log.
+type Expected struct {
+	// Parses says whether the log parses as a TCG PC Client log.
+	Parses bool `json:"parses"`
+	// ReplayPCRs are the PCRs whose SHA-256 events replay when the log's own
+	// digests are extended from a fresh TPM (PCR 0-16). Empty when the log
+	// has no SHA-256 digests.
+	ReplayPCRs []int `json:"replayPCRs"`
+	// SHA256 says whether the log carries SHA-256 digests (crypto-agile).
+	SHA256 bool `json:"sha256"`
+	// SecureBoot is "on", "off" or "unknown" (no SecureBoot variable
+	// measured).
+	SecureBoot string `json:"secureBoot"`
+	// DBXEntries counts dbx entries; -1 when dbx was not measured.
+	DBXEntries int `json:"dbxEntries"`
+	// BootApplications are the PCR 4 EFI application digests (SHA-256).
+	BootApplications []string `json:"bootApplications"`
+	// KernelCmdline is the GRUB-measured command line, "" when none.
+	KernelCmdline string `json:"kernelCmdline"`
+	// SwTPMReplay says whether extending the log into a TPM at locality 0
+	// reproduces every PCR it measures (false for logs that need locality 3
+	// startup or DRTM PCRs).
+	SwTPMReplay bool `json:"swtpmReplay"`
+	// Note says anything special about the log.
+	Note string `json:"note,omitempty"`
+}
+
+// Log is one real event log and its expected outcome.
+type Log struct {
+	Name     string
+	Raw      []byte
+	Expected Expected
+}
+
+// Logs returns every log with its expected outcome, sorted by name.
+func Logs() ([]Log, error) {
+	names, err := fs.Glob(files, "logs/*.bin")
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	out := make([]Log, 0, len(names))
+	for _, n := range names {
+		name := strings.TrimSuffix(strings.TrimPrefix(n, "logs/"), ".bin")
+		raw, err := files.ReadFile(n)
+		if err != nil {
+			return nil, err
+		}
+		l := Log{Name: name, Raw: raw}
+		exp, err := files.ReadFile("expected/" + name + ".json")
+		if err != nil {
+			return nil, fmt.Errorf("log %s has no expected outcome: %w", name, err)
+		}
+		if err := json.Unmarshal(exp, &l.Expected); err != nil {
+			return nil, fmt.Errorf("expected/%s.json: %w", name, err)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// MustLog returns the named log's bytes or panics: for tests and benches
+// that name a log they know is there.
+func MustLog(name string) []byte {
+	b, err := files.ReadFile("logs/" + name + ".bin")
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// WindowsGCPShieldedVM is a real attestation from a Windows Shielded VM on
+// GCP (go-attestation's testdata): an AK, a quote, PCRs and the event log.
+func WindowsGCPShieldedVM() []byte {
+	b, err := files.ReadFile("logs/windows_gcp_shielded_vm.json")
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

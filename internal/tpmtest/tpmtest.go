@@ -1,0 +1,175 @@
+// Package tpmtest helps tests and the demo stand up TPMs the way a vendor
+// ships them: a manufacturer CA (root and intermediate) that issues EK
+// certificates with the TCG's critical subject-alternative-name, EK
+// certificates provisioned into NV, and real firmware event logs extended
+// into the PCRs so that a quote and the log agree.
+package tpmtest
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/go-eventlog/register"
+	"github.com/google/go-eventlog/tcg"
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
+)
+
+// EKCertNVIndex is where TPMs keep the RSA EK certificate (TCG EK
+// Credential Profile).
+const EKCertNVIndex = tpmutil.Handle(0x01C00002)
+
+// VendorCA is a TPM manufacturer's CA: a root and an intermediate that
+// signs EK certificates.
+type VendorCA struct {
+	Root, Intermediate       *x509.Certificate
+	rootKey, intermediateKey crypto.Signer
+}
+
+// NewVendorCA makes a root and an intermediate, valid around now.
+func NewVendorCA(name string, now time.Time) (*VendorCA, error) {
+	rootKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	interKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	ca := &VendorCA{rootKey: rootKey, intermediateKey: interKey}
+	rootTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{Organization: []string{name}, CommonName: name + " EK Root CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(20, 0, 0),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, rootTmpl, rootTmpl, rootKey.Public(), rootKey)
+	if err != nil {
+		return nil, err
+	}
+	if ca.Root, err = x509.ParseCertificate(der); err != nil {
+		return nil, err
+	}
+	interTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{Organization: []string{name}, CommonName: name + " EK Issuing CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(15, 0, 0),
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true, MaxPathLenZero: true,
+	}
+	der, err = x509.CreateCertificate(rand.Reader, interTmpl, ca.Root, interKey.Public(), rootKey)
+	if err != nil {
+		return nil, err
+	}
+	if ca.Intermediate, err = x509.ParseCertificate(der); err != nil {
+		return nil, err
+	}
+	return ca, nil
+}
+
+// tcgAttribute OIDs for the TPM manufacturer fields of an EK certificate's
+// directoryName SAN.
+var (
+	oidTPMManufacturer = asn1.ObjectIdentifier{2, 23, 133, 2, 1}
+	oidTPMModel        = asn1.ObjectIdentifier{2, 23, 133, 2, 2}
+	oidTPMVersion      = asn1.ObjectIdentifier{2, 23, 133, 2, 3}
+	oidSAN             = asn1.ObjectIdentifier{2, 5, 29, 17}
+	oidTCGKpEKCert     = asn1.ObjectIdentifier{2, 23, 133, 8, 1}
+)
+
+// IssueEK issues an EK certificate for ekPub as vendors do: empty subject,
+// a critical SAN of TPM manufacturer fields, the TCG EK-certificate EKU.
+func (ca *VendorCA) IssueEK(ekPub crypto.PublicKey, now time.Time) ([]byte, error) {
+	name, err := asn1.Marshal(pkix.RDNSequence{
+		{{Type: oidTPMManufacturer, Value: "id:4E505246"}},
+		{{Type: oidTPMModel, Value: "nodeproof-test"}},
+		{{Type: oidTPMVersion, Value: "id:00010002"}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	san, err := asn1.Marshal([]asn1.RawValue{{Class: asn1.ClassContextSpecific, Tag: 4, IsCompound: true, Bytes: name}})
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(10, 0, 0),
+		KeyUsage:           x509.KeyUsageKeyEncipherment,
+		UnknownExtKeyUsage: []asn1.ObjectIdentifier{oidTCGKpEKCert},
+		ExtraExtensions:    []pkix.Extension{{Id: oidSAN, Critical: true, Value: san}},
+	}
+	return x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, ekPub, ca.intermediateKey)
+}
+
+// WriteRoots writes the root and intermediate as PEM files into dir, the
+// layout attest/tpm.LoadRootSet reads.
+func (ca *VendorCA) WriteRoots(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for name, c := range map[string]*x509.Certificate{"root.pem": ca.Root, "intermediate.pem": ca.Intermediate} {
+		b := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ProvisionEKCert writes certDER into the TPM's EK certificate NV index
+// (replacing what is there), in chunks small enough for any TPM.
+func ProvisionEKCert(rw io.ReadWriter, certDER []byte) error {
+	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, EKCertNVIndex)
+	attrs := tpm2.AttrOwnerWrite | tpm2.AttrAuthRead | tpm2.AttrPPWrite
+	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, EKCertNVIndex, "", "", nil, attrs, uint16(len(certDER))); err != nil {
+		return fmt.Errorf("define EK certificate NV index: %w", err)
+	}
+	for off := 0; off < len(certDER); off += 512 {
+		end := min(off+512, len(certDER))
+		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, EKCertNVIndex, "", certDER[off:end], uint16(off)); err != nil {
+			return fmt.Errorf("write EK certificate: %w", err)
+		}
+	}
+	return nil
+}
+
+// ExtendLog extends every measured event of a TCG event log into the
+// TPM's SHA-1 and SHA-256 PCRs, so that the TPM's PCRs are what that
+// machine's firmware would have left (from a freshly started TPM). Events
+// a TPM at locality 0 cannot reproduce (PCR 17 and up, EV_NO_ACTION) are
+// skipped; the result says how many events were extended.
+func ExtendLog(rw io.ReadWriter, log []byte) (int, error) {
+	el, err := tcg.ParseEventLog(log, tcg.ParseOpts{AllowPadding: true})
+	if err != nil {
+		return 0, fmt.Errorf("parse event log: %w", err)
+	}
+	n := 0
+	for _, bank := range []struct {
+		alg  register.HashAlg
+		tpm2 tpm2.Algorithm
+	}{{register.HashSHA1, tpm2.AlgSHA1}, {register.HashSHA256, tpm2.AlgSHA256}} {
+		for _, e := range el.Events(bank.alg) {
+			if e.Type == tcg.NoAction || e.Index > 16 || len(e.Digest) == 0 {
+				continue
+			}
+			if err := tpm2.PCRExtend(rw, tpmutil.Handle(e.Index), bank.tpm2, e.Digest, ""); err != nil {
+				return n, fmt.Errorf("extend PCR %d: %w", e.Index, err)
+			}
+			n++
+		}
+	}
+	return n, nil
+}
