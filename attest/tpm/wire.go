@@ -28,7 +28,7 @@ type ChallengeRequest struct {
 	EKCertificate []byte `json:"ekCertificate,omitempty"`
 	// EKIntermediates are extra DER certificates between the EK
 	// certificate and a vendor root, if the node has them.
-	EKIntermediates [][]byte `json:"ekIntermediates,omitempty"`
+	EKIntermediates [][]byte     `json:"ekIntermediates,omitempty"`
 	AK              AKParameters `json:"ak"`
 }
 
