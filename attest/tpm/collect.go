@@ -31,6 +31,7 @@ type Channel interface {
 
 // Collector produces TPM evidence on the node.
 type Collector struct {
+	log func() ([]byte, error)
 	tpm *goattest.TPM
 	ek  goattest.EK
 	ak  *goattest.AK
@@ -48,7 +49,10 @@ func NewCollector(ch Channel) (*Collector, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open TPM: %w", err)
 	}
-	c := &Collector{tpm: t}
+	c := &Collector{tpm: t, log: systemEventLog}
+	if ch != nil {
+		c.log = ch.MeasurementLog
+	}
 	eks, err := t.EKs()
 	if err != nil || len(eks) == 0 {
 		t.Close()
@@ -123,10 +127,20 @@ func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, e
 	for _, p := range pcrs {
 		ev.PCRs = append(ev.PCRs, PCR{Index: p.Index, Bank: bankName(p.DigestAlg), Digest: p.Digest})
 	}
-	if ev.EventLog, err = c.tpm.MeasurementLog(); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if ev.EventLog, err = c.log(); err != nil {
 		return nil, fmt.Errorf("read event log: %w", err)
 	}
 	return ev, nil
+}
+
+// systemEventLog reads the firmware's event log; a machine without one
+// (no UEFI measured boot) sends none, and its boot state is unknown.
+func systemEventLog() ([]byte, error) {
+	b, err := os.ReadFile(SystemEventLog)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return b, err
 }
 
 // SocketChannel is a TPM command channel over a stream socket, as swtpm
