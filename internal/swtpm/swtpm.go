@@ -71,8 +71,13 @@ func localcaPath() string {
 }
 
 // Provision writes a new TPM's state into stateDir: RSA and ECC EKs with
-// certificates from this manufacturer, SHA-1 and SHA-256 PCR banks.
-func (m *Manufacturer) Provision(ctx context.Context, stateDir string) error {
+// certificates from this manufacturer, and the PCR banks named in banks
+// (comma-separated; "sha1,sha256" when empty).
+func (m *Manufacturer) Provision(ctx context.Context, stateDir string, banks ...string) error {
+	pcrBanks := strings.Join(banks, ",")
+	if pcrBanks == "" {
+		pcrBanks = "sha1,sha256"
+	}
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return err
 	}
@@ -83,7 +88,7 @@ func (m *Manufacturer) Provision(ctx context.Context, stateDir string) error {
 	cmd := exec.CommandContext(ctx, "swtpm_setup", "--tpm2", "--tpm-state", stateDir,
 		"--config", filepath.Join(m.Dir, "swtpm_setup.conf"),
 		"--createek", "--create-ek-cert", "--create-platform-cert",
-		"--pcr-banks", "sha1,sha256", "--overwrite", "--write-ek-cert-files", certs)
+		"--pcr-banks", pcrBanks, "--overwrite", "--write-ek-cert-files", certs)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("swtpm_setup: %w\n%s", err, out)
 	}

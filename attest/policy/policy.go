@@ -1,0 +1,391 @@
+// Package policy decides whether verified Claims may have a pool. It is
+// authorization only: a verifier has already established that the claims
+// are authentic, and nothing here re-checks that.
+//
+// A policy is a YAML document, decoded strictly (an unknown field is an
+// error, so a misspelt requirement can never silently pass):
+//
+//	apiVersion: nodeproof.io/v1alpha1
+//	kind: AttestationPolicy
+//	trust:
+//	  ekRoots:
+//	  - name: vendor-a              # EK certificates chaining here are "ca:vendor-a"
+//	    dir: ek-roots/vendor-a      # PEM files; relative to the policy file
+//	  ekInventory: ek-inventory.yaml
+//	pools:
+//	  worker:
+//	    evidence: [tpm]
+//	    tpm:
+//	      ekTrust: [ca:vendor-a, inventory]
+//	      allowSHA1: false
+//	      requireSecureBoot: true
+//	      bootComponents:
+//	        shim:       {allow: [<sha256>...], deny: [...]}
+//	        bootloader: {allow: [...]}
+//	        kernel:     {allow: [...]}
+//	      deniedDigests: [<digest>...]
+//	      minimumDBX: {entries: 100, contains: [<sha256>...]}
+//	      pcrs: {"0": <hex>, "7": <hex>}
+//	      kernelCmdline: {require: [...], forbid: [...]}
+package policy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// APIVersion and Kind identify a policy document.
+const (
+	APIVersion = "nodeproof.io/v1alpha1"
+	Kind       = "AttestationPolicy"
+)
+
+// Policy is a whole policy document.
+type Policy struct {
+	APIVersion string          `yaml:"apiVersion"`
+	Kind       string          `yaml:"kind"`
+	Trust      Trust           `yaml:"trust"`
+	Pools      map[string]Pool `yaml:"pools"`
+}
+
+// Trust says what may vouch for a TPM's endorsement key. It configures the
+// verifier (authenticity); pools then choose among these (authorization).
+type Trust struct {
+	// EKRoots are named sets of TPM-vendor CAs, each a directory of PEM
+	// certificates.
+	EKRoots []EKRoot `yaml:"ekRoots"`
+	// EKInventory is a YAML file of known EK hashes (attest/tpm
+	// LoadInventory); empty for none.
+	EKInventory string `yaml:"ekInventory"`
+}
+
+// EKRoot is one named set of vendor CAs.
+type EKRoot struct {
+	Name string `yaml:"name"`
+	Dir  string `yaml:"dir"`
+}
+
+// Pool is what a pool requires.
+type Pool struct {
+	// Evidence lists the kinds of evidence this pool accepts. Empty accepts
+	// none.
+	Evidence []attest.Kind `yaml:"evidence"`
+	// TPM requirements, for TPM evidence.
+	TPM TPMPolicy `yaml:"tpm"`
+}
+
+// TPMPolicy is what TPM evidence must show. Every requirement that reads
+// the boot state refuses claims in which the event log did not establish
+// that field: an empty or partial log never satisfies it.
+type TPMPolicy struct {
+	// EKTrust lists what may have vouched for the EK ("ca:<name>",
+	// "inventory"). Empty accepts any trust the verifier established.
+	EKTrust []string `yaml:"ekTrust"`
+	// AllowSHA1 accepts quotes of the SHA-1 PCR bank. Off: a machine must
+	// quote SHA-256 (SHA-1 PCRs can be forged by collision).
+	AllowSHA1 bool `yaml:"allowSHA1"`
+	// RequireSecureBoot refuses machines that booted without UEFI Secure
+	// Boot, or whose log does not say.
+	RequireSecureBoot bool `yaml:"requireSecureBoot"`
+	// BootComponents constrain the EFI applications measured into PCR 4
+	// by position: the shim, the boot loader, the kernel.
+	BootComponents BootComponents `yaml:"bootComponents"`
+	// DeniedDigests are refused wherever they appear among the boot
+	// applications (revoked shims, vulnerable GRUBs).
+	DeniedDigests []string `yaml:"deniedDigests"`
+	// MinimumDBX requires a dbx at least this current.
+	MinimumDBX *MinimumDBX `yaml:"minimumDBX"`
+	// PCRs are reference values (hex, in the quoted bank) that quoted PCRs
+	// must equal.
+	PCRs map[string]string `yaml:"pcrs"`
+	// KernelCmdline constrains the measured kernel command line.
+	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
+}
+
+// BootComponents are allow/deny lists for each boot stage.
+type BootComponents struct {
+	Shim       DigestList `yaml:"shim"`
+	Bootloader DigestList `yaml:"bootloader"`
+	Kernel     DigestList `yaml:"kernel"`
+}
+
+// DigestList allows and denies digests (hex). An empty Allow allows any
+// digest not denied; a non-empty Allow also requires the stage measured.
+type DigestList struct {
+	Allow []string `yaml:"allow"`
+	Deny  []string `yaml:"deny"`
+}
+
+// MinimumDBX says how current the UEFI revocation list must be.
+type MinimumDBX struct {
+	// Entries is the least number of dbx entries.
+	Entries int `yaml:"entries"`
+	// Contains are hashes the dbx must revoke.
+	Contains []string `yaml:"contains"`
+}
+
+// KernelCmdline requires and forbids whole arguments of the kernel
+// command line ("lockdown=integrity", "init=/bin/sh").
+type KernelCmdline struct {
+	Require []string `yaml:"require"`
+	Forbid  []string `yaml:"forbid"`
+}
+
+// Load reads and checks a policy file. Relative paths in it are resolved
+// against the file's directory.
+func Load(path string) (*Policy, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read policy: %w", err)
+	}
+	p, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("policy %s: %w", path, err)
+	}
+	base := filepath.Dir(path)
+	for i := range p.Trust.EKRoots {
+		if !filepath.IsAbs(p.Trust.EKRoots[i].Dir) {
+			p.Trust.EKRoots[i].Dir = filepath.Join(base, p.Trust.EKRoots[i].Dir)
+		}
+	}
+	if p.Trust.EKInventory != "" && !filepath.IsAbs(p.Trust.EKInventory) {
+		p.Trust.EKInventory = filepath.Join(base, p.Trust.EKInventory)
+	}
+	return p, nil
+}
+
+// Parse decodes a policy strictly and validates it.
+func Parse(b []byte) (*Policy, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var p Policy
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func (p *Policy) validate() error {
+	if p.APIVersion != APIVersion || p.Kind != Kind {
+		return fmt.Errorf("apiVersion/kind must be %s/%s, not %s/%s", APIVersion, Kind, p.APIVersion, p.Kind)
+	}
+	if len(p.Pools) == 0 {
+		return errors.New("no pools")
+	}
+	roots := map[string]bool{}
+	for _, r := range p.Trust.EKRoots {
+		if r.Name == "" || r.Dir == "" {
+			return errors.New("trust.ekRoots: every entry needs a name and a dir")
+		}
+		if roots[r.Name] {
+			return fmt.Errorf("trust.ekRoots: %q named twice", r.Name)
+		}
+		roots[r.Name] = true
+	}
+	for name, pool := range p.Pools {
+		if err := pool.validate(roots, p.Trust.EKInventory != ""); err != nil {
+			return fmt.Errorf("pool %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
+	for _, k := range pool.Evidence {
+		switch k {
+		case attest.KindTPM, attest.KindGCP, attest.KindAWS:
+		default:
+			return fmt.Errorf("unknown evidence kind %q", k)
+		}
+	}
+	t := pool.TPM
+	for _, tr := range t.EKTrust {
+		switch {
+		case tr == "inventory":
+			if !haveInventory {
+				return errors.New("tpm.ekTrust names inventory but trust.ekInventory is empty")
+			}
+		case strings.HasPrefix(tr, "ca:") && roots[strings.TrimPrefix(tr, "ca:")]:
+		default:
+			return fmt.Errorf("tpm.ekTrust %q is neither inventory nor ca:<a trust.ekRoots name>", tr)
+		}
+	}
+	lists := map[string][]string{
+		"bootComponents.shim.allow": t.BootComponents.Shim.Allow, "bootComponents.shim.deny": t.BootComponents.Shim.Deny,
+		"bootComponents.bootloader.allow": t.BootComponents.Bootloader.Allow, "bootComponents.bootloader.deny": t.BootComponents.Bootloader.Deny,
+		"bootComponents.kernel.allow": t.BootComponents.Kernel.Allow, "bootComponents.kernel.deny": t.BootComponents.Kernel.Deny,
+		"deniedDigests": t.DeniedDigests,
+	}
+	if t.MinimumDBX != nil {
+		lists["minimumDBX.contains"] = t.MinimumDBX.Contains
+		if t.MinimumDBX.Entries < 0 {
+			return errors.New("tpm.minimumDBX.entries is negative")
+		}
+	}
+	for field, l := range lists {
+		for _, d := range l {
+			if err := checkHex(d); err != nil {
+				return fmt.Errorf("tpm.%s: %w", field, err)
+			}
+		}
+	}
+	for idx, v := range t.PCRs {
+		i, err := strconv.Atoi(idx)
+		if err != nil || i < 0 || i > 23 {
+			return fmt.Errorf("tpm.pcrs: %q is not a PCR index 0-23", idx)
+		}
+		if err := checkHex(v); err != nil {
+			return fmt.Errorf("tpm.pcrs[%s]: %w", idx, err)
+		}
+	}
+	return nil
+}
+
+func checkHex(s string) error {
+	b, err := hex.DecodeString(s)
+	if err != nil || (len(b) != 20 && len(b) != 32 && len(b) != 48) {
+		return fmt.Errorf("%q is not a hex SHA-1/256/384 digest", s)
+	}
+	return nil
+}
+
+// Evaluate decides whether claims may have pool. It returns nil or an error
+// wrapping an *attest.Denial with the first failed requirement's reason.
+//
+// Requirements, in order:
+//   - the pool is in the policy (PoolNotInPolicy) and accepts the claims'
+//     kind (EvidenceKindNotAllowed);
+//   - for TPM claims, see evaluateTPM.
+func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
+	pp, ok := p.Pools[pool]
+	if !ok {
+		return attest.Deny(attest.ReasonPolicyUnknownPool, "pool %q is not in the policy", pool)
+	}
+	if !slices.Contains(pp.Evidence, c.Kind) {
+		return attest.Deny(attest.ReasonPolicyKindNotAllowed, "pool %q does not accept %s evidence", pool, c.Kind)
+	}
+	if c.Kind == attest.KindTPM {
+		if c.TPM == nil {
+			return attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
+		}
+		return evaluateTPM(&pp.TPM, c.TPM)
+	}
+	return nil
+}
+
+// evaluateTPM checks, in order: the PCR bank (SHA1BankNotAllowed), the EK
+// trust (EKTrustNotAllowed), Secure Boot (SecureBootStateUnknown,
+// SecureBootDisabled), denied digests anywhere among boot applications and
+// per stage (BootComponentDenied), per-stage allow lists
+// (BootComponentNotMeasured, BootComponentNotAllowed), the dbx
+// (DBXOutdated), PCR reference values (PCRValueMismatch) and the kernel
+// command line (KernelCmdlineNotAllowed).
+func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
+	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
+		return attest.Deny(attest.ReasonPolicySHA1, "quote is of the %s bank; this pool requires sha256", c.PCRBank)
+	}
+	if len(t.EKTrust) > 0 && !slices.Contains(t.EKTrust, c.EKTrust) {
+		return attest.Deny(attest.ReasonPolicyEKTrust, "EK vouched for by %s; pool accepts %v", c.EKTrust, t.EKTrust)
+	}
+	b := &c.Boot
+	if t.RequireSecureBoot {
+		if !b.SecureBootKnown {
+			return attest.Deny(attest.ReasonPolicySecureBootUnk, "the event log does not establish the Secure Boot state")
+		}
+		if !b.SecureBoot {
+			return attest.Deny(attest.ReasonPolicySecureBootOff, "the machine booted with Secure Boot off")
+		}
+	}
+	for i, app := range b.BootApplications {
+		if containsHex(t.DeniedDigests, app) {
+			return attest.Deny(attest.ReasonPolicyBootDenied, "boot application %d (%s) is denied", i, app)
+		}
+	}
+	stages := []struct {
+		name   string
+		list   DigestList
+		digest string
+	}{{"shim", t.BootComponents.Shim, b.Shim}, {"bootloader", t.BootComponents.Bootloader, b.Bootloader}, {"kernel", t.BootComponents.Kernel, b.Kernel}}
+	for _, s := range stages {
+		if s.digest != "" && containsHex(s.list.Deny, s.digest) {
+			return attest.Deny(attest.ReasonPolicyBootDenied, "%s %s is denied", s.name, s.digest)
+		}
+		if len(s.list.Allow) == 0 {
+			continue
+		}
+		if s.digest == "" {
+			return attest.Deny(attest.ReasonPolicyBootMissing, "no %s was measured, and the pool allows only listed ones", s.name)
+		}
+		if !containsHex(s.list.Allow, s.digest) {
+			return attest.Deny(attest.ReasonPolicyBootNotAllowed, "%s %s is not allowed", s.name, s.digest)
+		}
+	}
+	if m := t.MinimumDBX; m != nil {
+		if !b.DBXKnown {
+			return attest.Deny(attest.ReasonPolicyDBX, "the event log does not establish the dbx")
+		}
+		if b.DBXEntries < m.Entries {
+			return attest.Deny(attest.ReasonPolicyDBX, "dbx has %d entries; at least %d required", b.DBXEntries, m.Entries)
+		}
+		for _, h := range m.Contains {
+			if !containsHex(b.DBXHashes, h) {
+				return attest.Deny(attest.ReasonPolicyDBX, "dbx does not revoke %s", h)
+			}
+		}
+	}
+	for _, idx := range sortedPCRKeys(t.PCRs) {
+		i, _ := strconv.Atoi(idx)
+		got, ok := c.PCRs[i]
+		if !ok || !strings.EqualFold(got, t.PCRs[idx]) {
+			return attest.Deny(attest.ReasonPolicyPCRValue, "PCR %d is %s, want %s", i, got, t.PCRs[idx])
+		}
+	}
+	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
+		if !b.KernelCmdlineKnown {
+			return attest.Deny(attest.ReasonPolicyKernelCmdline, "the event log does not establish the kernel command line")
+		}
+		args := strings.Fields(b.KernelCmdline)
+		for _, r := range k.Require {
+			if !slices.Contains(args, r) {
+				return attest.Deny(attest.ReasonPolicyKernelCmdline, "kernel command line lacks %q", r)
+			}
+		}
+		for _, f := range k.Forbid {
+			if slices.Contains(args, f) {
+				return attest.Deny(attest.ReasonPolicyKernelCmdline, "kernel command line has %q", f)
+			}
+		}
+	}
+	return nil
+}
+
+func containsHex(list []string, digest string) bool {
+	return slices.ContainsFunc(list, func(s string) bool { return strings.EqualFold(s, digest) })
+}
+
+func sortedPCRKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return x - y
+	})
+	return keys
+}

@@ -1,0 +1,165 @@
+package policy
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+const (
+	shimOK   = "40d6cae02973789080cf4c3a9ad11b5a0a4d8bba4438ab96e276cc784454dee7"
+	grubOK   = "e8a268c431da72caaae407f729f602b9dbf5d1d43492d4a51cc2b688a08586e3"
+	kernelOK = "e4c0382f98feaebfd43923a85fd6da9a20e1a48524a4d5928c31850ca1a96a6e"
+	revoked  = "1111111111111111111111111111111111111111111111111111111111111111"
+	pcr7     = "5fd54361d580eb7592adb8deb236ff35444ceeac7148f24b3de63c041f12b3da"
+)
+
+const strictPolicy = `
+apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust:
+  ekRoots:
+  - {name: vendor, dir: roots}
+  ekInventory: inventory.yaml
+pools:
+  worker:
+    evidence: [tpm]
+    tpm:
+      ekTrust: [ca:vendor, inventory]
+      requireSecureBoot: true
+      bootComponents:
+        shim: {allow: [` + shimOK + `]}
+        kernel: {deny: [` + revoked + `]}
+      deniedDigests: [` + revoked + `]
+      minimumDBX: {entries: 2}
+      pcrs: {"7": ` + pcr7 + `}
+      kernelCmdline: {require: [ro], forbid: [init=/bin/sh]}
+  infra:
+    evidence: [tpm]
+    tpm:
+      allowSHA1: true
+  lab:
+    evidence: [gcp]
+`
+
+// goodClaims satisfies the worker pool of strictPolicy.
+func goodClaims() *attest.Claims {
+	return &attest.Claims{
+		Kind: attest.KindTPM,
+		TPM: &attest.TPMClaims{
+			EKTrust: "ca:vendor", PCRBank: "sha256", PCRs: map[int]string{7: pcr7},
+			Boot: attest.BootState{
+				SecureBootKnown: true, SecureBoot: true, DBXKnown: true, DBXEntries: 3,
+				BootApplications: []string{shimOK, grubOK, kernelOK}, Shim: shimOK, Bootloader: grubOK, Kernel: kernelOK,
+				KernelCmdlineKnown: true, KernelCmdline: "/vmlinuz root=/dev/sda1 ro console=ttyS0",
+			},
+		},
+	}
+}
+
+func TestEvaluate(t *testing.T) {
+	p, err := Parse([]byte(strictPolicy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		pool   string
+		mutate func(c *attest.Claims)
+		want   attest.Reason // "" = allowed
+	}{
+		{"honest machine", "worker", func(*attest.Claims) {}, ""},
+		{"unknown pool", "nosuch", func(*attest.Claims) {}, attest.ReasonPolicyUnknownPool},
+		{"TPM evidence for a GCP-only pool", "lab", func(*attest.Claims) {}, attest.ReasonPolicyKindNotAllowed},
+		{"SHA-1 only", "worker", func(c *attest.Claims) { c.TPM.PCRBank = "sha1" }, attest.ReasonPolicySHA1},
+		{"SHA-1 where the pool allows it", "infra", func(c *attest.Claims) { c.TPM.PCRBank = "sha1" }, ""},
+		{"EK vouched for by another vendor", "worker", func(c *attest.Claims) { c.TPM.EKTrust = "ca:other" }, attest.ReasonPolicyEKTrust},
+		{"Secure Boot off", "worker", func(c *attest.Claims) { c.TPM.Boot.SecureBoot = false }, attest.ReasonPolicySecureBootOff},
+		{"empty event log", "worker", func(c *attest.Claims) { c.TPM.Boot = attest.BootState{} }, attest.ReasonPolicySecureBootUnk},
+		{"revoked boot application", "worker", func(c *attest.Claims) {
+			c.TPM.Boot.BootApplications = append(c.TPM.Boot.BootApplications, revoked)
+		}, attest.ReasonPolicyBootDenied},
+		{"revoked kernel", "worker", func(c *attest.Claims) {
+			c.TPM.Boot.Kernel = strings.ToUpper(revoked)
+			c.TPM.Boot.BootApplications[2] = "00"
+		}, attest.ReasonPolicyBootDenied},
+		{"unlisted shim", "worker", func(c *attest.Claims) { c.TPM.Boot.Shim = grubOK }, attest.ReasonPolicyBootNotAllowed},
+		{"partial log without PCR 4", "worker", func(c *attest.Claims) {
+			c.TPM.Boot.Shim, c.TPM.Boot.Bootloader, c.TPM.Boot.Kernel, c.TPM.Boot.BootApplications = "", "", "", nil
+		}, attest.ReasonPolicyBootMissing},
+		{"old dbx", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXEntries = 1 }, attest.ReasonPolicyDBX},
+		{"dbx not measured", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXKnown = false }, attest.ReasonPolicyDBX},
+		{"PCR 7 differs", "worker", func(c *attest.Claims) { c.TPM.PCRs[7] = revoked }, attest.ReasonPolicyPCRValue},
+		{"PCR 7 not quoted", "worker", func(c *attest.Claims) { delete(c.TPM.PCRs, 7) }, attest.ReasonPolicyPCRValue},
+		{"init=/bin/sh", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdline += " init=/bin/sh" }, attest.ReasonPolicyKernelCmdline},
+		{"read-write root", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdline = "/vmlinuz rw" }, attest.ReasonPolicyKernelCmdline},
+		{"command line not measured", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdlineKnown = false }, attest.ReasonPolicyKernelCmdline},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := goodClaims()
+			tc.mutate(c)
+			err := p.Evaluate(tc.pool, c)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			got, ok := attest.ReasonOf(err)
+			if !ok || got != tc.want {
+				t.Fatalf("got %v (reason %q), want reason %s", err, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	head := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n"
+	cases := []struct {
+		name, doc, want string
+	}{
+		{"misspelt requirement", head + "pools:\n  w:\n    evidence: [tpm]\n    tpm: {requireSecureBot: true}\n", "requireSecureBot"},
+		{"unknown top-level field", head + "pool: {}\n", "pool"},
+		{"wrong kind", "apiVersion: nodeproof.io/v1alpha1\nkind: Policy\npools: {w: {}}\n", "kind"},
+		{"no pools", head, "no pools"},
+		{"unknown evidence kind", head + "pools:\n  w: {evidence: [azure]}\n", "azure"},
+		{"bad digest", head + "pools:\n  w: {tpm: {deniedDigests: [abc]}}\n", "abc"},
+		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
+		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
+		{"inventory not configured", head + "pools:\n  w: {tpm: {ekTrust: [inventory]}}\n", "inventory"},
+		{"duplicate root name", head + "trust: {ekRoots: [{name: a, dir: x}, {name: a, dir: y}]}\npools: {w: {}}\n", "twice"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.doc))
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not mention %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadResolvesRelativePaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte(strictPolicy), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.Trust.EKRoots[0].Dir; got != filepath.Join(dir, "roots") {
+		t.Errorf("root dir %q", got)
+	}
+	if got := p.Trust.EKInventory; got != filepath.Join(dir, "inventory.yaml") {
+		t.Errorf("inventory %q", got)
+	}
+}
