@@ -118,15 +118,19 @@ func newKubeletKey(t *testing.T) (*ecdsa.PrivateKey, []byte, []byte) {
 
 func newVerifier(t *testing.T, ca *tpmtest.VendorCA, inv *tpm.Inventory) *tpm.Verifier {
 	t.Helper()
-	var sets []tpm.RootSet
-	if ca != nil {
-		sets = append(sets, tpm.RootSet{Name: "test-vendor", Roots: []*x509.Certificate{ca.Root}, Intermediates: []*x509.Certificate{ca.Intermediate}})
-	}
-	v, err := tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
+	v, err := tpm.NewVerifier(tpm.Options{Roots: testRootSets(ca), Inventory: inv, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// testRootSets trusts ca (none when nil).
+func testRootSets(ca *tpmtest.VendorCA) []tpm.RootSet {
+	if ca == nil {
+		return nil
+	}
+	return []tpm.RootSet{{Name: "test-vendor", Roots: []*x509.Certificate{ca.Root}, Intermediates: []*x509.Certificate{ca.Intermediate}}}
 }
 
 func newCA(t *testing.T, name string) *tpmtest.VendorCA {
