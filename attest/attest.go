@@ -146,10 +146,12 @@ type BootState struct {
 	DB  string `json:"db,omitempty"`
 	DBX string `json:"dbx,omitempty"`
 	// DBXKnown is set when the dbx variable was measured; DBXEntries counts
-	// its hash entries (a larger dbx revokes more).
-	DBXKnown   bool     `json:"dbxKnown"`
-	DBXEntries int      `json:"dbxEntries"`
-	DBXHashes  []string `json:"dbxHashes,omitempty"`
+	// its entries (a larger dbx revokes more). DBXSHA256s concatenates its
+	// SHA-256 hash entries, 32 bytes each (one slice, not one string per
+	// hash: a current dbx has hundreds).
+	DBXKnown   bool   `json:"dbxKnown"`
+	DBXEntries int    `json:"dbxEntries"`
+	DBXSHA256s []byte `json:"dbxSHA256s,omitempty"`
 
 	// BootApplications are the hex digests (in the PCR bank's hash) of the
 	// EFI boot services applications measured into PCR 4, in boot order:

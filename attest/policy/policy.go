@@ -131,7 +131,7 @@ type DigestList struct {
 type MinimumDBX struct {
 	// Entries is the least number of dbx entries.
 	Entries int `yaml:"entries"`
-	// Contains are hashes the dbx must revoke.
+	// Contains are SHA-256 hashes (hex) the dbx must revoke.
 	Contains []string `yaml:"contains"`
 }
 
@@ -342,7 +342,7 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 			return attest.Deny(attest.ReasonPolicyDBX, "dbx has %d entries; at least %d required", b.DBXEntries, m.Entries)
 		}
 		for _, h := range m.Contains {
-			if !containsHex(b.DBXHashes, h) {
+			if !dbxRevokes(b.DBXSHA256s, h) {
 				return attest.Deny(attest.ReasonPolicyDBX, "dbx does not revoke %s", h)
 			}
 		}
@@ -375,6 +375,21 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 
 func containsHex(list []string, digest string) bool {
 	return slices.ContainsFunc(list, func(s string) bool { return strings.EqualFold(s, digest) })
+}
+
+// dbxRevokes reports whether the concatenated 32-byte dbx hashes hold the
+// hex SHA-256 want.
+func dbxRevokes(hashes []byte, want string) bool {
+	w, err := hex.DecodeString(want)
+	if err != nil || len(w) != 32 {
+		return false
+	}
+	for i := 0; i+32 <= len(hashes); i += 32 {
+		if bytes.Equal(hashes[i:i+32], w) {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedPCRKeys(m map[string]string) []string {

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,7 +35,7 @@ pools:
         shim: {allow: [` + shimOK + `]}
         kernel: {deny: [` + revoked + `]}
       deniedDigests: [` + revoked + `]
-      minimumDBX: {entries: 2}
+      minimumDBX: {entries: 2, contains: [` + revoked + `]}
       pcrs: {"7": ` + pcr7 + `}
       kernelCmdline: {require: [ro], forbid: [init=/bin/sh]}
   infra:
@@ -53,6 +54,7 @@ func goodClaims() *attest.Claims {
 			EKTrust: "ca:vendor", PCRBank: "sha256", PCRs: map[int]string{7: pcr7},
 			Boot: attest.BootState{
 				SecureBootKnown: true, SecureBoot: true, DBXKnown: true, DBXEntries: 3,
+				DBXSHA256s:       append(bytes.Repeat([]byte{0x22}, 32), bytes.Repeat([]byte{0x11}, 32)...),
 				BootApplications: []string{shimOK, grubOK, kernelOK}, Shim: shimOK, Bootloader: grubOK, Kernel: kernelOK,
 				KernelCmdlineKnown: true, KernelCmdline: "/vmlinuz root=/dev/sda1 ro console=ttyS0",
 			},
@@ -91,6 +93,7 @@ func TestEvaluate(t *testing.T) {
 			c.TPM.Boot.Shim, c.TPM.Boot.Bootloader, c.TPM.Boot.Kernel, c.TPM.Boot.BootApplications = "", "", "", nil
 		}, attest.ReasonPolicyBootMissing},
 		{"old dbx", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXEntries = 1 }, attest.ReasonPolicyDBX},
+		{"dbx lacks a required revocation", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXSHA256s = c.TPM.Boot.DBXSHA256s[:32] }, attest.ReasonPolicyDBX},
 		{"dbx not measured", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXKnown = false }, attest.ReasonPolicyDBX},
 		{"PCR 7 differs", "worker", func(c *attest.Claims) { c.TPM.PCRs[7] = revoked }, attest.ReasonPolicyPCRValue},
 		{"PCR 7 not quoted", "worker", func(c *attest.Claims) { delete(c.TPM.PCRs, 7) }, attest.ReasonPolicyPCRValue},

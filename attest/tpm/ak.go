@@ -5,6 +5,7 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/rsa"
+	"encoding/hex"
 	"fmt"
 	"math/big"
 
@@ -82,15 +83,21 @@ func parseAKPublic(public []byte) (*akKey, error) {
 	if ak.key, err = pub.Key(); err != nil {
 		return nil, attest.Deny(attest.ReasonAKInvalid, "AK key: %v", err)
 	}
-	if ak.name, err = pub.Name(); err != nil || ak.name.Digest == nil {
-		return nil, attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
+	return ak, nil
+}
+
+// computeName computes the AK's TPM name (what the credential is bound to).
+func (ak *akKey) computeName() error {
+	var err error
+	if ak.name, err = ak.public.Name(); err != nil || ak.name.Digest == nil {
+		return attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
 	}
 	enc, err := ak.name.Encode()
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
+		return attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
 	}
-	ak.nameHex = fmt.Sprintf("%x", enc)
-	return ak, nil
+	ak.nameHex = hex.EncodeToString(enc)
+	return nil
 }
 
 // checkCreation checks the AK's creation attestation: a TPMS_ATTEST of type

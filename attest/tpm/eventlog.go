@@ -5,10 +5,8 @@ import (
 	"crypto"
 	"crypto/sha256"
 	"encoding/hex"
-	"slices"
 	"sort"
 	"strings"
-	"unicode/utf16"
 
 	"github.com/google/go-eventlog/extract"
 	"github.com/google/go-eventlog/register"
@@ -20,15 +18,6 @@ import (
 // MaxEventLogSize bounds the event log a node may send. Real logs are tens
 // of kilobytes; the largest shipped with go-eventlog is 60 KiB.
 const MaxEventLogSize = 1 << 20
-
-// UEFI variable names measured into PCR 7.
-var (
-	varSecureBoot = utf16.Encode([]rune("SecureBoot"))
-	varPK         = utf16.Encode([]rune("PK"))
-	varKEK        = utf16.Encode([]rune("KEK"))
-	varDB         = utf16.Encode([]rune("db"))
-	varDBX        = utf16.Encode([]rune("dbx"))
-)
 
 // replayLog parses a TCG PC Client event log and replays it against the
 // quoted PCR values of one bank, returning only the events that replayed.
@@ -131,41 +120,35 @@ func readVariable(bs *attest.BootState, e tcg.Event, bank crypto.Hash) error {
 	if !bytes.Equal(h.Sum(nil), e.Digest) {
 		return attest.Deny(attest.ReasonEventLogInvalid, "PCR 7 variable event's data does not match its digest")
 	}
-	v, err := tcg.ParseUEFIVariableData(bytes.NewReader(e.Data))
+	v, err := parseUEFIVariable(e.Data)
 	if err != nil {
 		return attest.Deny(attest.ReasonEventLogInvalid, "PCR 7 variable event: %v", err)
 	}
-	sum := sha256.Sum256(v.VariableData)
+	sum := sha256.Sum256(v.data)
 	digest := hex.EncodeToString(sum[:])
 	switch {
-	case nameIs(v.UnicodeName, varSecureBoot):
+	case v.is("SecureBoot"):
 		bs.SecureBootKnown = true
-		bs.SecureBoot = len(v.VariableData) == 1 && v.VariableData[0] == 1
-	case nameIs(v.UnicodeName, varPK):
+		bs.SecureBoot = len(v.data) == 1 && v.data[0] == 1
+	case v.is("PK"):
 		bs.PK = digest
-	case nameIs(v.UnicodeName, varKEK):
+	case v.is("KEK"):
 		bs.KEK = digest
-	case nameIs(v.UnicodeName, varDB):
+	case v.is("db"):
 		bs.DB = digest
-	case nameIs(v.UnicodeName, varDBX):
-		bs.DBX = digest
-		bs.DBXKnown = true
-		bs.DBXHashes, bs.DBXEntries = nil, 0
-		if len(v.VariableData) > 0 {
-			certs, hashes, err := v.SignatureData()
-			if err != nil {
-				return attest.Deny(attest.ReasonEventLogInvalid, "dbx: %v", err)
-			}
-			bs.DBXEntries = len(certs) + len(hashes)
-			for _, hh := range hashes {
-				bs.DBXHashes = append(bs.DBXHashes, hex.EncodeToString(hh))
-			}
+	case v.is("dbx"):
+		n, hashes, err := signatureLists(v.data)
+		if err != nil {
+			return attest.Deny(attest.ReasonEventLogInvalid, "dbx: %v", err)
+		}
+		bs.DBX, bs.DBXKnown, bs.DBXEntries = digest, true, n
+		bs.DBXSHA256s = make([]byte, 0, 32*len(hashes))
+		for _, hh := range hashes {
+			bs.DBXSHA256s = append(bs.DBXSHA256s, hh...)
 		}
 	}
 	return nil
 }
-
-func nameIs(a, b []uint16) bool { return slices.Equal(a, b) }
 
 func sortedIndexes(m map[int][]byte) []int {
 	keys := make([]int, 0, len(m))

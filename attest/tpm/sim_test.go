@@ -47,24 +47,19 @@ type machine struct {
 	kubelet   *ecdsa.PrivateKey
 	keyDER    []byte
 	keySHA    []byte
+	closed    bool
 }
 
 // newMachine starts the simulator, extends log into it, provisions an EK
 // certificate from ca, and opens a collector.
-func newMachine(t *testing.T, ca *tpmtest.VendorCA, log []byte) *machine {
+func newMachine(t testing.TB, ca *tpmtest.VendorCA, log []byte) *machine {
 	t.Helper()
 	sim, err := simulator.Get()
 	if err != nil {
 		t.Fatalf("start the go-tpm-tools simulator (needs cgo, gcc and libssl-dev: apt-get install gcc libssl-dev): %v", err)
 	}
 	m := &machine{sim: sim, ch: &simChannel{ReadWriteCloser: sim, log: log}}
-	t.Cleanup(func() {
-		if m.collector != nil {
-			m.collector.Close()
-		} else {
-			sim.Close()
-		}
-	})
+	t.Cleanup(m.close)
 	if len(log) > 0 {
 		if _, err := tpmtest.ExtendLog(sim, log); err != nil {
 			t.Fatalf("extend log: %v", err)
@@ -99,7 +94,20 @@ func newMachine(t *testing.T, ca *tpmtest.VendorCA, log []byte) *machine {
 	return m
 }
 
-func newKubeletKey(t *testing.T) (*ecdsa.PrivateKey, []byte, []byte) {
+// close releases the simulator (once).
+func (m *machine) close() {
+	if m.closed {
+		return
+	}
+	m.closed = true
+	if m.collector != nil {
+		m.collector.Close()
+	} else {
+		m.sim.Close()
+	}
+}
+
+func newKubeletKey(t testing.TB) (*ecdsa.PrivateKey, []byte, []byte) {
 	t.Helper()
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

@@ -80,6 +80,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 type sessionState struct {
 	Secret     []byte   `json:"secret"`
 	AKPublic   []byte   `json:"akPublic"`
+	AKName     string   `json:"akName"`
 	EKSHA256   []byte   `json:"ekSHA256"`
 	EKTrust    string   `json:"ekTrust"`
 	CertSubj   string   `json:"certSubject,omitempty"`
@@ -127,6 +128,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	if err := ak.checkCreation(req.AK.CreateData, req.AK.CreateAttestation, req.AK.CreateSignature); err != nil {
 		return nil, nil, err
 	}
+	if err := ak.computeName(); err != nil {
+		return nil, nil, err
+	}
 	secret := make([]byte, activationSecretSize)
 	nonce := make([]byte, attest.NonceSize)
 	if _, err := io.ReadFull(v.rand, secret); err != nil {
@@ -140,7 +144,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "make credential: %v", err)
 	}
 	state, err := json.Marshal(sessionState{
-		Secret: secret, AKPublic: req.AK.Public, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
+		Secret: secret, AKPublic: req.AK.Public, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
 		CertSubj: ek.CertSubj, CertIssuer: ek.CertIssuer, CertSerial: ek.CertSerial,
 		NodeName: ek.NodeName, Addresses: ek.Addresses,
 	})
@@ -238,7 +242,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 		TPM: &attest.TPMClaims{
 			EKSHA256: ekHex, EKTrust: st.EKTrust,
 			EKCertSubject: st.CertSubj, EKCertIssuer: st.CertIssuer, EKCertSerial: st.CertSerial,
-			AKName: ak.nameHex, PCRBank: bankName(qr.bank), PCRs: pcrs, Boot: boot,
+			AKName: st.AKName, PCRBank: bankName(qr.bank), PCRs: pcrs, Boot: boot,
 		},
 	}, nil
 }

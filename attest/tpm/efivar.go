@@ -1,0 +1,100 @@
+package tpm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"unicode/utf16"
+)
+
+// These two parsers read UEFI structures measured into PCR 7. go-eventlog
+// has parsers for both (tcg.ParseUEFIVariableData and the signature-list
+// parser behind UEFIVariableData.SignatureData), but they decode field by
+// field with reflection and parse every X.509 certificate in a list; on a
+// real log that was a fifth of the whole verification (see
+// BenchmarkTPMAttestation). nodeproof needs only the variable's name and
+// data, and of dbx only its entry count and hash entries, so these read
+// exactly that, with every length checked against what is left.
+
+// uefiVariable is a UEFI_VARIABLE_DATA: GUID, name length and data length
+// (UINT64 each), the UTF-16 name, the data.
+type uefiVariable struct {
+	name []uint16
+	data []byte
+}
+
+const (
+	maxVarName = 1024
+	maxVarData = 1 << 20
+)
+
+func parseUEFIVariable(b []byte) (uefiVariable, error) {
+	var v uefiVariable
+	if len(b) < 32 {
+		return v, errors.New("UEFI variable shorter than its header")
+	}
+	nameLen := binary.LittleEndian.Uint64(b[16:24])
+	dataLen := binary.LittleEndian.Uint64(b[24:32])
+	if nameLen > maxVarName || dataLen > maxVarData {
+		return v, fmt.Errorf("UEFI variable name %d or data %d too long", nameLen, dataLen)
+	}
+	rest := b[32:]
+	if uint64(len(rest)) < 2*nameLen+dataLen {
+		return v, errors.New("UEFI variable shorter than its lengths")
+	}
+	v.name = make([]uint16, nameLen)
+	for i := range v.name {
+		v.name[i] = binary.LittleEndian.Uint16(rest[2*i:])
+	}
+	v.data = rest[2*nameLen : 2*nameLen+dataLen]
+	return v, nil
+}
+
+func (v uefiVariable) is(name string) bool {
+	u := utf16.Encode([]rune(name))
+	if len(u) != len(v.name) {
+		return false
+	}
+	for i := range u {
+		if u[i] != v.name[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// efiCertSHA256GUID is EFI_CERT_SHA256_GUID as stored (mixed endian).
+var efiCertSHA256GUID = []byte{0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0xac, 0xa9, 0x41, 0xf9, 0x36, 0x93, 0x43, 0x28}
+
+// signatureLists walks EFI_SIGNATURE_LISTs (GUID type, UINT32 list size,
+// header size, signature size, header, then signatures of [16-byte owner
+// GUID, data]) and returns the number of entries and the SHA-256 hash
+// entries.
+func signatureLists(b []byte) (entries int, sha256s [][]byte, err error) {
+	for len(b) > 0 {
+		if len(b) < 28 {
+			return 0, nil, errors.New("signature list shorter than its header")
+		}
+		listSize := uint64(binary.LittleEndian.Uint32(b[16:20]))
+		headerSize := uint64(binary.LittleEndian.Uint32(b[20:24]))
+		sigSize := uint64(binary.LittleEndian.Uint32(b[24:28]))
+		if listSize > uint64(len(b)) || listSize < 28+headerSize || sigSize <= 16 {
+			return 0, nil, fmt.Errorf("signature list sizes %d/%d/%d do not fit", listSize, headerSize, sigSize)
+		}
+		body := listSize - 28 - headerSize
+		if body%sigSize != 0 {
+			return 0, nil, errors.New("signature list body is not a whole number of signatures")
+		}
+		isSHA256 := bytes.Equal(b[:16], efiCertSHA256GUID) && sigSize == 16+32
+		sigs := b[28+headerSize : listSize]
+		for off := uint64(0); off < body; off += sigSize {
+			entries++
+			if isSHA256 {
+				sha256s = append(sha256s, sigs[off+16:off+sigSize])
+			}
+		}
+		b = b[listSize:]
+	}
+	return entries, sha256s, nil
+}
