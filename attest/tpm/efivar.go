@@ -70,8 +70,8 @@ var efiCertSHA256GUID = []byte{0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0
 // signatureLists walks EFI_SIGNATURE_LISTs (GUID type, UINT32 list size,
 // header size, signature size, header, then signatures of [16-byte owner
 // GUID, data]) and returns the number of entries and the SHA-256 hash
-// entries.
-func signatureLists(b []byte) (entries int, sha256s [][]byte, err error) {
+// entries, concatenated.
+func signatureLists(b []byte) (entries int, sha256s []byte, err error) {
 	for len(b) > 0 {
 		if len(b) < 28 {
 			return 0, nil, errors.New("signature list shorter than its header")
@@ -91,7 +91,7 @@ func signatureLists(b []byte) (entries int, sha256s [][]byte, err error) {
 		for off := uint64(0); off < body; off += sigSize {
 			entries++
 			if isSHA256 {
-				sha256s = append(sha256s, sigs[off+16:off+sigSize])
+				sha256s = append(sha256s, sigs[off+16:off+sigSize]...)
 			}
 		}
 		b = b[listSize:]

@@ -115,9 +115,7 @@ func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
 
 // readVariable records one measured UEFI variable.
 func readVariable(bs *attest.BootState, e tcg.Event, bank crypto.Hash) error {
-	h := bank.New()
-	h.Write(e.Data)
-	if !bytes.Equal(h.Sum(nil), e.Digest) {
+	if !dataMatchesDigest(e.Data, e.Digest, bank) {
 		return attest.Deny(attest.ReasonEventLogInvalid, "PCR 7 variable event's data does not match its digest")
 	}
 	v, err := parseUEFIVariable(e.Data)
@@ -141,13 +139,20 @@ func readVariable(bs *attest.BootState, e tcg.Event, bank crypto.Hash) error {
 		if err != nil {
 			return attest.Deny(attest.ReasonEventLogInvalid, "dbx: %v", err)
 		}
-		bs.DBX, bs.DBXKnown, bs.DBXEntries = digest, true, n
-		bs.DBXSHA256s = make([]byte, 0, 32*len(hashes))
-		for _, hh := range hashes {
-			bs.DBXSHA256s = append(bs.DBXSHA256s, hh...)
-		}
+		bs.DBX, bs.DBXKnown, bs.DBXEntries, bs.DBXSHA256s = digest, true, n, hashes
 	}
 	return nil
+}
+
+// dataMatchesDigest reports whether data hashes to digest in bank's hash.
+func dataMatchesDigest(data, digest []byte, bank crypto.Hash) bool {
+	if bank == crypto.SHA256 {
+		sum := sha256.Sum256(data)
+		return bytes.Equal(sum[:], digest)
+	}
+	h := bank.New()
+	h.Write(data)
+	return bytes.Equal(h.Sum(nil), digest)
 }
 
 func sortedIndexes(m map[int][]byte) []int {

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what nodeproof's tests and demo need on a fresh Debian machine:
+# swtpm (software TPM) and its setup tools, tpm2-tools (the second evidence
+# producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo).
+# Idempotent: does nothing when everything is there.
+set -euo pipefail
+
+need=()
+for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc; do
+  cmd=${bin%%:*}
+  pkg=${bin#*:}
+  [ "$pkg" = "$bin" ] && pkg=$cmd
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/bin/$cmd" ] || need+=("$pkg")
+done
+[ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+# swtpm_setup and swtpm_localca both come with swtpm-tools.
+mapfile -t pkgs < <(printf '%s\n' "${need[@]}" | sed 's/^swtpm_setup$/swtpm-tools/' | sort -u)
+echo "installing: ${pkgs[*]}" >&2
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "need root (or sudo) to apt-get install ${pkgs[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
