@@ -117,16 +117,20 @@ func (m *Manufacturer) RootsDir() (string, error) {
 
 // TPM is a running swtpm.
 type TPM struct {
-	// Addr is the command channel, host:port on loopback.
+	// Addr is the command channel, host:port on loopback; the control
+	// channel is on the next port, the layout tpm2-tss's swtpm TCTI
+	// (`-T swtpm:host=127.0.0.1,port=P`) expects.
 	Addr  string
+	Port  int
 	State string
 	cmd   *exec.Cmd
 	done  chan error
 }
 
-// Start runs swtpm on stateDir, serving commands on a free loopback port,
-// with TPM2_Startup already done (a fresh boot: PCRs at their reset
-// values). It returns once the port accepts connections.
+// Start runs swtpm on stateDir, serving commands on a free loopback port
+// P and its control channel on P+1, with TPM2_Startup already done (a
+// fresh boot: PCRs at their reset values). It returns once the command
+// port accepts connections.
 func Start(ctx context.Context, stateDir string) (*TPM, error) {
 	if err := Check(); err != nil {
 		return nil, err
@@ -147,19 +151,17 @@ func Start(ctx context.Context, stateDir string) (*TPM, error) {
 }
 
 func start(ctx context.Context, stateDir string, port int) (*TPM, error) {
-	ctrl := filepath.Join(stateDir, "ctrl.sock")
-	_ = os.Remove(ctrl)
 	cmd := exec.CommandContext(ctx, "swtpm", "socket", "--tpm2",
 		"--tpmstate", "dir="+stateDir,
 		"--server", "type=tcp,port="+strconv.Itoa(port)+",bindaddr=127.0.0.1",
-		"--ctrl", "type=unixio,path="+ctrl,
+		"--ctrl", "type=tcp,port="+strconv.Itoa(port+1)+",bindaddr=127.0.0.1",
 		"--flags", "not-need-init,startup-clear")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start swtpm: %w", err)
 	}
-	t := &TPM{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), State: stateDir, cmd: cmd, done: make(chan error, 1)}
+	t := &TPM{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Port: port, State: stateDir, cmd: cmd, done: make(chan error, 1)}
 	go func() { t.done <- cmd.Wait() }()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
@@ -191,11 +193,20 @@ func (t *TPM) Stop() {
 	}
 }
 
+// freePort returns a loopback port P with P+1 free too.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for attempt := 0; attempt < 50; attempt++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+1)))
+		l.Close()
+		if err == nil {
+			next.Close()
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("no two consecutive free loopback ports")
 }

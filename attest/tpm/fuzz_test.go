@@ -1,0 +1,129 @@
+package tpm
+
+import (
+	"crypto"
+	"encoding/binary"
+	"testing"
+	"time"
+	"unicode/utf16"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// uefiVar encodes a UEFI_VARIABLE_DATA for seeds.
+func uefiVar(name string, data []byte) []byte {
+	u := utf16.Encode([]rune(name))
+	b := make([]byte, 32, 32+2*len(u)+len(data))
+	binary.LittleEndian.PutUint64(b[16:], uint64(len(u)))
+	binary.LittleEndian.PutUint64(b[24:], uint64(len(data)))
+	for _, c := range u {
+		b = binary.LittleEndian.AppendUint16(b, c)
+	}
+	return append(b, data...)
+}
+
+// sigList encodes one EFI_SIGNATURE_LIST of SHA-256 entries.
+func sigList(n int) []byte {
+	b := append([]byte(nil), efiCertSHA256GUID...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(28+n*48))
+	b = binary.LittleEndian.AppendUint32(b, 0)
+	b = binary.LittleEndian.AppendUint32(b, 48)
+	for i := 0; i < n; i++ {
+		b = append(b, make([]byte, 16)...)
+		h := make([]byte, 32)
+		h[0] = byte(i)
+		b = append(b, h...)
+	}
+	return b
+}
+
+func TestSignatureLists(t *testing.T) {
+	cases := []struct {
+		name    string
+		in      []byte
+		entries int
+		hashes  int
+		wantErr bool
+	}{
+		{"empty", nil, 0, 0, false},
+		{"three SHA-256 entries", sigList(3), 3, 3, false},
+		{"two lists", append(sigList(2), sigList(1)...), 3, 3, false},
+		{"truncated", sigList(3)[:100], 0, 0, true},
+		{"header only", sigList(3)[:20], 0, 0, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			n, h, err := signatureLists(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if err == nil && (n != tc.entries || len(h) != 32*tc.hashes) {
+				t.Fatalf("%d entries, %d hash bytes; want %d, %d", n, len(h), tc.entries, 32*tc.hashes)
+			}
+		})
+	}
+}
+
+func FuzzSignatureLists(f *testing.F) {
+	f.Add(sigList(2))
+	f.Add(append(sigList(1), sigList(3)...))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, h, err := signatureLists(b)
+		if err == nil && (len(h)%32 != 0 || len(h)/32 > n) {
+			t.Fatalf("%d entries but %d hash bytes", n, len(h))
+		}
+	})
+}
+
+func FuzzParseUEFIVariable(f *testing.F) {
+	f.Add(uefiVar("SecureBoot", []byte{1}))
+	f.Add(uefiVar("dbx", sigList(2)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := parseUEFIVariable(b)
+		if err == nil && 32+2*len(v.name)+len(v.data) > len(b) {
+			t.Fatal("parsed more than was there")
+		}
+	})
+}
+
+// FuzzBootState feeds arbitrary logs through parse, replay and extraction
+// with PCR values computed from the log itself, so replay succeeds and the
+// extraction code sees hostile event data.
+func FuzzBootState(f *testing.F) {
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		events, err := replayLog(raw, crypto.SHA256, map[int][]byte{})
+		if err != nil {
+			if _, ok := attest.ReasonOf(err); !ok {
+				t.Fatalf("untyped error: %v", err)
+			}
+			return
+		}
+		_, _ = bootState(events, crypto.SHA256)
+	})
+}
+
+// FuzzVerifierInputs sends arbitrary bytes as every field of both messages;
+// the verifier must refuse with a typed reason and never panic.
+func FuzzVerifierInputs(f *testing.F) {
+	f.Add([]byte{}, []byte{}, []byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, ekPub, ekCert, akPub, quote []byte) {
+		v, err := NewVerifier(Options{Clock: func() time.Time { return time.Unix(1e9, 0) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := &ChallengeRequest{EKPublic: ekPub, EKCertificate: ekCert, AK: AKParameters{Public: akPub, CreateData: quote, CreateAttestation: quote, CreateSignature: quote}}
+		if _, _, err := v.Challenge("p", make([]byte, 32), req); err != nil {
+			if _, ok := attest.ReasonOf(err); !ok {
+				t.Fatalf("untyped refusal: %v", err)
+			}
+		}
+		sess := &attest.Session{Kind: attest.KindTPM, Nonce: make([]byte, 32), KubeletKeySHA256: make([]byte, 32), Expires: time.Unix(2e9, 0), State: akPub}
+		ev := &Evidence{KubeletKeySHA256: ekPub, ActivationSecret: ekCert, Quotes: []Quote{{Quote: quote, Signature: akPub}}, EventLog: quote}
+		if _, err := v.Verify(sess, ev); err != nil {
+			if _, ok := attest.ReasonOf(err); !ok {
+				t.Fatalf("untyped refusal: %v", err)
+			}
+		}
+	})
+}
