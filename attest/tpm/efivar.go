@@ -72,6 +72,9 @@ var efiCertSHA256GUID = []byte{0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0
 // GUID, data]) and returns the number of entries and the SHA-256 hash
 // entries, concatenated.
 func signatureLists(b []byte) (entries int, sha256s []byte, err error) {
+	// Hash entries are at most two thirds of the bytes (32 of each 48):
+	// one allocation instead of a doubling slice.
+	sha256s = make([]byte, 0, len(b)*2/3)
 	for len(b) > 0 {
 		if len(b) < 28 {
 			return 0, nil, errors.New("signature list shorter than its header")

@@ -19,15 +19,22 @@ import (
 // of kilobytes; the largest shipped with go-eventlog is 60 KiB.
 const MaxEventLogSize = 1 << 20
 
+// lastSRTMPCR is the last PCR a firmware (static root of trust) event log
+// describes: 0-7 firmware, 8-15 boot loader and OS, 16 debug. PCRs 17-22
+// belong to a dynamic root of trust with its own log, 23 to applications.
+const lastSRTMPCR = 16
+
 // replayLog parses a TCG PC Client event log and replays it against the
 // quoted PCR values of one bank, returning only the events that replayed.
 // Checks:
 //   - the log parses (crypto-agile or SHA-1 format) and is within
 //     MaxEventLogSize;
-//   - for every quoted PCR that has events, extending the events' digests
+//   - for every quoted PCR 0-16 that has events, extending the events' digests
 //     of this bank from the PCR's initial value (locality-aware for PCR 0)
 //     gives exactly the quoted value. A PCR with no events in the log is
 //     not established by the log, so nothing is read from it.
+//
+// The common case takes fastReplay; go-eventlog decides everything else.
 //
 // An empty log replays nothing: the boot state then knows nothing, and a
 // policy that asks for any boot field refuses it.
@@ -38,12 +45,18 @@ func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event
 	if len(raw) > MaxEventLogSize {
 		return nil, attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes exceeds %d", len(raw), MaxEventLogSize)
 	}
+	if events, ok := fastReplay(raw, bank, quoted); ok {
+		return events, nil
+	}
 	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
 		return nil, attest.Deny(attest.ReasonEventLogInvalid, "event log does not parse: %v", err)
 	}
 	mrs := make([]register.MR, 0, len(quoted))
 	for _, i := range sortedIndexes(quoted) {
+		if i > lastSRTMPCR {
+			continue
+		}
 		mrs = append(mrs, register.PCR{Index: i, Digest: quoted[i], DigestAlg: bank})
 	}
 	events, err := el.Verify(mrs)
@@ -67,11 +80,13 @@ func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event
 func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
 	var bs attest.BootState
 	bs.LogEvents = len(events)
-	replayed := map[int]bool{}
-	var grubEvents []tcg.Event
+	var replayed [lastSRTMPCR + 1]bool
+	grubEvents := make([]tcg.Event, 0, len(events))
 	grubUsable := true
 	for _, e := range events {
-		replayed[e.Index] = true
+		if e.Index >= 0 && e.Index <= lastSRTMPCR {
+			replayed[e.Index] = true
+		}
 		switch {
 		case e.Index == 7 && e.Type == tcg.EFIVariableDriverConfig:
 			if err := readVariable(&bs, e, bank); err != nil {
@@ -88,10 +103,11 @@ func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
 			grubEvents = append(grubEvents, e)
 		}
 	}
-	for i := range replayed {
-		bs.ReplayedPCRs = append(bs.ReplayedPCRs, i)
+	for i, ok := range replayed {
+		if ok {
+			bs.ReplayedPCRs = append(bs.ReplayedPCRs, i)
+		}
 	}
-	sort.Ints(bs.ReplayedPCRs)
 	for i, d := range bs.BootApplications {
 		switch i {
 		case 0:
