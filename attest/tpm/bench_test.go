@@ -156,7 +156,7 @@ func newFloor(b *testing.B, r *recorded) *floor {
 	}
 	return &floor{
 		extends: c.TPM.Boot.LogEvents,
-		ekCert: ek, issuer: r.ca.Intermediate, ekPub: ek.PublicKey.(*rsa.PublicKey), akPub: k.(*ecdsa.PublicKey),
+		ekCert:  ek, issuer: r.ca.Intermediate, ekPub: ek.PublicKey.(*rsa.PublicKey), akPub: k.(*ecdsa.PublicKey),
 		createMsg: r.req.AK.CreateAttestation, createSig: cs, quoteMsg: r.ev.Quotes[0].Quote, quoteSig: qs, log: r.ev.EventLog,
 	}
 }
