@@ -87,8 +87,9 @@ var (
 )
 
 // IssueEK issues an EK certificate for ekPub as vendors do: empty subject,
-// a critical SAN of TPM manufacturer fields, the TCG EK-certificate EKU.
-func (ca *VendorCA) IssueEK(ekPub crypto.PublicKey, now time.Time) ([]byte, error) {
+// a critical SAN of TPM manufacturer fields, the TCG EK-certificate EKU,
+// and any extra extensions.
+func (ca *VendorCA) IssueEK(ekPub crypto.PublicKey, now time.Time, extra ...pkix.Extension) ([]byte, error) {
 	name, err := asn1.Marshal(pkix.RDNSequence{
 		{{Type: oidTPMManufacturer, Value: "id:4E505246"}},
 		{{Type: oidTPMModel, Value: "nodeproof-test"}},
@@ -109,7 +110,7 @@ func (ca *VendorCA) IssueEK(ekPub crypto.PublicKey, now time.Time) ([]byte, erro
 		SerialNumber: serial, NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(10, 0, 0),
 		KeyUsage:           x509.KeyUsageKeyEncipherment,
 		UnknownExtKeyUsage: []asn1.ObjectIdentifier{oidTCGKpEKCert},
-		ExtraExtensions:    []pkix.Extension{{Id: oidSAN, Critical: true, Value: san}},
+		ExtraExtensions:    append([]pkix.Extension{{Id: oidSAN, Critical: true, Value: san}}, extra...),
 	}
 	return x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, ekPub, ca.intermediateKey)
 }

@@ -1,0 +1,112 @@
+package tpm_test
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/binary"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+)
+
+// TestEKCertificateQuirks: real vendor EK certificates come with the TCG NV
+// header, trailing padding from a fixed-size NV index, and a critical SAN
+// Go does not understand. All must be accepted; a certificate with any
+// other unhandled critical extension must not.
+func TestEKCertificateQuirks(t *testing.T) {
+	ca := newCA(t, "Vendor")
+	m := newMachine(t, ca, nil)
+	v := newVerifier(t, ca, nil)
+	req, err := m.collector.Request()
+	if err != nil {
+		t.Fatal(err)
+	}
+	der := m.ekCert.Raw
+	nvHeader := append([]byte{0x10, 0x01, 0x00}, binary.BigEndian.AppendUint16(nil, uint16(len(der)))...)
+	cases := []struct {
+		name string
+		cert []byte
+	}{
+		{"plain DER with critical TCG SAN", der},
+		{"TCG NV header", append(nvHeader, der...)},
+		{"trailing NV padding", append(append([]byte(nil), der...), make([]byte, 64)...)},
+		{"header and padding", append(append(nvHeader, der...), 0xff, 0xff, 0xff)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := *req
+			r.EKCertificate = tc.cert
+			if _, _, err := v.Challenge("worker", m.keySHA, &r); err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+		})
+	}
+	t.Run("another unhandled critical extension", func(t *testing.T) {
+		odd, err := ca.IssueEK(m.ekCert.PublicKey, testNow, pkix.Extension{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}, Critical: true, Value: []byte{5, 0}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := *req
+		r.EKCertificate = odd
+		_, _, err = v.Challenge("worker", m.keySHA, &r)
+		wantReason(t, err, attest.ReasonEKCertInvalid)
+	})
+	t.Run("truncated certificate", func(t *testing.T) {
+		r := *req
+		r.EKCertificate = der[:len(der)/2]
+		_, _, err := v.Challenge("worker", m.keySHA, &r)
+		wantReason(t, err, attest.ReasonEKCertInvalid)
+	})
+}
+
+func TestLoadInventory(t *testing.T) {
+	k, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(der)
+	h := hex.EncodeToString(sum[:])
+	cases := []struct {
+		name, doc, wantErr string
+	}{
+		{"valid", "entries:\n- ekSHA256: " + strings.ToUpper(h) + "\n  nodeName: n1\n  addresses: [10.0.0.1]\n", ""},
+		{"unknown field", "entries:\n- ekSHA256: " + h + "\n  node: n1\n", "node"},
+		{"short hash", "entries:\n- ekSHA256: abcd\n", "64 hex"},
+		{"listed twice", "entries:\n- ekSHA256: " + h + "\n- ekSHA256: " + h + "\n", "twice"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "inv.yaml")
+			if err := os.WriteFile(path, []byte(tc.doc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			inv, err := tpm.LoadInventory(path)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one mentioning %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			e, ok := inv.Lookup(sum)
+			if !ok || e.NodeName != "n1" || e.EKSHA256 != h {
+				t.Fatalf("lookup = %+v, %v", e, ok)
+			}
+		})
+	}
+}
