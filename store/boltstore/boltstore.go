@@ -1,0 +1,233 @@
+// Package boltstore is the embedded store backend: one bbolt file in the
+// server's state directory. Every write is one bbolt transaction, fsync'd
+// before it returns (bbolt's default), so a record or marker survives
+// kill -9 and power loss once the call returned; a crash mid-write leaves
+// the previous state.
+package boltstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/nodeproof/nodeproof/store"
+)
+
+var (
+	bucketRecords = []byte("records") // id -> Record JSON
+	bucketNodes   = []byte("nodes")   // nodeName \x00 id -> nil
+	bucketOnce    = []byte("once")    // key -> expiry (RFC 3339)
+)
+
+// Store is a bbolt-backed store.Store.
+type Store struct {
+	db    *bolt.DB
+	clock func() time.Time
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the store file at path. Only one process
+// may hold it: a second Open waits up to timeout, then fails. clock decides
+// whether a marker has expired.
+func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, error) {
+	if clock == nil {
+		return nil, fmt.Errorf("boltstore: a clock is required")
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("init store: %w", err)
+	}
+	return &Store{db: db, clock: clock}, nil
+}
+
+// Close closes the file.
+func (s *Store) Close() error { return s.db.Close() }
+
+func nodeKey(node, id string) []byte { return []byte(node + "\x00" + id) }
+
+// onceSet reports whether key is set and unexpired at now.
+func onceSet(b *bolt.Bucket, key string, now time.Time) bool {
+	v := b.Get([]byte(key))
+	if v == nil {
+		return false
+	}
+	exp, err := time.Parse(time.RFC3339Nano, string(v))
+	return err != nil || now.Before(exp)
+}
+
+// CreateRecord implements store.Store.
+func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once string, onceExpires time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		ob := tx.Bucket(bucketOnce)
+		if once != "" && onceSet(ob, once, s.clock()) {
+			return store.ErrUsed
+		}
+		rb := tx.Bucket(bucketRecords)
+		if rb.Get([]byte(r.ID)) != nil {
+			return store.ErrExists
+		}
+		if err := rb.Put([]byte(r.ID), data); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketNodes).Put(nodeKey(r.NodeName, r.ID), nil); err != nil {
+			return err
+		}
+		if once != "" {
+			return ob.Put([]byte(once), []byte(onceExpires.UTC().Format(time.RFC3339Nano)))
+		}
+		return nil
+	})
+}
+
+// GetRecord implements store.Store.
+func (s *Store) GetRecord(ctx context.Context, id string) (*store.Record, error) {
+	var r *store.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRecords).Get([]byte(id))
+		if v == nil {
+			return store.ErrNotFound
+		}
+		r = new(store.Record)
+		return json.Unmarshal(v, r)
+	})
+	return r, err
+}
+
+// RecordsForNode implements store.Store.
+func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
+	var out []*store.Record
+	err := s.db.View(func(tx *bolt.Tx) error {
+		rb := tx.Bucket(bucketRecords)
+		c := tx.Bucket(bucketNodes).Cursor()
+		prefix := []byte(nodeName + "\x00")
+		for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
+			v := rb.Get(k[len(prefix):])
+			if v == nil {
+				continue
+			}
+			r := new(store.Record)
+			if err := json.Unmarshal(v, r); err != nil {
+				return err
+			}
+			out = append(out, r)
+		}
+		return nil
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
+	return out, err
+}
+
+// ConsumeRecord implements store.Store.
+func (s *Store) ConsumeRecord(ctx context.Context, id, by string, at time.Time) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		rb := tx.Bucket(bucketRecords)
+		v := rb.Get([]byte(id))
+		if v == nil {
+			return store.ErrNotFound
+		}
+		var r store.Record
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		if r.ConsumedAt != nil {
+			return store.ErrConsumed
+		}
+		r.ConsumedAt, r.ConsumedBy = &at, by
+		data, err := json.Marshal(&r)
+		if err != nil {
+			return err
+		}
+		return rb.Put([]byte(id), data)
+	})
+}
+
+// UseOnce implements store.Store.
+func (s *Store) UseOnce(ctx context.Context, key string, expires time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		ob := tx.Bucket(bucketOnce)
+		if onceSet(ob, key, s.clock()) {
+			return store.ErrUsed
+		}
+		return ob.Put([]byte(key), []byte(expires.UTC().Format(time.RFC3339Nano)))
+	})
+}
+
+// ReleaseOnce implements store.Store.
+func (s *Store) ReleaseOnce(ctx context.Context, key string) error {
+	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketOnce).Delete([]byte(key)) })
+}
+
+// GC implements store.Store.
+func (s *Store) GC(ctx context.Context, now time.Time) (int, error) {
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		ob := tx.Bucket(bucketOnce)
+		var dead [][]byte
+		if err := ob.ForEach(func(k, v []byte) error {
+			if exp, err := time.Parse(time.RFC3339Nano, string(v)); err == nil && !now.Before(exp) {
+				dead = append(dead, append([]byte(nil), k...))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range dead {
+			if err := ob.Delete(k); err != nil {
+				return err
+			}
+		}
+		n += len(dead)
+		rb, nb := tx.Bucket(bucketRecords), tx.Bucket(bucketNodes)
+		var deadRecs []store.Record
+		if err := rb.ForEach(func(k, v []byte) error {
+			var r store.Record
+			if err := json.Unmarshal(v, &r); err != nil {
+				return err
+			}
+			if !now.Before(r.Expires) {
+				deadRecs = append(deadRecs, r)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, r := range deadRecs {
+			if err := rb.Delete([]byte(r.ID)); err != nil {
+				return err
+			}
+			if err := nb.Delete(nodeKey(r.NodeName, r.ID)); err != nil {
+				return err
+			}
+		}
+		n += len(deadRecs)
+		return nil
+	})
+	return n, err
+}

@@ -1,0 +1,88 @@
+// Package store keeps what nodeproof's server replicas and the CSR approver
+// share: NodeAttestation records (what a successful attestation
+// established, including the kubelet key it bound) and single-use markers
+// (a challenge answered, a config token spent, an instance ID enrolled).
+//
+// Backends: store/boltstore (embedded, on disk, for one host) and the
+// Kubernetes backend (CRDs; with the approver). Both guarantee that a write
+// has reached durable storage before it returns, so a record is never lost
+// once its config token has been handed out.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// Errors a Store returns; test with errors.Is.
+var (
+	// ErrUsed: a single-use marker was already set (a replayed challenge, a
+	// spent token, a second enrolment).
+	ErrUsed = errors.New("already used")
+	// ErrNotFound: no such record.
+	ErrNotFound = errors.New("not found")
+	// ErrConsumed: the record already approved a CSR.
+	ErrConsumed = errors.New("record already consumed")
+	// ErrExists: a record with that ID exists.
+	ErrExists = errors.New("record exists")
+)
+
+// Record is a NodeAttestation.
+type Record struct {
+	// ID is unique and random; config tokens name it.
+	ID string `json:"id"`
+	// NodeName is the node the record is for: the approver matches a
+	// CSR's CN system:node:<NodeName> against it.
+	NodeName string `json:"nodeName"`
+	Pool     string `json:"pool"`
+	// Kind and Identity say what evidence made the record.
+	Kind     attest.Kind `json:"kind"`
+	Identity string      `json:"identity"`
+	// KubeletKeySHA256 is the SHA-256 of the kubelet public key (PKIX DER)
+	// that the evidence bound: the only key a CSR for this record may carry.
+	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
+	// Addresses the evidence attested (for serving CSRs).
+	Addresses []string `json:"addresses,omitempty"`
+	// BootstrapTokenID names the per-node Kubernetes bootstrap token issued
+	// with the config, when there is one: the CSR's requester must be
+	// system:bootstrap:<BootstrapTokenID>.
+	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// Summary is a short human description of the evidence (EK trust,
+	// Secure Boot, boot digests) for `kubectl describe`-style output.
+	Summary string `json:"summary,omitempty"`
+
+	CreatedAt time.Time `json:"createdAt"`
+	Expires   time.Time `json:"expires"`
+	// ConsumedAt and ConsumedBy are set once a CSR was approved with it.
+	ConsumedAt *time.Time `json:"consumedAt,omitempty"`
+	ConsumedBy string     `json:"consumedBy,omitempty"`
+}
+
+// Store is the shared state. Implementations are safe for concurrent use.
+type Store interface {
+	// CreateRecord stores r and, in the same atomic and durable write, sets
+	// the single-use marker once (valid until onceExpires). If the marker is
+	// already set it returns ErrUsed and stores nothing; an existing ID gives
+	// ErrExists.
+	CreateRecord(ctx context.Context, r *Record, once string, onceExpires time.Time) error
+	// GetRecord returns a record by ID (ErrNotFound).
+	GetRecord(ctx context.Context, id string) (*Record, error)
+	// RecordsForNode returns the records for a node name, newest first,
+	// expired ones included (callers decide).
+	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
+	// ConsumeRecord marks a record as having approved the CSR by;
+	// ErrConsumed if it already did, ErrNotFound if there is none.
+	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
+	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
+	UseOnce(ctx context.Context, key string, expires time.Time) error
+	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
+	// did not happen (a response that could not be delivered).
+	ReleaseOnce(ctx context.Context, key string) error
+	// GC deletes records and markers that expired before now and returns how
+	// many it deleted.
+	GC(ctx context.Context, now time.Time) (int, error)
+	Close() error
+}
