@@ -50,7 +50,9 @@ func TestRecords(t *testing.T) {
 	}{
 		{"same session again stores nothing", func() error { return s.CreateRecord(ctx, rec("b", "node-1", t0), "session-1", t0.Add(time.Minute)) }, store.ErrUsed},
 		{"same ID again", func() error { return s.CreateRecord(ctx, rec("a", "node-2", t0), "session-2", t0.Add(time.Minute)) }, store.ErrExists},
-		{"a second record for the node", func() error { return s.CreateRecord(ctx, rec("c", "node-1", t0.Add(time.Second)), "session-3", t0.Add(time.Minute)) }, nil},
+		{"a second record for the node", func() error {
+			return s.CreateRecord(ctx, rec("c", "node-1", t0.Add(time.Second)), "session-3", t0.Add(time.Minute))
+		}, nil},
 		{"consume", func() error { return s.ConsumeRecord(ctx, "a", "csr-1", t0) }, nil},
 		{"consume twice", func() error { return s.ConsumeRecord(ctx, "a", "csr-2", t0) }, store.ErrConsumed},
 		{"consume unknown", func() error { return s.ConsumeRecord(ctx, "zz", "csr-2", t0) }, store.ErrNotFound},
