@@ -1,0 +1,256 @@
+// Package seal encrypts and authenticates what the server hands out and
+// must later trust again — attestation sessions and config tokens — so that
+// any replica holding the keyring can open them and nobody else can read or
+// forge them. AES-256-GCM; the purpose is authenticated data, so a sealed
+// session can never be opened as a config token.
+//
+// Boxes are "np1." followed by base64url(keyID ‖ nonce ‖ ciphertext ‖ tag).
+// The keyring keeps older keys for opening after a rotation; only the newest
+// seals.
+package seal
+
+import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Prefix starts every box.
+const Prefix = "np1."
+
+// MaxBox bounds the size of a box accepted by Open.
+const MaxBox = 16 << 10
+
+const keyIDSize = 8
+
+// ErrInvalid is returned for any box that does not open: malformed, sealed
+// by an unknown key, for another purpose, or tampered with. Callers cannot
+// and need not tell these apart.
+var ErrInvalid = errors.New("sealed value is invalid")
+
+// Key is one AES-256 key.
+type Key struct {
+	ID      []byte    `json:"id"`
+	Secret  []byte    `json:"secret"`
+	Created time.Time `json:"created"`
+}
+
+// Keyring seals with its newest key and opens with any of its keys. Safe for
+// concurrent use.
+type Keyring struct {
+	mu    sync.RWMutex
+	keys  []Key // newest first
+	aeads map[string]cipher.AEAD
+	path  string
+	clock func() time.Time
+}
+
+// NewKey makes a random key.
+func NewKey(now time.Time) (Key, error) {
+	k := Key{ID: make([]byte, keyIDSize), Secret: make([]byte, 32), Created: now}
+	if _, err := io.ReadFull(rand.Reader, k.ID); err != nil {
+		return k, err
+	}
+	_, err := io.ReadFull(rand.Reader, k.Secret)
+	return k, err
+}
+
+// New makes a keyring from keys (newest first).
+func New(keys []Key, clock func() time.Time) (*Keyring, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("seal: no keys")
+	}
+	r := &Keyring{clock: clock}
+	if err := r.set(keys); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (r *Keyring) set(keys []Key) error {
+	aeads := make(map[string]cipher.AEAD, len(keys))
+	for _, k := range keys {
+		if len(k.ID) != keyIDSize || len(k.Secret) != 32 {
+			return errors.New("seal: malformed key")
+		}
+		block, err := aes.NewCipher(k.Secret)
+		if err != nil {
+			return err
+		}
+		a, err := cipher.NewGCM(block)
+		if err != nil {
+			return err
+		}
+		aeads[string(k.ID)] = a
+	}
+	r.keys, r.aeads = keys, aeads
+	return nil
+}
+
+// LoadOrCreate reads the keyring at path (JSON, mode 0600), creating it
+// with one new key when it does not exist.
+func LoadOrCreate(path string, clock func() time.Time) (*Keyring, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		k, err := NewKey(clock())
+		if err != nil {
+			return nil, err
+		}
+		r, err := New([]Key{k}, clock)
+		if err != nil {
+			return nil, err
+		}
+		r.path = path
+		return r, r.save()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read keyring: %w", err)
+	}
+	var keys []Key
+	if err := json.Unmarshal(b, &keys); err != nil {
+		return nil, fmt.Errorf("keyring %s: %w", path, err)
+	}
+	r, err := New(keys, clock)
+	if err != nil {
+		return nil, fmt.Errorf("keyring %s: %w", path, err)
+	}
+	r.path = path
+	return r, nil
+}
+
+// Rotate adds a new newest key and drops keys created before
+// now-retain (they can no longer open anything still valid: retain must
+// exceed the longest lifetime of a sealed value). The keyring file, if
+// any, is rewritten atomically.
+func (r *Keyring) Rotate(retain time.Duration) error {
+	now := r.clock()
+	k, err := NewKey(now)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	keys := []Key{k}
+	for _, old := range r.keys {
+		if now.Sub(old.Created) < retain {
+			keys = append(keys, old)
+		}
+	}
+	if err := r.set(keys); err != nil {
+		return err
+	}
+	return r.saveLocked()
+}
+
+func (r *Keyring) save() error {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	return r.saveLocked()
+}
+
+func (r *Keyring) saveLocked() error {
+	if r.path == "" {
+		return nil
+	}
+	b, err := json.Marshal(r.keys)
+	if err != nil {
+		return err
+	}
+	return WriteFileAtomic(r.path, b, 0o600)
+}
+
+// Seal encrypts plaintext for purpose with the newest key.
+func (r *Keyring) Seal(purpose string, plaintext []byte) (string, error) {
+	r.mu.RLock()
+	k := r.keys[0]
+	a := r.aeads[string(k.ID)]
+	r.mu.RUnlock()
+	out := make([]byte, keyIDSize+a.NonceSize(), keyIDSize+a.NonceSize()+len(plaintext)+a.Overhead())
+	copy(out, k.ID)
+	if _, err := io.ReadFull(rand.Reader, out[keyIDSize:]); err != nil {
+		return "", err
+	}
+	out = a.Seal(out, out[keyIDSize:], plaintext, aad(purpose, k.ID))
+	return Prefix + base64.RawURLEncoding.EncodeToString(out), nil
+}
+
+// Open decrypts a box sealed for purpose; any failure is ErrInvalid.
+func (r *Keyring) Open(purpose, box string) ([]byte, error) {
+	if len(box) > MaxBox || !strings.HasPrefix(box, Prefix) {
+		return nil, ErrInvalid
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(box[len(Prefix):])
+	if err != nil || len(raw) < keyIDSize {
+		return nil, ErrInvalid
+	}
+	id := raw[:keyIDSize]
+	r.mu.RLock()
+	a, ok := r.aeads[string(id)]
+	r.mu.RUnlock()
+	if !ok || len(raw) < keyIDSize+a.NonceSize()+a.Overhead() {
+		return nil, ErrInvalid
+	}
+	nonce := raw[keyIDSize : keyIDSize+a.NonceSize()]
+	pt, err := a.Open(nil, nonce, raw[keyIDSize+a.NonceSize():], aad(purpose, id))
+	if err != nil {
+		return nil, ErrInvalid
+	}
+	return pt, nil
+}
+
+func aad(purpose string, id []byte) []byte {
+	var b bytes.Buffer
+	b.WriteString("nodeproof seal v1\x00")
+	b.WriteString(purpose)
+	b.WriteByte(0)
+	b.Write(id)
+	return b.Bytes()
+}
+
+// WriteFileAtomic writes data to path so that a crash leaves either the old
+// or the new content: a temporary file in the same directory, fsync,
+// rename, fsync of the directory.
+func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
