@@ -83,6 +83,51 @@ type Pool struct {
 	Evidence []attest.Kind `yaml:"evidence"`
 	// TPM requirements, for TPM evidence.
 	TPM TPMPolicy `yaml:"tpm"`
+	// Serve says what the Machine Config Server releases for this pool and
+	// on what credentials.
+	Serve Serve `yaml:"serve"`
+}
+
+// Serve is a pool's release policy (DESIGN.md, "Tiers").
+type Serve struct {
+	// Public serves the public tier (MachineConfigs marked safe before node
+	// approval, and what a node needs to attest) without credentials.
+	// Default on; off refuses unauthenticated fetches.
+	Public *bool `yaml:"public"`
+	// Token accepts a provisioning token (the token tier) for the full
+	// config. Default off: for clusters with no TPM and no cloud identity.
+	Token bool `yaml:"token"`
+	// Attested accepts config tokens from attestation for the full config.
+	// Default on when the pool accepts any evidence.
+	Attested *bool `yaml:"attested"`
+	// InsecurePort is what the plain-HTTP port (22624) may serve: "public"
+	// (default), "none", or "all" (credentials over plain HTTP: only for
+	// networks you trust).
+	InsecurePort string `yaml:"insecurePort"`
+	// FullWithoutCredentials serves the full config, secrets included, to
+	// anyone who asks, as the OpenShift MCS does today. For a migration
+	// period only; off by default and logged loudly when on.
+	FullWithoutCredentials bool `yaml:"fullWithoutCredentials"`
+	// NodeNames says where an attested node's name comes from: "evidence"
+	// (default: the TPM inventory or the cloud document must name it) or
+	// "requested" (the name the agent asks for, when the evidence names
+	// none; the approver still checks it).
+	NodeNames string `yaml:"nodeNames"`
+}
+
+// PublicTier reports whether the public tier is served.
+func (s Serve) PublicTier() bool { return s.Public == nil || *s.Public }
+
+// AttestedTier reports whether config tokens are accepted.
+func (s Serve) AttestedTier() bool { return s.Attested == nil || *s.Attested }
+
+// ServeFor returns a pool's release policy; a pool the policy does not name
+// gets the defaults (public tier only: it accepts no evidence).
+func (p *Policy) ServeFor(pool string) Serve {
+	if pp, ok := p.Pools[pool]; ok {
+		return pp.Serve
+	}
+	return Serve{}
 }
 
 // TPMPolicy is what TPM evidence must show. Every requirement that reads
@@ -211,6 +256,16 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 		default:
 			return fmt.Errorf("unknown evidence kind %q", k)
 		}
+	}
+	switch pool.Serve.InsecurePort {
+	case "", "public", "none", "all":
+	default:
+		return fmt.Errorf("serve.insecurePort %q is not public, none or all", pool.Serve.InsecurePort)
+	}
+	switch pool.Serve.NodeNames {
+	case "", "evidence", "requested":
+	default:
+		return fmt.Errorf("serve.nodeNames %q is not evidence or requested", pool.Serve.NodeNames)
 	}
 	t := pool.TPM
 	for _, tr := range t.EKTrust {

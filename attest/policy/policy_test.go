@@ -134,6 +134,8 @@ func TestParseRefuses(t *testing.T) {
 		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
 		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
 		{"inventory not configured", head + "pools:\n  w: {tpm: {ekTrust: [inventory]}}\n", "inventory"},
+		{"unknown insecure port mode", head + "pools:\n  w: {serve: {insecurePort: open}}\n", "open"},
+		{"unknown node name source", head + "pools:\n  w: {serve: {nodeNames: hostname}}\n", "hostname"},
 		{"duplicate root name", head + "trust: {ekRoots: [{name: a, dir: x}, {name: a, dir: y}]}\npools: {w: {}}\n", "twice"},
 	}
 	for _, tc := range cases {

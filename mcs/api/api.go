@@ -1,0 +1,73 @@
+// Package api is the wire format of nodeproof's Machine Config Server: the
+// JSON messages of /attest/v1 and the refusal body every 4xx/5xx carries.
+// It imports no server code, so the node agent can use it (docs/protocol.md
+// shows an example of each message).
+package api
+
+import (
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+)
+
+// Paths.
+const (
+	PathConfig    = "/config/"
+	PathChallenge = "/attest/v1/challenge"
+	PathVerify    = "/attest/v1/verify"
+	PathHealthz   = "/healthz"
+)
+
+// Body size limits the server enforces.
+const (
+	MaxChallengeBody = 64 << 10
+	// MaxVerifyBody leaves room for a 1 MiB event log in base64.
+	MaxVerifyBody = 2 << 20
+)
+
+// ChallengeRequest opens an attestation: who the machine is, which pool it
+// wants, and the kubelet public key its evidence will bind.
+type ChallengeRequest struct {
+	Kind attest.Kind `json:"kind"`
+	Pool string      `json:"pool"`
+	// KubeletPublicKey is the kubelet client key's public key, PKIX DER.
+	KubeletPublicKey []byte `json:"kubeletPublicKey"`
+	// NodeName is the name the machine asks for; used only when the pool's
+	// policy takes requested names and the evidence names none.
+	NodeName string                `json:"nodeName,omitempty"`
+	TPM      *tpm.ChallengeRequest `json:"tpm,omitempty"`
+}
+
+// ChallengeResponse carries the sealed session and the kind's challenge.
+type ChallengeResponse struct {
+	// Session is opaque to the node; it sends it back with its evidence.
+	Session string         `json:"session"`
+	Expires time.Time      `json:"expires"`
+	TPM     *tpm.Challenge `json:"tpm,omitempty"`
+}
+
+// VerifyRequest answers a challenge.
+type VerifyRequest struct {
+	Session string        `json:"session"`
+	TPM     *tpm.Evidence `json:"tpm,omitempty"`
+}
+
+// VerifyResponse carries the config token: present it as
+// `Authorization: Bearer <token>` on GET /config/<pool>, once, before it
+// expires.
+type VerifyResponse struct {
+	ConfigToken string    `json:"configToken"`
+	Expires     time.Time `json:"expires"`
+	NodeName    string    `json:"nodeName"`
+	Pool        string    `json:"pool"`
+	// Record names the NodeAttestation record the approver will use.
+	Record string `json:"record"`
+}
+
+// Refusal is the body of every refusal: Reason is machine-readable (an
+// attest.Reason), Detail is for humans and never holds a secret.
+type Refusal struct {
+	Reason attest.Reason `json:"reason"`
+	Detail string        `json:"detail,omitempty"`
+}

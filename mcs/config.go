@@ -1,0 +1,192 @@
+package mcs
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// poolName is what a pool may be called: a Kubernetes object name.
+var poolName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
+
+// serveConfig answers GET|HEAD /config/<pool>.
+//
+// Which tier a request gets, in order:
+//  1. A config token (Authorization: Bearer np1.… or ?token=np1.…): it must
+//     open (TokenInvalid), be unexpired (TokenExpired), name this pool
+//     (TokenForAnotherPool), be unused (TokenAlreadyUsed; it is spent when
+//     the config is delivered), its record must exist, and the pool must
+//     accept attested fetches (TierDisabled) → the full config for that
+//     node.
+//  2. Another bearer token: the pool must take the token tier and the token
+//     must be a valid provisioning token (TokenInvalid) → the full config.
+//  3. No credentials: serve.fullWithoutCredentials → the full config
+//     (migration only); else the public tier if the pool serves it, else
+//     CredentialsRequired.
+//
+// The plain-HTTP port serves what serve.insecurePort allows: "public"
+// refuses any credentials (a token sent in clear is spent), "none" refuses
+// everything.
+func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, d *decision) {
+	pool := strings.TrimPrefix(r.URL.Path, "/config/")
+	if !poolName.MatchString(pool) {
+		s.refuse(w, d, deny(ReasonBadPath, "not a pool name"))
+		return
+	}
+	d.pool = pool
+	serve := s.o.Policy.ServeFor(pool)
+	token := bearer(r)
+	if port == Insecure {
+		switch serve.InsecurePort {
+		case "none":
+			s.refuse(w, d, deny(ReasonInsecurePort, "pool %s is not served on the plain-HTTP port", pool))
+			return
+		case "", "public":
+			if token != "" {
+				s.refuse(w, d, deny(ReasonInsecurePort, "credentials are not accepted over plain HTTP; use the TLS port"))
+				return
+			}
+		}
+	}
+	accept := r.Header.Get("Accept")
+	ctx := r.Context()
+	switch {
+	case token != "" && tokens.IsConfigToken(token):
+		s.serveAttested(ctx, w, r, d, serve, pool, accept, token)
+	case token != "":
+		if !serve.Token || s.o.Provisioning == nil {
+			s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take provisioning tokens", pool))
+			return
+		}
+		if !s.o.Provisioning.Check(token) {
+			s.refuse(w, d, deny(ReasonTokenInvalid, "provisioning token is not valid"))
+			return
+		}
+		d.tier = "token"
+		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, nil) }, nil)
+	case serve.FullWithoutCredentials:
+		d.tier = "full-unauthenticated"
+		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, nil) }, nil)
+	case serve.PublicTier():
+		d.tier = "public"
+		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Public(pool, accept) }, nil)
+	default:
+		if !s.poolExists(pool) {
+			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", pool))
+			return
+		}
+		s.refuse(w, d, deny(ReasonCredentials, "pool %s needs a provisioning token or attestation", pool))
+	}
+}
+
+func (s *Server) poolExists(pool string) bool {
+	for _, p := range s.cfg().Pools() {
+		if p == pool {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *http.Request, d *decision, serve policy.Serve, pool, accept, token string) {
+	ct, err := tokens.OpenConfigToken(s.o.Keys, token, s.o.Clock())
+	switch {
+	case errors.Is(err, tokens.ErrTokenExpired):
+		s.refuse(w, d, deny(ReasonTokenExpired, "config token has expired; attest again"))
+		return
+	case err != nil:
+		s.refuse(w, d, deny(ReasonTokenInvalid, "config token is not valid"))
+		return
+	}
+	d.node, d.record = ct.NodeName, ct.RecordID
+	if ct.Pool != pool {
+		s.refuse(w, d, deny(ReasonTokenWrongPool, "config token is for another pool"))
+		return
+	}
+	if !serve.AttestedTier() {
+		s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take attested fetches", pool))
+		return
+	}
+	rec, err := s.o.Store.GetRecord(ctx, ct.RecordID)
+	if err != nil {
+		if errors.Is(err, store.ErrNotFound) {
+			s.refuse(w, d, deny(ReasonTokenInvalid, "config token's record is gone"))
+		} else {
+			s.refuse(w, d, err)
+		}
+		return
+	}
+	once := "config-token/" + ct.ID
+	if err := s.o.Store.UseOnce(ctx, once, ct.Expires); err != nil {
+		if errors.Is(err, store.ErrUsed) {
+			s.refuse(w, d, deny(ReasonTokenUsed, "config token was already used"))
+		} else {
+			s.refuse(w, d, err)
+		}
+		return
+	}
+	d.tier = "attested"
+	release := func() {
+		// The config was not delivered: the token may be used again.
+		if err := s.o.Store.ReleaseOnce(context.WithoutCancel(ctx), once); err != nil {
+			s.o.Log.Error("release config token marker", "record", ct.RecordID, "err", err.Error())
+		}
+	}
+	s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, rec) }, release)
+}
+
+// deliver renders and writes a config. undo, if set, runs when the config
+// was not delivered (rendering failed or the write did not complete).
+func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, render func() ([]byte, error), undo func()) {
+	b, err := render()
+	if err != nil {
+		if undo != nil {
+			undo()
+		}
+		switch {
+		case errors.Is(err, ErrUnknownPool):
+			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", d.pool))
+		case errors.Is(err, ErrSpecVersion):
+			s.refuse(w, d, deny(ReasonSpecVersion, "%v", err))
+		default:
+			s.o.Log.Error("render config", "pool", d.pool, "tier", d.tier, "err", err.Error())
+			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s cannot be rendered now", d.pool))
+		}
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	d.status = http.StatusOK
+	if r.Method == http.MethodHead {
+		if undo != nil {
+			undo() // HEAD delivers nothing: the token stays usable
+		}
+		return
+	}
+	n, err := w.Write(b)
+	d.bytes = n
+	if err != nil && undo != nil {
+		undo()
+	}
+}
+
+// bearer returns the token from `Authorization: Bearer` or `?token=`.
+func bearer(r *http.Request) string {
+	if h := r.Header.Get("Authorization"); h != "" {
+		if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+			return strings.TrimSpace(h[7:])
+		}
+		return ""
+	}
+	return r.URL.Query().Get("token")
+}

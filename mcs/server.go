@@ -1,0 +1,230 @@
+// Package mcs is nodeproof's Machine Config Server: a drop-in for the
+// OpenShift MCS (GET|HEAD /config/<pool> with Ignition spec negotiation,
+// /healthz) that releases configs by tier — public without credentials,
+// full with a provisioning token or with a config token earned by
+// attestation (POST /attest/v1/challenge, /attest/v1/verify).
+//
+// Refusals are attest.Denials, mapped to HTTP once (status.go): 4xx is
+// final, 5xx with Retry-After means "not yet" — Ignition's retry rules.
+// Every request ends in one structured log line; no secret is logged.
+package mcs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/mcs/seal"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// Configs is where served bytes come from (mcs/render behind an adapter).
+// Errors: ErrUnknownPool, ErrSpecVersion, or anything else (a 503).
+type Configs interface {
+	// Public returns the public tier of pool for the Accept header.
+	Public(pool, accept string) ([]byte, error)
+	// Full returns the full config of pool for the Accept header, for the
+	// node a record describes (nil: no particular node, e.g. the token
+	// tier).
+	Full(pool, accept string, node *store.Record) ([]byte, error)
+	// Pools lists the pools there are configs for.
+	Pools() []string
+}
+
+// Errors a Configs returns.
+var (
+	ErrUnknownPool = errors.New("unknown pool")
+	ErrSpecVersion = errors.New("unsupported Ignition spec version")
+)
+
+// Options configure a Server. Each field says what it changes.
+type Options struct {
+	// Policy decides, per pool, what evidence is enough and what is served.
+	Policy *policy.Policy
+	// Configs supplies the bytes. Swappable at run time with SetConfigs.
+	Configs Configs
+	// Store keeps records and single-use markers.
+	Store store.Store
+	// Keys seal sessions and config tokens.
+	Keys *seal.Keyring
+	// Provisioning are the token-tier tokens; nil disables the token tier
+	// whatever the policy says.
+	Provisioning *tokens.Provisioning
+	// TPM verifies TPM evidence; nil refuses TPM evidence.
+	TPM *tpm.Verifier
+	// ConfigTokenTTL bounds a config token's life (default 10 minutes).
+	ConfigTokenTTL time.Duration
+	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
+	RecordTTL time.Duration
+	// Clock tells the time (required).
+	Clock func() time.Time
+	// Log receives one line per decision (required).
+	Log *slog.Logger
+}
+
+// Server serves the MCS endpoints.
+type Server struct {
+	o       Options
+	configs atomic.Pointer[configsBox]
+}
+
+type configsBox struct{ c Configs }
+
+// New checks o and returns a Server.
+func New(o Options) (*Server, error) {
+	switch {
+	case o.Policy == nil, o.Configs == nil, o.Store == nil, o.Keys == nil:
+		return nil, errors.New("mcs: Policy, Configs, Store and Keys are required")
+	case o.Clock == nil || o.Log == nil:
+		return nil, errors.New("mcs: Clock and Log are required")
+	}
+	if o.ConfigTokenTTL == 0 {
+		o.ConfigTokenTTL = 10 * time.Minute
+	}
+	if o.RecordTTL == 0 {
+		o.RecordTTL = time.Hour
+	}
+	s := &Server{o: o}
+	s.configs.Store(&configsBox{o.Configs})
+	for pool, p := range o.Policy.Pools {
+		if p.Serve.FullWithoutCredentials {
+			o.Log.Warn("INSECURE: pool serves its full config, secrets included, to anyone without credentials (serve.fullWithoutCredentials)",
+				"pool", pool)
+		}
+	}
+	return s, nil
+}
+
+// SetConfigs swaps the configs served (after inputs changed).
+func (s *Server) SetConfigs(c Configs) { s.configs.Store(&configsBox{c}) }
+
+func (s *Server) cfg() Configs { return s.configs.Load().c }
+
+// Port says which listener a handler is for.
+type Port int
+
+// The two MCS ports.
+const (
+	// Secure is the TLS port, 22623.
+	Secure Port = iota
+	// Insecure is the plain-HTTP port, 22624.
+	Insecure
+)
+
+func (p Port) String() string {
+	if p == Insecure {
+		return "insecure"
+	}
+	return "secure"
+}
+
+// Handler returns the handler for one port.
+func (s *Server) Handler(port Port) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := s.o.Clock()
+		rec := &decision{port: port, path: r.URL.Path, method: r.Method, remote: r.RemoteAddr}
+		s.route(w, r, port, rec)
+		s.logDecision(r.Context(), rec, start)
+	})
+}
+
+// decision is what the request's log line says.
+type decision struct {
+	port                 Port
+	path, method, remote string
+	pool, tier, version  string
+	node, record         string
+	status               int
+	reason               attest.Reason
+	bytes                int
+}
+
+func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) {
+	attrs := []slog.Attr{
+		slog.String("port", d.port.String()), slog.String("method", d.method), slog.String("path", d.path),
+		slog.String("remote", d.remote), slog.Int("status", d.status),
+		slog.Duration("took", s.o.Clock().Sub(start)),
+	}
+	for k, v := range map[string]string{"pool": d.pool, "tier": d.tier, "ignitionVersion": d.version, "node": d.node, "record": d.record, "reason": string(d.reason)} {
+		if v != "" {
+			attrs = append(attrs, slog.String(k, v))
+		}
+	}
+	if d.bytes > 0 {
+		attrs = append(attrs, slog.Int("bytes", d.bytes))
+	}
+	level := slog.LevelInfo
+	if d.status >= 500 {
+		level = slog.LevelError
+	} else if d.status >= 400 {
+		level = slog.LevelWarn
+	}
+	s.o.Log.LogAttrs(ctx, level, "request", attrs...)
+}
+
+func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *decision) {
+	// Refuse encoded paths outright: the only names we serve are plain, and
+	// a %2F or %2E can only be an attempt to reach something else.
+	if r.URL.RawPath != "" || strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/..") || strings.Contains(r.URL.Path, "/./") {
+		s.refuse(w, d, deny(ReasonBadPath, "path must be plain"))
+		return
+	}
+	switch {
+	case r.URL.Path == api.PathHealthz:
+		if !methodIs(w, r, d, s, http.MethodGet, http.MethodHead) {
+			return
+		}
+		d.status = http.StatusOK
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Header().Set("Content-Length", "2")
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodGet {
+			w.Write([]byte("ok"))
+		}
+	case strings.HasPrefix(r.URL.Path, api.PathConfig):
+		if !methodIs(w, r, d, s, http.MethodGet, http.MethodHead) {
+			return
+		}
+		s.serveConfig(w, r, port, d)
+	case r.URL.Path == api.PathChallenge || r.URL.Path == api.PathVerify:
+		if !methodIs(w, r, d, s, http.MethodPost) {
+			return
+		}
+		if port == Insecure {
+			s.refuse(w, d, deny(ReasonInsecurePort, "attestation is only served over TLS"))
+			return
+		}
+		if r.URL.Path == api.PathChallenge {
+			s.challenge(w, r, d)
+		} else {
+			s.verify(w, r, d)
+		}
+	default:
+		s.refuse(w, d, deny(ReasonNotFound, "no such endpoint"))
+	}
+}
+
+func methodIs(w http.ResponseWriter, r *http.Request, d *decision, s *Server, methods ...string) bool {
+	for _, m := range methods {
+		if r.Method == m {
+			return true
+		}
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	s.refuse(w, d, deny(ReasonMethodNotAllowed, "method %s not allowed", r.Method))
+	return false
+}
+
+func deny(r attest.Reason, format string, args ...any) error {
+	return &attest.Denial{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,85 @@
+package mcs
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/mcs/api"
+)
+
+// Reasons the server itself gives (the verifiers' and policy's are in
+// package attest).
+const (
+	ReasonNotFound          attest.Reason = "NotFound"
+	ReasonBadPath           attest.Reason = "BadPath"
+	ReasonMethodNotAllowed  attest.Reason = "MethodNotAllowed"
+	ReasonUnknownPool       attest.Reason = "UnknownPool"
+	ReasonSpecVersion       attest.Reason = "UnsupportedSpecVersion"
+	ReasonCredentials       attest.Reason = "CredentialsRequired"
+	ReasonTokenInvalid      attest.Reason = "TokenInvalid"
+	ReasonTokenExpired      attest.Reason = "TokenExpired"
+	ReasonTokenWrongPool    attest.Reason = "TokenForAnotherPool"
+	ReasonTokenUsed         attest.Reason = "TokenAlreadyUsed"
+	ReasonTierDisabled      attest.Reason = "TierDisabled"
+	ReasonInsecurePort      attest.Reason = "InsecurePortRefused"
+	ReasonBodyTooLarge      attest.Reason = "BodyTooLarge"
+	ReasonMalformedRequest  attest.Reason = "MalformedRequest"
+	ReasonUnavailable       attest.Reason = "Unavailable"
+	ReasonConfigUnavailable attest.Reason = "ConfigUnavailable"
+)
+
+// retryAfter is what a 503 asks the client to wait.
+const retryAfter = 5
+
+// statusOf maps a refusal reason to its HTTP status, once for the whole
+// server. 4xx is final for Ignition and the agent; 5xx means retry.
+func statusOf(r attest.Reason) int {
+	switch r {
+	case ReasonNotFound, ReasonUnknownPool:
+		return http.StatusNotFound
+	case ReasonMethodNotAllowed:
+		return http.StatusMethodNotAllowed
+	case ReasonBodyTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case ReasonBadPath, ReasonSpecVersion, ReasonMalformedRequest, attest.ReasonMalformed:
+		return http.StatusBadRequest
+	case ReasonCredentials:
+		return http.StatusUnauthorized
+	case ReasonUnavailable, ReasonConfigUnavailable:
+		return http.StatusServiceUnavailable
+	}
+	// Every other reason is a refusal of credentials or evidence.
+	return http.StatusForbidden
+}
+
+// refuse writes err as a refusal: the status of its reason, a JSON
+// {"reason","detail"} body, Retry-After on 503. An error that is not a
+// Denial is an internal failure: 503, and its text is not sent.
+func (s *Server) refuse(w http.ResponseWriter, d *decision, err error) {
+	var den *attest.Denial
+	body := api.Refusal{Reason: ReasonUnavailable, Detail: "the server cannot answer now; retry"}
+	if errors.As(err, &den) {
+		body = api.Refusal{Reason: den.Reason, Detail: den.Detail}
+	} else if err != nil {
+		s.o.Log.Error("internal error", "path", d.path, "err", err.Error())
+	}
+	status := statusOf(body.Reason)
+	b, _ := json.Marshal(body)
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	if status == http.StatusUnauthorized {
+		h.Set("WWW-Authenticate", `Bearer realm="nodeproof"`)
+	}
+	w.WriteHeader(status)
+	w.Write(b)
+	d.status, d.reason = status, body.Reason
+}
