@@ -111,7 +111,16 @@ var (
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, nil)
+}
+
+// newEnvWith serves configs (the static test configs when nil).
+func newEnvWith(t *testing.T, configs mcs.Configs) *env {
+	t.Helper()
 	e := &env{t: t, configs: &staticConfigs{}}
+	if configs == nil {
+		configs = e.configs
+	}
 	dir := t.TempDir()
 	pol, err := policy.Parse([]byte(testPolicy))
 	if err != nil {
@@ -155,7 +164,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	srv, err := mcs.New(mcs.Options{
-		Policy: pol, Configs: e.configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
+		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
 		Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)),
 	})
 	if err != nil {

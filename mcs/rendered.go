@@ -1,0 +1,64 @@
+package mcs
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// Rendered serves a render.Renderer's configs.
+type Rendered struct {
+	R *render.Renderer
+	// Kubeconfig, when set, makes the full config of an attested node carry
+	// that node's own kubeconfig (cluster mode: a per-node bootstrap token)
+	// instead of the renderer's bootstrap kubeconfig.
+	Kubeconfig func(rec *store.Record) ([]byte, error)
+}
+
+var _ Configs = Rendered{}
+
+// Pools implements Configs.
+func (c Rendered) Pools() []string { return c.R.Pools() }
+
+// Public implements Configs.
+func (c Rendered) Public(pool, accept string) ([]byte, error) {
+	v, err := render.Negotiate(accept)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSpecVersion, err)
+	}
+	b, err := c.R.Config(pool, render.TierPublic, v)
+	return b, mapRenderErr(err)
+}
+
+// Full implements Configs.
+func (c Rendered) Full(pool, accept string, node *store.Record) ([]byte, error) {
+	v, err := render.Negotiate(accept)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrSpecVersion, err)
+	}
+	if node != nil && c.Kubeconfig != nil {
+		kc, err := c.Kubeconfig(node)
+		if err != nil {
+			return nil, err
+		}
+		b, err := c.R.FullWithKubeconfig(pool, v, kc)
+		return b, mapRenderErr(err)
+	}
+	b, err := c.R.Config(pool, render.TierFull, v)
+	return b, mapRenderErr(err)
+}
+
+func mapRenderErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, render.ErrUnknownPool):
+		return fmt.Errorf("%w: %v", ErrUnknownPool, err)
+	case errors.Is(err, render.ErrTranslate):
+		// The config cannot be expressed in the spec the client asked for.
+		return fmt.Errorf("%w: %v", ErrSpecVersion, err)
+	}
+	return err
+}
