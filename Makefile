@@ -4,12 +4,15 @@ GO    ?= go
 # Built tools and caches live here (git-ignored).
 CACHE := $(CURDIR)/.cache
 
-.PHONY: all deps build test vet demo bench-tpm fmt
+.PHONY: all deps tools build test vet demo bench-tpm fmt
 
 all: build
 
-deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev
+deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-dev
 	@hack/deps.sh
+
+tools: deps ## real Ignition, kube-apiserver, etcd for tests, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
+	@hack/tools.sh
 
 build:
 	$(GO) build ./...
@@ -19,7 +22,7 @@ vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
-test: deps vet ## everything: vet, gofmt, unit and integration tests on real parts
+test: deps tools vet ## everything: vet, gofmt, unit and integration tests on real parts
 	$(GO) test -count=1 -timeout 20m ./...
 
 demo: deps ## one machine with swtpm attests; prints the verdict and claims

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what nodeproof's tests and demo need on a fresh Debian machine:
 # swtpm (software TPM) and its setup tools, tpm2-tools (the second evidence
-# producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo).
+# producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo), and
+# libblkid-dev (the real Ignition client built by hack/tools.sh is cgo).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -13,6 +14,8 @@ for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/bin/$cmd" ] || need+=("$pkg")
 done
 [ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
+# The real Ignition client (hack/tools.sh) is cgo and links libblkid.
+[ -f /usr/include/blkid/blkid.h ] || need+=(libblkid-dev)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

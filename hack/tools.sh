@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Builds the real parts nodeproof's tests run against, from the Go module
+# mirror, and caches them by version so that only the first run pays:
+#
+#   ignition        the real Ignition client (cgo, libblkid)      ~1-2 min cold
+#   kube-apiserver  from the nested tool module hack/tools/kube/  ~4-5 min cold
+#   etcd            from the nested tool module hack/tools/etcd/  ~30 s cold
+#
+# Layout: ${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}/bin/<name>-<version>/<name>,
+# plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
+# etcd (envtest's KUBEBUILDER_ASSETS). internal/testenv finds them there.
+#
+# Usage: hack/tools.sh [ignition|kube-apiserver|etcd ...]   (default: all)
+# Build flags are fixed on purpose: changing them (e.g. adding -trimpath)
+# invalidates Go's build cache for the whole kube-apiserver graph.
+set -euo pipefail
+
+IGNITION_VERSION=v2.24.0
+KUBE_VERSION=v1.34.4 # keep in step with hack/tools/kube/go.mod
+ETCD_VERSION=v3.6.4  # keep in step with hack/tools/etcd/go.mod
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cache=${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}
+bin=$cache/bin
+mkdir -p "$bin"
+
+# Builds never see a go.work of the caller (the tool modules' go.sum decides).
+export GOWORK=off
+
+# Two `make test` at once must not build the same thing twice.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$bin/.tools.lock"
+  flock 9
+fi
+
+human_size() { du -h --apparent-size "$1" | cut -f1; }
+
+# ensure NAME VERSION BUILD_FUNCTION: runs BUILD_FUNCTION TMPDIR (which must
+# leave the binary at TMPDIR/NAME) unless bin/NAME-VERSION/NAME exists, then
+# moves the binary into place atomically.
+ensure() {
+  local name=$1 version=$2 build=$3
+  local dir=$bin/$name-$version
+  if [ -x "$dir/$name" ]; then
+    echo "$name $version: cached ($dir/$name)"
+    return 0
+  fi
+  echo "$name $version: building (first run takes minutes)…"
+  mkdir -p "$dir"
+  local tmp
+  tmp=$(mktemp -d "$dir/.build.XXXXXX")
+  local start=$SECONDS
+  if ! "$build" "$tmp"; then
+    rm -rf "$tmp"
+    echo "$name $version: build FAILED" >&2
+    return 1
+  fi
+  chmod 0755 "$tmp/$name"
+  mv -f "$tmp/$name" "$dir/$name"
+  rm -rf "$tmp"
+  echo "$name $version: built in $((SECONDS - start))s, $(human_size "$dir/$name") ($dir/$name)"
+}
+
+build_ignition() {
+  local out=$1
+  [ -f /usr/include/blkid/blkid.h ] || {
+    echo "ignition needs libblkid-dev (run: make deps)" >&2
+    return 1
+  }
+  # `go install pkg@version` builds outside any module, exactly as released.
+  # The main package lives in .../internal, so the binary is named `internal`.
+  # selinuxRelabel=false: the files stage must not try to relabel under -root.
+  GOBIN=$out CGO_ENABLED=1 go install \
+    -ldflags "-X github.com/coreos/ignition/v2/internal/version.Raw=$IGNITION_VERSION -X github.com/coreos/ignition/v2/internal/distro.selinuxRelabel=false" \
+    "github.com/coreos/ignition/v2/internal@$IGNITION_VERSION"
+  mv "$out/internal" "$out/ignition"
+}
+
+build_kube_apiserver() {
+  local out=$1
+  (
+    cd "$root/hack/tools/kube"
+    go build \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
+      -o "$out/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+  )
+}
+
+build_etcd() {
+  local out=$1
+  (
+    cd "$root/hack/tools/etcd"
+    # The module root of go.etcd.io/etcd/server/v3 is etcd's main package.
+    go build -ldflags "-s -w" -o "$out/etcd" go.etcd.io/etcd/server/v3
+  )
+}
+
+# kubebuilder-assets-<kube version>: what envtest's BinaryAssetsDirectory /
+# KUBEBUILDER_ASSETS expects (files named kube-apiserver and etcd). Relative
+# symlinks, so the cache directory can be moved.
+assets() {
+  local dir=$bin/kubebuilder-assets-$KUBE_VERSION
+  mkdir -p "$dir"
+  ln -sfn "../kube-apiserver-$KUBE_VERSION/kube-apiserver" "$dir/kube-apiserver"
+  ln -sfn "../etcd-$ETCD_VERSION/etcd" "$dir/etcd"
+}
+
+want=("$@")
+[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver etcd)
+for t in "${want[@]}"; do
+  case $t in
+  ignition) ensure ignition "$IGNITION_VERSION" build_ignition ;;
+  kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" build_kube_apiserver ;;
+  etcd) ensure etcd "$ETCD_VERSION" build_etcd ;;
+  *)
+    echo "unknown tool: $t (want ignition, kube-apiserver or etcd)" >&2
+    exit 2
+    ;;
+  esac
+done
+assets

@@ -1,0 +1,66 @@
+// Package testenv locates the real parts that nodeproof's tests run against —
+// the Ignition client, kube-apiserver and etcd — which hack/tools.sh (`make
+// tools`) builds from the Go module mirror and caches by version.
+//
+// A missing binary fails the test with a message that says what to run; it
+// never skips, so a test run cannot silently pass without the real parts.
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Versions of the cached tools. They must match hack/tools.sh (a test checks).
+const (
+	IgnitionVersion = "v2.24.0"
+	KubeVersion     = "v1.34.4"
+	EtcdVersion     = "v3.6.4"
+)
+
+// Cache is the directory hack/tools.sh builds into:
+// $NODEPROOF_CACHE, or $HOME/.cache/nodeproof.
+func Cache() string {
+	if dir := os.Getenv("NODEPROOF_CACHE"); dir != "" {
+		return dir
+	}
+	home, err := os.UserHomeDir()
+	if err != nil || home == "" {
+		// hack/tools.sh would fail the same way ($HOME unset); keep a
+		// deterministic answer so the failure message names a path.
+		home = "/nonexistent-home"
+	}
+	return filepath.Join(home, ".cache", "nodeproof")
+}
+
+// IgnitionBinary is the path of the real Ignition client (built with
+// selinuxRelabel=false, so `-stage files -root DIR` works unprivileged).
+func IgnitionBinary(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(Cache(), "bin", "ignition-"+IgnitionVersion, "ignition")
+	mustExecutable(t, "ignition "+IgnitionVersion, p)
+	return p
+}
+
+// KubebuilderAssets is the directory holding kube-apiserver and etcd, in the
+// layout controller-runtime's envtest expects (BinaryAssetsDirectory or
+// KUBEBUILDER_ASSETS).
+func KubebuilderAssets(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(Cache(), "bin", "kubebuilder-assets-"+KubeVersion)
+	mustExecutable(t, "kube-apiserver "+KubeVersion, filepath.Join(dir, "kube-apiserver"))
+	mustExecutable(t, "etcd "+EtcdVersion, filepath.Join(dir, "etcd"))
+	return dir
+}
+
+func mustExecutable(t testing.TB, what, path string) {
+	t.Helper()
+	fi, err := os.Stat(path) // follows the kubebuilder-assets symlinks
+	switch {
+	case err != nil:
+		t.Fatalf("%s is not built (%v): run `make tools` (hack/tools.sh) first", what, err)
+	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
+		t.Fatalf("%s at %s is not an executable file: delete it and run `make tools` (hack/tools.sh)", what, path)
+	}
+}
