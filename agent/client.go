@@ -1,0 +1,180 @@
+// Package agent is the node side of nodeproof over the network: it runs
+// challenge → verify against the server with the node's evidence and hands
+// back the config token. It imports no server code and no client-go, so
+// the initramfs binary stays small.
+//
+// Retries follow Ignition's rules: a 5xx (or no answer) means "not yet",
+// retried with backoff until the context ends; a 4xx is final and comes
+// back as a *Refused carrying the server's reason.
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/mcs/api"
+)
+
+// Refused is a final refusal from the server.
+type Refused struct {
+	Status  int
+	Refusal api.Refusal
+}
+
+func (r *Refused) Error() string {
+	return fmt.Sprintf("server refused (%d %s): %s", r.Status, r.Refusal.Reason, r.Refusal.Detail)
+}
+
+// Client talks to one server.
+type Client struct {
+	// BaseURL is https://host:22623.
+	BaseURL string
+	HTTP    *http.Client
+	// Backoff bounds the wait between retries (defaults: 1s doubling to
+	// 30s).
+	MinBackoff, MaxBackoff time.Duration
+	// Progress, if set, is told about each retry (for the console).
+	Progress func(format string, args ...any)
+	// Sleep waits; tests replace it. Default: a timer that ends with ctx.
+	Sleep func(ctx context.Context, d time.Duration) error
+}
+
+// NewClient returns a client that trusts exactly caBundle (PEM).
+func NewClient(baseURL string, caBundle []byte) (*Client, error) {
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caBundle) {
+		return nil, errors.New("agent: CA bundle holds no certificate")
+	}
+	tr := &http.Transport{
+		TLSClientConfig:     &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: 10 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: &http.Client{Transport: tr, Timeout: time.Minute}}, nil
+}
+
+// AttestTPM runs both steps with a TPM collector and returns the server's
+// answer with the config token.
+func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll *tpm.Collector, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	keySHA, err := attest.KeySHA256(kubeletPKIX)
+	if err != nil {
+		return nil, err
+	}
+	req, err := coll.Request()
+	if err != nil {
+		return nil, fmt.Errorf("read TPM identity: %w", err)
+	}
+	var ch api.ChallengeResponse
+	if err := c.post(ctx, api.PathChallenge, api.ChallengeRequest{
+		Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, TPM: req,
+	}, &ch); err != nil {
+		return nil, err
+	}
+	if ch.TPM == nil {
+		return nil, errors.New("server sent no TPM challenge")
+	}
+	ev, err := coll.Answer(ch.TPM, keySHA)
+	if err != nil {
+		return nil, fmt.Errorf("answer the challenge with the TPM: %w", err)
+	}
+	var vr api.VerifyResponse
+	if err := c.post(ctx, api.PathVerify, api.VerifyRequest{Session: ch.Session, TPM: ev}, &vr); err != nil {
+		return nil, err
+	}
+	return &vr, nil
+}
+
+// post sends v and decodes the answer into out, retrying while the server
+// says "not yet".
+func (c *Client) post(ctx context.Context, path string, v, out any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	backoff := c.MinBackoff
+	if backoff == 0 {
+		backoff = time.Second
+	}
+	maxBackoff := c.MaxBackoff
+	if maxBackoff == 0 {
+		maxBackoff = 30 * time.Second
+	}
+	for attempt := 1; ; attempt++ {
+		wait, err := c.once(ctx, path, body, out)
+		if err == nil {
+			return nil
+		}
+		var refused *Refused
+		if errors.As(err, &refused) || ctx.Err() != nil {
+			return err
+		}
+		if wait < backoff {
+			wait = backoff
+		}
+		if c.Progress != nil {
+			c.Progress("%s: %v; retrying in %s (attempt %d)", path, err, wait, attempt)
+		}
+		if serr := c.sleep(ctx, wait); serr != nil {
+			return fmt.Errorf("%s: gave up (%w); last error: %v", path, serr, err)
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// once makes one request; a retryable failure returns the server's
+// Retry-After (0 if none).
+func (c *Client) once(ctx context.Context, path string, body []byte, out any) (time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case resp.StatusCode == http.StatusOK:
+		return 0, json.Unmarshal(b, out)
+	case resp.StatusCode >= 500:
+		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		return time.Duration(secs) * time.Second, fmt.Errorf("server not ready (%d)", resp.StatusCode)
+	default:
+		r := &Refused{Status: resp.StatusCode}
+		if json.Unmarshal(b, &r.Refusal) != nil {
+			r.Refusal = api.Refusal{Reason: "Unknown", Detail: strings.TrimSpace(string(b))}
+		}
+		return 0, r
+	}
+}
+
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	if c.Sleep != nil {
+		return c.Sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

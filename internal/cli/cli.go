@@ -1,0 +1,205 @@
+// Package cli is the nodeproof command: flags in, library calls out.
+// cmd/nodeproof is a thin main over Run.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/pointer"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+)
+
+// Version is set at build time with -ldflags "-X ...cli.Version=...".
+var Version = "dev"
+
+const usage = `usage: nodeproof <command> [flags]
+
+commands:
+  serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
+  ca         create or renew the MCS CA and serving certificate in a state directory
+  pointer    write an Ignition pointer config for a pool
+  token      show or rotate the provisioning token (the token tier)
+  version    print the version
+
+"nodeproof <command> -h" lists a command's flags.
+`
+
+// Run runs the command line args (without the program name) and returns
+// the exit code.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "serve", "bootstrap", "start":
+		err = cmdServe(ctx, args[1:], stderr)
+	case "ca":
+		err = cmdCA(args[1:], stdout, stderr)
+	case "pointer":
+		err = cmdPointer(args[1:], stdout, stderr)
+	case "token":
+		err = cmdToken(args[1:], stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "nodeproof", Version)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+	default:
+		fmt.Fprintf(stderr, "nodeproof: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "nodeproof %s: %v\n", args[0], err)
+		return 1
+	}
+	return 0
+}
+
+func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("nodeproof "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
+	var c ServeConfig
+	fs := newFlagSet("serve", stderr)
+	finish := serveFlags(fs, &c)
+	logFormat := fs.String("log-format", "json", "json or text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	finish()
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	if *logFormat == "text" {
+		h = slog.NewTextHandler(stderr, nil)
+	}
+	c.Log, c.Clock = slog.New(h), time.Now
+	return Serve(ctx, c)
+}
+
+func cmdCA(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("ca", stderr)
+	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory (the CA lives in <state-dir>/certs)")
+	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated")
+	bundle := fs.Bool("print-bundle", false, "print the CA bundle (PEM) to standard output")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, err := certs.Ensure(filepath.Join(*dir, "certs"), certs.Options{Clock: time.Now, Hosts: splitList(*hosts)})
+	if err != nil {
+		return err
+	}
+	if *bundle {
+		_, err = stdout.Write(st.CABundlePEM)
+		return err
+	}
+	for _, ch := range st.Changes {
+		fmt.Fprintln(stdout, ch)
+	}
+	fmt.Fprintf(stdout, "CA bundle:  %s (%d CA)\nserving:    %s\nvalid to:   %s\n",
+		st.CABundleFile, len(st.CABundle), st.ServingCertFile, st.ServingCert.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+func cmdPointer(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("pointer", stderr)
+	pool := fs.String("pool", "worker", "pool")
+	url := fs.String("url", "", "the server, e.g. https://api-int.example:22623 (the /config/<pool> path is added)")
+	caFile := fs.String("ca-bundle", "", "CA bundle PEM the node must trust (default: <state-dir>/certs/current/ca-bundle.crt)")
+	stateDir := fs.String("state-dir", "/var/lib/nodeproof", "state directory of the server")
+	tokenFile := fs.String("token-file", "", "provisioning token file to put in the pointer config")
+	stateToken := fs.Bool("token", false, "put the server's current provisioning token (from --state-dir) in the pointer config")
+	inURL := fs.Bool("token-in-url", false, "pass the token as ?token= rather than an Authorization header")
+	version := fs.String("spec", pointer.DefaultVersion, "Ignition spec version of the pointer config")
+	timeout := fs.Duration("http-total", 0, "ignition.timeouts.httpTotal (0: Ignition's default, retry forever)")
+	out := fs.String("o", "", "write here instead of standard output")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *url == "" {
+		return errors.New("--url is required")
+	}
+	if *caFile == "" {
+		*caFile = filepath.Join(*stateDir, "certs", "current", certs.CABundleFileName)
+	}
+	ca, err := os.ReadFile(*caFile)
+	if err != nil {
+		return fmt.Errorf("CA bundle: %w", err)
+	}
+	var tok string
+	switch {
+	case *tokenFile != "":
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return err
+		}
+		tok = strings.TrimSpace(string(b))
+	case *stateToken:
+		p, err := tokens.LoadProvisioning(filepath.Join(*stateDir, "tokens.json"), 0, time.Now)
+		if err != nil {
+			return err
+		}
+		tok = p.Current()
+	}
+	b, err := pointer.Build(pointer.Options{
+		URL: strings.TrimRight(*url, "/") + "/config/" + *pool, CABundle: ca, Token: tok, TokenInURL: *inURL,
+		Version: *version, HTTPTotal: *timeout,
+	})
+	if err != nil {
+		return err
+	}
+	if *out == "" {
+		_, err = stdout.Write(append(b, '\n'))
+		return err
+	}
+	return os.WriteFile(*out, append(b, '\n'), 0o600)
+}
+
+func cmdToken(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("token", stderr)
+	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
+	grace := fs.Duration("grace", 24*time.Hour, "how long the previous token stays valid after a rotation")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	p, err := tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now)
+	if err != nil {
+		return err
+	}
+	switch fs.Arg(0) {
+	case "", "show":
+	case "rotate":
+		if err := p.Rotate(); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("token: unknown action %q (show or rotate)", fs.Arg(0))
+	}
+	fmt.Fprintln(stdout, p.Current())
+	return nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, h := range strings.Split(s, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			out = append(out, h)
+		}
+	}
+	return out
+}

@@ -1,0 +1,347 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/agent"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/render"
+)
+
+// server is `nodeproof serve` running in-process on loopback.
+type server struct {
+	url, plainURL string
+	stateDir      string
+	man           *swtpm.Manufacturer
+	log           *lockedBuffer
+}
+
+// lockedBuffer is a log sink the server writes from many goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust:
+  ekRoots:
+  - {name: swtpm-localca, dir: %s}
+pools:
+  worker:
+    evidence: [tpm]
+    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
+    serve: {nodeNames: requested}
+  master:
+    serve: {public: false, token: true}
+`
+
+// startServer runs Serve on the example bootstrap directory. before, if
+// set, runs on the state directory first (to plant old certificates).
+func startServer(t *testing.T, before func(stateDir string)) *server {
+	t.Helper()
+	dir := t.TempDir()
+	s := &server{stateDir: filepath.Join(dir, "state"), log: new(lockedBuffer)}
+	var err error
+	if s.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
+		t.Fatal(err)
+	}
+	// Make the vendor CA (it exists once a TPM was provisioned).
+	if err := s.man.Provision(context.Background(), filepath.Join(dir, "first-tpm")); err != nil {
+		t.Fatal(err)
+	}
+	roots, err := s.man.RootsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policyFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if before != nil {
+		before(s.stateDir)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan [2]net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(ctx, ServeConfig{
+			SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
+			ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
+			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
+			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
+			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
+			Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	select {
+	case a := <-ready:
+		s.url = "https://" + a[0].String()
+	case err := <-done:
+		t.Fatalf("serve failed: %v\n%s", err, s.log)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	return s
+}
+
+// logged reports whether the server logged a request with status and
+// reason.
+func (s *server) logged(status int, reason string) bool {
+	for _, line := range strings.Split(s.log.String(), "\n") {
+		var l struct {
+			Status int    `json:"status"`
+			Reason string `json:"reason"`
+		}
+		if json.Unmarshal([]byte(line), &l) == nil && l.Status == status && l.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// pointerFile runs `nodeproof pointer` and returns the file it wrote.
+func (s *server) pointerFile(t *testing.T, args ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "pointer.ign")
+	var stderr bytes.Buffer
+	args = append([]string{"pointer", "--state-dir", s.stateDir, "--url", s.url, "--http-total", "15s", "-o", out}, args...)
+	if code := Run(context.Background(), args, io.Discard, &stderr); code != 0 {
+		t.Fatalf("nodeproof %v: exit %d: %s", args, code, stderr.String())
+	}
+	return out
+}
+
+// ignitionFetch runs the real Ignition client's fetch stage with a pointer
+// config and returns the config it cached, or its output on failure.
+func ignitionFetch(t *testing.T, pointer string) (cached []byte, output string, err error) {
+	t.Helper()
+	bin := testenv.IgnitionBinary(t)
+	tmp := t.TempDir()
+	cache := filepath.Join(tmp, "ignition.json")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-platform", "file", "-stage", "fetch",
+		"-config-cache", cache, "-state-file", filepath.Join(tmp, "state"), "-neednet", filepath.Join(tmp, "neednet"),
+		"-root", filepath.Join(tmp, "root"), "-log-to-stdout")
+	cmd.Env = append(os.Environ(), "IGNITION_CONFIG_FILE="+pointer, "TMPDIR="+tmp,
+		"IGNITION_SYSTEM_CONFIG_DIR="+filepath.Join(tmp, "system"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, string(out), err
+	}
+	cached, err = os.ReadFile(cache)
+	return cached, string(out), err
+}
+
+// cachedFiles maps the cached config's file paths to their sources.
+func cachedFiles(t *testing.T, cached []byte) map[string]string {
+	t.Helper()
+	var cfg struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source *string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(cached, &cfg); err != nil {
+		t.Fatalf("cached config: %v", err)
+	}
+	out := map[string]string{}
+	for _, f := range cfg.Storage.Files {
+		src := ""
+		if f.Contents.Source != nil {
+			src = *f.Contents.Source
+		}
+		out[f.Path] = src
+	}
+	return out
+}
+
+// expectedFiles is what the server's renderer serves for pool and tier at
+// spec 3.5 (what Ignition v2.24 asks for), as path → source.
+func expectedFiles(t *testing.T, pool string, tier render.Tier, caBundle []byte) map[string]string {
+	t.Helper()
+	in, err := render.LoadBootstrapDir("../../deploy/examples/bootstrap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, _ := os.ReadFile("../../deploy/examples/bootstrap-kubeconfig")
+	extra, err := publicExtra(func() ([]byte, error) { return caBundle, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := render.NewRenderer(in, render.Options{BootstrapKubeconfig: kc, PublicExtra: extra})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.Config(pool, tier, render.V3_5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cachedFiles(t, b)
+}
+
+func sameFiles(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	for p, src := range want {
+		if g, ok := got[p]; !ok {
+			t.Errorf("Ignition's cache lacks %s", p)
+		} else if g != src {
+			t.Errorf("Ignition's cache has other contents for %s", p)
+		}
+	}
+	for p := range got {
+		if _, ok := want[p]; !ok {
+			t.Errorf("Ignition's cache has an unexpected file %s", p)
+		}
+	}
+}
+
+func TestIgnitionFetchesEachTier(t *testing.T) {
+	s := startServer(t, nil)
+	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("public tier without credentials", func(t *testing.T) {
+		cached, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "worker"))
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, out)
+		}
+		got := cachedFiles(t, cached)
+		sameFiles(t, got, expectedFiles(t, "worker", render.TierPublic, bundle))
+		for _, p := range render.ForbiddenPublicPaths() {
+			if _, ok := got[p]; ok {
+				t.Errorf("public tier delivered %s", p)
+			}
+		}
+	})
+
+	t.Run("token tier", func(t *testing.T) {
+		cached, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "master", "--token"))
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, out)
+		}
+		got := cachedFiles(t, cached)
+		sameFiles(t, got, expectedFiles(t, "master", render.TierFull, bundle))
+		if _, ok := got[render.KubeconfigPath]; !ok {
+			t.Error("full config without the kubeconfig")
+		}
+	})
+
+	t.Run("token tier refuses a pointer without the token", func(t *testing.T) {
+		start := time.Now()
+		_, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "master"))
+		if err == nil {
+			t.Fatal("Ignition fetched the master config without a token")
+		}
+		if !s.logged(401, "CredentialsRequired") {
+			t.Fatalf("the server did not refuse with 401 CredentialsRequired:\n%s", out)
+		}
+		if time.Since(start) > 10*time.Second {
+			t.Fatal("a 4xx should fail at once, not be retried")
+		}
+	})
+
+	t.Run("attested config token", func(t *testing.T) {
+		m, err := s.man.NewMachine(context.Background(), t.TempDir(), firmwaretestdata.MustLog("rhel8-uefi"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		c, err := agent.NewClient(s.url, bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vr, err := c.AttestTPM(context.Background(), "worker", "worker-1", m.Collector, m.KubeletDER)
+		if err != nil {
+			t.Fatalf("attest: %v", err)
+		}
+		tokFile := filepath.Join(t.TempDir(), "token")
+		os.WriteFile(tokFile, []byte(vr.ConfigToken), 0o600)
+		pointer := s.pointerFile(t, "--pool", "worker", "--token-file", tokFile)
+		cached, out, err := ignitionFetch(t, pointer)
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, out)
+		}
+		got := cachedFiles(t, cached)
+		sameFiles(t, got, expectedFiles(t, "worker", render.TierFull, bundle))
+		// The token was spent: a second fetch with it is refused.
+		if _, out, err := ignitionFetch(t, pointer); err == nil || !s.logged(403, "TokenAlreadyUsed") {
+			t.Fatalf("a spent config token fetched again, or was refused for another reason: %v\n%s", err, out)
+		}
+		if strings.Contains(s.log.String(), vr.ConfigToken) {
+			t.Fatal("the config token was logged")
+		}
+	})
+}
+
+// TestIgnitionAcrossCARotation: a pointer config written while the old CA
+// was current still fetches after the server rotated its CA.
+func TestIgnitionAcrossCARotation(t *testing.T) {
+	var oldBundle []byte
+	s := startServer(t, func(stateDir string) {
+		// Certificates made 8.1 years ago: past 80% of the CA's life, so
+		// the server rotates them when it starts.
+		then := time.Now().Add(-time.Duration(8.1 * 365.25 * 24 * float64(time.Hour)))
+		st, err := certs.Ensure(filepath.Join(stateDir, "certs"), certs.Options{Clock: func() time.Time { return then }, Hosts: []string{"127.0.0.1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		oldBundle = st.CABundlePEM
+	})
+	st, err := certs.Ensure(filepath.Join(s.stateDir, "certs"), certs.Options{Clock: time.Now, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.CABundle) != 2 || bytes.Equal(st.CABundlePEM, oldBundle) {
+		t.Fatalf("the server did not rotate its CA at start (%d CAs)", len(st.CABundle))
+	}
+	bundleFile := filepath.Join(t.TempDir(), "old-bundle.pem")
+	os.WriteFile(bundleFile, oldBundle, 0o600)
+	oldPointer := s.pointerFile(t, "--pool", "worker", "--ca-bundle", bundleFile)
+	for _, p := range []string{oldPointer, s.pointerFile(t, "--pool", "worker")} {
+		if _, out, err := ignitionFetch(t, p); err != nil {
+			t.Fatalf("ignition with a pointer config: %v\n%s", err, out)
+		}
+	}
+}

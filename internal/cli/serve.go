@@ -1,0 +1,384 @@
+package cli
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/mcs"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/seal"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/store/boltstore"
+)
+
+// ServeConfig is everything `nodeproof serve` needs; flags fill it.
+type ServeConfig struct {
+	// The OpenShift MCS's own flags.
+	SecurePort     int
+	InsecurePort   int
+	CertFile       string
+	KeyFile        string
+	TLSMinVersion  string
+	TLSCipherSuite string
+	ServerBasedir  string
+	BootstrapKube  string
+	Kubeconfig     string
+	APIServerURL   string
+
+	// nodeproof's.
+	Policy   string
+	StateDir string
+	Hosts    []string
+	Listen   string // address to bind, default all
+	TokenTTL time.Duration
+	Grace    time.Duration
+	Reload   time.Duration // how often inputs and certificates are checked
+	Clock    func() time.Time
+	Log      *slog.Logger
+	Ready    func(secure, insecure net.Addr) // called once both ports listen
+}
+
+// defaultPolicy serves the public tier of every pool and nothing else: a
+// server started without a policy releases no secret.
+const defaultPolicy = `apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  default: {}
+`
+
+// serveFlags defines serve's flags on fs; the returned function finishes
+// c after parsing.
+func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
+	fs.IntVar(&c.SecurePort, "secure-port", 22623, "TLS port (Ignition)")
+	fs.IntVar(&c.InsecurePort, "insecure-port", 22624, "plain-HTTP port (the public tier only unless policy says otherwise); 0 disables it")
+	fs.StringVar(&c.CertFile, "cert", "", "serving certificate (PEM); default: nodeproof's own, in --state-dir/certs")
+	fs.StringVar(&c.KeyFile, "key", "", "serving key (PEM), with --cert")
+	fs.StringVar(&c.TLSMinVersion, "tls-min-version", "VersionTLS12", "minimum TLS version: VersionTLS12 or VersionTLS13")
+	fs.StringVar(&c.TLSCipherSuite, "tls-cipher-suites", "", "comma-separated IANA cipher suite names (TLS 1.2); default: ECDHE with AEAD only")
+	fs.StringVar(&c.ServerBasedir, "server-basedir", "", "directory mode: an MCO bootstrap directory (machine-pools/, machine-configs/, controller-config/)")
+	fs.StringVar(&c.BootstrapKube, "bootstrap-kubeconfig", "", "directory mode: the kubeconfig the full config carries for the kubelet")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig to reach the API server")
+	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: API server URL")
+	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "where the CA, keys, tokens and the embedded store live")
+	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
+	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
+	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
+	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
+	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
+	return func() {
+		for _, h := range strings.Split(*hosts, ",") {
+			if h = strings.TrimSpace(h); h != "" {
+				c.Hosts = append(c.Hosts, h)
+			}
+		}
+	}
+}
+
+// Serve runs the Machine Config Server until ctx ends.
+func Serve(ctx context.Context, c ServeConfig) error {
+	if c.Clock == nil || c.Log == nil {
+		return errors.New("serve: Clock and Log are required")
+	}
+	if c.ServerBasedir == "" && c.Kubeconfig == "" && c.APIServerURL == "" {
+		return errors.New("serve: give --server-basedir (directory mode) or --kubeconfig/--apiserver-url (cluster mode)")
+	}
+	if c.ServerBasedir == "" {
+		return errors.New("serve: cluster mode is not built yet; use --server-basedir")
+	}
+	if c.BootstrapKube == "" {
+		return errors.New("serve: directory mode needs --bootstrap-kubeconfig (the full config carries it)")
+	}
+	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	pol, err := loadPolicy(c.Policy)
+	if err != nil {
+		return err
+	}
+	verifier, err := tpmVerifier(pol, c.Clock)
+	if err != nil {
+		return err
+	}
+	st, err := boltstore.Open(filepath.Join(c.StateDir, "state.db"), 10*time.Second, c.Clock)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	keys, err := seal.LoadOrCreate(filepath.Join(c.StateDir, "keys.json"), c.Clock)
+	if err != nil {
+		return err
+	}
+	prov, err := tokens.LoadProvisioning(filepath.Join(c.StateDir, "tokens.json"), c.Grace, c.Clock)
+	if err != nil {
+		return err
+	}
+	tlsConf, reloader, err := c.tlsConfig()
+	if err != nil {
+		return err
+	}
+
+	inputs := &dirInputs{dir: c.ServerBasedir, kubeconfig: c.BootstrapKube, caBundle: c.caBundle}
+	rendered, err := inputs.load()
+	if err != nil {
+		return err
+	}
+	srv, err := mcs.New(mcs.Options{
+		Policy: pol, Configs: rendered, Store: st, Keys: keys, Provisioning: prov, TPM: verifier,
+		ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
+	})
+	if err != nil {
+		return err
+	}
+
+	secureLn, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.SecurePort)))
+	if err != nil {
+		return err
+	}
+	servers := []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Log)}
+	listeners := []net.Listener{tls.NewListener(secureLn, tlsConf)}
+	var insecureAddr net.Addr
+	if c.InsecurePort != 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.InsecurePort)))
+		if err != nil {
+			secureLn.Close()
+			return err
+		}
+		insecureAddr = ln.Addr()
+		servers = append(servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Log))
+		listeners = append(listeners, ln)
+	}
+	c.Log.Info("serving", "secure", secureLn.Addr().String(), "insecure", fmt.Sprint(insecureAddr),
+		"inputs", c.ServerBasedir, "pools", strings.Join(rendered.Pools(), ","), "stateDir", c.StateDir)
+	if c.Ready != nil {
+		c.Ready(secureLn.Addr(), insecureAddr)
+	}
+
+	errc := make(chan error, len(servers)+1)
+	for i := range servers {
+		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
+	}
+	go c.maintain(ctx, srv, inputs, st, reloader)
+
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		if !errors.Is(err, http.ErrServerClosed) {
+			c.Log.Error("listener failed", "err", err.Error())
+		}
+	}
+	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		s.Shutdown(shutdown)
+	}
+	return nil
+}
+
+// newHTTPServer bounds everything a client controls: header size and the
+// time to send headers and body; HTTP/1.1 only.
+func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+	s := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      2 * time.Minute,
+		IdleTimeout:       90 * time.Second,
+		MaxHeaderBytes:    32 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	s.Protocols = new(http.Protocols)
+	s.Protocols.SetHTTP1(true)
+	return s
+}
+
+// maintain reloads changed inputs, renews certificates and collects
+// garbage in the store, until ctx ends.
+func (c ServeConfig) maintain(ctx context.Context, srv *mcs.Server, in *dirInputs, st *boltstore.Store, r *certs.Reloader) {
+	tick := time.NewTicker(c.Reload)
+	defer tick.Stop()
+	lastCerts, lastGC := c.Clock(), c.Clock()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if changed, err := in.changed(); err != nil {
+			c.Log.Error("inputs", "err", err.Error())
+		} else if changed {
+			if rendered, err := in.load(); err != nil {
+				c.Log.Error("inputs changed but do not load; still serving the previous ones", "err", err.Error())
+			} else {
+				srv.SetConfigs(rendered)
+				c.Log.Info("inputs reloaded", "pools", strings.Join(rendered.Pools(), ","))
+			}
+		}
+		now := c.Clock()
+		if c.CertFile == "" && now.Sub(lastCerts) > time.Hour {
+			lastCerts = now
+			if stt, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts}); err != nil {
+				c.Log.Error("certificates", "err", err.Error())
+			} else {
+				for _, ch := range stt.Changes {
+					c.Log.Info("certificates", "change", ch)
+				}
+			}
+		}
+		if r != nil {
+			if err := r.LastError(); err != nil {
+				c.Log.Error("serving certificate reload", "err", err.Error())
+			}
+		}
+		if now.Sub(lastGC) > 10*time.Minute {
+			lastGC = now
+			if n, err := st.GC(ctx, now); err != nil {
+				c.Log.Error("store gc", "err", err.Error())
+			} else if n > 0 {
+				c.Log.Info("store gc", "deleted", n)
+			}
+		}
+	}
+}
+
+func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
+	minV, err := certs.ParseTLSMinVersion(c.TLSMinVersion)
+	if err != nil {
+		return nil, nil, err
+	}
+	var suites []uint16
+	if c.TLSCipherSuite != "" {
+		if suites, err = certs.ParseCipherSuites(c.TLSCipherSuite); err != nil {
+			return nil, nil, err
+		}
+	}
+	certFile, keyFile := c.CertFile, c.KeyFile
+	if certFile == "" {
+		st, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts})
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, ch := range st.Changes {
+			c.Log.Info("certificates", "change", ch)
+		}
+		certFile, keyFile = st.ServingCertFile, st.ServingKeyFile
+	} else if keyFile == "" {
+		return nil, nil, errors.New("--cert needs --key")
+	}
+	r, err := certs.NewReloader(certFile, keyFile, c.Clock)
+	if err != nil {
+		return nil, nil, err
+	}
+	return certs.TLSConfig(r, minV, suites), r, nil
+}
+
+// caBundle is the CA bundle pointer configs should carry: nodeproof's own
+// when it manages certificates.
+func (c ServeConfig) caBundle() ([]byte, error) {
+	if c.CertFile != "" {
+		return nil, nil
+	}
+	return os.ReadFile(filepath.Join(c.StateDir, "certs", "current", certs.CABundleFileName))
+}
+
+func loadPolicy(path string) (*policy.Policy, error) {
+	if path == "" {
+		return policy.Parse([]byte(defaultPolicy))
+	}
+	return policy.Load(path)
+}
+
+// tpmVerifier builds the TPM verifier from the policy's trust section; nil
+// when no pool accepts TPM evidence.
+func tpmVerifier(pol *policy.Policy, clock func() time.Time) (*tpm.Verifier, error) {
+	var sets []tpm.RootSet
+	for _, r := range pol.Trust.EKRoots {
+		s, err := tpm.LoadRootSet(r.Name, r.Dir)
+		if err != nil {
+			return nil, err
+		}
+		sets = append(sets, s)
+	}
+	var inv *tpm.Inventory
+	if pol.Trust.EKInventory != "" {
+		var err error
+		if inv, err = tpm.LoadInventory(pol.Trust.EKInventory); err != nil {
+			return nil, err
+		}
+	}
+	return tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
+}
+
+// dirInputs is the directory mode's input: an MCO bootstrap directory and
+// a kubeconfig file, re-read when they change.
+type dirInputs struct {
+	dir, kubeconfig string
+	caBundle        func() ([]byte, error)
+	stamp           string
+}
+
+func (d *dirInputs) fingerprint() (string, error) {
+	var b strings.Builder
+	err := filepath.WalkDir(d.dir, func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if info, err := e.Info(); err == nil {
+			fmt.Fprintf(&b, "%s %d %d\n", p, info.Size(), info.ModTime().UnixNano())
+		}
+		return nil
+	})
+	if info, err2 := os.Stat(d.kubeconfig); err2 == nil {
+		fmt.Fprintf(&b, "%s %d %d\n", d.kubeconfig, info.Size(), info.ModTime().UnixNano())
+	}
+	return b.String(), err
+}
+
+func (d *dirInputs) changed() (bool, error) {
+	f, err := d.fingerprint()
+	return err == nil && f != d.stamp, err
+}
+
+func (d *dirInputs) load() (mcs.Rendered, error) {
+	stamp, err := d.fingerprint()
+	if err != nil {
+		return mcs.Rendered{}, fmt.Errorf("read %s: %w", d.dir, err)
+	}
+	in, err := render.LoadBootstrapDir(d.dir)
+	if err != nil {
+		return mcs.Rendered{}, err
+	}
+	var kc []byte
+	if d.kubeconfig != "" {
+		if kc, err = os.ReadFile(d.kubeconfig); err != nil {
+			return mcs.Rendered{}, fmt.Errorf("bootstrap kubeconfig: %w", err)
+		}
+	}
+	extra, err := publicExtra(d.caBundle)
+	if err != nil {
+		return mcs.Rendered{}, err
+	}
+	r, err := render.NewRenderer(in, render.Options{BootstrapKubeconfig: kc, PublicExtra: extra})
+	if err != nil {
+		return mcs.Rendered{}, err
+	}
+	if err := r.Prerender(); err != nil {
+		return mcs.Rendered{}, fmt.Errorf("render: %w", err)
+	}
+	d.stamp = stamp
+	return mcs.Rendered{R: r}, nil
+}

@@ -1,0 +1,75 @@
+package swtpm
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"errors"
+	"path/filepath"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
+)
+
+// Machine is a simulated node: a freshly provisioned swtpm whose PCRs hold
+// a real firmware event log, a TPM collector on it, and a kubelet key.
+type Machine struct {
+	TPM        *TPM
+	Collector  *tpm.Collector
+	Kubelet    *ecdsa.PrivateKey
+	KubeletDER []byte // PKIX
+	KubeletSHA []byte
+}
+
+// NewMachine provisions a TPM from m in dir (with the given PCR banks, or
+// SHA-1 and SHA-256), starts it, "boots" it by extending log into its
+// PCRs, and opens a collector that reports log.
+func (m *Manufacturer) NewMachine(ctx context.Context, dir string, log []byte, banks ...string) (*Machine, error) {
+	state := filepath.Join(dir, "tpm")
+	if err := m.Provision(ctx, state, banks...); err != nil {
+		return nil, err
+	}
+	p, err := Start(ctx, state)
+	if err != nil {
+		return nil, err
+	}
+	mc := &Machine{TPM: p}
+	fail := func(err error) (*Machine, error) { mc.Close(); return nil, err }
+	ch, err := tpm.DialSocket("tcp", p.Addr, log)
+	if err != nil {
+		return fail(err)
+	}
+	if len(log) > 0 {
+		if _, err := tpmtest.ExtendLog(ch, log); err != nil {
+			ch.Close()
+			return fail(err)
+		}
+	}
+	if mc.Collector, err = tpm.NewCollector(ch); err != nil {
+		ch.Close()
+		return fail(err)
+	}
+	if mc.Kubelet, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+		return fail(err)
+	}
+	if mc.KubeletDER, err = x509.MarshalPKIXPublicKey(mc.Kubelet.Public()); err != nil {
+		return fail(err)
+	}
+	if mc.KubeletSHA, err = attest.KeySHA256(mc.KubeletDER); err != nil {
+		return fail(err)
+	}
+	return mc, nil
+}
+
+// Close closes the collector and stops swtpm.
+func (mc *Machine) Close() error {
+	var err error
+	if mc.Collector != nil {
+		err = mc.Collector.Close()
+	}
+	mc.TPM.Stop()
+	return errors.Join(err)
+}
