@@ -2,6 +2,7 @@ package mcs
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -137,7 +138,8 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // sealed by keys this server no longer has); the kind's verifier (every
 // check in its doc comment; expiry included); policy for the session's
 // pool; a node name (from the evidence, or requested when the pool allows
-// it: NodeNameNotEstablished). Then, in one durable store transaction, the
+// it: NodeNameNotEstablished). In cluster mode the node's bootstrap token
+// is issued next. Then, in one durable store transaction, the
 // NodeAttestation record is written and the session marked used
 // (SessionReused: nothing is written). Only then is the config token
 // returned. No refusal writes anything.
@@ -198,8 +200,19 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		KubeletKeySHA256: claims.KubeletKeySHA256, Addresses: claims.Addresses,
 		Summary: summarize(claims), CreatedAt: now, Expires: now.Add(s.o.RecordTTL),
 	}
+	if s.o.Bootstrap != nil {
+		if err := s.o.Bootstrap.Issue(r.Context(), rec); err != nil {
+			s.refuse(w, d, err)
+			return
+		}
+	}
 	once := "session/" + hex.EncodeToString(sess.Nonce)
 	if err := s.o.Store.CreateRecord(r.Context(), rec, once, sess.Expires); err != nil {
+		if rec.BootstrapTokenID != "" {
+			if rerr := s.o.Bootstrap.Revoke(context.WithoutCancel(r.Context()), rec); rerr != nil {
+				s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", node, "err", rerr.Error())
+			}
+		}
 		if errors.Is(err, store.ErrUsed) {
 			s.refuse(w, d, deny(attest.ReasonSessionReused, "this session was already answered"))
 		} else {

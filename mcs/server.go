@@ -41,6 +41,15 @@ type Configs interface {
 	Pools() []string
 }
 
+// BootstrapTokens issues per-node Kubernetes bootstrap tokens.
+type BootstrapTokens interface {
+	// Issue creates a token for rec's node, expiring with rec, and sets
+	// rec.BootstrapTokenID. An error that is not an attest.Denial is a 503.
+	Issue(ctx context.Context, rec *store.Record) error
+	// Revoke deletes the token of a record that was not written after all.
+	Revoke(ctx context.Context, rec *store.Record) error
+}
+
 // Errors a Configs returns.
 var (
 	ErrUnknownPool = errors.New("unknown pool")
@@ -62,6 +71,10 @@ type Options struct {
 	Provisioning *tokens.Provisioning
 	// TPM verifies TPM evidence; nil refuses TPM evidence.
 	TPM *tpm.Verifier
+	// Bootstrap, when set (cluster mode), gives each attested node its own
+	// short-lived Kubernetes bootstrap token: Issue runs before the record
+	// is written and sets Record.BootstrapTokenID.
+	Bootstrap BootstrapTokens
 	// ConfigTokenTTL bounds a config token's life (default 10 minutes).
 	ConfigTokenTTL time.Duration
 	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
