@@ -1,8 +1,8 @@
 # nodeproof — `make demo` and `make test` do everything on a fresh machine.
 SHELL := /bin/bash
 GO    ?= go
-# Built tools and caches live here (git-ignored).
-CACHE := $(CURDIR)/.cache
+# Built tools (Ignition, kube-apiserver, etcd) are cached by version in
+# $NODEPROOF_CACHE, default ~/.cache/nodeproof (hack/tools.sh).
 
 .PHONY: all deps tools build test vet demo bench-tpm fmt
 
@@ -25,7 +25,7 @@ vet:
 test: deps tools vet ## everything: vet, gofmt, unit and integration tests on real parts
 	$(GO) test -count=1 -timeout 20m ./...
 
-demo: deps ## one machine with swtpm attests; prints the verdict and claims
+demo: deps ## swtpm machines attest to the Machine Config Server; prints claims, tiers and refusals
 	@echo "(the first run compiles nodeproof; later runs take a few seconds)"
 	$(GO) run ./cmd/nodeproof-demo
 

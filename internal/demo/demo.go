@@ -1,8 +1,11 @@
-// Package demo is `make demo`: one machine with a software TPM (swtpm,
-// with an EK certificate from a local manufacturer CA) boots from a real
-// firmware event log, proves its identity and boot state to the verifier,
-// and policy decides. Each step prints what it did; refusals print their
-// reason. It grows into the full end-to-end demo as the server lands.
+// Package demo is `make demo`. Part one: a machine with a software TPM
+// (swtpm, with an EK certificate from a local manufacturer CA) boots from a
+// real firmware event log, proves its identity and boot state to the
+// verifier, and policy decides. Part two (server.go): the Machine Config
+// Server runs on the example MachineConfigs; an unauthenticated fetch gets
+// only the public tier, an attested machine gets the full config, and a
+// machine that booted without Secure Boot is refused. Each step prints what
+// it did; refusals print their reason.
 package demo
 
 import (
@@ -37,6 +40,9 @@ type Options struct {
 	Out io.Writer
 	// Clock tells the time.
 	Clock func() time.Time
+	// Examples is the deploy/examples directory (default: relative to the
+	// working directory, the module root under make).
+	Examples string
 }
 
 // policyTemplate is the demo's policy: the worker pool takes TPM evidence
@@ -203,8 +209,9 @@ func Run(ctx context.Context, o Options) error {
 	if reason != attest.ReasonQuoteBinding {
 		return fmt.Errorf("replay was not refused for its binding: %v", err)
 	}
-	step("Done: verdict ALLOWED for worker, with the claims above")
-	return nil
+	step("Part one done: verdict ALLOWED for worker, with the claims above")
+	fmt.Fprintln(out)
+	return runServer(ctx, o, man, roots, step, info)
 }
 
 func refused(out io.Writer, err error) error {
