@@ -8,12 +8,14 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +26,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -47,6 +50,9 @@ pools:
   infra:
     evidence: []
     serve: {public: false}
+  legacy:
+    serve: {fullWithoutCredentials: true}
+  broken: {}
 `
 
 // staticConfigs serves fixed bytes and remembers which record asked.
@@ -55,15 +61,20 @@ type staticConfigs struct {
 	lastNode *store.Record
 }
 
-func (c *staticConfigs) Pools() []string { return []string{"worker", "master", "infra"} }
+func (c *staticConfigs) Pools() []string {
+	return []string{"worker", "master", "infra", "legacy", "broken"}
+}
 
 func (c *staticConfigs) known(pool string) bool {
-	return pool == "worker" || pool == "master" || pool == "infra"
+	return slices.Contains(c.Pools(), pool)
 }
 
 func (c *staticConfigs) Public(pool, accept string) ([]byte, error) {
 	if !c.known(pool) {
 		return nil, mcs.ErrUnknownPool
+	}
+	if pool == "broken" {
+		return nil, errors.New("the inputs of pool broken do not render")
 	}
 	return []byte(`{"tier":"public","pool":"` + pool + `"}`), nil
 }
@@ -88,7 +99,7 @@ type env struct {
 	prov    *tokens.Provisioning
 	configs *staticConfigs
 	man     *swtpm.Manufacturer
-	log     bytes.Buffer
+	log     testenv.LockedBuffer
 }
 
 func (e *env) clock() time.Time {
@@ -466,5 +477,35 @@ func TestBadInput(t *testing.T) {
 	}
 	if n, _ := e.store.GC(context.Background(), e.clock().Add(24*time.Hour)); n != 0 {
 		t.Fatalf("bad input left %d markers or records", n)
+	}
+}
+
+// TestMigrationAndUnavailable: a pool with serve.fullWithoutCredentials
+// serves its full config to anyone (as the OpenShift MCS does) and the
+// server says so loudly; what cannot be answered now is a 503 with
+// Retry-After, which Ignition and the agent retry.
+func TestMigrationAndUnavailable(t *testing.T) {
+	e := newEnv(t)
+	if !strings.Contains(e.log.String(), `"level":"WARN","msg":"INSECURE`) || !strings.Contains(e.log.String(), `"pool":"legacy"`) {
+		t.Fatalf("no loud warning for fullWithoutCredentials:\n%s", e.log.String())
+	}
+	if r := e.do("GET", e.secure.URL+"/config/legacy", nil, nil); r.status != 200 || !bytes.Contains(r.body, []byte(`"tier":"full"`)) {
+		t.Fatalf("legacy pool: %d %s", r.status, r.body)
+	}
+	r := e.do("GET", e.secure.URL+"/config/broken", nil, nil)
+	if r.status != 503 || r.reason != mcs.ReasonConfigUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("unrenderable pool: %d %q Retry-After=%q", r.status, r.reason, r.header.Get("Retry-After"))
+	}
+	if strings.Contains(string(r.body), "do not render") {
+		t.Fatal("an internal error's text reached the client")
+	}
+	// The store goes away (a disk failure; in a cluster, the API server):
+	// attestation answers 503, not a refusal.
+	m := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
+	ch, _ := e.challenge(m, "worker", "node-y")
+	body := e.verifyBody(m, ch)
+	e.store.Close()
+	if _, r := e.verify(body); r.status != 503 || r.reason != mcs.ReasonUnavailable || r.header.Get("Retry-After") == "" {
+		t.Fatalf("store down: %d %q", r.status, r.reason)
 	}
 }

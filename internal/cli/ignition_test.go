@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,25 +28,7 @@ type server struct {
 	url, plainURL string
 	stateDir      string
 	man           *swtpm.Manufacturer
-	log           *lockedBuffer
-}
-
-// lockedBuffer is a log sink the server writes from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	log           *testenv.LockedBuffer
 }
 
 const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1
@@ -69,7 +50,7 @@ pools:
 func startServer(t *testing.T, before func(stateDir string)) *server {
 	t.Helper()
 	dir := t.TempDir()
-	s := &server{stateDir: filepath.Join(dir, "state"), log: new(lockedBuffer)}
+	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer)}
 	var err error
 	if s.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
 		t.Fatal(err)
