@@ -1,0 +1,107 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// examples is the example bootstrap directory, relative to the module root
+// (make runs the harness from there).
+const examples = "deploy/examples"
+
+// configFiles and fileSize make the rendered worker config about 500 KB of
+// file contents, like a real rendered worker config with its certificates,
+// kubelet and CRI-O configs and units.
+const (
+	configFiles = 100
+	fileSize    = 5000
+)
+
+// writeInputs copies the example bootstrap directory into dir, grows the
+// rendered worker config with random file contents, and writes a policy
+// that serves the full config on the token tier. It returns the size of
+// the added contents.
+func writeInputs(dir string) (int, error) {
+	src := filepath.Join(examples, "bootstrap")
+	dst := filepath.Join(dir, "bootstrap")
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("copy examples (run from the module root): %w", err)
+	}
+	kc, err := os.ReadFile(filepath.Join(examples, "bootstrap-kubeconfig"))
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kc, 0o600); err != nil {
+		return 0, err
+	}
+	policy := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    serve: {token: true}\n"
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(policy), 0o600); err != nil {
+		return 0, err
+	}
+	matches, err := filepath.Glob(filepath.Join(dst, "machine-configs", "rendered-worker-*.yaml"))
+	if err != nil || len(matches) != 1 {
+		return 0, fmt.Errorf("one rendered worker config expected, found %d", len(matches))
+	}
+	b, err := os.ReadFile(matches[0])
+	if err != nil {
+		return 0, err
+	}
+	var mc mcfgv1.MachineConfig
+	if err := yaml.Unmarshal(b, &mc); err != nil {
+		return 0, err
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(mc.Spec.Config.Raw, &cfg); err != nil {
+		return 0, err
+	}
+	storage, _ := cfg["storage"].(map[string]any)
+	if storage == nil {
+		storage = map[string]any{}
+		cfg["storage"] = storage
+	}
+	files, _ := storage["files"].([]any)
+	total := 0
+	for i := 0; i < configFiles; i++ {
+		raw := make([]byte, fileSize*3/4)
+		rand.Read(raw)
+		content := base64.StdEncoding.EncodeToString(raw)
+		total += len(content)
+		files = append(files, map[string]any{
+			"path": fmt.Sprintf("/etc/bench/file-%03d.conf", i), "mode": 420, "overwrite": true,
+			"contents": map[string]any{"source": "data:," + url.PathEscape(content)},
+		})
+	}
+	storage["files"] = files
+	if mc.Spec.Config.Raw, err = json.Marshal(cfg); err != nil {
+		return 0, err
+	}
+	out, err := yaml.Marshal(&mc)
+	if err != nil {
+		return 0, err
+	}
+	return total, os.WriteFile(matches[0], out, 0o644)
+}
+
