@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -131,22 +130,7 @@ func (s *server) pointerFile(t *testing.T, args ...string) string {
 // config and returns the config it cached, or its output on failure.
 func ignitionFetch(t *testing.T, pointer string) (cached []byte, output string, err error) {
 	t.Helper()
-	bin := testenv.IgnitionBinary(t)
-	tmp := t.TempDir()
-	cache := filepath.Join(tmp, "ignition.json")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-platform", "file", "-stage", "fetch",
-		"-config-cache", cache, "-state-file", filepath.Join(tmp, "state"), "-neednet", filepath.Join(tmp, "neednet"),
-		"-root", filepath.Join(tmp, "root"), "-log-to-stdout")
-	cmd.Env = append(os.Environ(), "IGNITION_CONFIG_FILE="+pointer, "TMPDIR="+tmp,
-		"IGNITION_SYSTEM_CONFIG_DIR="+filepath.Join(tmp, "system"))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return nil, string(out), err
-	}
-	cached, err = os.ReadFile(cache)
-	return cached, string(out), err
+	return testenv.IgnitionFetch(t, pointer, "")
 }
 
 // cachedFiles maps the cached config's file paths to their sources.

@@ -49,7 +49,6 @@ func TestIgnitionVersion(t *testing.T) {
 // follows the pointer config, sends its usual headers, and caches the merged
 // config — touching nothing outside the test's directory.
 func TestIgnitionFetchStage(t *testing.T) {
-	bin := testenv.IgnitionBinary(t)
 	seen := make(chan http.Header, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/config/worker" {
@@ -72,21 +71,8 @@ func TestIgnitionFetchStage(t *testing.T) {
 		srv.URL+"/config/worker"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sysDir := filepath.Join(dir, "system")
-	if err := os.Mkdir(sysDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	cache := filepath.Join(dir, "ignition.json")
-	cmd := exec.Command(bin, "-platform", "file", "-stage", "fetch",
-		"-config-cache", cache, "-state-file", filepath.Join(dir, "state"),
-		"-neednet", filepath.Join(dir, "neednet"), "-root", filepath.Join(dir, "root"),
-		"-log-to-stdout")
-	cmd.Env = append(os.Environ(),
-		"IGNITION_CONFIG_FILE="+pointer,
-		"IGNITION_SYSTEM_CONFIG_DIR="+sysDir,
-		"TMPDIR="+dir)
 	start := time.Now()
-	out, err := cmd.CombinedOutput()
+	cached, out, err := testenv.IgnitionFetch(t, pointer, "")
 	if err != nil {
 		t.Fatalf("ignition fetch: %v\n%s", err, out)
 	}
@@ -102,10 +88,6 @@ func TestIgnitionFetchStage(t *testing.T) {
 		}
 	default:
 		t.Fatalf("ignition never fetched /config/worker\n%s", out)
-	}
-	cached, err := os.ReadFile(cache)
-	if err != nil {
-		t.Fatalf("no cached config: %v\n%s", err, out)
 	}
 	if !strings.Contains(string(cached), "/etc/nodeproof-testenv") {
 		t.Fatalf("cached config lacks the served file: %s", cached)

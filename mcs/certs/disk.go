@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/nodeproof/nodeproof/internal/fsutil"
 )
 
 const (
@@ -72,11 +74,11 @@ func writeGeneration(dir string, gen int, files map[string]fileData, beforeSwap 
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed
 	for name, f := range files {
-		if err := writeFileSync(filepath.Join(tmp, name), f.data, f.mode); err != nil {
+		if err := fsutil.WriteFileSync(filepath.Join(tmp, name), f.data, f.mode); err != nil {
 			return fmt.Errorf("certs: write %s: %w", name, err)
 		}
 	}
-	if err := syncDir(tmp); err != nil {
+	if err := fsutil.SyncDir(tmp); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
 	final := filepath.Join(dir, genName(gen))
@@ -88,7 +90,7 @@ func writeGeneration(dir string, gen int, files map[string]fileData, beforeSwap 
 	if err := os.Rename(tmp, final); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := fsutil.SyncDir(dir); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
 	if beforeSwap != nil {
@@ -106,7 +108,7 @@ func writeGeneration(dir string, gen int, files map[string]fileData, beforeSwap 
 	if err := os.Rename(link, filepath.Join(dir, CurrentLink)); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := fsutil.SyncDir(dir); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
 	return nil
@@ -127,34 +129,4 @@ func removeStale(dir string, keep int) {
 			os.RemoveAll(filepath.Join(dir, name))
 		}
 	}
-}
-
-func writeFileSync(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	// The umask may have narrowed mode; set it exactly.
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,7 +24,7 @@ import (
 // Ignition checks certificates against the real time, so the state is
 // created 8.1 years in the past and rotated now.
 func TestIgnitionFollowsPointerConfig(t *testing.T) {
-	bin := testenv.IgnitionBinary(t)
+	testenv.IgnitionBinary(t) // fail early, with the install hint, if it is missing
 	now := time.Now()
 	clock := func() time.Time { return now }
 	const token = "q+8/Zk1w3XyZ0mN5vP2rT7uB9cD4eF6gH8iJ0kL2mN4="
@@ -100,7 +99,7 @@ func TestIgnitionFollowsPointerConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out, cached, err := runFetch(t, bin, raw)
+			out, cached, err := runFetch(t, raw)
 			if !c.wantOK {
 				if err == nil {
 					t.Fatalf("ignition fetched through an untrusted certificate\n%s", out)
@@ -121,27 +120,12 @@ func TestIgnitionFollowsPointerConfig(t *testing.T) {
 }
 
 // runFetch runs Ignition's fetch stage, unprivileged, on pointer.
-func runFetch(t *testing.T, bin string, pointer []byte) (out, cached []byte, err error) {
+func runFetch(t *testing.T, pointer []byte) (out, cached []byte, err error) {
 	t.Helper()
-	dir := t.TempDir()
-	p := filepath.Join(dir, "pointer.ign")
+	p := filepath.Join(t.TempDir(), "pointer.ign")
 	if err := os.WriteFile(p, pointer, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sysDir := filepath.Join(dir, "system")
-	if err := os.Mkdir(sysDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	cache := filepath.Join(dir, "ignition.json")
-	cmd := exec.Command(bin, "-platform", "file", "-stage", "fetch",
-		"-config-cache", cache, "-state-file", filepath.Join(dir, "state"),
-		"-neednet", filepath.Join(dir, "neednet"), "-root", filepath.Join(dir, "root"),
-		"-log-to-stdout")
-	cmd.Env = append(os.Environ(),
-		"IGNITION_CONFIG_FILE="+p,
-		"IGNITION_SYSTEM_CONFIG_DIR="+sysDir,
-		"TMPDIR="+dir)
-	out, err = cmd.CombinedOutput()
-	cached, _ = os.ReadFile(cache)
-	return out, cached, err
+	cached, output, err := testenv.IgnitionFetch(t, p, "")
+	return []byte(output), cached, err
 }

@@ -20,10 +20,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nodeproof/nodeproof/internal/fsutil"
 )
 
 // Prefix starts every box.
@@ -167,7 +168,7 @@ func (r *Keyring) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	return WriteFileAtomic(r.path, b, 0o600)
+	return fsutil.WriteFileAtomic(r.path, b, 0o600)
 }
 
 // Seal encrypts plaintext for purpose with the newest key.
@@ -216,41 +217,4 @@ func aad(purpose string, id []byte) []byte {
 	b.WriteByte(0)
 	b.Write(id)
 	return b.Bytes()
-}
-
-// WriteFileAtomic writes data to path so that a crash leaves either the old
-// or the new content: a temporary file in the same directory, fsync,
-// rename, fsync of the directory.
-func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nodeproof/nodeproof/internal/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 )
 
@@ -132,7 +133,7 @@ func (p *Provisioning) rotateLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := seal.WriteFileAtomic(p.path, b, 0o600); err != nil {
+	if err := fsutil.WriteFileAtomic(p.path, b, 0o600); err != nil {
 		return fmt.Errorf("write provisioning tokens: %w", err)
 	}
 	p.tokens = next
