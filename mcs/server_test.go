@@ -3,10 +3,6 @@ package mcs_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -27,7 +23,6 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/seal"
@@ -232,31 +227,12 @@ type machine struct {
 func (e *env) newMachine(log []byte) *machine {
 	t := e.t
 	t.Helper()
-	state := filepath.Join(t.TempDir(), "tpm")
-	if err := e.man.Provision(context.Background(), state); err != nil {
-		t.Fatal(err)
-	}
-	p, err := swtpm.Start(context.Background(), state)
+	m, err := e.man.NewMachine(context.Background(), t.TempDir(), log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Stop)
-	ch, err := tpm.DialSocket("tcp", p.Addr, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tpmtest.ExtendLog(ch, log); err != nil {
-		t.Fatal(err)
-	}
-	c, err := tpm.NewCollector(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	der, _ := x509.MarshalPKIXPublicKey(k.Public())
-	sha, _ := attest.KeySHA256(der)
-	return &machine{collector: c, keyDER: der, keySHA: sha}
+	t.Cleanup(func() { m.Close() })
+	return &machine{collector: m.Collector, keyDER: m.KubeletDER, keySHA: m.KubeletSHA}
 }
 
 func (e *env) challenge(m *machine, pool, node string) (*api.ChallengeResponse, result) {

@@ -2,12 +2,10 @@ package tpm_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/hex"
-	"path/filepath"
 	"testing"
 	"time"
 	"unicode/utf16"
@@ -20,8 +18,6 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
-	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 const workerPolicy = `
@@ -331,31 +327,8 @@ func unrestrictedKey(t *testing.T, m *machine) tpm.AKParameters {
 // TestSHA1OnlyTPM: a TPM whose only PCR bank is SHA-1 quotes that bank;
 // the verifier says so in the claims and the default policy refuses it.
 func TestSHA1OnlyTPM(t *testing.T) {
-	man := manufacturer(t)
-	state := filepath.Join(t.TempDir(), "tpm")
-	if err := man.Provision(context.Background(), state, "sha1"); err != nil {
-		t.Fatal(err)
-	}
-	p, err := swtpm.Start(context.Background(), state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	log := firmwaretestdata.MustLog("rhel8-uefi")
-	ch, err := tpm.DialSocket("tcp", p.Addr, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tpmtest.ExtendLog(ch, log); err != nil {
-		t.Fatal(err)
-	}
-	c, err := tpm.NewCollector(ch)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_, _, key := newKubeletKey(t)
-	claims, err := swAttest(t, &swMachine{tpm: p, collector: c, keySHA: key}, swtpmVerifier(t, nil))
+	m := newSwMachine(t, firmwaretestdata.MustLog("rhel8-uefi"), "sha1")
+	claims, err := swAttest(t, m, swtpmVerifier(t, nil))
 	if err != nil {
 		t.Fatalf("verifier refused a SHA-1 quote outright (%v); policy should decide", err)
 	}

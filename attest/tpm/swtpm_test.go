@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // One manufacturer (swtpm's local CA) for the whole test binary.
@@ -48,34 +46,14 @@ type swMachine struct {
 	keySHA    []byte
 }
 
-func newSwMachine(t *testing.T, log []byte) *swMachine {
+func newSwMachine(t *testing.T, log []byte, banks ...string) *swMachine {
 	t.Helper()
-	m := manufacturer(t)
-	state := filepath.Join(t.TempDir(), "tpm")
-	if err := m.Provision(context.Background(), state); err != nil {
-		t.Fatal(err)
-	}
-	p, err := swtpm.Start(context.Background(), state)
+	m, err := manufacturer(t).NewMachine(context.Background(), t.TempDir(), log, banks...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(p.Stop)
-	ch, err := tpm.DialSocket("tcp", p.Addr, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(log) > 0 {
-		if _, err := tpmtest.ExtendLog(ch, log); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c, err := tpm.NewCollector(ch)
-	if err != nil {
-		t.Fatalf("collector on swtpm: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	_, _, sha := newKubeletKey(t)
-	return &swMachine{tpm: p, collector: c, keySHA: sha}
+	t.Cleanup(func() { m.Close() })
+	return &swMachine{tpm: m.TPM, collector: m.Collector, keySHA: m.KubeletSHA}
 }
 
 func swtpmVerifier(t *testing.T, inv *tpm.Inventory) *tpm.Verifier {
