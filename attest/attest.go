@@ -103,6 +103,41 @@ type Claims struct {
 	VerifiedAt time.Time `json:"verifiedAt"`
 
 	TPM *TPMClaims `json:"tpm,omitempty"`
+	GCP *GCPClaims `json:"gcp,omitempty"`
+	AWS *AWSClaims `json:"aws,omitempty"`
+}
+
+// GCPClaims are what a verified GCP instance identity token establishes
+// (its google.compute_engine claims).
+type GCPClaims struct {
+	ProjectID       string    `json:"projectID"`
+	ProjectNumber   string    `json:"projectNumber"`
+	Zone            string    `json:"zone"`
+	InstanceID      string    `json:"instanceID"`
+	InstanceName    string    `json:"instanceName"`
+	InstanceCreated time.Time `json:"instanceCreated"`
+	// ServiceAccount is the token's email claim, when present.
+	ServiceAccount string `json:"serviceAccount,omitempty"`
+}
+
+// AWSClaims are what a verified AWS instance identity document establishes.
+type AWSClaims struct {
+	AccountID        string    `json:"accountID"`
+	Region           string    `json:"region"`
+	AvailabilityZone string    `json:"availabilityZone"`
+	InstanceID       string    `json:"instanceID"`
+	InstanceType     string    `json:"instanceType"`
+	ImageID          string    `json:"imageID"`
+	PrivateIP        string    `json:"privateIP"`
+	PendingTime      time.Time `json:"pendingTime"`
+	// PrivateDNSName is the instance's private DNS name: from the optional
+	// live EC2 check, else derived from PrivateIP and Region the way EC2
+	// names instances (ip-a-b-c-d.<region>.compute.internal;
+	// ec2.internal in us-east-1).
+	PrivateDNSName string `json:"privateDNSName,omitempty"`
+	// LiveChecked is set when the EC2 API confirmed the instance is running
+	// (and in the expected VPC / with the expected tags).
+	LiveChecked bool `json:"liveChecked"`
 }
 
 // TPMClaims are the facts a TPM attestation establishes.
@@ -199,7 +234,30 @@ const (
 	ReasonNoSHA256Bank    Reason = "SHA256BankMissing"
 	ReasonEventLogInvalid Reason = "EventLogMalformed"
 	ReasonEventLogReplay  Reason = "EventLogReplayMismatch"
+	// Cloud identity: signed tokens and documents.
+	ReasonTokenAlgorithm   Reason = "TokenAlgorithmNotAllowed"
+	ReasonTokenKeyUnknown  Reason = "TokenKeyUnknown"
+	ReasonTokenSignature   Reason = "TokenSignatureInvalid"
+	ReasonTokenIssuer      Reason = "TokenIssuerMismatch"
+	ReasonTokenAudience    Reason = "TokenAudienceMismatch"
+	ReasonTokenExpired     Reason = "TokenExpired"
+	ReasonTokenNotYetValid Reason = "TokenIssuedInFuture"
+	ReasonTokenClaims      Reason = "TokenClaimsMissing"
+	ReasonKeysUnavailable  Reason = "TrustRootsUnavailable"
+	ReasonDocSignature     Reason = "DocumentSignatureInvalid"
+	ReasonDocRegionCert    Reason = "DocumentRegionCertMismatch"
+	ReasonDocMalformed     Reason = "DocumentMalformed"
+	ReasonDocTooOld        Reason = "DocumentTooOld"
+	ReasonInstanceEnrolled Reason = "InstanceAlreadyEnrolled"
+	ReasonInstanceNotLive  Reason = "InstanceNotRunning"
 	// Policy (authorization).
+	ReasonPolicyProject     Reason = "ProjectNotAllowed"
+	ReasonPolicyZone        Reason = "ZoneNotAllowed"
+	ReasonPolicyInstanceAge Reason = "InstanceTooOld"
+	ReasonPolicyAccount     Reason = "AccountNotAllowed"
+	ReasonPolicyRegion      Reason = "RegionNotAllowed"
+	ReasonPolicyLiveCheck   Reason = "LiveCheckRequired"
+
 	ReasonPolicyUnknownPool     Reason = "PoolNotInPolicy"
 	ReasonPolicyKindNotAllowed  Reason = "EvidenceKindNotAllowed"
 	ReasonPolicySHA1            Reason = "SHA1BankNotAllowed"

@@ -207,7 +207,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		}
 	}
 	once := "session/" + hex.EncodeToString(sess.Nonce)
-	if err := s.o.Store.CreateRecord(r.Context(), rec, once, sess.Expires); err != nil {
+	if err := s.o.Store.CreateRecord(r.Context(), rec, store.Once{Key: once, Expires: sess.Expires}); err != nil {
 		if rec.BootstrapTokenID != "" {
 			if rerr := s.o.Bootstrap.Revoke(context.WithoutCancel(r.Context()), rec); rerr != nil {
 				s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", node, "err", rerr.Error())

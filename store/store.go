@@ -61,13 +61,19 @@ type Record struct {
 	ConsumedBy string     `json:"consumedBy,omitempty"`
 }
 
+// Once is a single-use marker: Key may be set once until Expires.
+type Once struct {
+	Key     string
+	Expires time.Time
+}
+
 // Store is the shared state. Implementations are safe for concurrent use.
 type Store interface {
 	// CreateRecord stores r and, in the same atomic and durable write, sets
-	// the single-use marker once (valid until onceExpires). If the marker is
-	// already set it returns ErrUsed and stores nothing; an existing ID gives
-	// ErrExists.
-	CreateRecord(ctx context.Context, r *Record, once string, onceExpires time.Time) error
+	// every marker in once (a session answered; an instance enrolled). If
+	// any is already set it returns ErrUsed and stores nothing; an existing
+	// ID gives ErrExists.
+	CreateRecord(ctx context.Context, r *Record, once ...Once) error
 	// GetRecord returns a record by ID (ErrNotFound).
 	GetRecord(ctx context.Context, id string) (*Record, error)
 	// RecordsForNode returns the records for a node name, newest first,

@@ -27,6 +27,15 @@
 //	      minimumDBX: {entries: 100, contains: [<sha256>...]}
 //	      pcrs: {"0": <hex>, "7": <hex>}
 //	      kernelCmdline: {require: [...], forbid: [...]}
+//	    gcp: {projects: [my-project], zones: [us-central1-a], maxInstanceAge: 1h}
+//	    aws: {accounts: ["123456789012"], regions: [us-east-1], requireLiveCheck: false}
+//	    serve:
+//	      public: true               # the public tier without credentials
+//	      token: false               # provisioning tokens (the token tier)
+//	      attested: true             # config tokens from attestation
+//	      insecurePort: public       # what port 22624 serves: public, none, all
+//	      fullWithoutCredentials: false  # the OpenShift MCS's behaviour; migration only
+//	      nodeNames: evidence        # or requested
 package policy
 
 import (
@@ -39,6 +48,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -83,6 +93,10 @@ type Pool struct {
 	Evidence []attest.Kind `yaml:"evidence"`
 	// TPM requirements, for TPM evidence.
 	TPM TPMPolicy `yaml:"tpm"`
+	// GCP requirements, for GCP instance identity tokens.
+	GCP GCPPolicy `yaml:"gcp"`
+	// AWS requirements, for AWS instance identity documents.
+	AWS AWSPolicy `yaml:"aws"`
 	// Serve says what the Machine Config Server releases for this pool and
 	// on what credentials.
 	Serve Serve `yaml:"serve"`
@@ -156,6 +170,51 @@ type TPMPolicy struct {
 	PCRs map[string]string `yaml:"pcrs"`
 	// KernelCmdline constrains the measured kernel command line.
 	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
+}
+
+// GCPPolicy is what a GCP instance must be. Empty lists allow any value:
+// set projects for any real deployment.
+type GCPPolicy struct {
+	// Projects are allowed project IDs.
+	Projects []string `yaml:"projects"`
+	// Zones are allowed zones (e.g. us-central1-a).
+	Zones []string `yaml:"zones"`
+	// MaxInstanceAge refuses instances created longer ago (a machine being
+	// provisioned is minutes old; an old one asking for a bootstrap config
+	// is suspicious). Zero: no limit.
+	MaxInstanceAge Duration `yaml:"maxInstanceAge"`
+}
+
+// AWSPolicy is what an EC2 instance must be. Empty lists allow any value:
+// set accounts for any real deployment.
+type AWSPolicy struct {
+	// Accounts are allowed AWS account IDs.
+	Accounts []string `yaml:"accounts"`
+	// Regions are allowed regions.
+	Regions []string `yaml:"regions"`
+	// RequireLiveCheck refuses documents the EC2 API did not confirm (the
+	// instance running, in the expected VPC and tags).
+	RequireLiveCheck bool `yaml:"requireLiveCheck"`
+}
+
+// Duration is a time.Duration written as "10m", "1h".
+type Duration struct{ time.Duration }
+
+// UnmarshalYAML reads a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %q: %w", s, err)
+	}
+	if v < 0 {
+		return fmt.Errorf("duration %q is negative", s)
+	}
+	d.Duration = v
+	return nil
 }
 
 // BootComponents are allow/deny lists for each boot stage.
@@ -333,11 +392,54 @@ func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 	if !slices.Contains(pp.Evidence, c.Kind) {
 		return attest.Deny(attest.ReasonPolicyKindNotAllowed, "pool %q does not accept %s evidence", pool, c.Kind)
 	}
-	if c.Kind == attest.KindTPM {
+	switch c.Kind {
+	case attest.KindTPM:
 		if c.TPM == nil {
 			return attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
 		}
 		return evaluateTPM(&pp.TPM, c.TPM)
+	case attest.KindGCP:
+		if c.GCP == nil {
+			return attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
+		}
+		return evaluateGCP(&pp.GCP, c.GCP, c.VerifiedAt)
+	case attest.KindAWS:
+		if c.AWS == nil {
+			return attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
+		}
+		return evaluateAWS(&pp.AWS, c.AWS)
+	}
+	return attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
+}
+
+// evaluateGCP checks the project (ProjectNotAllowed), the zone
+// (ZoneNotAllowed) and the instance's age at verification time
+// (InstanceTooOld).
+func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time) error {
+	if len(g.Projects) > 0 && !slices.Contains(g.Projects, c.ProjectID) {
+		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
+	}
+	if len(g.Zones) > 0 && !slices.Contains(g.Zones, c.Zone) {
+		return attest.Deny(attest.ReasonPolicyZone, "zone %s is not allowed", c.Zone)
+	}
+	if g.MaxInstanceAge.Duration > 0 && at.Sub(c.InstanceCreated) > g.MaxInstanceAge.Duration {
+		return attest.Deny(attest.ReasonPolicyInstanceAge, "instance created %s, more than %s ago", c.InstanceCreated.UTC().Format(time.RFC3339), g.MaxInstanceAge.Duration)
+	}
+	return nil
+}
+
+// evaluateAWS checks the account (AccountNotAllowed), the region
+// (RegionNotAllowed) and, if required, that the EC2 API confirmed the
+// instance (LiveCheckRequired).
+func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
+	if len(a.Accounts) > 0 && !slices.Contains(a.Accounts, c.AccountID) {
+		return attest.Deny(attest.ReasonPolicyAccount, "account %s is not allowed", c.AccountID)
+	}
+	if len(a.Regions) > 0 && !slices.Contains(a.Regions, c.Region) {
+		return attest.Deny(attest.ReasonPolicyRegion, "region %s is not allowed", c.Region)
+	}
+	if a.RequireLiveCheck && !c.LiveChecked {
+		return attest.Deny(attest.ReasonPolicyLiveCheck, "the EC2 API did not confirm this instance")
 	}
 	return nil
 }

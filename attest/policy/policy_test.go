@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -166,5 +167,60 @@ func TestLoadResolvesRelativePaths(t *testing.T) {
 	}
 	if got := p.Trust.EKInventory; got != filepath.Join(dir, "inventory.yaml") {
 		t.Errorf("inventory %q", got)
+	}
+}
+
+func TestEvaluateCloud(t *testing.T) {
+	doc := `
+apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  gce:
+    evidence: [gcp]
+    gcp: {projects: [prod], zones: [us-central1-a], maxInstanceAge: 1h}
+  ec2:
+    evidence: [aws]
+    aws: {accounts: ["111122223333"], regions: [us-east-1], requireLiveCheck: true}
+`
+	p, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	gcp := func() *attest.Claims {
+		return &attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "prod", Zone: "us-central1-a", InstanceCreated: now.Add(-5 * time.Minute)}}
+	}
+	aws := func() *attest.Claims {
+		return &attest.Claims{Kind: attest.KindAWS, AWS: &attest.AWSClaims{AccountID: "111122223333", Region: "us-east-1", LiveChecked: true}}
+	}
+	cases := []struct {
+		name   string
+		pool   string
+		claims *attest.Claims
+		mutate func(c *attest.Claims)
+		want   attest.Reason
+	}{
+		{"GCP instance", "gce", gcp(), func(*attest.Claims) {}, ""},
+		{"GCP project not allowed", "gce", gcp(), func(c *attest.Claims) { c.GCP.ProjectID = "dev" }, attest.ReasonPolicyProject},
+		{"GCP zone not allowed", "gce", gcp(), func(c *attest.Claims) { c.GCP.Zone = "europe-west1-b" }, attest.ReasonPolicyZone},
+		{"GCP instance too old", "gce", gcp(), func(c *attest.Claims) { c.GCP.InstanceCreated = now.Add(-2 * time.Hour) }, attest.ReasonPolicyInstanceAge},
+		{"GCP token for the AWS pool", "ec2", gcp(), func(*attest.Claims) {}, attest.ReasonPolicyKindNotAllowed},
+		{"EC2 instance", "ec2", aws(), func(*attest.Claims) {}, ""},
+		{"EC2 account not allowed", "ec2", aws(), func(c *attest.Claims) { c.AWS.AccountID = "444455556666" }, attest.ReasonPolicyAccount},
+		{"EC2 region not allowed", "ec2", aws(), func(c *attest.Claims) { c.AWS.Region = "eu-west-1" }, attest.ReasonPolicyRegion},
+		{"EC2 without the live check", "ec2", aws(), func(c *attest.Claims) { c.AWS.LiveChecked = false }, attest.ReasonPolicyLiveCheck},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.mutate(tc.claims)
+			err := p.Evaluate(tc.pool, tc.claims)
+			got, _ := attest.ReasonOf(err)
+			if (tc.want == "") != (err == nil) || got != tc.want {
+				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := Parse([]byte(strings.Replace(doc, "1h", "soon", 1))); err == nil {
+		t.Fatal("a bad duration parsed")
 	}
 }

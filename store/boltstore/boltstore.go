@@ -73,7 +73,7 @@ func onceSet(b *bolt.Bucket, key string, now time.Time) bool {
 }
 
 // CreateRecord implements store.Store.
-func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once string, onceExpires time.Time) error {
+func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once ...store.Once) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -83,8 +83,11 @@ func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once string, 
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		ob := tx.Bucket(bucketOnce)
-		if once != "" && onceSet(ob, once, s.clock()) {
-			return store.ErrUsed
+		now := s.clock()
+		for _, o := range once {
+			if onceSet(ob, o.Key, now) {
+				return store.ErrUsed
+			}
 		}
 		rb := tx.Bucket(bucketRecords)
 		if rb.Get([]byte(r.ID)) != nil {
@@ -96,8 +99,10 @@ func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once string, 
 		if err := tx.Bucket(bucketNodes).Put(nodeKey(r.NodeName, r.ID), nil); err != nil {
 			return err
 		}
-		if once != "" {
-			return ob.Put([]byte(once), []byte(onceExpires.UTC().Format(time.RFC3339Nano)))
+		for _, o := range once {
+			if err := ob.Put([]byte(o.Key), []byte(o.Expires.UTC().Format(time.RFC3339Nano))); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

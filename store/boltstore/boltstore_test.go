@@ -40,7 +40,7 @@ func TestRecords(t *testing.T) {
 	ctx := context.Background()
 	c := &fakeClock{t0}
 	s := openTemp(t, c)
-	if err := s.CreateRecord(ctx, rec("a", "node-1", t0), "session-1", t0.Add(5*time.Minute)); err != nil {
+	if err := s.CreateRecord(ctx, rec("a", "node-1", t0), store.Once{Key: "session-1", Expires: t0.Add(5 * time.Minute)}); err != nil {
 		t.Fatal(err)
 	}
 	cases := []struct {
@@ -48,10 +48,17 @@ func TestRecords(t *testing.T) {
 		op   func() error
 		want error
 	}{
-		{"same session again stores nothing", func() error { return s.CreateRecord(ctx, rec("b", "node-1", t0), "session-1", t0.Add(time.Minute)) }, store.ErrUsed},
-		{"same ID again", func() error { return s.CreateRecord(ctx, rec("a", "node-2", t0), "session-2", t0.Add(time.Minute)) }, store.ErrExists},
+		{"same session again stores nothing", func() error {
+			return s.CreateRecord(ctx, rec("b", "node-1", t0), store.Once{Key: "session-1", Expires: t0.Add(time.Minute)})
+		}, store.ErrUsed},
+		{"same ID again", func() error {
+			return s.CreateRecord(ctx, rec("a", "node-2", t0), store.Once{Key: "session-2", Expires: t0.Add(time.Minute)})
+		}, store.ErrExists},
+		{"a marker among several already set stores nothing", func() error {
+			return s.CreateRecord(ctx, rec("d", "node-1", t0), store.Once{Key: "instance-9", Expires: t0.Add(time.Hour)}, store.Once{Key: "session-1", Expires: t0.Add(time.Minute)})
+		}, store.ErrUsed},
 		{"a second record for the node", func() error {
-			return s.CreateRecord(ctx, rec("c", "node-1", t0.Add(time.Second)), "session-3", t0.Add(time.Minute))
+			return s.CreateRecord(ctx, rec("c", "node-1", t0.Add(time.Second)), store.Once{Key: "session-3", Expires: t0.Add(time.Minute)})
 		}, nil},
 		{"consume", func() error { return s.ConsumeRecord(ctx, "a", "csr-1", t0) }, nil},
 		{"consume twice", func() error { return s.ConsumeRecord(ctx, "a", "csr-2", t0) }, store.ErrConsumed},
@@ -91,7 +98,7 @@ func TestMarkersExpireAndGC(t *testing.T) {
 	if err := s.UseOnce(ctx, "k", t0.Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.CreateRecord(ctx, rec("r", "n", t0), "", time.Time{}); err != nil {
+	if err := s.CreateRecord(ctx, rec("r", "n", t0)); err != nil {
 		t.Fatal(err)
 	}
 	c.now = t0.Add(2 * time.Minute)
@@ -164,7 +171,7 @@ func TestKill9Writer(t *testing.T) {
 	for i := 0; ; i++ {
 		id := "rec-" + strconv.Itoa(i)
 		now := time.Now()
-		if err := s.CreateRecord(context.Background(), rec(id, "n"+strconv.Itoa(i%7), now), "once-"+id, now.Add(time.Hour)); err != nil {
+		if err := s.CreateRecord(context.Background(), rec(id, "n"+strconv.Itoa(i%7), now), store.Once{Key: "once-" + id, Expires: now.Add(time.Hour)}); err != nil {
 			t.Fatal(err)
 		}
 		fmt.Println(id)
