@@ -104,4 +104,3 @@ func writeInputs(dir string) (int, error) {
 	}
 	return total, os.WriteFile(matches[0], out, 0o644)
 }
-
