@@ -11,9 +11,12 @@ import (
 // Rendered serves a render.Renderer's configs.
 type Rendered struct {
 	R *render.Renderer
-	// Kubeconfig, when set, makes the full config of an attested node carry
-	// that node's own kubeconfig (cluster mode: a per-node bootstrap token)
-	// instead of the renderer's bootstrap kubeconfig.
+	// Kubeconfig, when set, supplies the kubeconfig every full config
+	// carries instead of the renderer's bootstrap kubeconfig (cluster mode):
+	// rec is the attested node's record (its own bootstrap token), or nil
+	// for a full config served to no particular node (the token tier,
+	// serve.fullWithoutCredentials). Called per request, so what it reads
+	// (a rotated token or CA) is current.
 	Kubeconfig func(rec *store.Record) ([]byte, error)
 }
 
@@ -38,7 +41,7 @@ func (c Rendered) Full(pool, accept string, node *store.Record) ([]byte, error) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSpecVersion, err)
 	}
-	if node != nil && c.Kubeconfig != nil {
+	if c.Kubeconfig != nil {
 		kc, err := c.Kubeconfig(node)
 		if err != nil {
 			return nil, err

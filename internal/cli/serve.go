@@ -38,6 +38,9 @@ type ServeConfig struct {
 	BootstrapKube  string
 	Kubeconfig     string
 	APIServerURL   string
+	// TokenDir is cluster mode's node-bootstrapper service account secret
+	// (token, ca.crt), mounted where the OpenShift MCS has it.
+	TokenDir string
 
 	// nodeproof's.
 	Policy   string
@@ -72,7 +75,8 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.ServerBasedir, "server-basedir", "", "directory mode: an MCO bootstrap directory (machine-pools/, machine-configs/, controller-config/)")
 	fs.StringVar(&c.BootstrapKube, "bootstrap-kubeconfig", "", "directory mode: the kubeconfig the full config carries for the kubelet")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig to reach the API server")
-	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: API server URL")
+	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: the API server URL nodes use (goes into the kubeconfigs served)")
+	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
 	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "where the CA, keys, tokens and the embedded store live")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
@@ -97,10 +101,13 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if c.ServerBasedir == "" && c.Kubeconfig == "" && c.APIServerURL == "" {
 		return errors.New("serve: give --server-basedir (directory mode) or --kubeconfig/--apiserver-url (cluster mode)")
 	}
-	if c.ServerBasedir == "" {
-		return errors.New("serve: cluster mode is not built yet; use --server-basedir")
-	}
-	if c.BootstrapKube == "" {
+	clusterMode := c.Kubeconfig != "" || c.APIServerURL != ""
+	switch {
+	case clusterMode && c.ServerBasedir != "":
+		return errors.New("serve: --server-basedir (directory mode) and --kubeconfig/--apiserver-url (cluster mode) exclude each other")
+	case clusterMode && c.APIServerURL == "":
+		return errors.New("serve: cluster mode needs --apiserver-url (the API server URL the served kubeconfigs name)")
+	case !clusterMode && c.BootstrapKube == "":
 		return errors.New("serve: directory mode needs --bootstrap-kubeconfig (the full config carries it)")
 	}
 	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
@@ -132,14 +139,21 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 
-	inputs := &dirInputs{dir: c.ServerBasedir, kubeconfig: c.BootstrapKube, caBundle: c.caBundle}
-	rendered, err := inputs.load()
+	var src source
+	if clusterMode {
+		if src, err = c.newClusterSource(); err != nil {
+			return err
+		}
+	} else {
+		src = &dirInputs{dir: c.ServerBasedir, kubeconfig: c.BootstrapKube, caBundle: c.caBundle, reload: c.Reload, log: c.Log}
+	}
+	first, err := src.first()
 	if err != nil {
 		return err
 	}
 	srv, err := mcs.New(mcs.Options{
-		Policy: pol, Configs: rendered, Store: st, Keys: keys, Provisioning: prov, TPM: verifier,
-		ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
+		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier,
+		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
 	})
 	if err != nil {
 		return err
@@ -163,7 +177,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		listeners = append(listeners, ln)
 	}
 	c.Log.Info("serving", "secure", secureLn.Addr().String(), "insecure", fmt.Sprint(insecureAddr),
-		"inputs", c.ServerBasedir, "pools", strings.Join(rendered.Pools(), ","), "stateDir", c.StateDir)
+		"inputs", src.String(), "pools", strings.Join(first.Pools(), ","), "stateDir", c.StateDir)
 	if c.Ready != nil {
 		c.Ready(secureLn.Addr(), insecureAddr)
 	}
@@ -172,7 +186,8 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	for i := range servers {
 		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
 	}
-	go c.maintain(ctx, srv, inputs, st, reloader)
+	go src.run(ctx, srv)
+	go c.maintain(ctx, st, reloader)
 
 	select {
 	case <-ctx.Done():
@@ -206,9 +221,9 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	return s
 }
 
-// maintain reloads changed inputs, renews certificates and collects
-// garbage in the store, until ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, srv *mcs.Server, in *dirInputs, st *boltstore.Store, r *certs.Reloader) {
+// maintain renews certificates and collects garbage in the store, until
+// ctx ends.
+func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, r *certs.Reloader) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
@@ -217,16 +232,6 @@ func (c ServeConfig) maintain(ctx context.Context, srv *mcs.Server, in *dirInput
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-		if changed, err := in.changed(); err != nil {
-			c.Log.Error("inputs", "err", err.Error())
-		} else if changed {
-			if rendered, err := in.load(); err != nil {
-				c.Log.Error("inputs changed but do not load; still serving the previous ones", "err", err.Error())
-			} else {
-				srv.SetConfigs(rendered)
-				c.Log.Info("inputs reloaded", "pools", strings.Join(rendered.Pools(), ","))
-			}
 		}
 		now := c.Clock()
 		if c.CertFile == "" && now.Sub(lastCerts) > time.Hour {
@@ -323,12 +328,54 @@ func tpmVerifier(pol *policy.Policy, clock func() time.Time) (*tpm.Verifier, err
 	return tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
 }
 
+// source is where the served configs come from: a directory (dirInputs)
+// or a cluster (clusterSource).
+type source interface {
+	// first returns what to serve at start.
+	first() (mcs.Configs, error)
+	// run keeps srv's configs current until ctx ends.
+	run(ctx context.Context, srv *mcs.Server)
+	// bootstrap issues per-node bootstrap tokens, or is nil.
+	bootstrap() mcs.BootstrapTokens
+	fmt.Stringer
+}
+
 // dirInputs is the directory mode's input: an MCO bootstrap directory and
 // a kubeconfig file, re-read when they change.
 type dirInputs struct {
 	dir, kubeconfig string
 	caBundle        func() ([]byte, error)
+	reload          time.Duration
+	log             *slog.Logger
 	stamp           string
+}
+
+func (d *dirInputs) String() string                 { return d.dir }
+func (d *dirInputs) bootstrap() mcs.BootstrapTokens { return nil }
+func (d *dirInputs) first() (mcs.Configs, error)    { return d.load() }
+
+// run checks the directory every d.reload and serves what changed; inputs
+// that do not load leave the previous ones served.
+func (d *dirInputs) run(ctx context.Context, srv *mcs.Server) {
+	tick := time.NewTicker(d.reload)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if changed, err := d.changed(); err != nil {
+			d.log.Error("inputs", "err", err.Error())
+		} else if changed {
+			if rendered, err := d.load(); err != nil {
+				d.log.Error("inputs changed but do not load; still serving the previous ones", "err", err.Error())
+			} else {
+				srv.SetConfigs(rendered)
+				d.log.Info("inputs reloaded", "pools", strings.Join(rendered.Pools(), ","))
+			}
+		}
+	}
 }
 
 func (d *dirInputs) fingerprint() (string, error) {

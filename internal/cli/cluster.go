@@ -1,0 +1,159 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/nodeproof/nodeproof/mcs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// kubeCallTimeout bounds each API call made while answering a request.
+const kubeCallTimeout = 10 * time.Second
+
+// tokenGCInterval is how often expired bootstrap token Secrets are deleted.
+const tokenGCInterval = 10 * time.Minute
+
+// clusterSource is cluster mode's input (`--kubeconfig`/`--apiserver-url`):
+// MachineConfigPools, MachineConfigs and the ControllerConfig watched from
+// the API server (mcs/cluster.Watch), and a bootstrap token per attested
+// node (mcs/cluster.Tokens). Until the watch has synced, every config
+// request is a 503 with Retry-After.
+type clusterSource struct {
+	cfg      *rest.Config
+	server   string // --apiserver-url
+	tokenDir string
+	tokens   *cluster.Tokens
+	ca       func(context.Context) ([]byte, error)
+	caBundle func() ([]byte, error) // nodeproof's own CA bundle, for the public tier
+	clock    func() time.Time
+	log      *slog.Logger
+}
+
+// newClusterSource connects to the API server named by --kubeconfig, or
+// the in-cluster service account when --kubeconfig is empty (as the
+// OpenShift MCS does).
+func (c ServeConfig) newClusterSource() (*clusterSource, error) {
+	var (
+		cfg *rest.Config
+		err error
+	)
+	if c.Kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("serve: cluster mode: API server config: %w", err)
+	}
+	cfg.UserAgent = "nodeproof-serve"
+	// controller-runtime's informers log through its package logger, which
+	// must be set once per process (it warns with a stack trace if not).
+	ctrllog.SetLogger(logr.FromSlogHandler(c.Log.Handler()).WithName("informers"))
+	cfg.Timeout = kubeCallTimeout
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("serve: cluster mode: %w", err)
+	}
+	ca := cluster.MCOCABundle(kc, filepath.Join(c.TokenDir, corev1.ServiceAccountRootCAKey))
+	tokens, err := cluster.NewTokens(cluster.TokenOptions{Client: kc, Server: c.APIServerURL, CABundle: ca, Clock: c.Clock})
+	if err != nil {
+		return nil, err
+	}
+	return &clusterSource{
+		cfg: cfg, server: c.APIServerURL, tokenDir: c.TokenDir, tokens: tokens, ca: ca,
+		caBundle: c.caBundle, clock: c.Clock, log: c.Log,
+	}, nil
+}
+
+func (s *clusterSource) String() string                 { return "cluster " + s.cfg.Host }
+func (s *clusterSource) bootstrap() mcs.BootstrapTokens { return s.tokens }
+
+// first serves nothing yet: every config request is a 503 until the
+// watch has synced.
+func (s *clusterSource) first() (mcs.Configs, error) { return cluster.Configs{}, nil }
+
+// kubeconfig is what every full config carries in cluster mode: the
+// attested node's own bootstrap token, or, for a request without a node
+// (token tier, fullWithoutCredentials), the shared node-bootstrapper
+// kubeconfig the OpenShift MCS serves everyone (see mcs/cluster).
+func (s *clusterSource) kubeconfig(rec *store.Record) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), kubeCallTimeout)
+	defer cancel()
+	if rec != nil {
+		return s.tokens.Kubeconfig(ctx, rec)
+	}
+	return cluster.ServiceAccountKubeconfig(ctx, s.tokenDir, s.server, s.ca)
+}
+
+// run watches the inputs and swaps in a renderer for each change, and
+// deletes expired bootstrap tokens, until ctx ends. A watch that fails is
+// restarted after a pause; what was served stays served meanwhile.
+func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
+	go s.gcTokens(ctx)
+	for ctx.Err() == nil {
+		err := cluster.Watch(ctx, s.cfg, cluster.WatchOptions{
+			OnInputs: func(in *render.Inputs) { s.serve(srv, in) },
+			OnError:  func(err error) { s.log.Error("cluster inputs", "err", err.Error()) },
+		})
+		if err != nil {
+			s.log.Error("cluster watch ended; restarting", "err", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
+// serve renders in and swaps it in. Configs that do not render (a pool
+// whose rendered MachineConfig is missing, a config with no 2.2 form) are
+// logged and answered per request (503, or 406 for the spec version);
+// the other pools are served.
+func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
+	extra, err := publicExtra(s.caBundle)
+	if err != nil {
+		s.log.Error("cluster inputs: public tier additions", "err", err.Error())
+		return
+	}
+	r, err := render.NewRenderer(in, render.Options{PublicExtra: extra})
+	if err != nil {
+		s.log.Error("cluster inputs do not render; still serving the previous ones", "err", err.Error())
+		return
+	}
+	if err := r.Prerender(); err != nil {
+		s.log.Warn("cluster inputs: some configs do not render", "err", err.Error())
+	}
+	srv.SetConfigs(cluster.Configs{R: &mcs.Rendered{R: r, Kubeconfig: s.kubeconfig}})
+	s.log.Info("cluster inputs", "pools", strings.Join(r.Pools(), ","))
+}
+
+func (s *clusterSource) gcTokens(ctx context.Context) {
+	tick := time.NewTicker(tokenGCInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if n, err := s.tokens.GC(ctx); err != nil {
+			s.log.Error("bootstrap token gc", "err", err.Error())
+		} else if n > 0 {
+			s.log.Info("bootstrap token gc", "deleted", n)
+		}
+	}
+}

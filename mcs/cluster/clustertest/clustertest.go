@@ -1,0 +1,212 @@
+// Package clustertest runs a real kube-apiserver for cluster-mode tests:
+// internal/kubetest's control plane (envtest, the binaries `make tools`
+// builds, loopback only, RBAC) plus bootstrap token authentication
+// (--enable-bootstrap-token-auth), which kubetest.Start does not turn on
+// and which per-node bootstrap tokens need. It also loads the example
+// MCO objects into it and asks the API server who a config authenticates
+// as.
+//
+// No kube-controller-manager runs: nothing deletes expired bootstrap
+// token Secrets (its tokencleaner) — the API server itself refuses them.
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
+	authnv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
+
+	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+)
+
+// Start runs etcd and kube-apiserver with bootstrap token authentication
+// and the MachineConfig, MachineConfigPool and ControllerConfig CRDs, and
+// returns an admin (system:masters) config. Everything stops when the test
+// ends. A missing binary fails the test: run `make tools`.
+func Start(t testing.TB) *rest.Config {
+	t.Helper()
+	// controller-runtime's informers log through its package logger, which
+	// warns with a stack trace when it was never set.
+	ctrllog.SetLogger(logr.Discard())
+	assets := testenv.KubebuilderAssets(t)
+	dir := t.TempDir()
+	etcdDir, certDir := filepath.Join(dir, "etcd"), filepath.Join(dir, "apiserver")
+	for _, d := range []string{etcdDir, certDir} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatalf("clustertest: %v", err)
+		}
+	}
+	out := new(tail)
+	api := &envtest.APIServer{Path: filepath.Join(assets, "kube-apiserver"), CertDir: certDir, Out: out, Err: out}
+	api.Configure().Set("enable-bootstrap-token-auth", "true")
+	no := false
+	env := &envtest.Environment{
+		UseExistingCluster:    &no,
+		BinaryAssetsDirectory: assets,
+		ControlPlane: envtest.ControlPlane{
+			APIServer: api,
+			Etcd:      &envtest.Etcd{Path: filepath.Join(assets, "etcd"), DataDir: etcdDir, Out: out, Err: out},
+		},
+		CRDDirectoryPaths:        []string{kubetest.OpenShiftCRDs(t)},
+		ErrorIfCRDPathMissing:    true,
+		ControlPlaneStartTimeout: kubetest.StartTimeout,
+		ControlPlaneStopTimeout:  30 * time.Second,
+	}
+	start := time.Now()
+	cfg, err := env.Start()
+	if err != nil {
+		_ = env.Stop()
+		t.Fatalf("clustertest: starting envtest: %v\n--- output (tail) ---\n%s", err, out)
+	}
+	t.Logf("clustertest: kube-apiserver %s at %s (bootstrap token auth), started in %s",
+		testenv.KubeVersion, cfg.Host, time.Since(start).Round(time.Millisecond))
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("clustertest: stopping envtest: %v", err)
+		}
+	})
+	return cfg
+}
+
+// Examples are the objects of an MCO bootstrap directory, decoded.
+type Examples struct {
+	Pools   []*mcfgv1.MachineConfigPool
+	Configs []*mcfgv1.MachineConfig
+	CC      *mcfgv1.ControllerConfig
+}
+
+// LoadExamples decodes the YAML files of an MCO bootstrap directory
+// (deploy/examples/bootstrap).
+func LoadExamples(t testing.TB, dir string) *Examples {
+	t.Helper()
+	ex := new(Examples)
+	each := func(sub string, fn func([]byte) error) {
+		files, err := filepath.Glob(filepath.Join(dir, sub, "*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("clustertest: no YAML in %s/%s: %v", dir, sub, err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err == nil {
+				err = fn(b)
+			}
+			if err != nil {
+				t.Fatalf("clustertest: %s: %v", f, err)
+			}
+		}
+	}
+	each("machine-pools", func(b []byte) error {
+		p := new(mcfgv1.MachineConfigPool)
+		ex.Pools = append(ex.Pools, p)
+		return yaml.Unmarshal(b, p)
+	})
+	each("machine-configs", func(b []byte) error {
+		c := new(mcfgv1.MachineConfig)
+		ex.Configs = append(ex.Configs, c)
+		return yaml.Unmarshal(b, c)
+	})
+	each("controller-config", func(b []byte) error {
+		ex.CC = new(mcfgv1.ControllerConfig)
+		return yaml.Unmarshal(b, ex.CC)
+	})
+	return ex
+}
+
+// Create creates the objects, as the MCO would have: MachineConfigs and
+// the ControllerConfig, then pools, whose status is written through the
+// status subresource.
+func (ex *Examples) Create(ctx context.Context, t testing.TB, c client.Client) {
+	t.Helper()
+	for _, mc := range ex.Configs {
+		if err := c.Create(ctx, mc.DeepCopy()); err != nil {
+			t.Fatalf("clustertest: create MachineConfig %s: %v", mc.Name, err)
+		}
+	}
+	if err := c.Create(ctx, ex.CC.DeepCopy()); err != nil {
+		t.Fatalf("clustertest: create ControllerConfig: %v", err)
+	}
+	for _, p := range ex.Pools {
+		obj := p.DeepCopy()
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("clustertest: create MachineConfigPool %s: %v", p.Name, err)
+		}
+		obj.Status = p.Status
+		if obj.Status.Conditions == nil {
+			obj.Status.Conditions = []mcfgv1.MachineConfigPoolCondition{}
+		}
+		if obj.Status.CertExpirys == nil {
+			obj.Status.CertExpirys = []mcfgv1.CertExpiry{}
+		}
+		if err := c.Status().Update(ctx, obj); err != nil {
+			t.Fatalf("clustertest: MachineConfigPool %s status: %v", p.Name, err)
+		}
+	}
+}
+
+// WhoAmI asks the API server who cfg authenticates as (a
+// SelfSubjectReview, what `kubectl auth whoami` does).
+func WhoAmI(ctx context.Context, cfg *rest.Config) (authnv1.UserInfo, error) {
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return authnv1.UserInfo{}, err
+	}
+	r, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authnv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil {
+		return authnv1.UserInfo{}, err
+	}
+	return r.Status.UserInfo, nil
+}
+
+// WaitWhoAmI retries WhoAmI until it succeeds or timeout passes: the API
+// server's bootstrap token authenticator reads Secrets from an informer,
+// so a new token authenticates a moment after it was created.
+func WaitWhoAmI(ctx context.Context, cfg *rest.Config, timeout time.Duration) (authnv1.UserInfo, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		u, err := WhoAmI(ctx, cfg)
+		if err == nil || time.Now().After(deadline) {
+			return u, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// tail keeps the last 64 KiB of the control plane's output.
+type tail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *tail) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if over := len(b.buf) - 64<<10; over > 0 {
+		b.buf = append(b.buf[:0], b.buf[over:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tail) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.TrimSpace(string(b.buf))
+}
+
+var _ fmt.Stringer = (*tail)(nil)
