@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -21,8 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -500,31 +497,6 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 	}
 }
 
-// applyYAML creates every object of a multi-document YAML file.
-func applyYAML(t *testing.T, c client.Client, file string) {
-	t.Helper()
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
-	for {
-		var u unstructured.Unstructured
-		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-			return
-		} else if err != nil {
-			t.Fatalf("%s: %v", file, err)
-		}
-		if len(u.Object) == 0 {
-			continue
-		}
-		if err := c.Create(context.Background(), &u); err != nil {
-			t.Fatalf("%s: create %s %s: %v", file, u.GetKind(), u.GetName(), err)
-		}
-	}
-}
-
 // The RBAC in deploy/cluster is enough: the watch and every token call run
 // as a service account that has exactly it; and a node's token may create
 // CSRs with deploy/cluster/node-bootstrap-rbac.yaml.
@@ -535,14 +507,10 @@ func testRBAC(t *testing.T, cfg *rest.Config, c client.Client, caFile string) {
 			t.Fatal(err)
 		}
 	}
-	applyYAML(t, c, "../../deploy/cluster/rbac.yaml")
-	applyYAML(t, c, "../../deploy/cluster/node-bootstrap-rbac.yaml")
+	kubetest.ApplyYAML(t, c, "../../deploy/cluster/rbac.yaml")
+	kubetest.ApplyYAML(t, c, "../../deploy/cluster/node-bootstrap-rbac.yaml")
 
-	sa := rest.CopyConfig(cfg)
-	sa.Impersonate = rest.ImpersonationConfig{
-		UserName: "system:serviceaccount:nodeproof:nodeproof-server",
-		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:nodeproof", "system:authenticated"},
-	}
+	sa := kubetest.AsServiceAccount(cfg, "nodeproof", "nodeproof-server")
 	skc, err := kubernetes.NewForConfig(sa)
 	if err != nil {
 		t.Fatal(err)

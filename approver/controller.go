@@ -1,0 +1,339 @@
+package approver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	certlisters "k8s.io/client-go/listers/certificates/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// Defaults of Options.
+const (
+	DefaultWorkers      = 4
+	DefaultPerNodeRate  = 2 // decisions per second per node name
+	DefaultPerNodeBurst = 5
+	DefaultResync       = 30 * time.Second
+	// maxLimiters bounds the per-node limiter table; idle limiters are
+	// dropped beyond it.
+	maxLimiters = 10000
+	// callTimeout bounds each API call a worker makes.
+	callTimeout = 15 * time.Second
+)
+
+// Options configure a Controller.
+type Options struct {
+	// Client reads CSRs and writes approvals and events. Its identity needs
+	// the RBAC in deploy/approver (approve on the two kubelet signers only).
+	Client kubernetes.Interface
+	// Decider decides each CSR (required).
+	Decider *Decider
+	// Workers decide CSRs in parallel (default DefaultWorkers).
+	Workers int
+	// PerNodeRate and PerNodeBurst bound how often CSRs naming one node are
+	// decided: a flood for one name is delayed, every other name is not.
+	// There is no global breaker.
+	PerNodeRate  rate.Limit
+	PerNodeBurst int
+	// Resync re-examines pending CSRs this often, so one left pending
+	// because its record had not been written yet is approved once it is
+	// (default DefaultResync).
+	Resync time.Duration
+	// Metrics, if set, receives decisions, the pending count and latencies.
+	Metrics *Metrics
+	// Clock tells the time (required).
+	Clock func() time.Time
+	// Log gets one line per decision (required).
+	Log *slog.Logger
+}
+
+// Controller approves kubelet CSRs with evidence: client-go informers on
+// certificates.k8s.io/v1 CSRs, a rate-limited work queue, Workers
+// goroutines. Run it under leader election (RunLeader) when several
+// replicas run.
+type Controller struct {
+	o        Options
+	queue    workqueue.TypedRateLimitingInterface[string]
+	lister   certlisters.CertificateSigningRequestLister
+	recorder record.EventRecorder
+
+	mu       sync.Mutex
+	limiters map[string]*rate.Limiter
+	// left remembers which reason a pending CSR was last left with, so a
+	// resync does not repeat the event.
+	left map[string]Reason
+}
+
+// New checks o.
+func New(o Options) (*Controller, error) {
+	switch {
+	case o.Client == nil || o.Decider == nil:
+		return nil, errors.New("approver: Client and Decider are required")
+	case o.Clock == nil || o.Log == nil:
+		return nil, errors.New("approver: Clock and Log are required")
+	}
+	if o.Workers <= 0 {
+		o.Workers = DefaultWorkers
+	}
+	if o.PerNodeRate <= 0 {
+		o.PerNodeRate = DefaultPerNodeRate
+	}
+	if o.PerNodeBurst <= 0 {
+		o.PerNodeBurst = DefaultPerNodeBurst
+	}
+	if o.Resync <= 0 {
+		o.Resync = DefaultResync
+	}
+	return &Controller{o: o, limiters: map[string]*rate.Limiter{}, left: map[string]Reason{}}, nil
+}
+
+// pending reports whether csr has no Approved, Denied or Failed condition.
+func pending(csr *certv1.CertificateSigningRequest) bool {
+	for _, c := range csr.Status.Conditions {
+		switch c.Type {
+		case certv1.CertificateApproved, certv1.CertificateDenied, certv1.CertificateFailed:
+			return false
+		}
+	}
+	return true
+}
+
+func ours(csr *certv1.CertificateSigningRequest) bool {
+	return csr.Spec.SignerName == SignerKubeletClient || csr.Spec.SignerName == SignerKubeletServing
+}
+
+// Run decides CSRs until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactory(c.o.Client, c.o.Resync)
+	inf := factory.Certificates().V1().CertificateSigningRequests()
+	c.lister = inf.Lister()
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeproof-approver"})
+	defer c.queue.ShutDown()
+
+	enqueue := func(obj any) {
+		csr, ok := obj.(*certv1.CertificateSigningRequest)
+		if ok && ours(csr) && pending(csr) {
+			c.queue.Add(csr.Name)
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj any) { enqueue(obj) },
+	}); err != nil {
+		return fmt.Errorf("approver: %w", err)
+	}
+
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-approver"})
+
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("approver: CSR informer did not sync")
+	}
+	c.o.Log.Info("approver running", "workers", c.o.Workers)
+
+	var wg sync.WaitGroup
+	for range c.o.Workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c.next(ctx) {
+			}
+		}()
+	}
+	tick := time.NewTicker(10 * time.Second)
+	defer tick.Stop()
+	c.countPending()
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+			c.countPending()
+			c.pruneLimiters()
+		}
+	}
+	c.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (c *Controller) countPending() {
+	if c.o.Metrics == nil {
+		return
+	}
+	all, err := c.lister.List(labelsEverything)
+	if err != nil {
+		return
+	}
+	n := 0
+	for _, csr := range all {
+		if ours(csr) && pending(csr) {
+			n++
+		}
+	}
+	c.o.Metrics.pending.Set(float64(n))
+}
+
+// next handles one queued CSR name; false when the queue shut down.
+func (c *Controller) next(ctx context.Context) bool {
+	name, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(name)
+	retry, err := c.handle(ctx, name)
+	switch {
+	case err != nil:
+		c.o.Log.Error("csr", "csr", name, "err", err.Error())
+		c.queue.AddRateLimited(name)
+	case retry > 0:
+		c.queue.AddAfter(name, retry)
+	default:
+		c.queue.Forget(name)
+	}
+	return true
+}
+
+// handle decides one CSR; a positive duration asks to come back later.
+func (c *Controller) handle(ctx context.Context, name string) (time.Duration, error) {
+	csr, err := c.lister.Get(name)
+	if apierrors.IsNotFound(err) {
+		c.forgetLeft(name)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if !ours(csr) || !pending(csr) {
+		c.forgetLeft(name)
+		return 0, nil
+	}
+	if k, _, _ := recognize(csr); k != nil {
+		if lim := c.limiter(k.nodeName); !lim.Allow() {
+			if c.o.Metrics != nil {
+				c.o.Metrics.limited.Inc()
+			}
+			return time.Duration(float64(time.Second) / float64(c.o.PerNodeRate)), nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	dec, err := c.o.Decider.Decide(ctx, csr)
+	if err != nil {
+		return 0, err
+	}
+	log := c.o.Log.With("csr", csr.Name, "node", dec.NodeName, "requester", csr.Spec.Username,
+		"signer", csr.Spec.SignerName, "action", string(dec.Action), "reason", string(dec.Reason), "record", dec.Record)
+	if dec.Action == Leave {
+		if dec.Reason != ReasonNotKubelet && c.leftChanged(csr.Name, dec.Reason) {
+			c.recorder.Event(csr, corev1.EventTypeWarning, string(dec.Reason), "nodeproof: left pending: "+dec.Message)
+			c.observe(csr, dec)
+			log.Info("csr left pending", "detail", dec.Message)
+		}
+		return 0, nil
+	}
+	if err := c.write(ctx, csr, dec); err != nil {
+		return 0, fmt.Errorf("write %s: %w", dec.Action, err)
+	}
+	c.forgetLeft(csr.Name)
+	c.observe(csr, dec)
+	evType := corev1.EventTypeNormal
+	if dec.Action == Deny {
+		evType = corev1.EventTypeWarning
+	}
+	c.recorder.Event(csr, evType, string(dec.Reason), dec.Message)
+	log.Info("csr decided", "detail", dec.Message)
+	return 0, nil
+}
+
+// write adds the Approved or Denied condition through the approval
+// subresource. A conflict is an error: the CSR is decided again (a client
+// CSR's record is then found consumed by this very CSR, and approved).
+func (c *Controller) write(ctx context.Context, csr *certv1.CertificateSigningRequest, dec Decision) error {
+	csr = csr.DeepCopy()
+	typ := certv1.CertificateApproved
+	if dec.Action == Deny {
+		typ = certv1.CertificateDenied
+	}
+	csr.Status.Conditions = append(csr.Status.Conditions, certv1.CertificateSigningRequestCondition{
+		Type: typ, Status: corev1.ConditionTrue, Reason: string(dec.Reason), Message: dec.Message,
+		LastUpdateTime: metav1.NewTime(c.o.Clock()),
+	})
+	_, err := c.o.Client.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, csr.Name, csr, metav1.UpdateOptions{})
+	return err
+}
+
+func (c *Controller) observe(csr *certv1.CertificateSigningRequest, dec Decision) {
+	if c.o.Metrics == nil {
+		return
+	}
+	c.o.Metrics.decisions.WithLabelValues(string(dec.Action), string(dec.Reason)).Inc()
+	if dec.Action != Leave {
+		c.o.Metrics.latency.Observe(c.o.Clock().Sub(csr.CreationTimestamp.Time).Seconds())
+	}
+}
+
+func (c *Controller) limiter(node string) *rate.Limiter {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l, ok := c.limiters[node]
+	if !ok {
+		l = rate.NewLimiter(c.o.PerNodeRate, c.o.PerNodeBurst)
+		c.limiters[node] = l
+	}
+	return l
+}
+
+// pruneLimiters drops idle (full) limiters once the table is large.
+func (c *Controller) pruneLimiters() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.limiters) <= maxLimiters {
+		return
+	}
+	for k, l := range c.limiters {
+		if l.Tokens() >= float64(c.o.PerNodeBurst) {
+			delete(c.limiters, k)
+		}
+	}
+}
+
+func (c *Controller) leftChanged(name string, r Reason) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.left[name] == r {
+		return false
+	}
+	c.left[name] = r
+	return true
+}
+
+func (c *Controller) forgetLeft(name string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.left, name)
+}

@@ -1,0 +1,231 @@
+package approver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	certv1 "k8s.io/api/certificates/v1"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// Reason is why the approver decided as it did. It is the reason of the
+// CSR's Approved or Denied condition, of the event on the CSR, and the
+// label of the decisions metric. Tests assert reasons, not messages.
+type Reason string
+
+// Reasons. Approvals name the evidence kind: Attested + TPM | GCP | AWS.
+const (
+	ReasonAttestedPrefix = "NodeproofAttested"
+
+	// Not ours (left alone, no event).
+	ReasonNotKubelet Reason = "NotKubeletSigner"
+	// Shape: the CSR is not what a kubelet sends.
+	ReasonBadCSR           Reason = "MalformedCSR"
+	ReasonBadSubject       Reason = "SubjectNotAllowed"
+	ReasonKeyNotAllowed    Reason = "KeyNotAllowed"
+	ReasonSANsNotAllowed   Reason = "SANsNotAllowed"
+	ReasonUsagesNotAllowed Reason = "UsagesNotAllowed"
+	// Evidence.
+	ReasonNoAttestation     Reason = "NoAttestation"
+	ReasonRecordExpired     Reason = "AttestationExpired"
+	ReasonKeyMismatch       Reason = "KubeletKeyNotAttested"
+	ReasonRecordConsumed    Reason = "AttestationAlreadyUsed"
+	ReasonRequesterMismatch Reason = "RequesterMismatch"
+	ReasonSANNotAttested    Reason = "SANNotAttested"
+)
+
+// Action is what a decision does to the CSR.
+type Action string
+
+// Actions.
+const (
+	Approve Action = "approve"
+	Deny    Action = "deny"
+	// Leave leaves the CSR pending: another approver may own it. The
+	// reason is still reported (an event on the CSR, the metric).
+	Leave Action = "leave"
+)
+
+// Decision is the outcome for one CSR.
+type Decision struct {
+	Action  Action
+	Reason  Reason
+	Message string
+	// Record is the NodeAttestation record the decision rests on, if any.
+	Record string
+	// NodeName is the node the CSR is for, when the CSR named one.
+	NodeName string
+}
+
+// Decider decides CSRs from the store's NodeAttestation records.
+type Decider struct {
+	// Store holds the records the server wrote.
+	Store store.Store
+	// Clock tells the time (required).
+	Clock func() time.Time
+	// DenyUnattested denies kubelet CSRs without evidence (no record for
+	// the name, expired records, a CSR that is not what a kubelet sends),
+	// instead of leaving them pending for another approver.
+	DenyUnattested bool
+}
+
+// csrRef names a CSR in a record's ConsumedBy: name and UID, so a CSR
+// deleted and recreated under the same name is another CSR.
+func csrRef(csr *certv1.CertificateSigningRequest) string {
+	return csr.Name + "/" + string(csr.UID)
+}
+
+// Decide decides csr. For a kubelet client CSR it consumes the record it
+// approves with (store.ConsumeRecord), so the caller must write the
+// approval; deciding again for the same CSR after a failed write finds
+// the record consumed by this CSR and approves again (idempotent). An
+// error is a store failure: retry later.
+//
+// A kubelet client CSR (after recognize's shape checks) is approved only
+// when an unexpired record for the CN's node name carries the SHA-256 of
+// exactly this CSR's public key and was not consumed by another CSR, and,
+// when that record names a bootstrap token, the requester is
+// system:bootstrap:<token id>. Otherwise:
+//   - no record for the name: NoAttestation; only expired ones:
+//     AttestationExpired (left pending, or denied with DenyUnattested);
+//   - unexpired records, none with this key: KubeletKeyNotAttested (denied);
+//   - records with this key, all consumed by other CSRs:
+//     AttestationAlreadyUsed (denied);
+//   - the record's token user is not the requester: RequesterMismatch
+//     (denied).
+//
+// A kubelet serving CSR is approved when the newest record for the node
+// (expired or consumed ones included: the serving certificate comes after
+// the client certificate the record approved; garbage-collected records
+// are gone) attested every DNS and IP SAN: SANNotAttested (denied)
+// otherwise; no record: NoAttestation (left pending). The requester was
+// already checked to be the node itself. The serving key is not bound by
+// evidence (the kubelet makes it later); the node's client certificate,
+// which was, is what authenticates the request.
+func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
+	k, reason, msg := recognize(csr)
+	if k == nil {
+		if reason == ReasonNotKubelet {
+			return Decision{Action: Leave, Reason: reason, Message: msg}, nil
+		}
+		return d.unattested(Decision{Reason: reason, Message: msg}), nil
+	}
+	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
+	if err != nil {
+		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
+	}
+	if k.signer == SignerKubeletServing {
+		return d.serving(k, recs), nil
+	}
+	return d.client(ctx, csr, k, recs)
+}
+
+func (d *Decider) unattested(dec Decision) Decision {
+	dec.Action = Leave
+	if d.DenyUnattested {
+		dec.Action = Deny
+	}
+	return dec
+}
+
+func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequest, k *kubeletCSR, recs []*store.Record) (Decision, error) {
+	now := d.Clock()
+	ref := csrRef(csr)
+	base := Decision{NodeName: k.nodeName}
+	var live, matching []*store.Record
+	for _, r := range recs {
+		if now.Before(r.Expires) {
+			live = append(live, r)
+			if attest.Equal(r.KubeletKeySHA256, k.keySHA256) {
+				matching = append(matching, r)
+			}
+		}
+	}
+	switch {
+	case len(recs) == 0:
+		base.Reason, base.Message = ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
+		return d.unattested(base), nil
+	case len(live) == 0:
+		base.Reason, base.Message = ReasonRecordExpired, fmt.Sprintf("the %d NodeAttestation record(s) for node %s expired", len(recs), k.nodeName)
+		return d.unattested(base), nil
+	case len(matching) == 0:
+		base.Action, base.Reason = Deny, ReasonKeyMismatch
+		base.Message = fmt.Sprintf("node %s attested another kubelet key (%d record(s)); this CSR's key was not bound by any evidence", k.nodeName, len(live))
+		return base, nil
+	}
+	// A retry after the approval write failed: the record is already ours.
+	for _, r := range matching {
+		if r.ConsumedAt != nil && r.ConsumedBy == ref {
+			return approval(base, r), nil
+		}
+	}
+	for _, r := range matching { // newest first
+		if r.ConsumedAt != nil {
+			continue
+		}
+		if r.BootstrapTokenID != "" && k.requester != BootstrapUserPrefix+r.BootstrapTokenID {
+			base.Action, base.Reason, base.Record = Deny, ReasonRequesterMismatch, r.ID
+			base.Message = fmt.Sprintf("NodeAttestation %s gave node %s the bootstrap token %s%s; this CSR was made by %q",
+				r.ID, k.nodeName, BootstrapUserPrefix, r.BootstrapTokenID, k.requester)
+			return base, nil
+		}
+		err := d.Store.ConsumeRecord(ctx, r.ID, ref, now)
+		if errors.Is(err, store.ErrConsumed) {
+			continue // another CSR won it a moment ago
+		}
+		if err != nil {
+			return Decision{}, fmt.Errorf("approver: consume record %s: %w", r.ID, err)
+		}
+		return approval(base, r), nil
+	}
+	base.Action, base.Reason, base.Record = Deny, ReasonRecordConsumed, matching[0].ID
+	base.Message = fmt.Sprintf("NodeAttestation %s for node %s already approved a certificate (%s); attest again for another", matching[0].ID, k.nodeName, matching[0].ConsumedBy)
+	return base, nil
+}
+
+// approval names the evidence kind and the record.
+func approval(d Decision, r *store.Record) Decision {
+	d.Action, d.Record = Approve, r.ID
+	d.Reason = Reason(ReasonAttestedPrefix + strings.ToUpper(string(r.Kind)))
+	d.Message = fmt.Sprintf("nodeproof: kubelet key bound by %s evidence, NodeAttestation %s (%s)", r.Kind, r.ID, r.Summary)
+	return d
+}
+
+func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
+	base := Decision{NodeName: k.nodeName}
+	if len(recs) == 0 {
+		base.Reason, base.Message = ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
+		return d.unattested(base)
+	}
+	r := recs[0]
+	var missing []string
+	for _, n := range k.dnsNames {
+		if !slices.ContainsFunc(r.Addresses, func(a string) bool { return strings.EqualFold(a, n) }) {
+			missing = append(missing, n)
+		}
+	}
+	for _, ip := range k.ips {
+		want, _ := netip.ParseAddr(ip)
+		if !slices.ContainsFunc(r.Addresses, func(a string) bool {
+			got, err := netip.ParseAddr(a)
+			return err == nil && got.Unmap() == want.Unmap()
+		}) {
+			missing = append(missing, ip)
+		}
+	}
+	if len(missing) > 0 {
+		base.Action, base.Reason, base.Record = Deny, ReasonSANNotAttested, r.ID
+		base.Message = fmt.Sprintf("NodeAttestation %s for node %s attested %v, not %v", r.ID, k.nodeName, r.Addresses, missing)
+		return base
+	}
+	d2 := approval(base, r)
+	d2.Message = fmt.Sprintf("nodeproof: serving SANs attested by %s evidence, NodeAttestation %s", r.Kind, r.ID)
+	return d2
+}

@@ -1,0 +1,283 @@
+package approver
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"net"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	certv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/boltstore"
+)
+
+var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func clock() time.Time { return now }
+
+// csrSpec describes a CSR to make.
+type csrSpec struct {
+	name      string
+	signer    string
+	key       crypto.Signer
+	org       []string
+	cn        string
+	dns       []string
+	ips       []net.IP
+	usages    []certv1.KeyUsage
+	requester string
+}
+
+func mustKey(t testing.TB) *ecdsa.PrivateKey {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func keyHash(t testing.TB, k crypto.Signer) []byte {
+	t.Helper()
+	der, err := x509.MarshalPKIXPublicKey(k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := sha256.Sum256(der)
+	return s[:]
+}
+
+func makeCSR(t testing.TB, s csrSpec) *certv1.CertificateSigningRequest {
+	t.Helper()
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{Organization: s.org, CommonName: s.cn}, DNSNames: s.dns, IPAddresses: s.ips,
+	}, s.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &certv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name, UID: types.UID("uid-" + s.name), CreationTimestamp: metav1.NewTime(now.Add(-time.Second))},
+		Spec: certv1.CertificateSigningRequestSpec{
+			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
+			SignerName: s.signer, Usages: s.usages, Username: s.requester,
+		},
+	}
+}
+
+// clientCSR is what a kubelet sends for node with key, from requester.
+func clientCSR(t testing.TB, name, node string, key crypto.Signer, requester string) csrSpec {
+	return csrSpec{
+		name: name, signer: SignerKubeletClient, key: key, org: []string{NodesGroup}, cn: NodeUserPrefix + node,
+		usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, requester: requester,
+	}
+}
+
+func servingCSR(t testing.TB, name, node string, dns []string, ips []net.IP) csrSpec {
+	return csrSpec{
+		name: name, signer: SignerKubeletServing, key: mustKey(t), org: []string{NodesGroup}, cn: NodeUserPrefix + node,
+		dns: dns, ips: ips, usages: []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageServerAuth},
+		requester: NodeUserPrefix + node,
+	}
+}
+
+func openStore(t testing.TB) store.Store {
+	t.Helper()
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "state.db"), time.Second, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+func TestDecide(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	d := &Decider{Store: st, Clock: clock}
+	put := func(r *store.Record) *store.Record {
+		t.Helper()
+		if r.CreatedAt.IsZero() {
+			r.CreatedAt = now.Add(-time.Minute)
+		}
+		if r.Expires.IsZero() {
+			r.Expires = now.Add(time.Hour)
+		}
+		if err := st.CreateRecord(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k1, k2, k3, kTok := mustKey(t), mustKey(t), mustKey(t), mustKey(t)
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smallRSA, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p521, err := ecdsa.GenerateKey(elliptic.P521(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(&store.Record{ID: "rec-w1", NodeName: "worker-1", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k1),
+		Addresses: []string{"10.0.0.1", "worker-1.example.com"}, Summary: "tpm ek=…"})
+	put(&store.Record{ID: "rec-w2", NodeName: "worker-2", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, k2)})
+	put(&store.Record{ID: "rec-old", NodeName: "worker-3", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k3),
+		CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)})
+	put(&store.Record{ID: "rec-tok", NodeName: "worker-4", Pool: "worker", Kind: attest.KindAWS, KubeletKeySHA256: keyHash(t, kTok), BootstrapTokenID: "abcdef"})
+	put(&store.Record{ID: "rec-rsa", NodeName: "worker-5", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, rsaKey)})
+
+	withUsages := func(s csrSpec, u ...certv1.KeyUsage) csrSpec { s.usages = u; return s }
+	withOrg := func(s csrSpec, o ...string) csrSpec { s.org = o; return s }
+	withSANs := func(s csrSpec) csrSpec { s.dns = []string{"worker-1"}; return s }
+	withSigner := func(s csrSpec, signer string) csrSpec { s.signer = signer; return s }
+	withRequester := func(s csrSpec, r string) csrSpec { s.requester = r; return s }
+
+	// Ordered: later cases see what earlier ones consumed.
+	for _, tc := range []struct {
+		name        string
+		csr         csrSpec
+		deny        bool // DenyUnattested
+		wantAction  Action
+		wantReason  Reason
+		wantRecord  string
+		wantConsume string // record that must now be consumed
+	}{
+		{name: "attested key approves and consumes", csr: clientCSR(t, "csr-1", "worker-1", k1, "system:serviceaccount:x:node-bootstrapper"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1", wantConsume: "rec-w1"},
+		{name: "the same CSR again (approval write retried) approves", csr: clientCSR(t, "csr-1", "worker-1", k1, "system:serviceaccount:x:node-bootstrapper"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
+		{name: "a second CSR after the record was consumed", csr: clientCSR(t, "csr-1b", "worker-1", k1, "system:serviceaccount:x:node-bootstrapper"),
+			wantAction: Deny, wantReason: ReasonRecordConsumed, wantRecord: "rec-w1"},
+		{name: "swapped key", csr: clientCSR(t, "csr-2", "worker-2", k1, "u"),
+			wantAction: Deny, wantReason: ReasonKeyMismatch},
+		{name: "another node's key under this node's name", csr: clientCSR(t, "csr-2b", "worker-2", k3, "u"),
+			wantAction: Deny, wantReason: ReasonKeyMismatch},
+		{name: "gcp evidence names its kind", csr: clientCSR(t, "csr-2c", "worker-2", k2, "u"),
+			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-w2", wantConsume: "rec-w2"},
+		{name: "no record: left pending", csr: clientCSR(t, "csr-3", "stranger", mustKey(t), "u"),
+			wantAction: Leave, wantReason: ReasonNoAttestation},
+		{name: "no record, deny unattested", csr: clientCSR(t, "csr-3b", "stranger", mustKey(t), "u"), deny: true,
+			wantAction: Deny, wantReason: ReasonNoAttestation},
+		{name: "expired record: left pending", csr: clientCSR(t, "csr-4", "worker-3", k3, "u"),
+			wantAction: Leave, wantReason: ReasonRecordExpired},
+		{name: "token record, other requester", csr: clientCSR(t, "csr-5", "worker-4", kTok, "system:bootstrap:zzzzzz"),
+			wantAction: Deny, wantReason: ReasonRequesterMismatch, wantRecord: "rec-tok"},
+		{name: "token record, its token's user", csr: clientCSR(t, "csr-5b", "worker-4", kTok, "system:bootstrap:abcdef"),
+			wantAction: Approve, wantReason: "NodeproofAttestedAWS", wantRecord: "rec-tok", wantConsume: "rec-tok"},
+		{name: "RSA with key encipherment", csr: withUsages(clientCSR(t, "csr-6", "worker-5", rsaKey, "u"),
+			certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageClientAuth),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-rsa"},
+		{name: "ECDSA with key encipherment", csr: withUsages(clientCSR(t, "csr-7", "worker-1", mustKey(t), "u"),
+			certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageClientAuth),
+			wantAction: Leave, wantReason: ReasonUsagesNotAllowed},
+		{name: "server auth on a client CSR", csr: withUsages(clientCSR(t, "csr-8", "worker-1", mustKey(t), "u"),
+			certv1.UsageDigitalSignature, certv1.UsageServerAuth),
+			wantAction: Leave, wantReason: ReasonUsagesNotAllowed},
+		{name: "extra organization", csr: withOrg(clientCSR(t, "csr-9", "worker-1", mustKey(t), "u"), NodesGroup, "system:masters"),
+			wantAction: Leave, wantReason: ReasonBadSubject},
+		{name: "not system:node", csr: func() csrSpec { s := clientCSR(t, "csr-10", "x", mustKey(t), "u"); s.cn = "admin"; return s }(),
+			wantAction: Leave, wantReason: ReasonBadSubject},
+		{name: "client CSR with SANs", csr: withSANs(clientCSR(t, "csr-11", "worker-1", mustKey(t), "u")),
+			wantAction: Leave, wantReason: ReasonSANsNotAllowed},
+		{name: "RSA 1024", csr: clientCSR(t, "csr-12", "worker-1", smallRSA, "u"),
+			wantAction: Leave, wantReason: ReasonKeyNotAllowed},
+		{name: "P-521", csr: clientCSR(t, "csr-13", "worker-1", p521, "u"), deny: true,
+			wantAction: Deny, wantReason: ReasonKeyNotAllowed},
+		{name: "another signer is not ours", csr: withSigner(clientCSR(t, "csr-14", "worker-1", mustKey(t), "u"), "example.com/other"), deny: true,
+			wantAction: Leave, wantReason: ReasonNotKubelet},
+		{name: "serving, attested SANs", csr: servingCSR(t, "srv-1", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")}),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
+		{name: "serving, unattested IP", csr: servingCSR(t, "srv-2", "worker-1", nil, []net.IP{net.ParseIP("10.9.9.9")}),
+			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
+		{name: "serving, unattested name", csr: servingCSR(t, "srv-3", "worker-1", []string{"evil.example.com"}, nil),
+			wantAction: Deny, wantReason: ReasonSANNotAttested},
+		{name: "serving, requested by someone else", csr: withRequester(servingCSR(t, "srv-4", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), "system:node:worker-2"),
+			wantAction: Leave, wantReason: ReasonRequesterMismatch},
+		{name: "serving, no record", csr: servingCSR(t, "srv-5", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}),
+			wantAction: Leave, wantReason: ReasonNoAttestation},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d.DenyUnattested = tc.deny
+			dec, err := d.Decide(ctx, makeCSR(t, tc.csr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Action != tc.wantAction || dec.Reason != tc.wantReason {
+				t.Fatalf("decision %s %s (%s), want %s %s", dec.Action, dec.Reason, dec.Message, tc.wantAction, tc.wantReason)
+			}
+			if tc.wantRecord != "" && dec.Record != tc.wantRecord {
+				t.Errorf("record %q, want %q", dec.Record, tc.wantRecord)
+			}
+			if dec.Message == "" && dec.Reason != ReasonNotKubelet {
+				t.Error("no message")
+			}
+			if tc.wantConsume != "" {
+				r, err := st.GetRecord(ctx, tc.wantConsume)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.ConsumedAt == nil || r.ConsumedBy != tc.csr.name+"/uid-"+tc.csr.name {
+					t.Errorf("record %s consumed by %q", r.ID, r.ConsumedBy)
+				}
+			}
+		})
+	}
+}
+
+// TestDecideRace: many CSRs with the attested key at once: exactly one is
+// approved, every other is denied as a second use.
+func TestDecideRace(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	k := mustKey(t)
+	if err := st.CreateRecord(ctx, &store.Record{ID: "rec", NodeName: "n", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k),
+		CreatedAt: now, Expires: now.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	d := &Decider{Store: st, Clock: clock}
+	const n = 16
+	var wg sync.WaitGroup
+	results := make([]Decision, n)
+	for i := range n {
+		csr := makeCSR(t, clientCSR(t, "csr-"+string(rune('a'+i)), "n", k, "u"))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dec, err := d.Decide(ctx, csr)
+			if err != nil {
+				t.Error(err)
+			}
+			results[i] = dec
+		}()
+	}
+	wg.Wait()
+	approved := 0
+	for _, r := range results {
+		switch {
+		case r.Action == Approve:
+			approved++
+		case r.Action != Deny || r.Reason != ReasonRecordConsumed:
+			t.Errorf("decision %s %s", r.Action, r.Reason)
+		}
+	}
+	if approved != 1 {
+		t.Fatalf("%d CSRs approved with one attestation", approved)
+	}
+}

@@ -1,0 +1,52 @@
+package kubetest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// ApplyYAML creates every object of a multi-document YAML file (the files
+// in deploy/), failing the test on the first that the API server refuses.
+func ApplyYAML(t testing.TB, c client.Client, file string) {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			return
+		} else if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		if err := c.Create(context.Background(), &u); err != nil {
+			t.Fatalf("%s: create %s %s: %v", file, u.GetKind(), u.GetName(), err)
+		}
+	}
+}
+
+// AsServiceAccount returns admin with the identity of the service account
+// namespace/name (impersonation, as the API server would authenticate its
+// token), so RBAC applies exactly as to that service account.
+func AsServiceAccount(admin *rest.Config, namespace, name string) *rest.Config {
+	c := rest.CopyConfig(admin)
+	c.Impersonate = rest.ImpersonationConfig{
+		UserName: "system:serviceaccount:" + namespace + ":" + name,
+		Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
+	}
+	return c
+}
