@@ -177,18 +177,28 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	action := fs.Arg(0)
+	// Flags may follow the action too (nodeproof token rotate --state-dir D).
+	if fs.NArg() > 1 {
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
+			return fmt.Errorf("token: unexpected arguments %q", fs.Args())
+		}
+	}
 	p, err := tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now)
 	if err != nil {
 		return err
 	}
-	switch fs.Arg(0) {
+	switch action {
 	case "", "show":
 	case "rotate":
 		if err := p.Rotate(); err != nil {
 			return err
 		}
 	default:
-		return fmt.Errorf("token: unknown action %q (show or rotate)", fs.Arg(0))
+		return fmt.Errorf("token: unknown action %q (show or rotate)", action)
 	}
 	fmt.Fprintln(stdout, p.Current())
 	return nil

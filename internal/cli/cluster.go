@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -15,17 +16,24 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/mcs/userdata"
 	"github.com/nodeproof/nodeproof/store"
 )
 
 // kubeCallTimeout bounds each API call made while answering a request.
 const kubeCallTimeout = 10 * time.Second
 
-// tokenGCInterval is how often expired bootstrap token Secrets are deleted.
-const tokenGCInterval = 10 * time.Minute
+// tokenGCInterval is how often expired bootstrap token Secrets are deleted;
+// userDataInterval how often the user-data Secrets are compared.
+const (
+	tokenGCInterval  = 10 * time.Minute
+	userDataInterval = 5 * time.Second
+)
 
 // clusterSource is cluster mode's input (`--kubeconfig`/`--apiserver-url`):
 // MachineConfigPools, MachineConfigs and the ControllerConfig watched from
@@ -41,6 +49,8 @@ type clusterSource struct {
 	caBundle func() ([]byte, error) // nodeproof's own CA bundle, for the public tier
 	clock    func() time.Time
 	log      *slog.Logger
+	kc       kubernetes.Interface
+	userData *userdata.Syncer // nil: the user-data Secrets are not managed
 }
 
 // newClusterSource connects to the API server named by --kubeconfig, or
@@ -75,8 +85,27 @@ func (c ServeConfig) newClusterSource() (*clusterSource, error) {
 	}
 	return &clusterSource{
 		cfg: cfg, server: c.APIServerURL, tokenDir: c.TokenDir, tokens: tokens, ca: ca,
-		caBundle: c.caBundle, clock: c.Clock, log: c.Log,
+		caBundle: c.caBundle, clock: c.Clock, log: c.Log, kc: kc,
 	}, nil
+}
+
+// userDataSyncer keeps the user-data Secrets current: the CA bundle
+// nodeproof manages, and the provisioning token for pools that take the
+// token tier.
+func (c ServeConfig) userDataSyncer(cs *clusterSource, pol *policy.Policy, prov *tokens.Provisioning) (*userdata.Syncer, error) {
+	if c.CertFile != "" {
+		return nil, errors.New("serve: --user-data-url needs nodeproof to manage the CA (no --cert)")
+	}
+	return userdata.New(userdata.Options{
+		Client: cs.kc, Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
+		CABundle: c.caBundle,
+		Token: func(pool string) string {
+			if pol.ServeFor(pool).Token {
+				return prov.Current()
+			}
+			return ""
+		},
+	})
 }
 
 func (s *clusterSource) String() string                 { return "cluster " + s.cfg.Host }
@@ -103,7 +132,7 @@ func (s *clusterSource) kubeconfig(rec *store.Record) ([]byte, error) {
 // deletes expired bootstrap tokens, until ctx ends. A watch that fails is
 // restarted after a pause; what was served stays served meanwhile.
 func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
-	go s.gcTokens(ctx)
+	go s.housekeeping(ctx)
 	for ctx.Err() == nil {
 		err := cluster.Watch(ctx, s.cfg, cluster.WatchOptions{
 			OnInputs: func(in *render.Inputs) { s.serve(srv, in) },
@@ -141,15 +170,29 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 	s.log.Info("cluster inputs", "pools", strings.Join(r.Pools(), ","))
 }
 
-func (s *clusterSource) gcTokens(ctx context.Context) {
-	tick := time.NewTicker(tokenGCInterval)
+// housekeeping keeps the user-data Secrets current (every few seconds:
+// rotations show up there) and deletes expired bootstrap tokens.
+func (s *clusterSource) housekeeping(ctx context.Context) {
+	tick := time.NewTicker(userDataInterval)
 	defer tick.Stop()
+	lastGC := s.clock()
 	for {
+		if s.userData != nil {
+			if wrote, err := s.userData.Sync(ctx); err != nil {
+				s.log.Error("user-data secrets", "err", err.Error())
+			} else if len(wrote) > 0 {
+				s.log.Info("user-data secrets updated", "roles", strings.Join(wrote, ","))
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		if s.clock().Sub(lastGC) < tokenGCInterval {
+			continue
+		}
+		lastGC = s.clock()
 		if n, err := s.tokens.GC(ctx); err != nil {
 			s.log.Error("bootstrap token gc", "err", err.Error())
 		} else if n > 0 {

@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -34,6 +36,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/userdata"
 )
 
 // adminKubeconfig writes cfg (envtest's admin user) as a kubeconfig file.
@@ -130,13 +133,26 @@ func TestServeClusterMode(t *testing.T) {
 	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: userdata.DefaultNamespace}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The user-data Secrets name the server's URL, so its port is chosen
+	// before it starts.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
 	sctx, cancel := context.WithCancel(ctx)
 	ready := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
 		done <- Serve(sctx, ServeConfig{
-			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
+			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
 			Kubeconfig: adminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
+			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
+			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
@@ -267,6 +283,64 @@ func TestServeClusterMode(t *testing.T) {
 		}
 		if want := "system:serviceaccount:" + cluster.MCONamespace + ":node-bootstrapper"; u.Username != want {
 			t.Fatalf("token tier kubeconfig authenticates as %s, want %s", u.Username, want)
+		}
+	})
+
+	t.Run("user-data secrets follow a token rotation", func(t *testing.T) {
+		secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)
+		userData := func(role string, differentFrom []byte) []byte {
+			t.Helper()
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				sec, err := secrets.Get(ctx, role+userdata.SecretSuffix, metav1.GetOptions{})
+				if err == nil && len(sec.Data[userdata.UserDataKey]) > 0 && !bytes.Equal(sec.Data[userdata.UserDataKey], differentFrom) {
+					return sec.Data[userdata.UserDataKey]
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s user-data Secret not (re)written: %v", role, err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		write := func(b []byte) string {
+			f := filepath.Join(t.TempDir(), "user-data.ign")
+			if err := os.WriteFile(f, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+		worker := userData("worker", nil)
+		if bytes.Contains(worker, []byte("Authorization")) {
+			t.Error("the worker pool takes no token, but its user data carries one")
+		}
+		var ptr struct {
+			Ignition struct {
+				Security struct {
+					TLS struct {
+						CertificateAuthorities []struct{ Source string } `json:"certificateAuthorities"`
+					} `json:"tls"`
+				} `json:"security"`
+			} `json:"ignition"`
+		}
+		if err := json.Unmarshal(worker, &ptr); err != nil || len(ptr.Ignition.Security.TLS.CertificateAuthorities) != 1 {
+			t.Fatalf("worker user data: %v\n%s", err, worker)
+		}
+		if du, err := dataurl.DecodeString(ptr.Ignition.Security.TLS.CertificateAuthorities[0].Source); err != nil || !bytes.Equal(du.Data, bundle) {
+			t.Errorf("the worker user data does not carry the current CA bundle: %v", err)
+		}
+		oldMaster := userData("master", nil)
+		if _, out, err := ignitionFetch(t, write(oldMaster)); err != nil {
+			t.Fatalf("ignition with the master user data: %v\n%s", err, out)
+		}
+		var stderr bytes.Buffer
+		if code := Run(ctx, []string{"token", "rotate", "--state-dir", s.stateDir, "--grace", "1h"}, io.Discard, &stderr); code != 0 {
+			t.Fatalf("token rotate: %s", stderr.String())
+		}
+		newMaster := userData("master", oldMaster)
+		for name, p := range map[string][]byte{"new": newMaster, "old (within grace)": oldMaster} {
+			if _, out, err := ignitionFetch(t, write(p)); err != nil {
+				t.Fatalf("ignition with the %s master user data: %v\n%s", name, err, out)
+			}
 		}
 	})
 }

@@ -41,6 +41,12 @@ type ServeConfig struct {
 	// TokenDir is cluster mode's node-bootstrapper service account secret
 	// (token, ca.crt), mounted where the OpenShift MCS has it.
 	TokenDir string
+	// UserDataURL, in cluster mode, turns on keeping the
+	// <role>-user-data-managed Secrets current (mcs/userdata): the server's
+	// URL as machines reach it. UserDataRoles maps roles to pools.
+	UserDataURL       string
+	UserDataNamespace string
+	UserDataRoles     map[string]string
 
 	// nodeproof's.
 	Policy   string
@@ -79,12 +85,20 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
 	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "where the CA, keys, tokens and the embedded store live")
+	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
+	fs.StringVar(&c.UserDataNamespace, "user-data-namespace", "openshift-machine-api", "cluster mode: namespace of the user-data Secrets")
+	roles := fs.String("user-data-roles", "master=master,worker=worker", "cluster mode: role=pool pairs of the user-data Secrets")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
 	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
 	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
 	return func() {
+		c.UserDataRoles = map[string]string{}
+		for _, kv := range splitList(*roles) {
+			role, pool, _ := strings.Cut(kv, "=")
+			c.UserDataRoles[role] = pool
+		}
 		for _, h := range strings.Split(*hosts, ",") {
 			if h = strings.TrimSpace(h); h != "" {
 				c.Hosts = append(c.Hosts, h)
@@ -141,9 +155,16 @@ func Serve(ctx context.Context, c ServeConfig) error {
 
 	var src source
 	if clusterMode {
-		if src, err = c.newClusterSource(); err != nil {
+		cs, err := c.newClusterSource()
+		if err != nil {
 			return err
 		}
+		if c.UserDataURL != "" {
+			if cs.userData, err = c.userDataSyncer(cs, pol, prov); err != nil {
+				return err
+			}
+		}
+		src = cs
 	} else {
 		src = &dirInputs{dir: c.ServerBasedir, kubeconfig: c.BootstrapKube, caBundle: c.caBundle, reload: c.Reload, log: c.Log}
 	}
@@ -187,7 +208,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
 	}
 	go src.run(ctx, srv)
-	go c.maintain(ctx, st, reloader)
+	go c.maintain(ctx, st, prov, reloader)
 
 	select {
 	case <-ctx.Done():
@@ -221,9 +242,9 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	return s
 }
 
-// maintain renews certificates and collects garbage in the store, until
-// ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, r *certs.Reloader) {
+// maintain renews certificates, picks up rotated provisioning tokens and
+// collects garbage in the store, until ctx ends.
+func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, prov *tokens.Provisioning, r *certs.Reloader) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
@@ -232,6 +253,11 @@ func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, r *certs
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if changed, err := prov.Reload(); err != nil {
+			c.Log.Error("provisioning tokens", "err", err.Error())
+		} else if changed {
+			c.Log.Info("provisioning tokens reloaded (rotated)")
 		}
 		now := c.Clock()
 		if c.CertFile == "" && now.Sub(lastCerts) > time.Hour {

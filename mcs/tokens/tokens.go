@@ -11,6 +11,7 @@
 package tokens
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
@@ -65,6 +66,35 @@ func LoadProvisioning(path string, grace time.Duration, clock func() time.Time) 
 		return nil, fmt.Errorf("provisioning token file %s is malformed", path)
 	}
 	return p, nil
+}
+
+// Reload re-reads the token file, so a rotation made by another process
+// (`nodeproof token rotate`) takes effect, and reports whether the tokens
+// changed. A file that no longer parses is an error and changes nothing.
+func (p *Provisioning) Reload() (bool, error) {
+	b, err := os.ReadFile(p.path)
+	if err != nil {
+		return false, fmt.Errorf("read provisioning tokens: %w", err)
+	}
+	var next []provToken
+	if err := json.Unmarshal(b, &next); err != nil || len(next) == 0 {
+		return false, fmt.Errorf("provisioning token file %s is malformed", p.path)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	old, err := json.Marshal(p.tokens)
+	if err != nil {
+		return false, err
+	}
+	now, err := json.Marshal(next)
+	if err != nil {
+		return false, err
+	}
+	if bytes.Equal(old, now) {
+		return false, nil
+	}
+	p.tokens = next
+	return true, nil
 }
 
 // Current returns the token new pointer configs should carry.

@@ -3,6 +3,7 @@ package tokens
 import (
 	"encoding/base64"
 	"errors"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -61,6 +62,40 @@ func TestProvisioningRotation(t *testing.T) {
 	}
 	if len(p.tokens) != 2 {
 		t.Fatalf("file keeps %d tokens; the one past grace should be dropped", len(p.tokens))
+	}
+}
+
+// TestProvisioningReload: a rotation by another process (the CLI) reaches
+// a running server's Provisioning; a broken file changes nothing.
+func TestProvisioningReload(t *testing.T) {
+	clock := func() time.Time { return t0 }
+	path := filepath.Join(t.TempDir(), "tokens.json")
+	server, err := LoadProvisioning(path, time.Hour, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := server.Current()
+	if changed, err := server.Reload(); err != nil || changed {
+		t.Fatalf("Reload of an unchanged file: %v %v", changed, err)
+	}
+	cli, err := LoadProvisioning(path, time.Hour, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cli.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := server.Reload(); err != nil || !changed {
+		t.Fatalf("Reload after a rotation: %v %v", changed, err)
+	}
+	if server.Current() != cli.Current() || !server.Check(first) {
+		t.Fatal("the server did not take the new token, or dropped the old one within grace")
+	}
+	if err := os.WriteFile(path, []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := server.Reload(); err == nil || server.Current() != cli.Current() {
+		t.Fatal("a malformed file was accepted or changed the tokens")
 	}
 }
 
