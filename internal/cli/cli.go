@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
+	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 )
 
@@ -29,6 +30,7 @@ commands:
   ca         create or renew the MCS CA and serving certificate in a state directory
   pointer    write an Ignition pointer config for a pool
   token      show or rotate the provisioning token (the token tier)
+  keys       rotate the keyring that seals sessions and config tokens
   version    print the version
 
 "nodeproof <command> -h" lists a command's flags.
@@ -51,6 +53,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdPointer(args[1:], stdout, stderr)
 	case "token":
 		err = cmdToken(args[1:], stdout, stderr)
+	case "keys":
+		err = cmdKeys(args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "nodeproof", Version)
 	case "-h", "--help", "help":
@@ -187,6 +191,9 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("token: unexpected arguments %q", fs.Args())
 		}
 	}
+	if err := os.MkdirAll(*dir, 0o700); err != nil {
+		return err
+	}
 	p, err := tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now)
 	if err != nil {
 		return err
@@ -201,6 +208,33 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("token: unknown action %q (show or rotate)", action)
 	}
 	fmt.Fprintln(stdout, p.Current())
+	return nil
+}
+
+func cmdKeys(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("keys", stderr)
+	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
+	file := fs.String("keys-file", "", "keyring file (default <state-dir>/keys.json)")
+	retain := fs.Duration("retain", 24*time.Hour, "keep older keys this long after their creation (must exceed the longest session or config token life)")
+	activate := fs.Duration("activate-after", 2*time.Minute, "the new key seals only after this delay (every replica must have reloaded the file by then); 0 for a single server")
+	if len(args) == 0 || args[0] != "rotate" {
+		return errors.New("keys: the only action is rotate (nodeproof keys rotate [flags])")
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	path := orDefault(*file, filepath.Join(*dir, "keys.json"))
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	k, err := seal.LoadOrCreate(path, time.Now)
+	if err != nil {
+		return err
+	}
+	if err := k.Rotate(*retain, *activate); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "rotated; the new key seals from %s\n", time.Now().Add(*activate).UTC().Format(time.RFC3339))
 	return nil
 }
 

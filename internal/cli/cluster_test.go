@@ -153,7 +153,7 @@ func TestServeClusterMode(t *testing.T) {
 			Kubeconfig: adminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
-			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
+			Policy:        policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
 			Ready: func(a, _ net.Addr) { ready <- a },

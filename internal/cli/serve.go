@@ -51,14 +51,19 @@ type ServeConfig struct {
 	// nodeproof's.
 	Policy   string
 	StateDir string
-	Hosts    []string
-	Listen   string // address to bind, default all
-	TokenTTL time.Duration
-	Grace    time.Duration
-	Reload   time.Duration // how often inputs and certificates are checked
-	Clock    func() time.Time
-	Log      *slog.Logger
-	Ready    func(secure, insecure net.Addr) // called once both ports listen
+	// KeysFile and TokensFile hold the sealing keyring and the provisioning
+	// tokens (default: in StateDir). Replicas share them (a mounted Secret);
+	// changes are picked up without a restart.
+	KeysFile   string
+	TokensFile string
+	Hosts      []string
+	Listen     string // address to bind, default all
+	TokenTTL   time.Duration
+	Grace      time.Duration
+	Reload     time.Duration // how often inputs and certificates are checked
+	Clock      func() time.Time
+	Log        *slog.Logger
+	Ready      func(secure, insecure net.Addr) // called once both ports listen
 }
 
 // defaultPolicy serves the public tier of every pool and nothing else: a
@@ -85,6 +90,8 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
 	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "where the CA, keys, tokens and the embedded store live")
+	fs.StringVar(&c.KeysFile, "keys-file", "", "sealing keyring shared by replicas (default <state-dir>/keys.json; created if missing)")
+	fs.StringVar(&c.TokensFile, "tokens-file", "", "provisioning tokens shared by replicas (default <state-dir>/tokens.json; created if missing)")
 	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
 	fs.StringVar(&c.UserDataNamespace, "user-data-namespace", "openshift-machine-api", "cluster mode: namespace of the user-data Secrets")
 	roles := fs.String("user-data-roles", "master=master,worker=worker", "cluster mode: role=pool pairs of the user-data Secrets")
@@ -140,11 +147,11 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	defer st.Close()
-	keys, err := seal.LoadOrCreate(filepath.Join(c.StateDir, "keys.json"), c.Clock)
+	keys, err := seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock)
 	if err != nil {
 		return err
 	}
-	prov, err := tokens.LoadProvisioning(filepath.Join(c.StateDir, "tokens.json"), c.Grace, c.Clock)
+	prov, err := tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock)
 	if err != nil {
 		return err
 	}
@@ -208,7 +215,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
 	}
 	go src.run(ctx, srv)
-	go c.maintain(ctx, st, prov, reloader)
+	go c.maintain(ctx, st, keys, prov, reloader)
 
 	select {
 	case <-ctx.Done():
@@ -242,9 +249,9 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 	return s
 }
 
-// maintain renews certificates, picks up rotated provisioning tokens and
+// maintain renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, prov *tokens.Provisioning, r *certs.Reloader) {
+func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, keys *seal.Keyring, prov *tokens.Provisioning, r *certs.Reloader) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
@@ -253,6 +260,11 @@ func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, prov *to
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if changed, err := keys.Reload(); err != nil {
+			c.Log.Error("sealing keys", "err", err.Error())
+		} else if changed {
+			c.Log.Info("sealing keys reloaded (rotated)")
 		}
 		if changed, err := prov.Reload(); err != nil {
 			c.Log.Error("provisioning tokens", "err", err.Error())
@@ -454,4 +466,11 @@ func (d *dirInputs) load() (mcs.Rendered, error) {
 	}
 	d.stamp = stamp
 	return mcs.Rendered{R: r}, nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }

@@ -45,6 +45,11 @@ type Key struct {
 	ID      []byte    `json:"id"`
 	Secret  []byte    `json:"secret"`
 	Created time.Time `json:"created"`
+	// Active is when the key starts sealing (zero: at once). Until then it
+	// only opens. Several replicas sharing a keyring file that is updated
+	// unevenly (a mounted Secret) rotate safely when every replica has the
+	// new key before any seals with it.
+	Active time.Time `json:"active,omitzero"`
 }
 
 // Keyring seals with its newest key and opens with any of its keys. Safe for
@@ -130,15 +135,19 @@ func LoadOrCreate(path string, clock func() time.Time) (*Keyring, error) {
 	return r, nil
 }
 
-// Rotate adds a new newest key and drops keys created before
-// now-retain (they can no longer open anything still valid: retain must
-// exceed the longest lifetime of a sealed value). The keyring file, if
-// any, is rewritten atomically.
-func (r *Keyring) Rotate(retain time.Duration) error {
+// Rotate adds a new newest key, sealing from activateAfter on (0: at
+// once; give several replicas the time their copies of the file take to
+// update), and drops keys created before now-retain (they can no longer
+// open anything still valid: retain must exceed the longest lifetime of a
+// sealed value). The keyring file, if any, is rewritten atomically.
+func (r *Keyring) Rotate(retain, activateAfter time.Duration) error {
 	now := r.clock()
 	k, err := NewKey(now)
 	if err != nil {
 		return err
+	}
+	if activateAfter > 0 {
+		k.Active = now.Add(activateAfter)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -152,6 +161,33 @@ func (r *Keyring) Rotate(retain time.Duration) error {
 		return err
 	}
 	return r.saveLocked()
+}
+
+// Reload re-reads the keyring file, so a rotation made by another process
+// (`nodeproof keys rotate`, or an updated Secret) takes effect, and
+// reports whether the keys changed. A file that does not parse changes
+// nothing and is an error.
+func (r *Keyring) Reload() (bool, error) {
+	if r.path == "" {
+		return false, nil
+	}
+	b, err := os.ReadFile(r.path)
+	if err != nil {
+		return false, fmt.Errorf("read keyring: %w", err)
+	}
+	var keys []Key
+	if err := json.Unmarshal(b, &keys); err != nil || len(keys) == 0 {
+		return false, fmt.Errorf("keyring %s is malformed", r.path)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if old, err := json.Marshal(r.keys); err == nil && bytes.Equal(old, b) {
+		return false, nil
+	}
+	if err := r.set(keys); err != nil {
+		return false, fmt.Errorf("keyring %s: %w", r.path, err)
+	}
+	return true, nil
 }
 
 func (r *Keyring) save() error {
@@ -171,10 +207,18 @@ func (r *Keyring) saveLocked() error {
 	return fsutil.WriteFileAtomic(r.path, b, 0o600)
 }
 
-// Seal encrypts plaintext for purpose with the newest key.
+// Seal encrypts plaintext for purpose with the newest active key (the
+// oldest key if none is active yet).
 func (r *Keyring) Seal(purpose string, plaintext []byte) (string, error) {
+	now := r.clock()
 	r.mu.RLock()
-	k := r.keys[0]
+	k := r.keys[len(r.keys)-1]
+	for _, c := range r.keys { // newest first: the newest active key seals
+		if !c.Active.After(now) {
+			k = c
+			break
+		}
+	}
 	a := r.aeads[string(k.ID)]
 	r.mu.RUnlock()
 	out := make([]byte, keyIDSize+a.NonceSize(), keyIDSize+a.NonceSize()+len(plaintext)+a.Overhead())

@@ -68,7 +68,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = t0.Add(time.Hour)
-	if err := again.Rotate(24 * time.Hour); err != nil {
+	if err := again.Rotate(24*time.Hour, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := again.Open("session", box); err != nil {
@@ -79,7 +79,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal("a keyring without the new key opened its box")
 	}
 	now = t0.Add(48 * time.Hour)
-	if err := again.Rotate(24 * time.Hour); err != nil {
+	if err := again.Rotate(24*time.Hour, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := again.Open("session", box); !errors.Is(err, ErrInvalid) {
@@ -87,6 +87,65 @@ func TestSealOpen(t *testing.T) {
 	}
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("keyring file mode %v %v", fi.Mode(), err)
+	}
+}
+
+// TestStagedRotationAcrossReplicas: two replicas share a keyring file; one
+// rotates with a delayed activation. Until the other has reloaded, both
+// still seal with the old key, so neither hands out a box the other
+// cannot open; after activation both seal with the new one.
+func TestStagedRotationAcrossReplicas(t *testing.T) {
+	now := t0
+	clock := func() time.Time { return now }
+	path := filepath.Join(t.TempDir(), "keys.json")
+	a, err := LoadOrCreate(path, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadOrCreate(path, clock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Rotate(24*time.Hour, 2*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// b has not reloaded yet: it must open what a seals now.
+	box, err := a.Seal("session", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Open("session", box); err != nil {
+		t.Fatalf("a sealed with a key that is not active yet: %v", err)
+	}
+	if changed, err := b.Reload(); err != nil || !changed {
+		t.Fatalf("Reload: %v %v", changed, err)
+	}
+	if changed, err := b.Reload(); err != nil || changed {
+		t.Fatalf("second Reload: %v %v", changed, err)
+	}
+	now = t0.Add(3 * time.Minute)
+	box, err = b.Seal("session", []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := New(a.keys[1:], clock) // a replica that never got the new key
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stale.Open("session", box); !errors.Is(err, ErrInvalid) {
+		t.Fatal("after activation the new key should seal")
+	}
+	if _, err := a.Open("session", box); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Reload(); err == nil {
+		t.Fatal("a malformed keyring file was accepted")
+	}
+	if _, err := b.Open("session", box); err != nil {
+		t.Fatal("a failed Reload changed the keys")
 	}
 }
 
