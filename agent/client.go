@@ -37,6 +37,10 @@ func (r *Refused) Error() string {
 	return fmt.Sprintf("server refused (%d %s): %s", r.Status, r.Refusal.Reason, r.Refusal.Detail)
 }
 
+// maxResponse bounds what the agent reads from the server (a full config
+// is typically 0.5–2 MB).
+const maxResponse = 64 << 20
+
 // Client talks to one server.
 type Client struct {
 	// BaseURL is https://host:22623.
@@ -96,6 +100,20 @@ func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll *tpm
 	return &vr, nil
 }
 
+// FetchConfig gets the full config of pool with a config token (GET
+// /config/<pool>, Authorization: Bearer, Accept as Ignition v2.24 sends
+// it), retrying while the server says "not yet". A config token is single
+// use: a second fetch with it is refused.
+func (c *Client) FetchConfig(ctx context.Context, pool, token string) ([]byte, error) {
+	var raw json.RawMessage
+	err := c.retry(ctx, api.PathConfig+pool, func() (time.Duration, error) {
+		return c.once(ctx, http.MethodGet, api.PathConfig+pool, nil, map[string]string{
+			"Authorization": "Bearer " + token, "Accept": api.IgnitionAccept,
+		}, &raw)
+	})
+	return raw, err
+}
+
 // post sends v and decodes the answer into out, retrying while the server
 // says "not yet".
 func (c *Client) post(ctx context.Context, path string, v, out any) error {
@@ -103,6 +121,14 @@ func (c *Client) post(ctx context.Context, path string, v, out any) error {
 	if err != nil {
 		return err
 	}
+	return c.retry(ctx, path, func() (time.Duration, error) {
+		return c.once(ctx, http.MethodPost, path, body, map[string]string{"Content-Type": "application/json"}, out)
+	})
+}
+
+// retry runs try until it succeeds, is refused (4xx) or ctx ends, waiting
+// between attempts as the server asked (Retry-After) or with backoff.
+func (c *Client) retry(ctx context.Context, path string, try func() (time.Duration, error)) error {
 	backoff := c.MinBackoff
 	if backoff == 0 {
 		backoff = time.Second
@@ -112,7 +138,7 @@ func (c *Client) post(ctx context.Context, path string, v, out any) error {
 		maxBackoff = 30 * time.Second
 	}
 	for attempt := 1; ; attempt++ {
-		wait, err := c.once(ctx, path, body, out)
+		wait, err := try()
 		if err == nil {
 			return nil
 		}
@@ -135,18 +161,24 @@ func (c *Client) post(ctx context.Context, path string, v, out any) error {
 
 // once makes one request; a retryable failure returns the server's
 // Retry-After (0 if none).
-func (c *Client) once(ctx context.Context, path string, body []byte, out any) (time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.BaseURL+path, bytes.NewReader(body))
+func (c *Client) once(ctx context.Context, method, path string, body []byte, header map[string]string, out any) (time.Duration, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
 	if err != nil {
 		return 0, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		req.Header.Set(k, v)
+	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
 	if err != nil {
 		return 0, err
 	}

@@ -71,3 +71,24 @@ type Refusal struct {
 	Reason attest.Reason `json:"reason"`
 	Detail string        `json:"detail,omitempty"`
 }
+
+// FirstBootFiles are the files of a full config that a machine needs
+// before its kubelet can join, when the full config is fetched after
+// Ignition ran (the agent's two-stage mode): the files the OpenShift MCS
+// appends to every config (the kubelet's bootstrap kubeconfig, the kubelet
+// CA, the initial node annotations, the served MachineConfig, the
+// encapsulated MachineConfig that machine-config-daemon-firstboot.service
+// reads) and the pull secret. The Machine Config Daemon applies everything
+// else from the cluster once the node is approved.
+var FirstBootFiles = []string{
+	"/etc/kubernetes/kubeconfig",
+	"/etc/kubernetes/kubelet-ca.crt",
+	"/etc/machine-config-daemon/node-annotations.json",
+	"/etc/mcs-machine-config-content.json",
+	"/etc/ignition-machine-config-encapsulated.json",
+	"/var/lib/kubelet/config.json",
+}
+
+// IgnitionAccept is the Accept header the agent sends for a full config
+// (what Ignition v2.24 sends).
+const IgnitionAccept = "application/vnd.coreos.ignition+json;version=3.5.0, */*;q=0.1"

@@ -1,0 +1,122 @@
+package agent
+
+import (
+	"bytes"
+	"compress/gzip"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	ign35 "github.com/coreos/ignition/v2/config/v3_5"
+	"github.com/vincent-petithory/dataurl"
+
+	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/mcs/pointer"
+)
+
+// UserConfigName is the file in Ignition's system config directory that
+// Ignition takes as the user config before asking the platform (Ignition
+// v2 internal/providers/system: the kernel command line first, then
+// <system config dir>/user.ign, then the platform's user data).
+const UserConfigName = "user.ign"
+
+// DefaultIgnitionDir is Ignition's system config directory as distributions
+// build it (IGNITION_SYSTEM_CONFIG_DIR overrides it for Ignition; pass the
+// same directory here).
+const DefaultIgnitionDir = "/usr/lib/ignition"
+
+// WritePointer writes <dir>/user.ign: a pointer config whose merge source
+// is server's /config/<pool> with "Authorization: Bearer <token>" and the
+// CA bundle, so Ignition's fetch stage gets this node's full config with
+// the single-use config token (mode 1, before Ignition). The file is mode
+// 0600: it holds the token until Ignition spends it.
+func WritePointer(dir, server, pool string, caBundle []byte, token string) (string, error) {
+	b, err := pointer.Build(pointer.Options{
+		URL: strings.TrimRight(server, "/") + "/config/" + pool, CABundle: caBundle, Token: token,
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, UserConfigName)
+	return path, fsutil.WriteFileAtomic(path, b, 0o600)
+}
+
+// maxFileSize bounds one decoded file.
+const maxFileSize = 16 << 20
+
+// WriteFirstBootFiles writes the api.FirstBootFiles that full (an Ignition
+// 3.x config as the server serves it) carries, under root, with their
+// modes (default 0644; 0600 for the pull secret and the kubeconfig when
+// the config gives none), and returns the paths written (mode 2, on first
+// boot after Ignition applied the public tier). Only data: URLs (what the
+// server serves for these files) are accepted, optionally gzip-compressed.
+func WriteFirstBootFiles(root string, full []byte) ([]string, error) {
+	cfg, rpt, err := ign35.Parse(full)
+	if err != nil {
+		return nil, fmt.Errorf("agent: full config: %w", err)
+	}
+	if rpt.IsFatal() {
+		return nil, fmt.Errorf("agent: full config: %s", rpt.String())
+	}
+	var wrote []string
+	for _, f := range cfg.Storage.Files {
+		if !slices.Contains(api.FirstBootFiles, f.Path) || f.Contents.Source == nil {
+			continue
+		}
+		data, err := decodeSource(*f.Contents.Source, f.Contents.Compression)
+		if err != nil {
+			return wrote, fmt.Errorf("agent: %s: %w", f.Path, err)
+		}
+		mode := os.FileMode(0o644)
+		if f.Path == "/var/lib/kubelet/config.json" || f.Path == "/etc/kubernetes/kubeconfig" {
+			mode = 0o600
+		}
+		if f.Mode != nil {
+			mode = os.FileMode(*f.Mode) & 0o777
+		}
+		dst := filepath.Join(root, f.Path)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return wrote, err
+		}
+		if err := fsutil.WriteFileAtomic(dst, data, mode); err != nil {
+			return wrote, err
+		}
+		wrote = append(wrote, f.Path)
+	}
+	if len(wrote) == 0 {
+		return nil, errors.New("agent: the full config carries none of the first-boot files")
+	}
+	return wrote, nil
+}
+
+func decodeSource(src string, compression *string) ([]byte, error) {
+	if !strings.HasPrefix(src, "data:") {
+		return nil, errors.New("only data: URLs are written")
+	}
+	du, err := dataurl.DecodeString(src)
+	if err != nil {
+		return nil, err
+	}
+	data := du.Data
+	if compression != nil && *compression == "gzip" {
+		zr, err := gzip.NewReader(bytes.NewReader(data))
+		if err != nil {
+			return nil, err
+		}
+		if data, err = io.ReadAll(io.LimitReader(zr, maxFileSize+1)); err != nil {
+			return nil, err
+		}
+	}
+	if len(data) > maxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes", maxFileSize)
+	}
+	return data, nil
+}

@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/mcs/api"
+)
+
+// Evidence is one kind of evidence the agent can present.
+type Evidence interface {
+	Kind() attest.Kind
+	// Attest runs challenge → verify with the server for pool, binding
+	// the kubelet key, and returns the server's answer.
+	Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error)
+}
+
+// TPMEvidence is evidence from a TPM (the machine's, or swtpm in tests).
+type TPMEvidence struct{ Collector *tpm.Collector }
+
+// Kind implements Evidence.
+func (TPMEvidence) Kind() attest.Kind { return attest.KindTPM }
+
+// Attest implements Evidence.
+func (e TPMEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	return c.AttestTPM(ctx, pool, nodeName, e.Collector, kubeletPKIX)
+}
+
+// Mode is how the agent delivers the full config.
+type Mode string
+
+// Modes.
+const (
+	// ModePointer (before Ignition, in the initramfs): write a per-node
+	// pointer config carrying the config token into Ignition's system
+	// config directory; Ignition's fetch stage then gets the full config.
+	ModePointer Mode = "pointer"
+	// ModeFetch (two stages, on first boot after Ignition applied the
+	// public tier): fetch the full config now and write the first-boot
+	// files (api.FirstBootFiles) where the first-boot step expects them.
+	ModeFetch Mode = "fetch"
+)
+
+// Config is one run of the agent.
+type Config struct {
+	Server   string // https://api-int.example.com:22623
+	CABundle []byte // PEM: the CAs the server's certificate chains to
+	Pool     string
+	// NodeName is the name to ask for; the server uses it only when the
+	// evidence names none and the pool's policy takes requested names.
+	NodeName string
+	Evidence Evidence
+	// KubeletKeyPath is the kubelet's bootstrap key (DefaultKubeletKeyPath).
+	KubeletKeyPath string
+	Mode           Mode
+	// IgnitionDir is Ignition's system config directory (ModePointer).
+	IgnitionDir string
+	// Root is where first-boot files are written (ModeFetch; "/" on a node).
+	Root string
+	// ConfigOut, if set, also receives the whole full config (ModeFetch),
+	// mode 0600: it holds secrets.
+	ConfigOut string
+	// Console gets progress and, on refusal, the server's reason.
+	Console io.Writer
+}
+
+// ExitRefused is the exit code of a run the server refused (4xx).
+const ExitRefused = 3
+
+// Run attests and delivers the full config. A refusal (4xx) is a *Refused
+// whose reason the console has already shown; 5xx answers are retried
+// until ctx ends.
+func Run(ctx context.Context, cfg Config) error {
+	out := cfg.Console
+	if out == nil {
+		out = io.Discard
+	}
+	say := func(format string, args ...any) { fmt.Fprintf(out, "nodeproof-agent: "+format+"\n", args...) }
+	switch {
+	case cfg.Server == "" || cfg.Pool == "" || cfg.Evidence == nil:
+		return errors.New("agent: Server, Pool and Evidence are required")
+	case cfg.Mode != ModePointer && cfg.Mode != ModeFetch:
+		return fmt.Errorf("agent: unknown mode %q (pointer or fetch)", cfg.Mode)
+	}
+	if cfg.KubeletKeyPath == "" {
+		cfg.KubeletKeyPath = DefaultKubeletKeyPath
+	}
+	c, err := NewClient(cfg.Server, cfg.CABundle)
+	if err != nil {
+		return err
+	}
+	c.Progress = func(format string, args ...any) { say(format, args...) }
+	pub, err := KubeletKey(cfg.KubeletKeyPath)
+	if err != nil {
+		return err
+	}
+	say("kubelet key %s ready; attesting to %s for pool %s with %s evidence", cfg.KubeletKeyPath, cfg.Server, cfg.Pool, cfg.Evidence.Kind())
+	vr, err := cfg.Evidence.Attest(ctx, c, cfg.Pool, cfg.NodeName, pub)
+	if err != nil {
+		return refusal(say, "attestation", err)
+	}
+	say("attested: node %s, pool %s, NodeAttestation %s; config token valid until %s", vr.NodeName, vr.Pool, vr.Record, vr.Expires.UTC().Format("15:04:05Z"))
+	switch cfg.Mode {
+	case ModePointer:
+		dir := cfg.IgnitionDir
+		if dir == "" {
+			dir = DefaultIgnitionDir
+		}
+		path, err := WritePointer(dir, cfg.Server, vr.Pool, cfg.CABundle, vr.ConfigToken)
+		if err != nil {
+			return err
+		}
+		say("wrote %s: Ignition will fetch the full config of pool %s with the config token", path, vr.Pool)
+	case ModeFetch:
+		full, err := c.FetchConfig(ctx, vr.Pool, vr.ConfigToken)
+		if err != nil {
+			return refusal(say, "config fetch", err)
+		}
+		if cfg.ConfigOut != "" {
+			if err := os.MkdirAll(filepath.Dir(cfg.ConfigOut), 0o700); err != nil {
+				return err
+			}
+			if err := fsutil.WriteFileAtomic(cfg.ConfigOut, full, 0o600); err != nil {
+				return err
+			}
+		}
+		root := cfg.Root
+		if root == "" {
+			root = "/"
+		}
+		wrote, err := WriteFirstBootFiles(root, full)
+		if err != nil {
+			return err
+		}
+		say("fetched the full config (%d bytes); wrote %s under %s", len(full), strings.Join(wrote, ", "), root)
+	}
+	return nil
+}
+
+// refusal shows a refusal plainly on the console: failed provisioning is
+// hard to debug when the reason is only in a server log.
+func refusal(say func(string, ...any), step string, err error) error {
+	var r *Refused
+	if errors.As(err, &r) {
+		say("REFUSED at %s by the server (HTTP %d): %s", step, r.Status, r.Refusal.Reason)
+		if r.Refusal.Detail != "" {
+			say("  reason: %s", r.Refusal.Detail)
+		}
+		say("  this node will not get its config until the cause is fixed; the agent stops here")
+		return err
+	}
+	say("%s failed: %v", step, err)
+	return err
+}

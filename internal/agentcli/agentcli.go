@@ -1,0 +1,111 @@
+// Package agentcli is the nodeproof-agent command: flags in, agent.Run
+// out. cmd/nodeproof-agent is a thin main over Main. Like package agent it
+// imports no client-go and no server code, so the binary fits an
+// initramfs.
+package agentcli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+)
+
+// Main runs the agent with args (without the program name) and returns
+// the exit code: 0 done, 1 error, 2 usage, agent.ExitRefused when the
+// server refused.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("nodeproof-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required)")
+	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
+	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
+	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows)")
+	evidence := fs.String("evidence", "tpm", "tpm (the only kind this build collects; cloud kinds come with identity/gcp and identity/aws)")
+	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
+	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
+	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
+	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition)")
+	ignDir := fs.String("ignition-dir", agent.DefaultIgnitionDir, "pointer mode: Ignition's system config directory")
+	root := fs.String("root", "/", "fetch mode: where the first-boot files are written")
+	configOut := fs.String("config-out", "", "fetch mode: also write the whole full config here (mode 0600)")
+	timeout := fs.Duration("timeout", 0, "give up after this long (0: retry while the server says not yet, until stopped)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *server == "" {
+		fmt.Fprintln(stderr, "nodeproof-agent: --server is required")
+		return 2
+	}
+	ca, err := os.ReadFile(*caFile)
+	if err != nil {
+		fmt.Fprintf(stderr, "nodeproof-agent: CA bundle: %v\n", err)
+		return 1
+	}
+	if *timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, *timeout)
+		defer cancel()
+	}
+	var ev agent.Evidence
+	switch *evidence {
+	case "tpm":
+		coll, err := openTPM(*tpmPath, *eventLog)
+		if err != nil {
+			fmt.Fprintf(stderr, "nodeproof-agent: TPM: %v\n", err)
+			return 1
+		}
+		defer coll.Close()
+		ev = agent.TPMEvidence{Collector: coll}
+	default:
+		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
+		return 2
+	}
+	err = agent.Run(ctx, agent.Config{
+		Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
+		KubeletKeyPath: *keyPath, Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
+		ConfigOut: *configOut, Console: stdout,
+	})
+	var refused *agent.Refused
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &refused):
+		return agent.ExitRefused
+	default:
+		fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
+		return 1
+	}
+}
+
+func openTPM(path, eventLog string) (*tpm.Collector, error) {
+	addr, ok := strings.CutPrefix(path, "tcp:")
+	if !ok {
+		if path != "/dev/tpmrm0" {
+			return nil, fmt.Errorf("%s: only /dev/tpmrm0 or tcp:HOST:PORT", path)
+		}
+		return tpm.NewCollector(nil)
+	}
+	var log []byte
+	if eventLog != "" {
+		var err error
+		if log, err = os.ReadFile(eventLog); err != nil {
+			return nil, err
+		}
+	}
+	ch, err := tpm.DialSocket("tcp", addr, log)
+	if err != nil {
+		return nil, err
+	}
+	return tpm.NewCollector(ch)
+}
+
