@@ -112,6 +112,12 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 			return
 		}
 		resp.TPM, sess, err = s.o.TPM.Challenge(req.Pool, keySHA, req.TPM)
+	case attest.KindGCP:
+		if s.o.GCP == nil || req.GCP == nil {
+			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP evidence needs a gcp request and a GCP verifier"))
+			return
+		}
+		resp.GCP, sess, err = s.o.GCP.Challenge(req.Pool, keySHA, req.GCP)
 	default:
 		err = deny(attest.ReasonPolicyKindNotAllowed, "no verifier for %q evidence", req.Kind)
 	}
@@ -169,6 +175,12 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 		claims, err = s.o.TPM.Verify(sess, req.TPM)
+	case attest.KindGCP:
+		if s.o.GCP == nil || req.GCP == nil {
+			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP session needs gcp evidence"))
+			return
+		}
+		claims, err = s.o.GCP.Verify(r.Context(), sess, req.GCP)
 	default:
 		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
 	}

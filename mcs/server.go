@@ -22,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
@@ -71,6 +72,8 @@ type Options struct {
 	Provisioning *tokens.Provisioning
 	// TPM verifies TPM evidence; nil refuses TPM evidence.
 	TPM *tpm.Verifier
+	// GCP verifies GCP instance identity tokens; nil refuses them.
+	GCP *gcp.Verifier
 	// Bootstrap, when set (cluster mode), gives each attested node its own
 	// short-lived Kubernetes bootstrap token: Issue runs before the record
 	// is written and sets Record.BootstrapTokenID.

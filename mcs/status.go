@@ -48,7 +48,8 @@ func statusOf(r attest.Reason) int {
 		return http.StatusBadRequest
 	case ReasonCredentials:
 		return http.StatusUnauthorized
-	case ReasonUnavailable, ReasonConfigUnavailable:
+	case ReasonUnavailable, ReasonConfigUnavailable, attest.ReasonKeysUnavailable:
+		// Trust roots that cannot be fetched now (GCP's JWKS) are "not yet".
 		return http.StatusServiceUnavailable
 	}
 	// Every other reason is a refusal of credentials or evidence.

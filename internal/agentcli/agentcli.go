@@ -27,7 +27,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows)")
-	evidence := fs.String("evidence", "tpm", "tpm (the only kind this build collects; cloud kinds come with identity/gcp and identity/aws)")
+	evidence := fs.String("evidence", "tpm", "tpm, or gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
@@ -66,6 +66,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		defer coll.Close()
 		ev = agent.TPMEvidence{Collector: coll}
+	case "gcp":
+		ev = agent.GCPEvidence{}
 	default:
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2
@@ -108,4 +110,3 @@ func openTPM(path, eventLog string) (*tpm.Collector, error) {
 	}
 	return tpm.NewCollector(ch)
 }
-

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +16,9 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -28,6 +31,7 @@ type server struct {
 	stateDir      string
 	man           *swtpm.Manufacturer
 	log           *testenv.LockedBuffer
+	gce           *gcptest.Server // the GCE metadata server machines ask
 }
 
 const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1
@@ -37,8 +41,9 @@ trust:
   - {name: swtpm-localca, dir: %s}
 pools:
   worker:
-    evidence: [tpm]
+    evidence: [tpm, gcp]
     tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
+    gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
     serve: {nodeNames: requested}
   master:
     serve: {public: false, token: true}
@@ -49,7 +54,7 @@ pools:
 func startServer(t *testing.T, before func(stateDir string)) *server {
 	t.Helper()
 	dir := t.TempDir()
-	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer)}
+	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer), gce: gcptest.NewServer(t, time.Now)}
 	var err error
 	if s.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
 		t.Fatal(err)
@@ -78,6 +83,7 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 			ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
 			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
+			GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
 			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
 			Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
 		})
@@ -278,6 +284,51 @@ func TestIgnitionFetchesEachTier(t *testing.T) {
 			t.Fatal("the config token was logged")
 		}
 	})
+}
+
+// TestIgnitionWithGCPIdentity: a GCE machine attests with an identity
+// token its metadata server minted for the challenge's audience, and
+// Ignition fetches the full config with the config token; the node name is
+// the instance's, whatever the machine asked for.
+func TestIgnitionWithGCPIdentity(t *testing.T) {
+	s := startServer(t, nil)
+	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("GCE_METADATA_HOST", s.gce.Host())
+	c, err := agent.NewClient(s.url, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet, err := agent.KubeletKey(filepath.Join(t.TempDir(), "kubelet.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vr, err := agent.GCPEvidence{}.Attest(context.Background(), c, "worker", "asked-for-name", kubelet)
+	if err != nil {
+		t.Fatalf("attest: %v\n%s", err, s.log)
+	}
+	if vr.NodeName != s.gce.Instance().InstanceName {
+		t.Fatalf("node name %q, want the instance name %q", vr.NodeName, s.gce.Instance().InstanceName)
+	}
+	tokFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokFile, []byte(vr.ConfigToken), 0o600)
+	cached, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "worker", "--token-file", tokFile))
+	if err != nil {
+		t.Fatalf("ignition: %v\n%s", err, out)
+	}
+	sameFiles(t, cachedFiles(t, cached), expectedFiles(t, "worker", render.TierFull, bundle))
+
+	// A project the pool does not allow is refused with its reason.
+	inst := s.gce.Instance()
+	inst.ProjectID = "someone-else"
+	s.gce.SetInstance(inst)
+	_, err = agent.GCPEvidence{}.Attest(context.Background(), c, "worker", "", kubelet)
+	var refused *agent.Refused
+	if !errors.As(err, &refused) || refused.Refusal.Reason != attest.ReasonPolicyProject {
+		t.Fatalf("another project: %v", err)
+	}
 }
 
 // TestIgnitionAcrossCARotation: a pointer config written while the old CA

@@ -12,11 +12,15 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
@@ -56,14 +60,19 @@ type ServeConfig struct {
 	// changes are picked up without a restart.
 	KeysFile   string
 	TokensFile string
-	Hosts      []string
-	Listen     string // address to bind, default all
-	TokenTTL   time.Duration
-	Grace      time.Duration
-	Reload     time.Duration // how often inputs and certificates are checked
-	Clock      func() time.Time
-	Log        *slog.Logger
-	Ready      func(secure, insecure net.Addr) // called once both ports listen
+	// GCPAudienceURL starts the audience of GCP identity tokens (default
+	// https://<first host>:<secure port>); GCPJWKSURL is where Google's
+	// signing keys are fetched.
+	GCPAudienceURL string
+	GCPJWKSURL     string
+	Hosts          []string
+	Listen         string // address to bind, default all
+	TokenTTL       time.Duration
+	Grace          time.Duration
+	Reload         time.Duration // how often inputs and certificates are checked
+	Clock          func() time.Time
+	Log            *slog.Logger
+	Ready          func(secure, insecure net.Addr) // called once both ports listen
 }
 
 // defaultPolicy serves the public tier of every pool and nothing else: a
@@ -95,6 +104,8 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
 	fs.StringVar(&c.UserDataNamespace, "user-data-namespace", "openshift-machine-api", "cluster mode: namespace of the user-data Secrets")
 	roles := fs.String("user-data-roles", "master=master,worker=worker", "cluster mode: role=pool pairs of the user-data Secrets")
+	fs.StringVar(&c.GCPAudienceURL, "gcp-audience-url", "", "GCP evidence: the URL that starts identity tokens' audience (default https://<first --hosts name>:<secure port>)")
+	fs.StringVar(&c.GCPJWKSURL, "gcp-jwks-url", gcp.GoogleJWKSURL, "GCP evidence: Google's signing keys (JWKS)")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
 	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
@@ -142,6 +153,10 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
+	gcpVerifier, err := c.gcpVerifier(pol)
+	if err != nil {
+		return err
+	}
 	st, err := boltstore.Open(filepath.Join(c.StateDir, "state.db"), 10*time.Second, c.Clock)
 	if err != nil {
 		return err
@@ -180,7 +195,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	srv, err := mcs.New(mcs.Options{
-		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier,
+		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier,
 		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
 	})
 	if err != nil {
@@ -376,6 +391,35 @@ type source interface {
 	// bootstrap issues per-node bootstrap tokens, or is nil.
 	bootstrap() mcs.BootstrapTokens
 	fmt.Stringer
+}
+
+// usesEvidence reports whether any pool takes evidence of kind k.
+func usesEvidence(pol *policy.Policy, k attest.Kind) bool {
+	for _, pp := range pol.Pools {
+		if slices.Contains(pp.Evidence, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// gcpVerifier builds the GCP verifier when a pool takes GCP evidence.
+func (c ServeConfig) gcpVerifier(pol *policy.Policy) (*gcp.Verifier, error) {
+	if !usesEvidence(pol, attest.KindGCP) {
+		return nil, nil
+	}
+	aud := c.GCPAudienceURL
+	if aud == "" {
+		if len(c.Hosts) == 0 {
+			return nil, errors.New("serve: GCP evidence needs --gcp-audience-url or --hosts")
+		}
+		aud = "https://" + net.JoinHostPort(c.Hosts[0], strconv.Itoa(c.SecurePort))
+	}
+	keys, err := gcp.NewJWKSSource(orDefault(c.GCPJWKSURL, gcp.GoogleJWKSURL), nil, c.Clock, 0)
+	if err != nil {
+		return nil, err
+	}
+	return gcp.NewVerifier(gcp.Options{Keys: keys, AudiencePrefix: aud, Clock: c.Clock})
 }
 
 // dirInputs is the directory mode's input: an MCO bootstrap directory and

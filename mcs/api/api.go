@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/gcp"
 )
 
 // Paths.
@@ -37,6 +38,7 @@ type ChallengeRequest struct {
 	// policy takes requested names and the evidence names none.
 	NodeName string                `json:"nodeName,omitempty"`
 	TPM      *tpm.ChallengeRequest `json:"tpm,omitempty"`
+	GCP      *gcp.ChallengeRequest `json:"gcp,omitempty"`
 }
 
 // ChallengeResponse carries the sealed session and the kind's challenge.
@@ -45,12 +47,15 @@ type ChallengeResponse struct {
 	Session string         `json:"session"`
 	Expires time.Time      `json:"expires"`
 	TPM     *tpm.Challenge `json:"tpm,omitempty"`
+	// GCP carries the audience the node's identity token must name.
+	GCP *gcp.Challenge `json:"gcp,omitempty"`
 }
 
 // VerifyRequest answers a challenge.
 type VerifyRequest struct {
 	Session string        `json:"session"`
 	TPM     *tpm.Evidence `json:"tpm,omitempty"`
+	GCP     *gcp.Evidence `json:"gcp,omitempty"`
 }
 
 // VerifyResponse carries the config token: present it as

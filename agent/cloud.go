@@ -1,0 +1,61 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"cloud.google.com/go/compute/metadata"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/gcp"
+	"github.com/nodeproof/nodeproof/mcs/api"
+)
+
+// GCPEvidence is a GCE instance identity token, minted by the metadata
+// server for the audience the server's challenge names (it binds the
+// session and the kubelet key).
+type GCPEvidence struct {
+	// Metadata is the metadata client (nil: the library's default, which
+	// honours GCE_METADATA_HOST).
+	Metadata *metadata.Client
+}
+
+// Kind implements Evidence.
+func (GCPEvidence) Kind() attest.Kind { return attest.KindGCP }
+
+// Attest implements Evidence.
+func (e GCPEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	return c.attest(ctx, api.ChallengeRequest{
+		Kind: attest.KindGCP, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, GCP: &gcp.ChallengeRequest{},
+	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
+		if ch.GCP == nil {
+			return nil, errors.New("server sent no GCP challenge")
+		}
+		ev, err := gcp.Collect(ctx, e.Metadata, ch.GCP.Audience)
+		if err != nil {
+			return nil, fmt.Errorf("identity token from the metadata server: %w", err)
+		}
+		return &api.VerifyRequest{Session: ch.Session, GCP: ev}, nil
+	})
+}
+
+// attest runs challenge → answer → verify.
+func (c *Client) attest(ctx context.Context, req api.ChallengeRequest, answer func(*api.ChallengeResponse) (*api.VerifyRequest, error)) (*api.VerifyResponse, error) {
+	if _, err := attest.KeySHA256(req.KubeletPublicKey); err != nil {
+		return nil, err
+	}
+	var ch api.ChallengeResponse
+	if err := c.post(ctx, api.PathChallenge, req, &ch); err != nil {
+		return nil, err
+	}
+	vreq, err := answer(&ch)
+	if err != nil {
+		return nil, err
+	}
+	var vr api.VerifyResponse
+	if err := c.post(ctx, api.PathVerify, vreq, &vr); err != nil {
+		return nil, err
+	}
+	return &vr, nil
+}
