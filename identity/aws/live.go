@@ -1,0 +1,139 @@
+package aws
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/smithy-go"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// LiveChecker confirms a verified document's instance with the EC2 API.
+type LiveChecker interface {
+	// Check confirms the instance with the EC2 API; returns the private DNS name it has.
+	//
+	// A refusal is an *attest.Denial (InstanceNotRunning); any other error
+	// means the API could not be asked and the caller should try again.
+	Check(ctx context.Context, c *attest.AWSClaims) (privateDNSName string, err error)
+}
+
+// EC2LiveChecker is a LiveChecker that calls DescribeInstances for the
+// instance ID, with the credentials and Region of Client. Its checks, each
+// refused with InstanceNotRunning:
+//   - Client's Region is the document's (one EC2 endpoint serves one Region);
+//   - the instance exists for Client's credentials and is reported once;
+//   - its reservation belongs to the document's account (so credentials
+//     that see several accounts cannot confirm an instance of another);
+//   - its state is running (not pending, stopping, stopped, terminated);
+//   - its Availability Zone and primary private IP are the document's;
+//   - its VPC is one of VPCs, when VPCs is set;
+//   - it carries every tag of Tags with exactly that value, when set.
+//
+// Errors that say the instance ID does not exist or is malformed are
+// refusals; every other API or transport error is returned as is (not a
+// Denial).
+type EC2LiveChecker struct {
+	// Client calls EC2; required. It needs ec2:DescribeInstances.
+	Client *ec2.Client
+	// VPCs, when non-empty, are the VPC IDs an instance may be in.
+	VPCs []string
+	// Tags, when non-empty, must all be on the instance with these values.
+	Tags map[string]string
+}
+
+// Check implements LiveChecker.
+func (l *EC2LiveChecker) Check(ctx context.Context, c *attest.AWSClaims) (string, error) {
+	if l == nil || l.Client == nil {
+		return "", errors.New("aws: EC2LiveChecker has no Client")
+	}
+	if c == nil {
+		return "", errors.New("aws: live check without claims")
+	}
+	if r := l.Client.Options().Region; r != "" && r != c.Region {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "the EC2 live check serves region %s, the instance is in %s", r, c.Region)
+	}
+	out, err := l.Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{c.InstanceID}})
+	if err != nil {
+		var ae smithy.APIError
+		if errors.As(err, &ae) {
+			switch ae.ErrorCode() {
+			case "InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed":
+				return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not know instance %s: %s", c.InstanceID, ae.ErrorCode())
+			}
+		}
+		return "", fmt.Errorf("aws: DescribeInstances: %w", err)
+	}
+	var (
+		found *types.Instance
+		owner string
+		n     int
+	)
+	for _, r := range out.Reservations {
+		for i := range r.Instances {
+			if deref(r.Instances[i].InstanceId) == c.InstanceID {
+				found, owner = &r.Instances[i], deref(r.OwnerId)
+				n++
+			}
+		}
+	}
+	switch {
+	case n == 0:
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not report instance %s", c.InstanceID)
+	case n > 1:
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 reports instance %s %d times", c.InstanceID, n)
+	}
+	if owner != c.AccountID {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s belongs to account %q, the document says %s", c.InstanceID, owner, c.AccountID)
+	}
+	state := types.InstanceStateName("")
+	if found.State != nil {
+		state = found.State.Name
+	}
+	if state != types.InstanceStateNameRunning {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is %q, not running", c.InstanceID, state)
+	}
+	var az string
+	if found.Placement != nil {
+		az = deref(found.Placement.AvailabilityZone)
+	}
+	if az != c.AvailabilityZone {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in %q, the document says %s", c.InstanceID, az, c.AvailabilityZone)
+	}
+	if ip := deref(found.PrivateIpAddress); ip != c.PrivateIP {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has private IP %q, the document says %s", c.InstanceID, ip, c.PrivateIP)
+	}
+	if len(l.VPCs) > 0 && !slices.Contains(l.VPCs, deref(found.VpcId)) {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in VPC %q, not an allowed one", c.InstanceID, deref(found.VpcId))
+	}
+	for k, want := range l.Tags {
+		got, ok := tagValue(found.Tags, k)
+		if !ok {
+			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has no tag %q", c.InstanceID, k)
+		}
+		if got != want {
+			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s tag %q is %q, want %q", c.InstanceID, k, got, want)
+		}
+	}
+	return deref(found.PrivateDnsName), nil
+}
+
+func tagValue(tags []types.Tag, key string) (string, bool) {
+	for _, t := range tags {
+		if deref(t.Key) == key {
+			return deref(t.Value), true
+		}
+	}
+	return "", false
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

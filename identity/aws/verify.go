@@ -1,0 +1,282 @@
+package aws
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// maxFutureSkew is how far in the future a document's pendingTime may be
+// (the clocks of AWS and of this server disagree by at most this much).
+const maxFutureSkew = 60 * time.Second
+
+// Options configure a Verifier. Each field says what it changes about
+// security.
+type Options struct {
+	// Certs are the Regions' RSA-2048 certificates; required. A document is
+	// accepted only if the certificate of the Region it names signed it, so
+	// this set decides which Regions can enroll at all (DefaultRegionCerts:
+	// every Region AWS published a certificate for).
+	Certs *RegionCerts
+	// MaxDocumentAge bounds how long after an instance started (the
+	// document's pendingTime) its document is accepted. The document has no
+	// nonce, so this is the window in which a copied document could be
+	// replayed by someone else first. Zero means one hour; negative is
+	// refused.
+	MaxDocumentAge time.Duration
+	// Live, when set, asks the EC2 API to confirm the instance (running, in
+	// the expected VPC, with the expected tags) before claims are returned,
+	// and supplies the instance's private DNS name. Nil skips the check and
+	// claims say LiveChecked false, which policy may refuse.
+	Live LiveChecker
+	// SessionTTL bounds the time between challenge and answer. Zero means
+	// five minutes; negative is refused.
+	SessionTTL time.Duration
+	// Clock tells the time; required (no global clock).
+	Clock func() time.Time
+	// Rand is the randomness for nonces; nil means crypto/rand.
+	Rand io.Reader
+}
+
+// Verifier is the server side of AWS evidence. It is safe for concurrent
+// use and keeps no per-session state: what it needs between the two steps
+// is in the attest.Session it returns, which the caller must seal.
+type Verifier struct {
+	certs  *RegionCerts
+	maxAge time.Duration
+	live   LiveChecker
+	ttl    time.Duration
+	clock  func() time.Time
+	rand   io.Reader
+}
+
+// NewVerifier returns a Verifier. It refuses Options without Certs or Clock,
+// a certificate whose key is not RSA of at least 2048 bits, and negative
+// durations.
+func NewVerifier(o Options) (*Verifier, error) {
+	if o.Clock == nil {
+		return nil, errors.New("aws: Options.Clock is required")
+	}
+	if o.Certs == nil {
+		return nil, errors.New("aws: Options.Certs is required")
+	}
+	if err := o.Certs.check(); err != nil {
+		return nil, err
+	}
+	if o.MaxDocumentAge < 0 {
+		return nil, fmt.Errorf("aws: Options.MaxDocumentAge %v is negative", o.MaxDocumentAge)
+	}
+	if o.SessionTTL < 0 {
+		return nil, fmt.Errorf("aws: Options.SessionTTL %v is negative", o.SessionTTL)
+	}
+	v := &Verifier{certs: o.Certs, maxAge: o.MaxDocumentAge, live: o.Live, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	if v.maxAge == 0 {
+		v.maxAge = time.Hour
+	}
+	if v.ttl == 0 {
+		v.ttl = 5 * time.Minute
+	}
+	if v.rand == nil {
+		v.rand = rand.Reader
+	}
+	return v, nil
+}
+
+// Challenge is step one. It checks the kubelet key hash (MalformedEvidence)
+// and returns an empty challenge and a session with a fresh 32-byte nonce.
+// The nonce cannot be bound into the document; it makes the session unique
+// for the caller's single-use session store.
+func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
+	if len(kubeletKeySHA256) != 32 {
+		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
+	}
+	nonce := make([]byte, attest.NonceSize)
+	if _, err := io.ReadFull(v.rand, nonce); err != nil {
+		return nil, nil, fmt.Errorf("aws: nonce: %w", err)
+	}
+	now := v.clock()
+	sess := &attest.Session{
+		Kind: attest.KindAWS, Pool: pool, Nonce: nonce, KubeletKeySHA256: bytes.Clone(kubeletKeySHA256),
+		IssuedAt: now, Expires: now.Add(v.ttl),
+	}
+	return &Challenge{}, sess, nil
+}
+
+// Verify is step two: it checks the node's evidence against the session the
+// caller unsealed and, only if every check passes, returns Claims.
+// One-time use of the session, and of the instance (OnceKey), are the
+// caller's to enforce in its store; account and Region allow-lists and the
+// choice of node name are policy's.
+//
+// Checks, in order, each with its own denial reason:
+//  1. The session is an AWS session (SessionInvalid) with a 32-byte kubelet
+//     key hash (SessionInvalid) and has not expired at the verifier's clock
+//     (SessionExpired).
+//  2. Sizes, before any parsing: PKCS7 within MaxPKCS7Size, Document
+//     within MaxDocumentSize, Signature within MaxSignatureSize
+//     (MalformedEvidence).
+//  3. PKCS7 is base64 and parses as a PKCS#7 SignedData with exactly one
+//     signer and attached content of at most MaxDocumentSize bytes that is
+//     one JSON object without duplicate members (DocumentMalformed). Bytes
+//     after the PKCS#7 structure are outside it and ignored by the parser;
+//     they are not signed and choose nothing.
+//  4. The signed document's region is a Region name (DocumentMalformed)
+//     with configured certificates, and the signer is one of them, matched
+//     by issuer and serial number; certificates inside the PKCS#7 are
+//     discarded, never used (DocumentRegionCertMismatch).
+//  5. The signature: digest SHA-256 (or 384/512), content-type attribute
+//     id-data, message-digest attribute equal to the content's digest, RSA
+//     signature valid under the Region's certificate
+//     (DocumentSignatureInvalid).
+//  6. Every field the claims use is read from the signed content and only
+//     from it: accountId (12 digits), region, availabilityZone (in the
+//     region), instanceId (i- and 8 to 17 hex digits), instanceType,
+//     imageId (ami- and 8 to 17 hex digits), privateIp (an IP address),
+//     pendingTime (RFC 3339); each present, a non-empty JSON string
+//     (DocumentMalformed).
+//  7. Evidence.Document, when present, is the signed document: equal to the
+//     signed content apart from leading and trailing white space, which
+//     JSON ignores (DocumentMalformed). A different document there is a
+//     substitution attempt; it is refused, not ignored, so that a node or
+//     log that reads it is never shown another instance's document.
+//  8. Freshness: pendingTime is at most MaxDocumentAge before now and at
+//     most 60 s after it (DocumentTooOld).
+//  9. The live check, when configured (InstanceNotRunning when the EC2 API
+//     refuses the instance). An EC2 API that cannot be asked is an error
+//     that is not a Denial: the caller should answer "try again" (503),
+//     not refuse the node.
+//
+// Evidence.Signature, the legacy signature, is bounded (step 2) and
+// otherwise ignored: PKCS7 proves everything it would.
+func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
+	now := v.clock()
+	if sess == nil || sess.Kind != attest.KindAWS {
+		return nil, attest.Deny(attest.ReasonSessionInvalid, "not an AWS session")
+	}
+	if len(sess.KubeletKeySHA256) != 32 {
+		return nil, attest.Deny(attest.ReasonSessionInvalid, "session kubelet key hash is not 32 bytes")
+	}
+	if !now.Before(sess.Expires) {
+		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	}
+	if ev == nil {
+		return nil, attest.Deny(attest.ReasonMalformed, "no evidence")
+	}
+	if len(ev.PKCS7) > MaxPKCS7Size {
+		return nil, attest.Deny(attest.ReasonMalformed, "pkcs7 exceeds %d bytes", MaxPKCS7Size)
+	}
+	if len(ev.Document) > MaxDocumentSize {
+		return nil, attest.Deny(attest.ReasonMalformed, "document exceeds %d bytes", MaxDocumentSize)
+	}
+	if len(ev.Signature) > MaxSignatureSize {
+		return nil, attest.Deny(attest.ReasonMalformed, "signature exceeds %d bytes", MaxSignatureSize)
+	}
+
+	doc, err := v.verifyDocument(ev, now)
+	if err != nil {
+		return nil, err
+	}
+
+	if now.Sub(doc.PendingTime) > v.maxAge {
+		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago", doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge)
+	}
+	if doc.PendingTime.Sub(now) > maxFutureSkew {
+		return nil, attest.Deny(attest.ReasonDocTooOld, "pendingTime %s is in the future", doc.PendingTime.UTC().Format(time.RFC3339))
+	}
+
+	ac := &attest.AWSClaims{
+		AccountID: doc.AccountID, Region: doc.Region, AvailabilityZone: doc.AvailabilityZone,
+		InstanceID: doc.InstanceID, InstanceType: doc.InstanceType, ImageID: doc.ImageID,
+		PrivateIP: doc.PrivateIP.String(), PendingTime: doc.PendingTime,
+	}
+	if v.live != nil {
+		dns, err := v.live.Check(ctx, ac)
+		if err != nil {
+			if _, ok := attest.ReasonOf(err); ok {
+				return nil, err
+			}
+			return nil, fmt.Errorf("aws: live check of %s: %w", doc.InstanceID, err)
+		}
+		ac.LiveChecked = true
+		ac.PrivateDNSName = dns
+	}
+	if ac.PrivateDNSName == "" {
+		ac.PrivateDNSName = PrivateDNSName(doc.Region, ac.PrivateIP)
+	}
+	addrs := []string{ac.PrivateIP}
+	if ac.PrivateDNSName != "" {
+		addrs = append(addrs, ac.PrivateDNSName)
+	}
+	return &attest.Claims{
+		Kind:             attest.KindAWS,
+		Identity:         "aws:" + doc.AccountID + "/" + doc.InstanceID,
+		NodeName:         ac.PrivateDNSName,
+		Addresses:        addrs,
+		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
+		VerifiedAt:       v.clock(),
+		AWS:              ac,
+	}, nil
+}
+
+// verifyDocument runs checks 3 to 7 of Verify.
+func (v *Verifier) verifyDocument(ev *Evidence, now time.Time) (*document, error) {
+	der, err := decodePKCS7(ev.PKCS7)
+	if err != nil {
+		return nil, err
+	}
+	sd, err := parseSigned(der)
+	if err != nil {
+		return nil, err
+	}
+	region, err := sd.region()
+	if err != nil {
+		return nil, err
+	}
+	certs := v.certs.m[region]
+	if len(certs) == 0 {
+		return nil, attest.Deny(attest.ReasonDocRegionCert, "no certificate for region %s", region)
+	}
+	if err := sd.verifySignature(region, certs, now); err != nil {
+		return nil, err
+	}
+	doc, err := sd.parseDocument()
+	if err != nil {
+		return nil, err
+	}
+	if len(ev.Document) > 0 && !bytes.Equal(bytes.TrimSpace(ev.Document), bytes.TrimSpace(sd.content)) {
+		return nil, attest.Deny(attest.ReasonDocMalformed, "evidence document differs from the signed document (only the signed one is read; a different one is refused)")
+	}
+	return doc, nil
+}
+
+// OnceKey is the single-use marker of an instance (trust on first use): the
+// server stores it in the same transaction as the record, so one instance
+// enrolls once however many times its document is presented.
+func OnceKey(c *attest.AWSClaims) string {
+	return "aws-instance/" + c.AccountID + "/" + c.InstanceID
+}
+
+// PrivateDNSName returns the private DNS name EC2 gives an instance by IP
+// name: ip-10-0-1-2.ec2.internal in us-east-1 and
+// ip-10-0-1-2.<region>.compute.internal elsewhere. It is empty for an
+// address that is not IPv4 (EC2 names IPv6-only instances by resource
+// name, which the document does not establish).
+func PrivateDNSName(region, privateIP string) string {
+	ip, err := netip.ParseAddr(privateIP)
+	if err != nil || !ip.Is4() || !regionRE.MatchString(region) {
+		return ""
+	}
+	host := "ip-" + strings.ReplaceAll(ip.String(), ".", "-")
+	if region == "us-east-1" {
+		return host + ".ec2.internal"
+	}
+	return host + "." + region + ".compute.internal"
+}
