@@ -38,3 +38,11 @@ bench-mcs: ## config serving over TLS: req/s, p50/p99, CPU/request, RSS vs a bar
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
+
+.PHONY: generate
+generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CRDs (deploy/crds/) from the Go types, with the cached controller-gen
+	@hack/tools.sh controller-gen
+	@cg=$${NODEPROOF_CACHE:-$$HOME/.cache/nodeproof}/bin/controller-gen-$$(sed -n 's/^CONTROLLER_TOOLS_VERSION=\([^ ]*\).*/\1/p' hack/tools.sh)/controller-gen; \
+	  set -x; \
+	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
+	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds

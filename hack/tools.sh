@@ -5,12 +5,14 @@
 #   ignition        the real Ignition client (cgo, libblkid)      ~1-2 min cold
 #   kube-apiserver  from the nested tool module hack/tools/kube/  ~4-5 min cold
 #   etcd            from the nested tool module hack/tools/etcd/  ~30 s cold
+#   controller-gen  from the nested tool module hack/tools/controller-gen/
+#                   (`make generate`, and the store's CRD drift test) ~20-60 s cold
 #
 # Layout: ${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}/bin/<name>-<version>/<name>,
 # plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
 # etcd (envtest's KUBEBUILDER_ASSETS). internal/testenv finds them there.
 #
-# Usage: hack/tools.sh [ignition|kube-apiserver|etcd ...]   (default: all)
+# Usage: hack/tools.sh [ignition|kube-apiserver|etcd|controller-gen ...]   (default: all)
 # Build flags are fixed on purpose: changing them (e.g. adding -trimpath)
 # invalidates Go's build cache for the whole kube-apiserver graph.
 set -euo pipefail
@@ -18,6 +20,7 @@ set -euo pipefail
 IGNITION_VERSION=v2.24.0
 KUBE_VERSION=v1.34.4 # keep in step with hack/tools/kube/go.mod
 ETCD_VERSION=v3.6.4  # keep in step with hack/tools/etcd/go.mod
+CONTROLLER_TOOLS_VERSION=v0.19.0 # keep in step with hack/tools/controller-gen/go.mod
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache=${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}
@@ -95,6 +98,14 @@ build_etcd() {
   )
 }
 
+build_controller_gen() {
+  local out=$1
+  (
+    cd "$root/hack/tools/controller-gen"
+    go build -ldflags "-s -w" -o "$out/controller-gen" sigs.k8s.io/controller-tools/cmd/controller-gen
+  )
+}
+
 # kubebuilder-assets-<kube version>: what envtest's BinaryAssetsDirectory /
 # KUBEBUILDER_ASSETS expects (files named kube-apiserver and etcd). Relative
 # symlinks, so the cache directory can be moved.
@@ -106,14 +117,15 @@ assets() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver etcd)
+[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver etcd controller-gen)
 for t in "${want[@]}"; do
   case $t in
   ignition) ensure ignition "$IGNITION_VERSION" build_ignition ;;
   kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" build_kube_apiserver ;;
   etcd) ensure etcd "$ETCD_VERSION" build_etcd ;;
+  controller-gen) ensure controller-gen "$CONTROLLER_TOOLS_VERSION" build_controller_gen ;;
   *)
-    echo "unknown tool: $t (want ignition, kube-apiserver or etcd)" >&2
+    echo "unknown tool: $t (want ignition, kube-apiserver, etcd or controller-gen)" >&2
     exit 2
     ;;
   esac

@@ -1,0 +1,176 @@
+package v1alpha1
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// NodeAttestation is what one successful attestation established: the node
+// it names, the evidence, and the kubelet key the evidence bound. The
+// approver approves a kubelet CSR only with a live, unconsumed
+// NodeAttestation whose key the CSR carries.
+//
+// The object's name is the record ID. The spec cannot change once created;
+// the status records the one CSR the attestation was consumed by, and cannot
+// change again once it does.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:subresource:status
+// +kubebuilder:selectablefield:JSONPath=.spec.nodeName
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=".spec.nodeName"
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=".spec.pool"
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
+// +kubebuilder:printcolumn:name="Consumed",type=date,JSONPath=".status.consumedAt"
+// +kubebuilder:printcolumn:name="Consumed-By",type=string,JSONPath=".status.consumedBy",priority=1
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=".spec.expires",priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the name (record ID) must be a DNS label: at most 63 characters"
+type NodeAttestation struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable"
+	Spec NodeAttestationSpec `json:"spec"`
+	// +optional
+	Status NodeAttestationStatus `json:"status,omitempty"`
+}
+
+// NodeAttestationSpec is a store.Record without its ID (the object's name)
+// and consumption (the status).
+type NodeAttestationSpec struct {
+	// NodeName is the node the record is for: the approver matches a CSR's
+	// common name system:node:<nodeName> against it. A DNS subdomain, as
+	// node names are. Selectable: --field-selector spec.nodeName=NAME.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	NodeName string `json:"nodeName"`
+	// Pool is the MachineConfigPool the node attested for.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	Pool string `json:"pool"`
+	// Kind is the kind of evidence that made the record (attest.Kind).
+	// +required
+	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	Kind string `json:"kind"`
+	// Identity is what the evidence identified (an EK, an instance ID).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Identity string `json:"identity,omitempty"`
+	// KubeletKeySHA256 is the SHA-256 of the kubelet public key (PKIX DER)
+	// that the evidence bound, as 64 lower-case hex digits (the output of
+	// `openssl pkey -pubin -outform der | sha256sum`): the only key a CSR for
+	// this record may carry.
+	// +required
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{64}$`
+	KubeletKeySHA256 string `json:"kubeletKeySHA256"`
+	// Addresses the evidence attested (for kubelet serving CSRs).
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	Addresses []string `json:"addresses,omitempty"`
+	// BootstrapTokenID names the per-node bootstrap token issued with the
+	// config, when there is one: the CSR's requester must be
+	// system:bootstrap:<bootstrapTokenID>.
+	// +optional
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]{6}$`
+	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// Summary is a short human description of the evidence.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Summary string `json:"summary,omitempty"`
+	// CreatedAt is when the attestation succeeded.
+	// +required
+	CreatedAt metav1.MicroTime `json:"createdAt"`
+	// Expires is when the record stops approving CSRs; garbage collection
+	// deletes it after that.
+	// +required
+	Expires metav1.MicroTime `json:"expires"`
+}
+
+// NodeAttestationStatus says whether the record was consumed: it approved
+// one CSR. Once set, it cannot change.
+//
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.consumedAt) || self == oldSelf",message="a consumed record's status is immutable"
+type NodeAttestationStatus struct {
+	// ConsumedAt is when a CSR was approved with this record.
+	// +optional
+	ConsumedAt *metav1.MicroTime `json:"consumedAt,omitempty"`
+	// ConsumedBy names what consumed it (the CSR).
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	ConsumedBy string `json:"consumedBy,omitempty"`
+}
+
+// NodeAttestationList is a list of NodeAttestations.
+//
+// +kubebuilder:object:root=true
+type NodeAttestationList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeAttestation `json:"items"`
+}
+
+// AttestationMarker is a single-use marker: a session answered, a config
+// token spent, an instance enrolled. Its name is MarkerName(spec.key), so
+// only one can exist per key; it stops counting at spec.expires (and
+// garbage collection deletes it after that).
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:printcolumn:name="Key",type=string,JSONPath=".spec.key"
+// +kubebuilder:printcolumn:name="Record",type=string,JSONPath=".spec.recordID"
+// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=".spec.expires"
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+type AttestationMarker struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable"
+	Spec AttestationMarkerSpec `json:"spec"`
+}
+
+// AttestationMarkerSpec is a store.Once, and the record it was set with.
+type AttestationMarkerSpec struct {
+	// Key is the marker's key, as the store was given it.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Key string `json:"key"`
+	// Expires is when the marker stops counting as set.
+	// +required
+	Expires metav1.MicroTime `json:"expires"`
+	// RecordID names the NodeAttestation created together with the marker;
+	// empty for a marker set on its own (a config token spent).
+	// +optional
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	RecordID string `json:"recordID,omitempty"`
+}
+
+// AttestationMarkerList is a list of AttestationMarkers.
+//
+// +kubebuilder:object:root=true
+type AttestationMarkerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []AttestationMarker `json:"items"`
+}
+
+// MarkerName is the name of the AttestationMarker for a marker key: the
+// SHA-256 of the key in hex (64 characters, a valid object name whatever
+// the key holds).
+func MarkerName(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}

@@ -1,0 +1,414 @@
+// Package storetest is the conformance suite of store.Store: one table of
+// behaviours, each case on a fresh, empty store, that every backend's tests
+// run (store/boltstore, store/kubestore), so the backends cannot drift apart
+// in what the MCS and the approver rely on: all-or-nothing CreateRecord,
+// markers that stop counting when they expire, newest-first RecordsForNode,
+// single consumption, GC — and the same under concurrent callers.
+//
+// Times in the suite are whole seconds, so a backend that keeps times to the
+// microsecond (kubestore) round-trips them exactly.
+package storetest
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// T0 is the suite's start time.
+var T0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+
+// Clock is a settable clock, safe for concurrent use.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// Now returns the clock's time.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Set sets the clock's time.
+func (c *Clock) Set(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = t
+}
+
+// NewStore returns a new, empty store for one test, whose clock is clock. It
+// is closed when the test ends (t.Cleanup), by NewStore or by Run.
+type NewStore func(t *testing.T, clock func() time.Time) store.Store
+
+// Concurrency is how many goroutines race in the concurrent cases.
+const Concurrency = 8
+
+// ID returns a record ID of the form the MCS makes (24 hex digits).
+func ID(n int) string { return fmt.Sprintf("%024x", n) }
+
+// Record returns a complete record: every field set, times whole seconds.
+func Record(id, node string, created time.Time) *store.Record {
+	key := sha256.Sum256([]byte("kubelet key of " + id))
+	return &store.Record{
+		ID:               id,
+		NodeName:         node,
+		Pool:             "worker",
+		Kind:             attest.KindTPM,
+		Identity:         "ek:" + id,
+		KubeletKeySHA256: key[:],
+		Addresses:        []string{"10.0.0.7", node + ".example.com"},
+		BootstrapTokenID: "abc123",
+		Summary:          "EK trusted; Secure Boot on",
+		CreatedAt:        created,
+		Expires:          created.Add(time.Hour),
+	}
+}
+
+type env struct {
+	s     store.Store
+	clock *Clock
+	ctx   context.Context
+}
+
+// Run runs the suite: every case is a subtest, in parallel with the others,
+// on a store of its own.
+func Run(t *testing.T, newStore NewStore) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			c := &Clock{now: T0}
+			s := newStore(t, c.Now)
+			t.Cleanup(func() { s.Close() })
+			tc.run(t, &env{s: s, clock: c, ctx: context.Background()})
+		})
+	}
+}
+
+func once(key string, exp time.Time) store.Once { return store.Once{Key: key, Expires: exp} }
+
+func is(t *testing.T, what string, err, want error) {
+	t.Helper()
+	if !errors.Is(err, want) {
+		t.Fatalf("%s: got %v, want %v", what, err, want)
+	}
+}
+
+func (e *env) create(t *testing.T, r *store.Record, o ...store.Once) {
+	t.Helper()
+	is(t, "CreateRecord "+r.ID, e.s.CreateRecord(e.ctx, r, o...), nil)
+}
+
+func (e *env) get(t *testing.T, id string) *store.Record {
+	t.Helper()
+	r, err := e.s.GetRecord(e.ctx, id)
+	if err != nil {
+		t.Fatalf("GetRecord %s: %v", id, err)
+	}
+	return r
+}
+
+func (e *env) absent(t *testing.T, id string) {
+	t.Helper()
+	_, err := e.s.GetRecord(e.ctx, id)
+	is(t, "GetRecord "+id+" (should not exist)", err, store.ErrNotFound)
+}
+
+// unset checks that a marker is not set: UseOnce succeeds (and sets it).
+func (e *env) unset(t *testing.T, key string) {
+	t.Helper()
+	is(t, "UseOnce "+key+" (should not be set)", e.s.UseOnce(e.ctx, key, e.clock.Now().Add(time.Hour)), nil)
+}
+
+// set checks that a marker is set.
+func (e *env) set(t *testing.T, key string) {
+	t.Helper()
+	is(t, "UseOnce "+key+" (should be set)", e.s.UseOnce(e.ctx, key, e.clock.Now().Add(time.Hour)), store.ErrUsed)
+}
+
+func ids(rs []*store.Record) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
+}
+
+// Equal reports how got differs from want ("" if it does not): times compared
+// as instants, nil and empty slices alike.
+func Equal(got, want *store.Record) string {
+	var d []string
+	check := func(field string, ok bool, g, w any) {
+		if !ok {
+			d = append(d, fmt.Sprintf("%s = %v, want %v", field, g, w))
+		}
+	}
+	check("ID", got.ID == want.ID, got.ID, want.ID)
+	check("NodeName", got.NodeName == want.NodeName, got.NodeName, want.NodeName)
+	check("Pool", got.Pool == want.Pool, got.Pool, want.Pool)
+	check("Kind", got.Kind == want.Kind, got.Kind, want.Kind)
+	check("Identity", got.Identity == want.Identity, got.Identity, want.Identity)
+	check("KubeletKeySHA256", slices.Equal(got.KubeletKeySHA256, want.KubeletKeySHA256), got.KubeletKeySHA256, want.KubeletKeySHA256)
+	check("Addresses", slices.Equal(got.Addresses, want.Addresses), got.Addresses, want.Addresses)
+	check("BootstrapTokenID", got.BootstrapTokenID == want.BootstrapTokenID, got.BootstrapTokenID, want.BootstrapTokenID)
+	check("Summary", got.Summary == want.Summary, got.Summary, want.Summary)
+	check("CreatedAt", got.CreatedAt.Equal(want.CreatedAt), got.CreatedAt, want.CreatedAt)
+	check("Expires", got.Expires.Equal(want.Expires), got.Expires, want.Expires)
+	check("ConsumedAt", (got.ConsumedAt == nil) == (want.ConsumedAt == nil) &&
+		(got.ConsumedAt == nil || got.ConsumedAt.Equal(*want.ConsumedAt)), got.ConsumedAt, want.ConsumedAt)
+	check("ConsumedBy", got.ConsumedBy == want.ConsumedBy, got.ConsumedBy, want.ConsumedBy)
+	return strings.Join(d, "; ")
+}
+
+// race runs fn(i) for i in [0, Concurrency) at once and returns the errors.
+func race(fn func(i int) error) []error {
+	errs := make([]error, Concurrency)
+	var start, done sync.WaitGroup
+	start.Add(1)
+	for i := range errs {
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			start.Wait()
+			errs[i] = fn(i)
+		}()
+	}
+	start.Done()
+	done.Wait()
+	return errs
+}
+
+// oneWins checks that exactly one error is nil and every other is want; it
+// returns the winner.
+func oneWins(t *testing.T, errs []error, want error) int {
+	t.Helper()
+	winner := -1
+	for i, err := range errs {
+		switch {
+		case err == nil && winner >= 0:
+			t.Fatalf("callers %d and %d both succeeded", winner, i)
+		case err == nil:
+			winner = i
+		case !errors.Is(err, want):
+			t.Fatalf("caller %d: got %v, want %v", i, err, want)
+		}
+	}
+	if winner < 0 {
+		t.Fatalf("no caller succeeded: %v", errs)
+	}
+	return winner
+}
+
+var cases = []struct {
+	name string
+	run  func(t *testing.T, e *env)
+}{
+	{"create then get returns the record as written", func(t *testing.T, e *env) {
+		r := Record(ID(1), "worker-1", T0)
+		e.create(t, r, once("session/1", T0.Add(5*time.Minute)))
+		if d := Equal(e.get(t, r.ID), r); d != "" {
+			t.Fatalf("round trip: %s", d)
+		}
+		// The minimal record: no optional field.
+		m := &store.Record{ID: ID(2), NodeName: "worker-2", Pool: "infra", Kind: attest.KindGCP,
+			KubeletKeySHA256: r.KubeletKeySHA256, CreatedAt: T0, Expires: T0.Add(time.Minute)}
+		e.create(t, m)
+		if d := Equal(e.get(t, m.ID), m); d != "" {
+			t.Fatalf("round trip of a minimal record: %s", d)
+		}
+	}},
+	{"get of an unknown ID is ErrNotFound", func(t *testing.T, e *env) {
+		for _, id := range []string{ID(404), "Not_An_ID", ""} {
+			_, err := e.s.GetRecord(e.ctx, id)
+			is(t, fmt.Sprintf("GetRecord %q", id), err, store.ErrNotFound)
+		}
+	}},
+	{"an existing ID is ErrExists and sets none of the call's markers", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)))
+		err := e.s.CreateRecord(e.ctx, Record(ID(1), "worker-2", T0), once("session/2", T0.Add(time.Minute)), once("instance/2", T0.Add(time.Hour)))
+		is(t, "CreateRecord with an existing ID", err, store.ErrExists)
+		if got := e.get(t, ID(1)).NodeName; got != "worker-1" {
+			t.Fatalf("the existing record was overwritten: node %s", got)
+		}
+		e.unset(t, "session/2")
+		e.unset(t, "instance/2")
+	}},
+	{"a marker already set refuses the whole write", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)))
+		err := e.s.CreateRecord(e.ctx, Record(ID(2), "worker-1", T0), once("instance/9", T0.Add(time.Hour)), once("session/1", T0.Add(time.Minute)))
+		is(t, "CreateRecord with a used marker", err, store.ErrUsed)
+		e.absent(t, ID(2))
+		e.unset(t, "instance/9")
+		e.set(t, "session/1")
+	}},
+	{"a marker set by UseOnce blocks CreateRecord", func(t *testing.T, e *env) {
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "instance/1", T0.Add(time.Hour)), nil)
+		is(t, "CreateRecord", e.s.CreateRecord(e.ctx, Record(ID(1), "worker-1", T0), once("instance/1", T0.Add(time.Hour))), store.ErrUsed)
+		e.absent(t, ID(1))
+	}},
+	{"an expired marker counts as unset", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0), once("instance/1", T0.Add(time.Minute)))
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Minute)), nil)
+		e.clock.Set(T0.Add(time.Minute)) // expiry is exclusive: at Expires it is over
+		e.create(t, Record(ID(2), "worker-1", e.clock.Now()), once("instance/1", T0.Add(time.Hour)))
+		is(t, "UseOnce of an expired marker", e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Hour)), nil)
+		// Set again, with the new expiry.
+		e.set(t, "instance/1")
+		e.set(t, "token/1")
+		is(t, "CreateRecord", e.s.CreateRecord(e.ctx, Record(ID(3), "worker-1", T0), once("instance/1", T0.Add(time.Hour))), store.ErrUsed)
+	}},
+	{"the same key twice in one call is one marker", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)), once("session/1", T0.Add(time.Hour)))
+		e.clock.Set(T0.Add(30 * time.Minute))
+		e.set(t, "session/1") // the later expiry counts
+	}},
+	{"records for a node: newest first, expired included, exact name", func(t *testing.T, e *env) {
+		old := Record(ID(1), "node-1", T0)
+		old.Expires = T0.Add(time.Second)
+		e.create(t, old)
+		e.create(t, Record(ID(3), "node-1", T0.Add(2*time.Second)))
+		e.create(t, Record(ID(2), "node-1", T0.Add(time.Second)))
+		e.create(t, Record(ID(4), "node-10", T0.Add(3*time.Second)))
+		e.create(t, Record(ID(5), "node-2", T0.Add(3*time.Second)))
+		e.clock.Set(T0.Add(time.Minute))
+		for _, tc := range []struct {
+			node string
+			want []string
+		}{
+			{"node-1", []string{ID(3), ID(2), ID(1)}},
+			{"node-10", []string{ID(4)}},
+			{"node-", nil},
+			{"node-3", nil},
+			{"", nil},
+			{"Node-1", nil},
+		} {
+			rs, err := e.s.RecordsForNode(e.ctx, tc.node)
+			if err != nil {
+				t.Fatalf("RecordsForNode %q: %v", tc.node, err)
+			}
+			if got := ids(rs); !slices.Equal(got, tc.want) {
+				t.Fatalf("RecordsForNode %q = %v, want %v", tc.node, got, tc.want)
+			}
+		}
+		rs, _ := e.s.RecordsForNode(e.ctx, "node-1")
+		if d := Equal(rs[2], old); d != "" {
+			t.Fatalf("listed record differs: %s", d)
+		}
+	}},
+	{"a record is consumed once", func(t *testing.T, e *env) {
+		r := Record(ID(1), "worker-1", T0)
+		e.create(t, r)
+		at := T0.Add(2 * time.Minute)
+		is(t, "ConsumeRecord", e.s.ConsumeRecord(e.ctx, r.ID, "csr-1", at), nil)
+		is(t, "ConsumeRecord again", e.s.ConsumeRecord(e.ctx, r.ID, "csr-2", at.Add(time.Second)), store.ErrConsumed)
+		is(t, "ConsumeRecord of an unknown ID", e.s.ConsumeRecord(e.ctx, ID(2), "csr-3", at), store.ErrNotFound)
+		r.ConsumedAt, r.ConsumedBy = &at, "csr-1"
+		if d := Equal(e.get(t, r.ID), r); d != "" {
+			t.Fatalf("after consumption: %s", d)
+		}
+		rs, err := e.s.RecordsForNode(e.ctx, "worker-1")
+		if err != nil || len(rs) != 1 || rs[0].ConsumedBy != "csr-1" {
+			t.Fatalf("RecordsForNode after consumption: %v %v", ids(rs), err)
+		}
+	}},
+	{"use once, release, use again", func(t *testing.T, e *env) {
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "config-token/1", T0.Add(time.Minute)), nil)
+		is(t, "UseOnce again", e.s.UseOnce(e.ctx, "config-token/1", T0.Add(time.Minute)), store.ErrUsed)
+		is(t, "ReleaseOnce", e.s.ReleaseOnce(e.ctx, "config-token/1"), nil)
+		is(t, "UseOnce after release", e.s.UseOnce(e.ctx, "config-token/1", T0.Add(time.Minute)), nil)
+		is(t, "ReleaseOnce of a marker never set", e.s.ReleaseOnce(e.ctx, "config-token/2"), nil)
+		// Any string is a key.
+		for _, k := range []string{"a", "with spaces/and:colons", "ünïcode", strings.Repeat("long", 250)} {
+			is(t, fmt.Sprintf("UseOnce %q", k), e.s.UseOnce(e.ctx, k, T0.Add(time.Minute)), nil)
+			e.set(t, k)
+		}
+	}},
+	{"GC deletes what expired and counts it", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute))) // record expires T0+1h
+		late := Record(ID(2), "worker-1", T0)
+		late.Expires = T0.Add(2 * time.Hour)
+		e.create(t, late, once("instance/2", T0.Add(3*time.Hour)))
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Hour)), nil)
+
+		n, err := e.s.GC(e.ctx, T0.Add(time.Hour)) // expiry == now counts as expired
+		if err != nil || n != 3 {
+			t.Fatalf("GC = %d, %v; want 3 (record 1, session/1, token/1)", n, err)
+		}
+		e.absent(t, ID(1))
+		e.get(t, ID(2))
+		if rs, err := e.s.RecordsForNode(e.ctx, "worker-1"); err != nil || !slices.Equal(ids(rs), []string{ID(2)}) {
+			t.Fatalf("RecordsForNode after GC = %v, %v", ids(rs), err)
+		}
+		e.unset(t, "session/1") // even with the clock still at T0
+		e.unset(t, "token/1")
+		e.set(t, "instance/2")
+		if n, err := e.s.GC(e.ctx, T0.Add(59*time.Minute)); err != nil || n != 0 {
+			t.Fatalf("GC before anything left expired = %d, %v; want 0", n, err)
+		}
+		// Left: record 2, instance/2, and session/1 and token/1 as set again.
+		if n, err := e.s.GC(e.ctx, T0.Add(4*time.Hour)); err != nil || n != 4 {
+			t.Fatalf("GC of everything = %d, %v; want 4", n, err)
+		}
+	}},
+	{"concurrent consumers: exactly one wins", func(t *testing.T, e *env) {
+		e.create(t, Record(ID(1), "worker-1", T0))
+		errs := race(func(i int) error {
+			return e.s.ConsumeRecord(e.ctx, ID(1), fmt.Sprintf("csr-%d", i), T0.Add(time.Minute))
+		})
+		w := oneWins(t, errs, store.ErrConsumed)
+		if got, want := e.get(t, ID(1)).ConsumedBy, fmt.Sprintf("csr-%d", w); got != want {
+			t.Fatalf("consumed by %s, but %s won", got, want)
+		}
+	}},
+	{"concurrent creates with the same marker: exactly one wins", func(t *testing.T, e *env) {
+		errs := race(func(i int) error {
+			return e.s.CreateRecord(e.ctx, Record(ID(i), "worker-1", T0),
+				once(fmt.Sprintf("instance/%d", i), T0.Add(time.Hour)), once("session/1", T0.Add(time.Minute)))
+		})
+		w := oneWins(t, errs, store.ErrUsed)
+		rs, err := e.s.RecordsForNode(e.ctx, "worker-1")
+		if err != nil || !slices.Equal(ids(rs), []string{ID(w)}) {
+			t.Fatalf("records = %v, %v; want only the winner's %s", ids(rs), err, ID(w))
+		}
+		for i := range Concurrency {
+			if i == w {
+				e.set(t, fmt.Sprintf("instance/%d", i))
+			} else {
+				e.unset(t, fmt.Sprintf("instance/%d", i))
+			}
+		}
+	}},
+	{"concurrent creates with the same ID: exactly one wins", func(t *testing.T, e *env) {
+		errs := race(func(i int) error {
+			return e.s.CreateRecord(e.ctx, Record(ID(1), fmt.Sprintf("worker-%d", i), T0), once(fmt.Sprintf("session/%d", i), T0.Add(time.Minute)))
+		})
+		w := oneWins(t, errs, store.ErrExists)
+		if got, want := e.get(t, ID(1)).NodeName, fmt.Sprintf("worker-%d", w); got != want {
+			t.Fatalf("record is for %s, but %s won", got, want)
+		}
+		for i := range Concurrency {
+			if i == w {
+				e.set(t, fmt.Sprintf("session/%d", i))
+			} else {
+				e.unset(t, fmt.Sprintf("session/%d", i))
+			}
+		}
+	}},
+	{"concurrent UseOnce of an expired marker: exactly one wins", func(t *testing.T, e *env) {
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Minute)), nil)
+		e.clock.Set(T0.Add(2 * time.Minute))
+		errs := race(func(int) error { return e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Hour)) })
+		oneWins(t, errs, store.ErrUsed)
+		e.set(t, "token/1")
+	}},
+}
