@@ -6,8 +6,10 @@ import (
 	"fmt"
 
 	"cloud.google.com/go/compute/metadata"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
@@ -37,6 +39,35 @@ func (e GCPEvidence) Attest(ctx context.Context, c *Client, pool, nodeName strin
 			return nil, fmt.Errorf("identity token from the metadata server: %w", err)
 		}
 		return &api.VerifyRequest{Session: ch.Session, GCP: ev}, nil
+	})
+}
+
+// AWSEvidence is the EC2 instance identity document and its PKCS7
+// signature, read over IMDSv2. The document carries no nonce: the server
+// accepts one enrolment per instance within the document's age window.
+type AWSEvidence struct {
+	// IMDS is the metadata client (imds.New(imds.Options{}) for the
+	// instance's own; Endpoint set for tests).
+	IMDS *imds.Client
+}
+
+// Kind implements Evidence.
+func (AWSEvidence) Kind() attest.Kind { return attest.KindAWS }
+
+// Attest implements Evidence.
+func (e AWSEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	client := e.IMDS
+	if client == nil {
+		client = imds.New(imds.Options{})
+	}
+	return c.attest(ctx, api.ChallengeRequest{
+		Kind: attest.KindAWS, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, AWS: &aws.ChallengeRequest{},
+	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
+		ev, err := aws.Collect(ctx, client)
+		if err != nil {
+			return nil, fmt.Errorf("identity document from IMDS: %w", err)
+		}
+		return &api.VerifyRequest{Session: ch.Session, AWS: ev}, nil
 	})
 }
 

@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -118,6 +120,12 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 			return
 		}
 		resp.GCP, sess, err = s.o.GCP.Challenge(req.Pool, keySHA, req.GCP)
+	case attest.KindAWS:
+		if s.o.AWS == nil || req.AWS == nil {
+			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS evidence needs an aws request and an AWS verifier"))
+			return
+		}
+		resp.AWS, sess, err = s.o.AWS.Challenge(req.Pool, keySHA, req.AWS)
 	default:
 		err = deny(attest.ReasonPolicyKindNotAllowed, "no verifier for %q evidence", req.Kind)
 	}
@@ -181,6 +189,12 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 		claims, err = s.o.GCP.Verify(r.Context(), sess, req.GCP)
+	case attest.KindAWS:
+		if s.o.AWS == nil || req.AWS == nil {
+			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS session needs aws evidence"))
+			return
+		}
+		claims, err = s.o.AWS.Verify(r.Context(), sess, req.AWS)
 	default:
 		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
 	}
@@ -193,6 +207,9 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	node := claims.NodeName
+	if claims.AWS != nil && s.o.Policy.Pools[sess.Pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
+		node = claims.AWS.InstanceID
+	}
 	if node == "" && s.o.Policy.ServeFor(sess.Pool).NodeNames == "requested" {
 		node = ss.NodeName
 	}
@@ -218,14 +235,22 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 	}
-	once := "session/" + hex.EncodeToString(sess.Nonce)
-	if err := s.o.Store.CreateRecord(r.Context(), rec, store.Once{Key: once, Expires: sess.Expires}); err != nil {
+	once := []store.Once{{Key: "session/" + hex.EncodeToString(sess.Nonce), Expires: sess.Expires}}
+	if claims.AWS != nil {
+		// Trust on first use: one enrolment per instance while its
+		// document can be accepted at all.
+		once = append(once, store.Once{Key: aws.OnceKey(claims.AWS), Expires: s.o.AWS.AcceptedUntil(claims.AWS)})
+	}
+	if err := s.o.Store.CreateRecord(r.Context(), rec, once...); err != nil {
 		if rec.BootstrapTokenID != "" {
 			if rerr := s.o.Bootstrap.Revoke(context.WithoutCancel(r.Context()), rec); rerr != nil {
 				s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", node, "err", rerr.Error())
 			}
 		}
-		if errors.Is(err, store.ErrUsed) {
+		if errors.Is(err, store.ErrUsed) && claims.AWS != nil {
+			s.refuse(w, d, deny(attest.ReasonInstanceEnrolled, "instance %s of account %s already enrolled with this document (trust on first use); re-enrol a reinstalled instance with: nodeproof enroll --reset %s",
+				claims.AWS.InstanceID, claims.AWS.AccountID, aws.OnceKey(claims.AWS)))
+		} else if errors.Is(err, store.ErrUsed) {
 			s.refuse(w, d, deny(attest.ReasonSessionReused, "this session was already answered"))
 		} else {
 			s.refuse(w, d, err)
@@ -258,7 +283,12 @@ func randomID() (string, error) {
 // summarize describes claims in one line for records and logs (no
 // secrets: claims hold none).
 func summarize(c *attest.Claims) string {
-	if c.TPM == nil {
+	switch {
+	case c.GCP != nil:
+		return fmt.Sprintf("gcp project=%s zone=%s instance=%s (%s)", c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID)
+	case c.AWS != nil:
+		return fmt.Sprintf("aws account=%s region=%s instance=%s live=%v", c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked)
+	case c.TPM == nil:
 		return string(c.Kind) + " " + c.Identity
 	}
 	b := c.TPM.Boot

@@ -22,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/seal"
@@ -74,6 +75,10 @@ type Options struct {
 	TPM *tpm.Verifier
 	// GCP verifies GCP instance identity tokens; nil refuses them.
 	GCP *gcp.Verifier
+	// AWS verifies EC2 instance identity documents; nil refuses them. An
+	// instance enrols once per document window (aws.OnceKey, written with
+	// the record).
+	AWS *aws.Verifier
 	// Bootstrap, when set (cluster mode), gives each attested node its own
 	// short-lived Kubernetes bootstrap token: Issue runs before the record
 	// is written and sets Record.BootstrapTokenID.

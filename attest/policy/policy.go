@@ -195,7 +195,17 @@ type AWSPolicy struct {
 	// RequireLiveCheck refuses documents the EC2 API did not confirm (the
 	// instance running, in the expected VPC and tags).
 	RequireLiveCheck bool `yaml:"requireLiveCheck"`
+	// NodeName is the node name an attested instance gets:
+	// "privateDNSName" (the default, what EC2 and the AWS cloud provider
+	// name nodes) or "instanceID". Never the name the machine asks for.
+	NodeName string `yaml:"nodeName"`
 }
+
+// AWS node name choices.
+const (
+	AWSNodeNamePrivateDNS = "privateDNSName"
+	AWSNodeNameInstanceID = "instanceID"
+)
 
 // Duration is a time.Duration written as "10m", "1h".
 type Duration struct{ time.Duration }
@@ -320,6 +330,11 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	case "", "public", "none", "all":
 	default:
 		return fmt.Errorf("serve.insecurePort %q is not public, none or all", pool.Serve.InsecurePort)
+	}
+	switch pool.AWS.NodeName {
+	case "", AWSNodeNamePrivateDNS, AWSNodeNameInstanceID:
+	default:
+		return fmt.Errorf("aws.nodeName %q is not %s or %s", pool.AWS.NodeName, AWSNodeNamePrivateDNS, AWSNodeNameInstanceID)
 	}
 	switch pool.Serve.NodeNames {
 	case "", "evidence", "requested":

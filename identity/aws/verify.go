@@ -264,6 +264,15 @@ func OnceKey(c *attest.AWSClaims) string {
 	return "aws-instance/" + c.AccountID + "/" + c.InstanceID
 }
 
+// AcceptedUntil is when documents of this instance start being refused as
+// too old (pendingTime + MaxDocumentAge): how long the OnceKey marker must
+// live. After that the document itself is refused, so the marker has
+// nothing left to guard, and a stopped and started instance (a new
+// pendingTime) can enrol again.
+func (v *Verifier) AcceptedUntil(c *attest.AWSClaims) time.Time {
+	return c.PendingTime.Add(v.maxAge)
+}
+
 // PrivateDNSName returns the private DNS name EC2 gives an instance by IP
 // name: ip-10-0-1-2.ec2.internal in us-east-1 and
 // ip-10-0-1-2.<region>.compute.internal elsewhere. It is empty for an

@@ -13,6 +13,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 )
@@ -27,7 +29,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows)")
-	evidence := fs.String("evidence", "tpm", "tpm, or gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address)")
+	evidence := fs.String("evidence", "tpm", "tpm; gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
@@ -68,6 +70,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		ev = agent.TPMEvidence{Collector: coll}
 	case "gcp":
 		ev = agent.GCPEvidence{}
+	case "aws":
+		ev = agent.AWSEvidence{IMDS: imds.New(imds.Options{Endpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")})}
 	default:
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2

@@ -53,23 +53,33 @@ type clusterSource struct {
 	userData *userdata.Syncer // nil: the user-data Secrets are not managed
 }
 
-// newClusterSource connects to the API server named by --kubeconfig, or
-// the in-cluster service account when --kubeconfig is empty (as the
-// OpenShift MCS does).
-func (c ServeConfig) newClusterSource() (*clusterSource, error) {
+// restConfig is the API server connection: --kubeconfig, or the
+// in-cluster service account when it is empty (as the OpenShift MCS does).
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
 	)
-	if c.Kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		cfg, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("serve: cluster mode: API server config: %w", err)
+		return nil, fmt.Errorf("API server config: %w", err)
 	}
-	cfg.UserAgent = "nodeproof-serve"
+	cfg.UserAgent = "nodeproof"
+	return cfg, nil
+}
+
+// newClusterSource connects to the API server named by --kubeconfig, or
+// the in-cluster service account when --kubeconfig is empty (as the
+// OpenShift MCS does).
+func (c ServeConfig) newClusterSource() (*clusterSource, error) {
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
 	// controller-runtime's informers log through its package logger, which
 	// must be set once per process (it warns with a stack trace if not).
 	ctrllog.SetLogger(logr.FromSlogHandler(c.Log.Handler()).WithName("informers"))

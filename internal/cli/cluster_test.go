@@ -105,7 +105,7 @@ func servedKubeconfig(t *testing.T, cached []byte) *rest.Config {
 // as system:bootstrap:<id> in the pool's group; the token tier carries the
 // shared node-bootstrapper kubeconfig, as the OpenShift MCS serves.
 func TestServeClusterMode(t *testing.T) {
-	cfg := clustertest.Start(t)
+	cfg := clustertest.Start(t, "../../deploy/crds")
 	ctx := context.Background()
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
@@ -133,8 +133,10 @@ func TestServeClusterMode(t *testing.T) {
 	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: userdata.DefaultNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
+		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The user-data Secrets name the server's URL, so its port is chosen
 	// before it starts.
@@ -169,6 +171,7 @@ func TestServeClusterMode(t *testing.T) {
 	case a := <-ready:
 		s.url = "https://" + a.String()
 	case err := <-done:
+		done <- err // for the cleanup
 		t.Fatalf("serve failed: %v\n%s", err, s.log)
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not start")

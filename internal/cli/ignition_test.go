@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -32,6 +34,7 @@ type server struct {
 	man           *swtpm.Manufacturer
 	log           *testenv.LockedBuffer
 	gce           *gcptest.Server // the GCE metadata server machines ask
+	awsRegion     *awstest.Region // the test region whose certificate the server trusts
 }
 
 const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1
@@ -41,7 +44,7 @@ trust:
   - {name: swtpm-localca, dir: %s}
 pools:
   worker:
-    evidence: [tpm, gcp]
+    evidence: [tpm, gcp, aws]
     tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
     gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
     serve: {nodeNames: requested}
@@ -67,6 +70,14 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if s.awsRegion, err = awstest.NewRegion("us-east-1"); err != nil {
+		t.Fatal(err)
+	}
+	awsCerts := filepath.Join(dir, "aws-certs")
+	os.Mkdir(awsCerts, 0o700)
+	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.awsRegion.Cert.Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	policyFile := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
 		t.Fatal(err)
@@ -84,6 +95,7 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 			GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
+			AWSCertsDir: awsCerts, AWSMaxDocumentAge: time.Hour,
 			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
 			Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
 		})
@@ -98,6 +110,7 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 	case a := <-ready:
 		s.url = "https://" + a[0].String()
 	case err := <-done:
+		done <- err // for the cleanup
 		t.Fatalf("serve failed: %v\n%s", err, s.log)
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve did not start")
@@ -328,6 +341,53 @@ func TestIgnitionWithGCPIdentity(t *testing.T) {
 	var refused *agent.Refused
 	if !errors.As(err, &refused) || refused.Refusal.Reason != attest.ReasonPolicyProject {
 		t.Fatalf("another project: %v", err)
+	}
+}
+
+// TestIgnitionWithAWSIdentity: an EC2 instance attests with its identity
+// document (IMDSv2), Ignition fetches the full config, and the same
+// instance cannot enrol a second time (trust on first use).
+func TestIgnitionWithAWSIdentity(t *testing.T) {
+	s := startServer(t, nil)
+	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := s.awsRegion.Files(awstest.NewDocument("us-east-1", time.Now().Add(-5*time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	imds := awstest.NewIMDS(files)
+	defer imds.Close()
+	c, err := agent.NewClient(s.url, bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubelet, err := agent.KubeletKey(filepath.Join(t.TempDir(), "kubelet.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev := agent.AWSEvidence{IMDS: imds.Client()}
+	vr, err := ev.Attest(context.Background(), c, "worker", "asked-for-name", kubelet)
+	if err != nil {
+		t.Fatalf("attest: %v\n%s", err, s.log)
+	}
+	if vr.NodeName != "ip-10-0-1-2.ec2.internal" {
+		t.Fatalf("node name %q, want the instance's private DNS name", vr.NodeName)
+	}
+	tokFile := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(tokFile, []byte(vr.ConfigToken), 0o600)
+	cached, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "worker", "--token-file", tokFile))
+	if err != nil {
+		t.Fatalf("ignition: %v\n%s", err, out)
+	}
+	sameFiles(t, cachedFiles(t, cached), expectedFiles(t, "worker", render.TierFull, bundle))
+
+	// The document again (a stolen copy, or the same machine): refused.
+	_, err = ev.Attest(context.Background(), c, "worker", "", kubelet)
+	var refused *agent.Refused
+	if !errors.As(err, &refused) || refused.Refusal.Reason != attest.ReasonInstanceEnrolled {
+		t.Fatalf("second enrolment: %v", err)
 	}
 }
 

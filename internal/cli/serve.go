@@ -26,7 +26,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
-	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/store"
 )
 
 // ServeConfig is everything `nodeproof serve` needs; flags fill it.
@@ -65,6 +65,19 @@ type ServeConfig struct {
 	// signing keys are fetched.
 	GCPAudienceURL string
 	GCPJWKSURL     string
+	// AWS evidence: the per-region certificates (empty: the ones shipped),
+	// the document age window, and the optional EC2 live check.
+	AWSCertsDir       string
+	AWSMaxDocumentAge time.Duration
+	AWSLiveRegion     string
+	AWSEC2Endpoint    string
+	AWSLiveVPCs       []string
+	AWSLiveTags       map[string]string
+	// Store is "embedded" (bbolt in StateDir; the directory mode's
+	// default) or "kubernetes" (CRDs in StoreNamespace; the cluster
+	// mode's default, which lets replicas share state).
+	Store          string
+	StoreNamespace string
 	Hosts          []string
 	Listen         string // address to bind, default all
 	TokenTTL       time.Duration
@@ -106,12 +119,26 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	roles := fs.String("user-data-roles", "master=master,worker=worker", "cluster mode: role=pool pairs of the user-data Secrets")
 	fs.StringVar(&c.GCPAudienceURL, "gcp-audience-url", "", "GCP evidence: the URL that starts identity tokens' audience (default https://<first --hosts name>:<secure port>)")
 	fs.StringVar(&c.GCPJWKSURL, "gcp-jwks-url", gcp.GoogleJWKSURL, "GCP evidence: Google's signing keys (JWKS)")
+	fs.StringVar(&c.AWSCertsDir, "aws-certs-dir", "", "AWS evidence: directory of <region>.pem certificates (default: AWS's published RSA-2048 certificates, shipped in identity/aws/certs)")
+	fs.DurationVar(&c.AWSMaxDocumentAge, "aws-max-document-age", time.Hour, "AWS evidence: accept an identity document this long after the instance started (its pendingTime); the replay window")
+	fs.StringVar(&c.AWSLiveRegion, "aws-live-check-region", "", "AWS evidence: confirm instances with EC2 DescribeInstances in this region (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN); empty: no live check")
+	fs.StringVar(&c.AWSEC2Endpoint, "aws-ec2-endpoint", "", "AWS live check: EC2 endpoint URL (default: the region's)")
+	vpcs := fs.String("aws-live-check-vpcs", "", "AWS live check: comma-separated VPC IDs instances must be in")
+	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
+	fs.StringVar(&c.Store, "store", "", "embedded (bbolt in --state-dir) or kubernetes (CRDs; the default in cluster mode)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace of NodeAttestation records")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
 	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
 	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
 	return func() {
+		c.AWSLiveVPCs = splitList(*vpcs)
+		c.AWSLiveTags = map[string]string{}
+		for _, kv := range splitList(*tags) {
+			k, v, _ := strings.Cut(kv, "=")
+			c.AWSLiveTags[k] = v
+		}
 		c.UserDataRoles = map[string]string{}
 		for _, kv := range splitList(*roles) {
 			role, pool, _ := strings.Cut(kv, "=")
@@ -157,7 +184,11 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	st, err := boltstore.Open(filepath.Join(c.StateDir, "state.db"), 10*time.Second, c.Clock)
+	awsVerifier, err := c.awsVerifier(pol)
+	if err != nil {
+		return err
+	}
+	st, err := c.openStore(clusterMode)
 	if err != nil {
 		return err
 	}
@@ -195,7 +226,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	srv, err := mcs.New(mcs.Options{
-		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier,
+		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier, AWS: awsVerifier,
 		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
 	})
 	if err != nil {
@@ -266,7 +297,7 @@ func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
 
 // maintain renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, st *boltstore.Store, keys *seal.Keyring, prov *tokens.Provisioning, r *certs.Reloader) {
+func (c ServeConfig) maintain(ctx context.Context, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, r *certs.Reloader) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()

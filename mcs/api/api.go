@@ -9,6 +9,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 )
 
@@ -39,6 +40,7 @@ type ChallengeRequest struct {
 	NodeName string                `json:"nodeName,omitempty"`
 	TPM      *tpm.ChallengeRequest `json:"tpm,omitempty"`
 	GCP      *gcp.ChallengeRequest `json:"gcp,omitempty"`
+	AWS      *aws.ChallengeRequest `json:"aws,omitempty"`
 }
 
 // ChallengeResponse carries the sealed session and the kind's challenge.
@@ -49,6 +51,8 @@ type ChallengeResponse struct {
 	TPM     *tpm.Challenge `json:"tpm,omitempty"`
 	// GCP carries the audience the node's identity token must name.
 	GCP *gcp.Challenge `json:"gcp,omitempty"`
+	// AWS is empty: the identity document carries no nonce.
+	AWS *aws.Challenge `json:"aws,omitempty"`
 }
 
 // VerifyRequest answers a challenge.
@@ -56,6 +60,7 @@ type VerifyRequest struct {
 	Session string        `json:"session"`
 	TPM     *tpm.Evidence `json:"tpm,omitempty"`
 	GCP     *gcp.Evidence `json:"gcp,omitempty"`
+	AWS     *aws.Evidence `json:"aws,omitempty"`
 }
 
 // VerifyResponse carries the config token: present it as

@@ -37,9 +37,11 @@ import (
 
 // Start runs etcd and kube-apiserver with bootstrap token authentication
 // and the MachineConfig, MachineConfigPool and ControllerConfig CRDs, and
-// returns an admin (system:masters) config. Everything stops when the test
-// ends. A missing binary fails the test: run `make tools`.
-func Start(t testing.TB) *rest.Config {
+// returns an admin (system:masters) config; more CRDs (files or
+// directories, e.g. deploy/crds) are installed from crdDirs. Everything
+// stops when the test ends. A missing binary fails the test: run `make
+// tools`.
+func Start(t testing.TB, crdDirs ...string) *rest.Config {
 	t.Helper()
 	// controller-runtime's informers log through its package logger, which
 	// warns with a stack trace when it was never set.
@@ -63,7 +65,7 @@ func Start(t testing.TB) *rest.Config {
 			APIServer: api,
 			Etcd:      &envtest.Etcd{Path: filepath.Join(assets, "etcd"), DataDir: etcdDir, Out: out, Err: out},
 		},
-		CRDDirectoryPaths:        []string{kubetest.OpenShiftCRDs(t)},
+		CRDDirectoryPaths:        append([]string{kubetest.OpenShiftCRDs(t)}, crdDirs...),
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: kubetest.StartTimeout,
 		ControlPlaneStopTimeout:  30 * time.Second,
