@@ -27,6 +27,8 @@ const usage = `usage: nodeproof <command> [flags]
 
 commands:
   serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
+  approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
+  enroll     --reset KEY: clear a single-use marker (re-enrol a reinstalled cloud instance)
   ca         create or renew the MCS CA and serving certificate in a state directory
   pointer    write an Ignition pointer config for a pool
   token      show or rotate the provisioning token (the token tier)
@@ -47,6 +49,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "serve", "bootstrap", "start":
 		err = cmdServe(ctx, args[1:], stderr)
+	case "approve":
+		err = cmdApprove(ctx, args[1:], stderr)
+	case "enroll":
+		err = cmdEnroll(ctx, args[1:], stdout, stderr)
 	case "ca":
 		err = cmdCA(args[1:], stdout, stderr)
 	case "pointer":

@@ -69,6 +69,9 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("API server config: %w", err)
 	}
 	cfg.UserAgent = "nodeproof"
+	// client-go's defaults (5 per second, bursts of 10) would hold a
+	// scale-up of hundreds of machines to a few attestations a second.
+	cfg.QPS, cfg.Burst = 50, 100
 	return cfg, nil
 }
 

@@ -54,6 +54,25 @@ func adminKubeconfig(t *testing.T, cfg *rest.Config) string {
 	return f
 }
 
+// saKubeconfig writes a kubeconfig that acts as the service account
+// namespace/name (admin credentials impersonating it), so RBAC applies as
+// to that service account.
+func saKubeconfig(t *testing.T, cfg *rest.Config, namespace, name string) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken,
+		Impersonate:       "system:serviceaccount:" + namespace + ":" + name,
+		ImpersonateGroups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
+	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "sa"}
+	kc.CurrentContext = "sa"
+	f := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // nodeBootstrapperSecret makes the node-bootstrapper service account the
 // OpenShift MCS mounts, and writes its token and the API server's CA where
 // the secret would be mounted.

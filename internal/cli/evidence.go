@@ -67,6 +67,12 @@ func ec2Client(region, endpoint string) *ec2.Client {
 // directory) or kubernetes (CRDs, through the cluster mode's API server
 // connection, or the in-cluster/kubeconfig one).
 func (c ServeConfig) openStore(clusterMode bool) (store.Store, error) {
+	return c.openStoreTimeout(clusterMode, 10*time.Second)
+}
+
+// openStoreTimeout is openStore waiting at most lock for the embedded
+// store's file lock.
+func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (store.Store, error) {
 	kind := c.Store
 	if kind == "" {
 		kind = "embedded"
@@ -76,7 +82,7 @@ func (c ServeConfig) openStore(clusterMode bool) (store.Store, error) {
 	}
 	switch kind {
 	case "embedded":
-		return boltstore.Open(filepath.Join(c.StateDir, "state.db"), 10*time.Second, c.Clock)
+		return boltstore.Open(filepath.Join(c.StateDir, "state.db"), lock, c.Clock)
 	case "kubernetes":
 		ns := c.StoreNamespace
 		if ns == "" {

@@ -1,0 +1,190 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/store/kubestore"
+)
+
+// ApproveConfig is everything `nodeproof approve` needs; flags fill it.
+type ApproveConfig struct {
+	Kubeconfig     string // empty: in-cluster
+	StoreNamespace string
+	// LeaderElect runs the approver only while this replica holds the
+	// Lease LeaseNamespace/nodeproof-approver.
+	LeaderElect    bool
+	LeaseNamespace string
+	Identity       string
+	MetricsAddr    string // serves /metrics and /healthz; empty: off
+	DenyUnattested bool
+	Workers        int
+	PerNodeRate    float64
+	PerNodeBurst   int
+	// QPS and Burst bound the approver's API calls (client-go's defaults,
+	// 5 and 10, would hold a scale-up of hundreds of nodes to a few CSRs a
+	// second: a decision takes three or four calls).
+	QPS   float64
+	Burst int
+	Clock func() time.Time
+	Log   *slog.Logger
+	// Ready, if set, is called with the metrics address once it listens.
+	Ready func(metrics net.Addr)
+}
+
+func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig (default: the in-cluster service account)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "namespace of the NodeAttestation records")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
+	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")
+	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity (default: $POD_NAME, else the host name)")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "serve /metrics and /healthz here; empty: off")
+	fs.BoolVar(&c.DenyUnattested, "deny-unattested", false, "deny kubelet CSRs without evidence instead of leaving them for another approver")
+	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
+	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for CSRs naming one node")
+	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-node limit")
+	fs.Float64Var(&c.QPS, "kube-api-qps", 50, "API calls per second")
+	fs.IntVar(&c.Burst, "kube-api-burst", 100, "API call burst")
+}
+
+func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
+	var c ApproveConfig
+	fs := newFlagSet("approve", stderr)
+	approveFlags(fs, &c)
+	logFormat := fs.String("log-format", "json", "json or text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	if *logFormat == "text" {
+		h = slog.NewTextHandler(stderr, nil)
+	}
+	c.Log, c.Clock = slog.New(h), time.Now
+	return Approve(ctx, c)
+}
+
+// Approve runs the CSR approver until ctx ends (or, under leader
+// election, until the Lease is lost: approver.ErrLostLease, and the
+// process should exit so a replica with fresh caches takes over).
+func Approve(ctx context.Context, c ApproveConfig) error {
+	if c.Clock == nil || c.Log == nil {
+		return errors.New("approve: Clock and Log are required")
+	}
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	cfg.UserAgent = "nodeproof-approver"
+	if c.QPS > 0 {
+		cfg.QPS, cfg.Burst = float32(c.QPS), c.Burst
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	cl, err := kubestore.NewClient(cfg)
+	if err != nil {
+		return err
+	}
+	st, err := kubestore.New(cl, orDefault(c.StoreNamespace, "nodeproof"), c.Clock)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := approver.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	ctl, err := approver.New(approver.Options{
+		Client: kc, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
+		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
+		Metrics: metrics, Clock: c.Clock, Log: c.Log,
+	})
+	if err != nil {
+		return err
+	}
+
+	if c.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", c.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("approve: metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		if c.Ready != nil {
+			c.Ready(ln.Addr())
+		}
+	}
+
+	if !c.LeaderElect {
+		c.Log.Info("approver starting without leader election")
+		return ctl.Run(ctx)
+	}
+	id := c.Identity
+	if id == "" {
+		if id = os.Getenv("POD_NAME"); id == "" {
+			if id, err = os.Hostname(); err != nil {
+				return err
+			}
+		}
+	}
+	var runErr error
+	err = approver.RunLeader(ctx, approver.LeaderOptions{
+		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Identity: id,
+		OnNewLeader: func(leader string) { c.Log.Info("approver leader", "leader", leader, "me", leader == id) },
+	}, func(lctx context.Context) { runErr = ctl.Run(lctx) })
+	return errors.Join(err, runErr)
+}
+
+// cmdEnroll clears a single-use marker, so that an instance enrolled once
+// (AWS: aws-instance/<account>/<instance id>) may attest again after a
+// reinstall. The embedded store cannot be opened while the server runs
+// (bbolt locks its file): stop the server, or use the kubernetes store.
+func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("enroll", stderr)
+	reset := fs.String("reset", "", "the marker to clear, e.g. aws-instance/123456789012/i-0123456789abcdef0 (the server's refusal names it)")
+	var c ServeConfig
+	fs.StringVar(&c.Store, "store", "embedded", "embedded or kubernetes")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "embedded store: the server's state directory")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes store: kubeconfig (default: in-cluster)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *reset == "" {
+		return errors.New("enroll: --reset KEY is required")
+	}
+	c.Clock = time.Now
+	st, err := c.openStoreTimeout(c.Store == "kubernetes", time.Second)
+	if err != nil {
+		return fmt.Errorf("enroll: open the store (with the embedded store, stop the server first): %w", err)
+	}
+	defer st.Close()
+	if err := st.ReleaseOnce(ctx, *reset); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "cleared %s: the instance may attest once more\n", *reset)
+	return nil
+}
