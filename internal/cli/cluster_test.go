@@ -19,13 +19,11 @@ import (
 	"time"
 
 	"github.com/vincent-petithory/dataurl"
-	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
@@ -38,65 +36,6 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 )
-
-// adminKubeconfig writes cfg (envtest's admin user) as a kubeconfig file.
-func adminKubeconfig(t *testing.T, cfg *rest.Config) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["admin"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	kc.CurrentContext = "admin"
-	f := filepath.Join(t.TempDir(), "admin.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, f); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-// saKubeconfig writes a kubeconfig that acts as the service account
-// namespace/name (admin credentials impersonating it), so RBAC applies as
-// to that service account.
-func saKubeconfig(t *testing.T, cfg *rest.Config, namespace, name string) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken,
-		Impersonate:       "system:serviceaccount:" + namespace + ":" + name,
-		ImpersonateGroups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
-	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "sa"}
-	kc.CurrentContext = "sa"
-	f := filepath.Join(t.TempDir(), name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, f); err != nil {
-		t.Fatal(err)
-	}
-	return f
-}
-
-// nodeBootstrapperSecret makes the node-bootstrapper service account the
-// OpenShift MCS mounts, and writes its token and the API server's CA where
-// the secret would be mounted.
-func nodeBootstrapperSecret(t *testing.T, ctx context.Context, cfg *rest.Config, kc kubernetes.Interface) string {
-	t.Helper()
-	ns := cluster.MCONamespace
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "node-bootstrapper"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "node-bootstrapper", &authnv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for name, b := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": cfg.CAData} {
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // servedKubeconfig is the rest.Config of the kubeconfig in an Ignition
 // config Ignition cached.
@@ -134,7 +73,7 @@ func TestServeClusterMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokenDir := nodeBootstrapperSecret(t, ctx, cfg, kc)
+	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
 
 	dir := t.TempDir()
 	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer)}
@@ -171,7 +110,7 @@ func TestServeClusterMode(t *testing.T) {
 	go func() {
 		done <- Serve(sctx, ServeConfig{
 			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
-			Kubeconfig: adminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
+			Kubeconfig: clustertest.AdminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy:        policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},

@@ -90,12 +90,12 @@ func TestReplicasAndApprover(t *testing.T) {
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	tokenDir := nodeBootstrapperSecret(t, ctx, cfg, kc)
+	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
 	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
 		kubetest.ApplyYAML(t, c, f)
 	}
-	kubeconfig := adminKubeconfig(t, cfg)
+	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
 
 	// What replicas share: keys, tokens, certificate (Secrets in a cluster).
 	dir := t.TempDir()
@@ -160,7 +160,7 @@ func TestReplicasAndApprover(t *testing.T) {
 	adone := make(chan error, 1)
 	go func() {
 		adone <- Approve(actx, ApproveConfig{
-			Kubeconfig: saKubeconfig(t, cfg, "nodeproof", "nodeproof-approver"), StoreNamespace: "nodeproof",
+			Kubeconfig: clustertest.ServiceAccountKubeconfig(t, cfg, "nodeproof", "nodeproof-approver"), StoreNamespace: "nodeproof",
 			LeaderElect: true, LeaseNamespace: "nodeproof", Identity: "approver-0",
 			QPS: 50, Burst: 100, Clock: time.Now, Log: slog.New(slog.NewJSONHandler(logs, nil)).With("component", "approver"),
 		})

@@ -23,9 +23,12 @@ import (
 	"github.com/go-logr/logr"
 	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
 	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -159,6 +162,65 @@ func (ex *Examples) Create(ctx context.Context, t testing.TB, c client.Client) {
 			t.Fatalf("clustertest: MachineConfigPool %s status: %v", p.Name, err)
 		}
 	}
+}
+
+// AdminKubeconfig writes cfg (envtest's admin user) as a kubeconfig file.
+func AdminKubeconfig(t testing.TB, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	kc.Contexts["admin"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "admin"
+	f := filepath.Join(t.TempDir(), "admin.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// ServiceAccountKubeconfig writes a kubeconfig that acts as the service account
+// namespace/name (admin credentials impersonating it), so RBAC applies as
+// to that service account.
+func ServiceAccountKubeconfig(t testing.TB, cfg *rest.Config, namespace, name string) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken,
+		Impersonate:       "system:serviceaccount:" + namespace + ":" + name,
+		ImpersonateGroups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
+	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "sa"}
+	kc.CurrentContext = "sa"
+	f := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, f); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// NodeBootstrapperSecret makes the node-bootstrapper service account the
+// OpenShift MCS mounts, and writes its token and the API server's CA where
+// the secret would be mounted.
+func NodeBootstrapperSecret(t testing.TB, ctx context.Context, cfg *rest.Config, kc kubernetes.Interface) string {
+	t.Helper()
+	ns := "openshift-machine-config-operator"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "node-bootstrapper"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "node-bootstrapper", &authnv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, b := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": cfg.CAData} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // WhoAmI asks the API server who cfg authenticates as (a

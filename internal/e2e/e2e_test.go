@@ -1,0 +1,469 @@
+// Package e2e runs the whole flow with real parts: a kube-apiserver and
+// etcd, `nodeproof serve` and `nodeproof approve` running as processes
+// from their built binaries, swtpm machines with vendor-CA EK
+// certificates, the real Ignition binary, the nodeproof-agent binary, and
+// the loopback GCE and AWS metadata services.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vincent-petithory/dataurl"
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/client-go/util/keyutil"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/render"
+)
+
+const policy = `apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust:
+  ekRoots:
+  - {name: swtpm-localca, dir: %s}
+pools:
+  worker:
+    evidence: [tpm, gcp, aws]
+    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
+    gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
+    aws: {accounts: ["123456789012"]}
+    serve: {nodeNames: requested}
+  master:
+    serve: {public: false}
+`
+
+// bins builds nodeproof and nodeproof-agent once for the package.
+func bins(t *testing.T) (nodeproof, agent string) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, b := range []string{"nodeproof", "nodeproof-agent"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(dir, b), "../../cmd/"+b).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build %s: %v\n%s", b, err, out)
+		}
+	}
+	return filepath.Join(dir, "nodeproof"), filepath.Join(dir, "nodeproof-agent")
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// process runs a binary until the test ends (SIGTERM, then wait).
+func process(t *testing.T, name string, out *testenv.LockedBuffer, bin string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil && t.Failed() {
+				t.Logf("%s exited: %v", name, err)
+			}
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("%s did not stop on SIGTERM", name)
+		}
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, out)
+		}
+	})
+}
+
+// world is the cluster, the server, the approver and the metadata services.
+type world struct {
+	cfg                  *rest.Config
+	kc                   kubernetes.Interface
+	nodeproof, agent     string
+	url, plainURL        string
+	stateDir, bundleFile string
+	man                  *swtpm.Manufacturer
+	gce                  *gcptest.Server
+	region               *awstest.Region
+	serverLog            *testenv.LockedBuffer
+}
+
+func start(t *testing.T) *world {
+	w := &world{serverLog: new(testenv.LockedBuffer)}
+	w.nodeproof, w.agent = bins(t)
+	w.cfg = clustertest.Start(t, "../../deploy/crds")
+	ctx := context.Background()
+	var err error
+	if w.kc, err = kubernetes.NewForConfig(w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(w.cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, w.cfg, w.kc)
+	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
+		kubetest.ApplyYAML(t, c, f)
+	}
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+
+	dir := t.TempDir()
+	if w.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
+		t.Fatal(err)
+	}
+	roots, err := w.man.RootsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	policyFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, fmt.Appendf(nil, policy, roots), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.gce = gcptest.NewServer(t, time.Now)
+	if w.region, err = awstest.NewRegion("us-east-1"); err != nil {
+		t.Fatal(err)
+	}
+	awsCerts := filepath.Join(dir, "aws-certs")
+	os.Mkdir(awsCerts, 0o700)
+	os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.region.Cert.Raw}), 0o600)
+
+	w.stateDir = filepath.Join(dir, "state")
+	secure, plain := freePort(t), freePort(t)
+	w.url, w.plainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
+	process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
+		"--kubeconfig", clustertest.AdminKubeconfig(t, w.cfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,
+		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
+		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
+		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts)
+	process(t, "nodeproof approve", new(testenv.LockedBuffer), w.nodeproof, "approve",
+		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, w.cfg, "nodeproof", "nodeproof-approver"),
+		"--leader-elect-id", "e2e", "--metrics-addr", "127.0.0.1:0")
+
+	// The server is up once the worker pool is served on the plain port.
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get(w.plainURL + "/config/worker")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server does not serve: %v\n%s", err, w.serverLog)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	w.bundleFile = filepath.Join(w.stateDir, "certs", "current", certs.CABundleFileName)
+	return w
+}
+
+// pointer runs `nodeproof pointer` for pool (no token: the public tier).
+func (w *world) pointer(t *testing.T, pool string, extra ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "pointer.ign")
+	args := append([]string{"pointer", "--state-dir", w.stateDir, "--url", w.url, "--pool", pool, "--http-total", "20s", "-o", out}, extra...)
+	if b, err := exec.Command(w.nodeproof, args...).CombinedOutput(); err != nil {
+		t.Fatalf("nodeproof pointer: %v\n%s", err, b)
+	}
+	return out
+}
+
+// runAgent runs the agent binary; it returns its console output and exit code.
+func (w *world) runAgent(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	args = append([]string{"--server", w.url, "--ca-bundle", w.bundleFile, "--timeout", "60s"}, args...)
+	cmd := exec.Command(w.agent, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return string(out), 0
+	case errors.As(err, &ee):
+		return string(out), ee.ExitCode()
+	}
+	t.Fatalf("agent: %v", err)
+	return "", -1
+}
+
+// files maps the paths of an Ignition config to their sources.
+func files(t *testing.T, cfg []byte) map[string]string {
+	t.Helper()
+	var c struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source *string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, f := range c.Storage.Files {
+		if f.Contents.Source != nil {
+			m[f.Path] = *f.Contents.Source
+		} else {
+			m[f.Path] = ""
+		}
+	}
+	return m
+}
+
+// kubeletCSR submits the kubelet's client CSR for node, with the key the
+// agent made and the kubeconfig the full config carried, as the kubelet's
+// bootstrap does, and waits for the decision.
+func (w *world) kubeletCSR(t *testing.T, kubeconfig []byte, keyFile, node string) certv1.CertificateSigningRequestCondition {
+	t.Helper()
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		t.Fatalf("served kubeconfig: %v", err)
+	}
+	ctx := context.Background()
+	if _, err := clustertest.WaitWhoAmI(ctx, rc, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	k, err := keyutil.PrivateKeyFromFile(keyFile)
+	if err != nil {
+		t.Fatalf("kubelet key: %v", err)
+	}
+	key := k.(crypto.Signer)
+	nkc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := cert.MakeCSR(key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + node}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, _, err := csr.RequestCertificate(nkc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
+		[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := w.kc.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.Conditions) > 0 {
+			return got.Status.Conditions[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CSR %s for %s undecided", name, node)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func decode(t *testing.T, src string) []byte {
+	t.Helper()
+	du, err := dataurl.DecodeString(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return du.Data
+}
+
+// machine is a swtpm machine booted with a firmware log, its TPM free for
+// the agent binary (tcp:) and the log in a file.
+func (w *world) machine(t *testing.T, logName string) (tpmArg, logFile string) {
+	t.Helper()
+	log := firmwaretestdata.MustLog(logName)
+	// Not t.TempDir(): swtpm takes its state directory inside a
+	// comma-separated option, and subtest names hold commas.
+	dir, err := os.MkdirTemp("", "np-machine-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	m, err := w.man.NewMachine(context.Background(), dir, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Collector.Close() // the agent binary opens the TPM itself
+	m.Collector = nil
+	t.Cleanup(func() { m.Close() })
+	logFile = filepath.Join(dir, "event.log")
+	if err := os.WriteFile(logFile, log, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return "tcp:" + m.TPM.Addr, logFile
+}
+
+func approved(t *testing.T, cond certv1.CertificateSigningRequestCondition, reason string) {
+	t.Helper()
+	if cond.Type != certv1.CertificateApproved || cond.Reason != reason {
+		t.Fatalf("CSR %s %s: %s", cond.Type, cond.Reason, cond.Message)
+	}
+}
+
+func TestEndToEnd(t *testing.T) {
+	w := start(t)
+
+	t.Run("Ignition without credentials gets the public tier only", func(t *testing.T) {
+		cached, out, err := testenv.IgnitionFetch(t, w.pointer(t, "worker"), "")
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, out)
+		}
+		got := files(t, cached)
+		for _, p := range render.ForbiddenPublicPaths() {
+			if _, ok := got[p]; ok {
+				t.Errorf("the public tier delivered %s", p)
+			}
+		}
+	})
+
+	t.Run("Ignition without credentials for a pool with no public tier is refused", func(t *testing.T) {
+		if _, out, err := testenv.IgnitionFetch(t, w.pointer(t, "master"), ""); err == nil {
+			t.Fatalf("Ignition fetched the master config without credentials:\n%s", out)
+		}
+	})
+
+	t.Run("mode 1: the agent in the initramfs, then Ignition fetches the full config", func(t *testing.T) {
+		tpmArg, logFile := w.machine(t, "rhel8-uefi")
+		sysDir, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "pki", "kubelet-client.key.tmp")
+		out, code := w.runAgent(t, nil, "--mode", "pointer", "--pool", "worker", "--node-name", "worker-tpm-1",
+			"--tpm", tpmArg, "--event-log", logFile, "--kubelet-key", keyFile, "--ignition-dir", sysDir)
+		if code != 0 {
+			t.Fatalf("agent exit %d:\n%s", code, out)
+		}
+		// Ignition boots with the platform's public pointer; the agent's
+		// user.ign in the system config directory takes precedence.
+		cached, iout, err := testenv.IgnitionFetch(t, w.pointer(t, "worker"), sysDir)
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, iout)
+		}
+		got := files(t, cached)
+		kubeconfig, ok := got[render.KubeconfigPath]
+		if !ok {
+			t.Fatalf("Ignition's cache has no %s: it did not get the full config", render.KubeconfigPath)
+		}
+		approved(t, w.kubeletCSR(t, decode(t, kubeconfig), keyFile, "worker-tpm-1"), "NodeproofAttestedTPM")
+	})
+
+	t.Run("mode 2: Ignition gets the public tier, the agent fetches the rest on first boot", func(t *testing.T) {
+		cached, iout, err := testenv.IgnitionFetch(t, w.pointer(t, "worker"), "")
+		if err != nil {
+			t.Fatalf("ignition: %v\n%s", err, iout)
+		}
+		for _, p := range render.ForbiddenPublicPaths() {
+			if _, ok := files(t, cached)[p]; ok {
+				t.Fatalf("the public tier delivered %s", p)
+			}
+		}
+		tpmArg, logFile := w.machine(t, "rhel8-uefi")
+		root, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
+		out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", "worker-tpm-2",
+			"--tpm", tpmArg, "--event-log", logFile, "--kubelet-key", keyFile, "--root", root)
+		if code != 0 {
+			t.Fatalf("agent exit %d:\n%s", code, out)
+		}
+		kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
+		if err != nil {
+			t.Fatalf("the agent did not write the kubeconfig: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(filepath.Join(root, render.EncapsulatedPath)); err != nil {
+			t.Errorf("no encapsulated MachineConfig for the first-boot daemon: %v", err)
+		}
+		approved(t, w.kubeletCSR(t, kubeconfig, keyFile, "worker-tpm-2"), "NodeproofAttestedTPM")
+	})
+
+	t.Run("GCP identity", func(t *testing.T) {
+		root, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
+		out, code := w.runAgent(t, []string{"GCE_METADATA_HOST=" + w.gce.Host()}, "--evidence", "gcp", "--mode", "fetch",
+			"--pool", "worker", "--kubelet-key", keyFile, "--root", root)
+		if code != 0 {
+			t.Fatalf("agent exit %d:\n%s", code, out)
+		}
+		kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		approved(t, w.kubeletCSR(t, kubeconfig, keyFile, w.gce.Instance().InstanceName), "NodeproofAttestedGCP")
+	})
+
+	t.Run("AWS identity", func(t *testing.T) {
+		f, err := w.region.Files(awstest.NewDocument("us-east-1", time.Now().Add(-2*time.Minute)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		imds := awstest.NewIMDS(f)
+		defer imds.Close()
+		root, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
+		out, code := w.runAgent(t, []string{"AWS_EC2_METADATA_SERVICE_ENDPOINT=" + imds.URL}, "--evidence", "aws", "--mode", "fetch",
+			"--pool", "worker", "--kubelet-key", keyFile, "--root", root)
+		if code != 0 {
+			t.Fatalf("agent exit %d:\n%s", code, out)
+		}
+		kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
+		if err != nil {
+			t.Fatal(err)
+		}
+		approved(t, w.kubeletCSR(t, kubeconfig, keyFile, "ip-10-0-1-2.ec2.internal"), "NodeproofAttestedAWS")
+	})
+
+	t.Run("Secure Boot off: the agent prints the server's reason and exits non-zero", func(t *testing.T) {
+		tpmArg, logFile := w.machine(t, "ubuntu-2104-no-secure-boot")
+		out, code := w.runAgent(t, nil, "--mode", "pointer", "--pool", "worker", "--node-name", "worker-insecure",
+			"--tpm", tpmArg, "--event-log", logFile, "--kubelet-key", filepath.Join(t.TempDir(), "k"), "--ignition-dir", t.TempDir())
+		if code != 3 || !strings.Contains(out, "REFUSED") || !strings.Contains(out, "SecureBootDisabled") {
+			t.Fatalf("exit %d, console:\n%s", code, out)
+		}
+		t.Logf("console:\n%s", out)
+	})
+
+	if bytes.Contains([]byte(w.serverLog.String()), []byte("np1.")) {
+		t.Error("a sealed token appears in the server log")
+	}
+}
