@@ -3,6 +3,7 @@ package kubetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"testing"
@@ -17,24 +18,31 @@ import (
 // in deploy/), failing the test on the first that the API server refuses.
 func ApplyYAML(t testing.TB, c client.Client, file string) {
 	t.Helper()
+	if err := ApplyFile(context.Background(), c, file); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ApplyFile is ApplyYAML for programs (the demo).
+func ApplyFile(ctx context.Context, c client.Client, file string) error {
 	f, err := os.Open(file)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer f.Close()
 	dec := utilyaml.NewYAMLOrJSONDecoder(f, 4096)
 	for {
 		var u unstructured.Unstructured
 		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
-			return
+			return nil
 		} else if err != nil {
-			t.Fatalf("%s: %v", file, err)
+			return fmt.Errorf("%s: %w", file, err)
 		}
 		if len(u.Object) == 0 {
 			continue
 		}
-		if err := c.Create(context.Background(), &u); err != nil {
-			t.Fatalf("%s: create %s %s: %v", file, u.GetKind(), u.GetName(), err)
+		if err := c.Create(ctx, &u); err != nil {
+			return fmt.Errorf("%s: create %s %s: %w", file, u.GetKind(), u.GetName(), err)
 		}
 	}
 }

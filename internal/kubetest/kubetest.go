@@ -138,26 +138,35 @@ var openshiftCRDs = []string{"machineconfigs", "machineconfigpools", "controller
 // (so the CRD schemas match the Go types the test uses). Pass it to Start.
 func OpenShiftCRDs(t testing.TB) string {
 	t.Helper()
+	dst := t.TempDir()
+	if err := CopyOpenShiftCRDs(dst); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// CopyOpenShiftCRDs is OpenShiftCRDs for programs (the demo): it copies the
+// CRDs into dst.
+func CopyOpenShiftCRDs(dst string) error {
 	modDir, err := openshiftAPIDir()
 	if err != nil {
-		t.Fatalf("kubetest: locating the %s module: %v", openshiftAPI, err)
+		return fmt.Errorf("kubetest: locating the %s module: %w", openshiftAPI, err)
 	}
 	src := filepath.Join(modDir, filepath.FromSlash(mcoCRDDir))
-	dst := t.TempDir()
 	for _, name := range openshiftCRDs {
 		file, err := pickCRD(src, name)
 		if err != nil {
-			t.Fatalf("kubetest: %v", err)
+			return fmt.Errorf("kubetest: %w", err)
 		}
 		data, err := os.ReadFile(file)
 		if err != nil {
-			t.Fatalf("kubetest: %v", err)
+			return fmt.Errorf("kubetest: %w", err)
 		}
 		if err := os.WriteFile(filepath.Join(dst, filepath.Base(file)), data, 0o644); err != nil {
-			t.Fatalf("kubetest: %v", err)
+			return fmt.Errorf("kubetest: %w", err)
 		}
 	}
-	return dst
+	return nil
 }
 
 // pickCRD finds the file for one resource: "<anything>_<plural>-Default.crd.yaml"

@@ -18,12 +18,16 @@ import (
 // forever otherwise; the run is cut at two minutes regardless.
 func IgnitionFetch(t testing.TB, pointerFile, systemDir string) (cached []byte, output string, err error) {
 	t.Helper()
-	bin := IgnitionBinary(t)
-	dir := t.TempDir()
+	return RunIgnitionFetch(IgnitionBinary(t), t.TempDir(), pointerFile, systemDir)
+}
+
+// RunIgnitionFetch is IgnitionFetch for programs (the demo): bin is the
+// Ignition binary, dir an empty working directory.
+func RunIgnitionFetch(bin, dir, pointerFile, systemDir string) (cached []byte, output string, err error) {
 	if systemDir == "" {
 		systemDir = filepath.Join(dir, "system")
 		if err := os.Mkdir(systemDir, 0o700); err != nil {
-			t.Fatal(err)
+			return nil, "", err
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -1,5 +1,5 @@
 // Package testenv locates the real parts that nodeproof's tests run against —
-// the Ignition client, kube-apiserver and etcd — which hack/tools.sh (`make
+// the Ignition client, kube-apiserver, kubectl and etcd — which hack/tools.sh (`make
 // tools`) builds from the Go module mirror and caches by version.
 //
 // A missing binary fails the test with a message that says what to run; it
@@ -7,6 +7,7 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -38,9 +39,18 @@ func Cache() string {
 // selinuxRelabel=false, so `-stage files -root DIR` works unprivileged).
 func IgnitionBinary(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(Cache(), "bin", "ignition-"+IgnitionVersion, "ignition")
-	mustExecutable(t, "ignition "+IgnitionVersion, p)
+	p, err := IgnitionPath()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return p
+}
+
+// IgnitionPath is IgnitionBinary for programs (the demo): an error that
+// says to run `make tools` instead of failing a test.
+func IgnitionPath() (string, error) {
+	p := filepath.Join(Cache(), "bin", "ignition-"+IgnitionVersion, "ignition")
+	return p, executable("ignition "+IgnitionVersion, p)
 }
 
 // KubebuilderAssets is the directory holding kube-apiserver and etcd, in the
@@ -48,19 +58,45 @@ func IgnitionBinary(t testing.TB) string {
 // KUBEBUILDER_ASSETS).
 func KubebuilderAssets(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(Cache(), "bin", "kubebuilder-assets-"+KubeVersion)
-	mustExecutable(t, "kube-apiserver "+KubeVersion, filepath.Join(dir, "kube-apiserver"))
-	mustExecutable(t, "etcd "+EtcdVersion, filepath.Join(dir, "etcd"))
+	dir, err := AssetsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return dir
+}
+
+// AssetsDir is KubebuilderAssets for programs (the demo).
+func AssetsDir() (string, error) {
+	dir := filepath.Join(Cache(), "bin", "kubebuilder-assets-"+KubeVersion)
+	if err := executable("kube-apiserver "+KubeVersion, filepath.Join(dir, "kube-apiserver")); err != nil {
+		return "", err
+	}
+	return dir, executable("etcd "+EtcdVersion, filepath.Join(dir, "etcd"))
+}
+
+// Kubectl is the path of kubectl, built from the same Kubernetes release as
+// kube-apiserver (deploy/'s `kubectl apply --dry-run=server -k` test).
+func Kubectl(t testing.TB) string {
+	t.Helper()
+	p := filepath.Join(Cache(), "bin", "kubectl-"+KubeVersion, "kubectl")
+	mustExecutable(t, "kubectl "+KubeVersion, p)
+	return p
 }
 
 func mustExecutable(t testing.TB, what, path string) {
 	t.Helper()
+	if err := executable(what, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func executable(what, path string) error {
 	fi, err := os.Stat(path) // follows the kubebuilder-assets symlinks
 	switch {
 	case err != nil:
-		t.Fatalf("%s is not built (%v): run `make tools` (hack/tools.sh) first", what, err)
+		return fmt.Errorf("%s is not built (%v): run `make tools` (hack/tools.sh) first", what, err)
 	case !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0:
-		t.Fatalf("%s at %s is not an executable file: delete it and run `make tools` (hack/tools.sh)", what, path)
+		return fmt.Errorf("%s at %s is not an executable file: delete it and run `make tools` (hack/tools.sh)", what, path)
 	}
+	return nil
 }

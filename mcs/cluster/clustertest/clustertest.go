@@ -12,6 +12,7 @@ package clustertest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -46,16 +47,49 @@ import (
 // tools`.
 func Start(t testing.TB, crdDirs ...string) *rest.Config {
 	t.Helper()
+	e, err := Launch(t.TempDir(), crdDirs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("clustertest: kube-apiserver %s at %s (bootstrap token auth), started in %s",
+		testenv.KubeVersion, e.Config.Host, e.Took.Round(time.Millisecond))
+	t.Cleanup(func() {
+		if err := e.Stop(); err != nil {
+			t.Errorf("clustertest: stopping envtest: %v", err)
+		}
+	})
+	return e.Config
+}
+
+// Env is a running control plane (Launch).
+type Env struct {
+	Config *rest.Config
+	// Took is how long it took to start.
+	Took time.Duration
+	env  *envtest.Environment
+}
+
+// Stop stops etcd and kube-apiserver.
+func (e *Env) Stop() error { return e.env.Stop() }
+
+// Launch is Start for programs (the demo): the control plane's files go
+// under dir, and the caller stops it.
+func Launch(dir string, crdDirs ...string) (*Env, error) {
 	// controller-runtime's informers log through its package logger, which
 	// warns with a stack trace when it was never set.
 	ctrllog.SetLogger(logr.Discard())
-	assets := testenv.KubebuilderAssets(t)
-	dir := t.TempDir()
-	etcdDir, certDir := filepath.Join(dir, "etcd"), filepath.Join(dir, "apiserver")
-	for _, d := range []string{etcdDir, certDir} {
+	assets, err := testenv.AssetsDir()
+	if err != nil {
+		return nil, err
+	}
+	etcdDir, certDir, crds := filepath.Join(dir, "etcd"), filepath.Join(dir, "apiserver"), filepath.Join(dir, "openshift-crds")
+	for _, d := range []string{etcdDir, certDir, crds} {
 		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatalf("clustertest: %v", err)
+			return nil, fmt.Errorf("clustertest: %w", err)
 		}
+	}
+	if err := kubetest.CopyOpenShiftCRDs(crds); err != nil {
+		return nil, err
 	}
 	out := new(tail)
 	api := &envtest.APIServer{Path: filepath.Join(assets, "kube-apiserver"), CertDir: certDir, Out: out, Err: out}
@@ -68,7 +102,7 @@ func Start(t testing.TB, crdDirs ...string) *rest.Config {
 			APIServer: api,
 			Etcd:      &envtest.Etcd{Path: filepath.Join(assets, "etcd"), DataDir: etcdDir, Out: out, Err: out},
 		},
-		CRDDirectoryPaths:        append([]string{kubetest.OpenShiftCRDs(t)}, crdDirs...),
+		CRDDirectoryPaths:        append([]string{crds}, crdDirs...),
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: kubetest.StartTimeout,
 		ControlPlaneStopTimeout:  30 * time.Second,
@@ -77,16 +111,9 @@ func Start(t testing.TB, crdDirs ...string) *rest.Config {
 	cfg, err := env.Start()
 	if err != nil {
 		_ = env.Stop()
-		t.Fatalf("clustertest: starting envtest: %v\n--- output (tail) ---\n%s", err, out)
+		return nil, fmt.Errorf("clustertest: starting envtest: %w\n--- output (tail) ---\n%s", err, out)
 	}
-	t.Logf("clustertest: kube-apiserver %s at %s (bootstrap token auth), started in %s",
-		testenv.KubeVersion, cfg.Host, time.Since(start).Round(time.Millisecond))
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("clustertest: stopping envtest: %v", err)
-		}
-	})
-	return cfg
+	return &Env{Config: cfg, Took: time.Since(start), env: env}, nil
 }
 
 // Examples are the objects of an MCO bootstrap directory, decoded.
@@ -100,11 +127,20 @@ type Examples struct {
 // (deploy/examples/bootstrap).
 func LoadExamples(t testing.TB, dir string) *Examples {
 	t.Helper()
+	ex, err := ReadExamples(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ex
+}
+
+// ReadExamples is LoadExamples for programs (the demo).
+func ReadExamples(dir string) (*Examples, error) {
 	ex := new(Examples)
-	each := func(sub string, fn func([]byte) error) {
+	each := func(sub string, fn func([]byte) error) error {
 		files, err := filepath.Glob(filepath.Join(dir, sub, "*.yaml"))
 		if err != nil || len(files) == 0 {
-			t.Fatalf("clustertest: no YAML in %s/%s: %v", dir, sub, err)
+			return fmt.Errorf("clustertest: no YAML in %s/%s: %v", dir, sub, err)
 		}
 		for _, f := range files {
 			b, err := os.ReadFile(f)
@@ -112,25 +148,26 @@ func LoadExamples(t testing.TB, dir string) *Examples {
 				err = fn(b)
 			}
 			if err != nil {
-				t.Fatalf("clustertest: %s: %v", f, err)
+				return fmt.Errorf("clustertest: %s: %w", f, err)
 			}
 		}
+		return nil
 	}
-	each("machine-pools", func(b []byte) error {
-		p := new(mcfgv1.MachineConfigPool)
-		ex.Pools = append(ex.Pools, p)
-		return yaml.Unmarshal(b, p)
-	})
-	each("machine-configs", func(b []byte) error {
-		c := new(mcfgv1.MachineConfig)
-		ex.Configs = append(ex.Configs, c)
-		return yaml.Unmarshal(b, c)
-	})
-	each("controller-config", func(b []byte) error {
-		ex.CC = new(mcfgv1.ControllerConfig)
-		return yaml.Unmarshal(b, ex.CC)
-	})
-	return ex
+	return ex, errors.Join(
+		each("machine-pools", func(b []byte) error {
+			p := new(mcfgv1.MachineConfigPool)
+			ex.Pools = append(ex.Pools, p)
+			return yaml.Unmarshal(b, p)
+		}),
+		each("machine-configs", func(b []byte) error {
+			c := new(mcfgv1.MachineConfig)
+			ex.Configs = append(ex.Configs, c)
+			return yaml.Unmarshal(b, c)
+		}),
+		each("controller-config", func(b []byte) error {
+			ex.CC = new(mcfgv1.ControllerConfig)
+			return yaml.Unmarshal(b, ex.CC)
+		}))
 }
 
 // Create creates the objects, as the MCO would have: MachineConfigs and
@@ -138,18 +175,25 @@ func LoadExamples(t testing.TB, dir string) *Examples {
 // status subresource.
 func (ex *Examples) Create(ctx context.Context, t testing.TB, c client.Client) {
 	t.Helper()
+	if err := ex.CreateAll(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CreateAll is Create for programs (the demo).
+func (ex *Examples) CreateAll(ctx context.Context, c client.Client) error {
 	for _, mc := range ex.Configs {
 		if err := c.Create(ctx, mc.DeepCopy()); err != nil {
-			t.Fatalf("clustertest: create MachineConfig %s: %v", mc.Name, err)
+			return fmt.Errorf("clustertest: create MachineConfig %s: %w", mc.Name, err)
 		}
 	}
 	if err := c.Create(ctx, ex.CC.DeepCopy()); err != nil {
-		t.Fatalf("clustertest: create ControllerConfig: %v", err)
+		return fmt.Errorf("clustertest: create ControllerConfig: %w", err)
 	}
 	for _, p := range ex.Pools {
 		obj := p.DeepCopy()
 		if err := c.Create(ctx, obj); err != nil {
-			t.Fatalf("clustertest: create MachineConfigPool %s: %v", p.Name, err)
+			return fmt.Errorf("clustertest: create MachineConfigPool %s: %w", p.Name, err)
 		}
 		obj.Status = p.Status
 		if obj.Status.Conditions == nil {
@@ -159,24 +203,37 @@ func (ex *Examples) Create(ctx context.Context, t testing.TB, c client.Client) {
 			obj.Status.CertExpirys = []mcfgv1.CertExpiry{}
 		}
 		if err := c.Status().Update(ctx, obj); err != nil {
-			t.Fatalf("clustertest: MachineConfigPool %s status: %v", p.Name, err)
+			return fmt.Errorf("clustertest: MachineConfigPool %s status: %w", p.Name, err)
 		}
 	}
+	return nil
 }
 
 // AdminKubeconfig writes cfg (envtest's admin user) as a kubeconfig file.
 func AdminKubeconfig(t testing.TB, cfg *rest.Config) string {
 	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["admin"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
-	kc.CurrentContext = "admin"
 	f := filepath.Join(t.TempDir(), "admin.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, f); err != nil {
+	if err := WriteKubeconfig(cfg, f, ""); err != nil {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// WriteKubeconfig writes cfg (envtest's admin user) as a kubeconfig file;
+// with a namespace/name in serviceAccount, the kubeconfig impersonates that
+// service account.
+func WriteKubeconfig(cfg *rest.Config, file, serviceAccount string) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	user := &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
+	if ns, name, ok := strings.Cut(serviceAccount, "/"); ok {
+		user.Impersonate = "system:serviceaccount:" + ns + ":" + name
+		user.ImpersonateGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	}
+	kc.AuthInfos["user"] = user
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "user"}
+	kc.CurrentContext = "envtest"
+	return clientcmd.WriteToFile(*kc, file)
 }
 
 // ServiceAccountKubeconfig writes a kubeconfig that acts as the service account
@@ -184,15 +241,8 @@ func AdminKubeconfig(t testing.TB, cfg *rest.Config) string {
 // to that service account.
 func ServiceAccountKubeconfig(t testing.TB, cfg *rest.Config, namespace, name string) string {
 	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["sa"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken,
-		Impersonate:       "system:serviceaccount:" + namespace + ":" + name,
-		ImpersonateGroups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}}
-	kc.Contexts["sa"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "sa"}
-	kc.CurrentContext = "sa"
 	f := filepath.Join(t.TempDir(), name+".kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, f); err != nil {
+	if err := WriteKubeconfig(cfg, f, namespace+"/"+name); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -203,24 +253,33 @@ func ServiceAccountKubeconfig(t testing.TB, cfg *rest.Config, namespace, name st
 // the secret would be mounted.
 func NodeBootstrapperSecret(t testing.TB, ctx context.Context, cfg *rest.Config, kc kubernetes.Interface) string {
 	t.Helper()
-	ns := "openshift-machine-config-operator"
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	dir := t.TempDir()
+	if err := MakeNodeBootstrapper(ctx, cfg, kc, dir); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+// MakeNodeBootstrapper is NodeBootstrapperSecret for programs (the demo):
+// the secret's files go into dir.
+func MakeNodeBootstrapper(ctx context.Context, cfg *rest.Config, kc kubernetes.Interface, dir string) error {
+	ns := "openshift-machine-config-operator"
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
 	if _, err := kc.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "node-bootstrapper"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "node-bootstrapper", &authnv1.TokenRequest{}, metav1.CreateOptions{})
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
-	dir := t.TempDir()
 	for name, b := range map[string][]byte{"token": []byte(tr.Status.Token), "ca.crt": cfg.CAData} {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
-			t.Fatal(err)
+			return err
 		}
 	}
-	return dir
+	return nil
 }
 
 // WhoAmI asks the API server who cfg authenticates as (a
