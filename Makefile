@@ -25,8 +25,8 @@ vet:
 test: deps tools vet ## everything: vet, gofmt, unit and integration tests on real parts
 	$(GO) test -count=1 -timeout 20m ./...
 
-demo: deps ## swtpm machines attest to the Machine Config Server; prints claims, tiers and refusals
-	@echo "(the first run compiles nodeproof; later runs take a few seconds)"
+demo: deps tools ## the whole flow: API server, server, approver, a swtpm machine attests, Ignition fetches, its kubelet CSR is approved
+	@echo "(the first run builds Ignition, kube-apiserver and etcd from source: about 6 minutes; later runs take seconds)"
 	$(GO) run ./cmd/nodeproof-demo
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run

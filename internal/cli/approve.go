@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -75,6 +76,9 @@ func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
 		h = slog.NewTextHandler(stderr, nil)
 	}
 	c.Log, c.Clock = slog.New(h), time.Now
+	// client-go's leader election logs through klog (process-wide): send
+	// it to the same structured log.
+	klog.SetSlogLogger(c.Log)
 	return Approve(ctx, c)
 }
 

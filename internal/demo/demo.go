@@ -1,11 +1,15 @@
 // Package demo is `make demo`. Part one: a machine with a software TPM
 // (swtpm, with an EK certificate from a local manufacturer CA) boots from a
 // real firmware event log, proves its identity and boot state to the
-// verifier, and policy decides. Part two (server.go): the Machine Config
-// Server runs on the example MachineConfigs; an unauthenticated fetch gets
-// only the public tier, an attested machine gets the full config, and a
-// machine that booted without Secure Boot is refused. Each step prints what
-// it did; refusals print their reason.
+// verifier, and policy decides. Part two (server.go): a real kube-apiserver
+// and etcd start with the example MachineConfigs and pools; `nodeproof
+// serve` (cluster mode) and `nodeproof approve` run; Ignition without
+// credentials gets only the public tier; a swtpm machine's agent attests
+// before Ignition, Ignition fetches the full config, and the kubelet's CSR
+// with the bound key is approved; a machine that booted without Secure
+// Boot is refused on its console. Each step prints what it did; refusals
+// print their reason. Everything it starts stops, and its files are
+// removed, when it ends.
 package demo
 
 import (

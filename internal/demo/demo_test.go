@@ -22,10 +22,13 @@ func TestDemo(t *testing.T) {
 		"ALLOWED: worker",
 		"REFUSED as expected: BootComponentNotAllowed",
 		"REFUSED as expected: QuoteBindingMismatch",
-		"got the PUBLIC tier",
+		"Ignition got the PUBLIC tier",
+		"verdict ALLOWED; NodeAttestation",
+		"Ignition got the FULL config",
 		"+ /etc/kubernetes/kubeconfig",
-		"the same token again: 403",
-		"REFUSED as expected: server refused (403 SecureBootDisabled)",
+		"Approved (NodeproofAttestedTPM)",
+		"REFUSED at attestation by the server (HTTP 403): SecureBootDisabled",
+		"REFUSED as expected: SecureBootDisabled",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())

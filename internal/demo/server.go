@@ -1,26 +1,47 @@
 package demo
 
 import (
+	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
+	"crypto"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
+	"github.com/vincent-petithory/dataurl"
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/client-go/util/keyutil"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/nodeproof/nodeproof/agent"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/cli"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/pointer"
+	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // Examples is where the example inputs are, relative to the module root.
@@ -38,144 +59,313 @@ pools:
     serve: {nodeNames: requested}
 `
 
-// ignitionAccept is what Ignition v2.24 sends.
-const ignitionAccept = "application/vnd.coreos.ignition+json;version=3.5.0, */*;q=0.1"
-
-// runServer is part two.
+// runServer is part two: a real API server, `nodeproof serve` in cluster
+// mode and `nodeproof approve`, a swtpm machine whose agent attests before
+// Ignition, Ignition's fetch, and the kubelet's CSR approved.
 func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots string, step, info func(string, ...any)) error {
 	examples := o.Examples
 	if examples == "" {
 		examples = Examples
 	}
+	deploy := filepath.Dir(examples)
+	ignition, err := testenv.IgnitionPath()
+	if err != nil {
+		return err
+	}
+
+	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
+	env, err := clustertest.Launch(mkdir(o.Dir, "control-plane"), filepath.Join(deploy, "crds"))
+	if err != nil {
+		return err
+	}
+	defer env.Stop()
+	cfg := env.Config
+	info("API server %s, up in %s; NodeAttestation CRDs, RBAC from %s, the example MachineConfigs and pools loaded",
+		cfg.Host, env.Took.Round(100*time.Millisecond), deploy)
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return err
+	}
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	tokenDir := mkdir(o.Dir, "node-bootstrapper")
+	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, kc, tokenDir); err != nil {
+		return err
+	}
+	for _, f := range []string{"approver/rbac.yaml", "store/rbac.yaml", "cluster/node-bootstrap-rbac.yaml"} {
+		if err := kubetest.ApplyFile(ctx, c, filepath.Join(deploy, f)); err != nil {
+			return err
+		}
+	}
+	ex, err := clustertest.ReadExamples(filepath.Join(examples, "bootstrap"))
+	if err != nil {
+		return err
+	}
+	if err := ex.CreateAll(ctx, c); err != nil {
+		return err
+	}
+	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
+	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
+		return err
+	}
+	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
+		return err
+	}
+
+	step("nodeproof serve (cluster mode) and nodeproof approve start")
+	klog.SetLogger(logr.Discard()) // client-go's leader election narrates through klog
 	state := filepath.Join(o.Dir, "server")
 	policyFile := filepath.Join(o.Dir, "policy.yaml")
 	if err := os.WriteFile(policyFile, fmt.Appendf(nil, serverPolicy, roots), 0o600); err != nil {
 		return err
 	}
-	step("The Machine Config Server starts on the example MachineConfigs (%s/bootstrap)", examples)
 	sctx, stop := context.WithCancel(ctx)
 	defer stop()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ready := make(chan net.Addr, 1)
-	done := make(chan error, 1)
+	served, approved := make(chan error, 1), make(chan error, 1)
 	go func() {
-		done <- cli.Serve(sctx, cli.ServeConfig{
+		served <- cli.Serve(sctx, cli.ServeConfig{
 			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-			ServerBasedir: filepath.Join(examples, "bootstrap"), BootstrapKube: filepath.Join(examples, "bootstrap-kubeconfig"),
+			Kubeconfig: admin, APIServerURL: cfg.Host, TokenDir: tokenDir,
 			Policy: policyFile, StateDir: state, Hosts: []string{"127.0.0.1"},
-			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 10 * time.Second, Clock: o.Clock,
-			Log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 10 * time.Second, Clock: o.Clock, Log: quiet,
 			Ready: func(secure, _ net.Addr) { ready <- secure },
 		})
 	}()
+	go func() {
+		approved <- cli.Approve(sctx, cli.ApproveConfig{
+			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
+			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
+		})
+	}()
+	defer func() { stop(); <-served; <-approved }()
 	var url string
 	select {
 	case a := <-ready:
 		url = "https://" + a.String()
-	case err := <-done:
+	case err := <-served:
+		served <- err
 		return fmt.Errorf("server: %w", err)
 	}
-	defer func() { stop(); <-done }()
 	bundle, err := os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName))
 	if err != nil {
 		return err
 	}
-	info("listening on %s (TLS, HTTP/1.1 only); its own CA made in %s", url, filepath.Join(state, "certs"))
+	info("server %s (TLS, HTTP/1.1; its own CA in %s); approver leading on Lease nodeproof/nodeproof-approver", url, filepath.Join(state, "certs"))
 
-	step("Anyone on the network fetches /config/worker with no credentials")
-	public, err := fetch(url, bundle, "")
+	// The pointer config a machine boots with: the public tier.
+	ptr, err := pointer.Build(pointer.Options{URL: url + "/config/worker", CABundle: bundle, HTTPTotal: 60 * time.Second})
 	if err != nil {
 		return err
 	}
-	info("got the PUBLIC tier: %d files", len(public))
+	ptrFile := filepath.Join(o.Dir, "worker.ign")
+	if err := os.WriteFile(ptrFile, ptr, 0o600); err != nil {
+		return err
+	}
+
+	step("Anyone on the network runs Ignition with the worker pointer config and no credentials")
+	var public []string
+	for deadline := time.Now().Add(time.Minute); ; {
+		cached, out, err := testenv.RunIgnitionFetch(ignition, mkdir(o.Dir, "ignition-public"), ptrFile, "")
+		if err == nil {
+			public = paths(cached)
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ignition (public): %w\n%s", err, out)
+		}
+		os.RemoveAll(filepath.Join(o.Dir, "ignition-public"))
+	}
+	info("Ignition got the PUBLIC tier: %d files", len(public))
 	for _, f := range public {
 		info("  %s", f)
 	}
 
-	step("A worker machine with a TPM attests to the server (swtpm, real RHEL 8 boot log)")
-	m, err := man.NewMachine(ctx, filepath.Join(o.Dir, "machine-2"), firmwaretestdata.MustLog(o.Log))
+	step("A worker machine boots: swtpm with a vendor EK certificate, a real %s boot log; the agent runs before Ignition", o.Log)
+	m, err := man.NewMachine(ctx, mkdir(o.Dir, "machine-2"), firmwaretestdata.MustLog(o.Log))
 	if err != nil {
 		return err
 	}
 	defer m.Close()
-	c, err := agent.NewClient(url, bundle)
+	sysDir, keyFile := mkdir(o.Dir, "machine-2-ignition"), filepath.Join(o.Dir, "machine-2", "pki", "kubelet-client.key.tmp")
+	var console bytes.Buffer
+	err = agent.Run(ctx, agent.Config{
+		Server: url, CABundle: bundle, Pool: "worker", NodeName: "worker-1", Evidence: agent.TPMEvidence{Collector: m.Collector},
+		KubeletKeyPath: keyFile, Mode: agent.ModePointer, IgnitionDir: sysDir, Console: &console,
+	})
+	for _, l := range strings.Split(strings.TrimSpace(console.String()), "\n") {
+		info("console| %s", l)
+	}
 	if err != nil {
 		return err
 	}
-	vr, err := c.AttestTPM(ctx, "worker", "worker-1", m.Collector, m.KubeletDER)
-	if err != nil {
+	if err := printRecord(ctx, cfg, "worker-1", info); err != nil {
 		return err
 	}
-	info("verified: node %s, NodeAttestation record %s, config token valid until %s", vr.NodeName, vr.Record, vr.Expires.Format(time.RFC3339))
 
-	step("It fetches /config/worker with its config token")
-	full, err := fetch(url, bundle, vr.ConfigToken)
+	step("Ignition runs on the machine: the agent's per-node pointer config takes precedence")
+	cached, out, err := testenv.RunIgnitionFetch(ignition, mkdir(o.Dir, "ignition-full"), ptrFile, sysDir)
 	if err != nil {
-		return err
+		return fmt.Errorf("ignition (full): %w\n%s", err, out)
 	}
-	info("got the FULL config: %d files; these are what only an attested machine gets:", len(full))
+	full := paths(cached)
+	info("Ignition got the FULL config: %d files; what only an attested machine gets:", len(full))
 	for _, f := range full {
 		if !slices.Contains(public, f) {
 			info("  + %s", f)
 		}
 	}
-	if _, err := fetch(url, bundle, vr.ConfigToken); err != nil {
-		info("the same token again: %v", err)
+
+	step("The kubelet starts with that kubeconfig and the key the agent bound, and asks for its client certificate")
+	cond, name, err := kubeletCSR(ctx, kc, cached, keyFile, "worker-1")
+	if err != nil {
+		return err
+	}
+	info("CSR %s: %s (%s)", name, cond.Type, cond.Reason)
+	info("  %s", cond.Message)
+	if cond.Type != certv1.CertificateApproved {
+		return fmt.Errorf("the attested kubelet's CSR was not approved: %s %s", cond.Type, cond.Reason)
 	}
 
 	step("A machine that booted with Secure Boot off tries the same (real Ubuntu 21.04 log)")
-	bad, err := man.NewMachine(ctx, filepath.Join(o.Dir, "machine-3"), firmwaretestdata.MustLog("ubuntu-2104-no-secure-boot"))
+	bad, err := man.NewMachine(ctx, mkdir(o.Dir, "machine-3"), firmwaretestdata.MustLog("ubuntu-2104-no-secure-boot"))
 	if err != nil {
 		return err
 	}
 	defer bad.Close()
-	_, err = c.AttestTPM(ctx, "worker", "worker-2", bad.Collector, bad.KubeletDER)
-	info("REFUSED as expected: %v", err)
-	if err == nil || !strings.Contains(err.Error(), "SecureBootDisabled") {
+	console.Reset()
+	err = agent.Run(ctx, agent.Config{
+		Server: url, CABundle: bundle, Pool: "worker", NodeName: "worker-2", Evidence: agent.TPMEvidence{Collector: bad.Collector},
+		KubeletKeyPath: filepath.Join(o.Dir, "machine-3", "kubelet.key"), Mode: agent.ModePointer, IgnitionDir: mkdir(o.Dir, "machine-3-ignition"), Console: &console,
+	})
+	for _, l := range strings.Split(strings.TrimSpace(console.String()), "\n") {
+		info("console| %s", l)
+	}
+	var refused *agent.Refused
+	if !errors.As(err, &refused) || refused.Refusal.Reason != "SecureBootDisabled" {
 		return fmt.Errorf("the Secure Boot off machine was not refused for Secure Boot: %v", err)
 	}
-	step("Done: the public tier went to anyone, the full config only to the attested machine")
+	info("REFUSED as expected: %s", refused.Refusal.Reason)
+	step("Done: the public tier went to anyone; the full config and a kubelet certificate only to the attested machine")
 	return nil
 }
 
-// fetch gets /config/worker as Ignition does and lists the file paths.
-func fetch(url string, bundle []byte, token string) ([]string, error) {
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(bundle)
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
-	req, err := http.NewRequest(http.MethodGet, url+"/config/worker", nil)
+func mkdir(parent, name string) string {
+	d := filepath.Join(parent, name)
+	os.MkdirAll(d, 0o700)
+	return d
+}
+
+// printRecord shows the NodeAttestation record the server wrote for node:
+// the verdict's claims as the approver will read them.
+func printRecord(ctx context.Context, cfg *rest.Config, node string, info func(string, ...any)) error {
+	cl, err := kubestore.NewClient(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	req.Header.Set("Accept", ignitionAccept)
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := client.Do(req)
+	st, err := kubestore.New(cl, "nodeproof", time.Now)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	recs, err := st.RecordsForNode(ctx, node)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%d %s", resp.StatusCode, strings.TrimSpace(string(b)))
+	if len(recs) == 0 {
+		return fmt.Errorf("no NodeAttestation for %s", node)
 	}
-	var cfg struct {
+	r := recs[0]
+	info("verdict ALLOWED; NodeAttestation nodeproof/%s written (kubectl get nodeattestations -n nodeproof):", r.ID)
+	info("  node %s, pool %s, evidence %s, identity %.40s…", r.NodeName, r.Pool, r.Kind, r.Identity)
+	info("  claims: %s", r.Summary)
+	info("  kubelet key SHA-256 %x, bootstrap token %s, expires %s", r.KubeletKeySHA256[:8], "system:bootstrap:"+r.BootstrapTokenID, r.Expires.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// paths lists the file paths of an Ignition config.
+func paths(cfg []byte) []string {
+	var c struct {
 		Storage struct {
 			Files []struct {
 				Path string `json:"path"`
 			} `json:"files"`
 		} `json:"storage"`
 	}
-	if err := json.Unmarshal(b, &cfg); err != nil {
-		return nil, err
+	json.Unmarshal(cfg, &c)
+	var out []string
+	for _, f := range c.Storage.Files {
+		out = append(out, f.Path)
 	}
-	var paths []string
-	for _, f := range cfg.Storage.Files {
-		paths = append(paths, f.Path)
+	slices.Sort(out)
+	return out
+}
+
+// kubeletCSR does what the kubelet's bootstrap does with the kubeconfig
+// in the cached config and the key file, and waits for the decision.
+func kubeletCSR(ctx context.Context, admin kubernetes.Interface, cached []byte, keyFile, node string) (certv1.CertificateSigningRequestCondition, string, error) {
+	var none certv1.CertificateSigningRequestCondition
+	var c struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
 	}
-	slices.Sort(paths)
-	return paths, nil
+	if err := json.Unmarshal(cached, &c); err != nil {
+		return none, "", err
+	}
+	var kubeconfig []byte
+	for _, f := range c.Storage.Files {
+		if f.Path == "/etc/kubernetes/kubeconfig" {
+			du, err := dataurl.DecodeString(f.Contents.Source)
+			if err != nil {
+				return none, "", err
+			}
+			kubeconfig = du.Data
+		}
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return none, "", fmt.Errorf("served kubeconfig: %w", err)
+	}
+	if _, err := clustertest.WaitWhoAmI(ctx, rc, 30*time.Second); err != nil {
+		return none, "", err
+	}
+	k, err := keyutil.PrivateKeyFromFile(keyFile)
+	if err != nil {
+		return none, "", err
+	}
+	key := k.(crypto.Signer)
+	nkc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return none, "", err
+	}
+	data, err := cert.MakeCSR(key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + node}, nil, nil)
+	if err != nil {
+		return none, "", err
+	}
+	name, _, err := csr.RequestCertificate(nkc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
+		[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, key)
+	if err != nil {
+		return none, "", err
+	}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		got, err := admin.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return none, "", err
+		}
+		if len(got.Status.Conditions) > 0 {
+			return got.Status.Conditions[0], name, nil
+		}
+	}
+	return none, name, fmt.Errorf("CSR %s undecided after a minute", name)
 }
