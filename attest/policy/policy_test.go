@@ -131,6 +131,7 @@ func TestParseRefuses(t *testing.T) {
 		{"wrong kind", "apiVersion: nodeproof.io/v1alpha1\nkind: Policy\npools: {w: {}}\n", "kind"},
 		{"no pools", head, "no pools"},
 		{"unknown evidence kind", head + "pools:\n  w: {evidence: [azure]}\n", "azure"},
+		{"unknown AWS node name choice", head + "pools:\n  w: {evidence: [aws], aws: {nodeName: hostname}}\n", "aws.nodeName"},
 		{"bad digest", head + "pools:\n  w: {tpm: {deniedDigests: [abc]}}\n", "abc"},
 		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
 		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
