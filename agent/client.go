@@ -69,9 +69,18 @@ func NewClient(baseURL string, caBundle []byte) (*Client, error) {
 	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: &http.Client{Transport: tr, Timeout: time.Minute}}, nil
 }
 
-// AttestTPM runs both steps with a TPM collector and returns the server's
-// answer with the config token.
-func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll *tpm.Collector, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+// TPM is what AttestTPM needs of a TPM: *tpm.Collector (a real TPM or
+// swtpm), or a software model for load tests.
+type TPM interface {
+	Request() (*tpm.ChallengeRequest, error)
+	Answer(ch *tpm.Challenge, kubeletKeySHA256 []byte) (*tpm.Evidence, error)
+}
+
+var _ TPM = (*tpm.Collector)(nil)
+
+// AttestTPM runs both steps with a TPM and returns the server's answer
+// with the config token.
+func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM, kubeletPKIX []byte) (*api.VerifyResponse, error) {
 	keySHA, err := attest.KeySHA256(kubeletPKIX)
 	if err != nil {
 		return nil, err

@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/internal/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
@@ -24,7 +23,7 @@ type Evidence interface {
 }
 
 // TPMEvidence is evidence from a TPM (the machine's, or swtpm in tests).
-type TPMEvidence struct{ Collector *tpm.Collector }
+type TPMEvidence struct{ Collector TPM }
 
 // Kind implements Evidence.
 func (TPMEvidence) Kind() attest.Kind { return attest.KindTPM }
