@@ -37,6 +37,16 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 )
 
+// TB is what the helpers need of a test: testing.TB has it, and so can a
+// benchmark program (bench/scale) that runs the server outside a test.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+var _ TB = testing.TB(nil)
+
 // Issuer is the iss Google writes in instance identity tokens.
 const Issuer = "https://accounts.google.com"
 
@@ -85,7 +95,7 @@ type Key struct {
 func (k Key) Public() *rsa.PublicKey { return &k.Private.PublicKey }
 
 // NewKey generates a 2048-bit RSA key with a random key ID.
-func NewKey(tb testing.TB) Key {
+func NewKey(tb TB) Key {
 	tb.Helper()
 	priv, err := rsa.GenerateKey(rand.Reader, 2048)
 	if err != nil {
@@ -117,14 +127,14 @@ type Server struct {
 // NewServer starts a server for tb that tells time with clock, pretends
 // to be DefaultInstance, and signs with one fresh key. It stops when the
 // test ends.
-func NewServer(tb testing.TB, clock func() time.Time) *Server {
+func NewServer(tb TB, clock func() time.Time) *Server {
 	tb.Helper()
 	return NewServerWithKey(tb, clock, NewKey(tb))
 }
 
 // NewServerWithKey is NewServer signing with k (tests that start many
 // servers share one key rather than generate one each).
-func NewServerWithKey(tb testing.TB, clock func() time.Time, k Key) *Server {
+func NewServerWithKey(tb TB, clock func() time.Time, k Key) *Server {
 	tb.Helper()
 	s := &Server{
 		clock: clock, inst: DefaultInstance(clock()),
@@ -179,7 +189,7 @@ func (s *Server) PublicKeys() map[string]*rsa.PublicKey {
 
 // Rotate makes a new signing key current and publishes it; keepOld keeps
 // the previous keys published too (Google overlaps its keys).
-func (s *Server) Rotate(tb testing.TB, keepOld bool) Key {
+func (s *Server) Rotate(tb TB, keepOld bool) Key {
 	k := NewKey(tb)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -272,13 +282,13 @@ func ComputeEngine(claims map[string]any) map[string]any {
 
 // Mint returns the token the metadata server would mint now for audience
 // in full format, without going through HTTP.
-func (s *Server) Mint(tb testing.TB, audience string) string {
+func (s *Server) Mint(tb TB, audience string) string {
 	return s.Sign(tb, s.Claims(audience, true, false))
 }
 
 // Sign signs claims as the metadata server does: RS256 with the current
 // key, header {alg, kid, typ: JWT}.
-func (s *Server) Sign(tb testing.TB, claims map[string]any) string {
+func (s *Server) Sign(tb TB, claims map[string]any) string {
 	k := s.Key()
 	return SignWith(tb, jose.RS256, k.Private, k.ID, claims, nil)
 }
@@ -286,7 +296,7 @@ func (s *Server) Sign(tb testing.TB, claims map[string]any) string {
 // SignWith signs claims with any go-jose algorithm and key (an
 // *rsa.PrivateKey, *ecdsa.PrivateKey, or []byte for HMAC), kid in the
 // header when non-empty, plus extra header members (jku, jwk, crit, ...).
-func SignWith(tb testing.TB, alg jose.SignatureAlgorithm, key any, kid string, claims map[string]any, extra map[string]any) string {
+func SignWith(tb TB, alg jose.SignatureAlgorithm, key any, kid string, claims map[string]any, extra map[string]any) string {
 	tb.Helper()
 	tok, err := sign(alg, key, kid, claims, extra)
 	if err != nil {
@@ -322,7 +332,7 @@ func sign(alg jose.SignatureAlgorithm, key any, kid string, claims map[string]an
 // Unsigned assembles a compact JWS from a header and claims, with the
 // given signature bytes (nil for alg "none"), by hand: for headers no
 // signer would write.
-func Unsigned(tb testing.TB, header, claims map[string]any, sig []byte) string {
+func Unsigned(tb TB, header, claims map[string]any, sig []byte) string {
 	tb.Helper()
 	h, err := json.Marshal(header)
 	if err != nil {
