@@ -1,30 +1,20 @@
 package main
 
 import (
-	"crypto/rand"
-	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 
 	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeproof/nodeproof/bench/internal/bigconfig"
 )
 
 // examples is the example bootstrap directory, relative to the module root
 // (make runs the harness from there).
 const examples = "deploy/examples"
-
-// configFiles and fileSize make the rendered worker config about 500 KB of
-// file contents, like a real rendered worker config with its certificates,
-// kubelet and CRI-O configs and units.
-const (
-	configFiles = 100
-	fileSize    = 5000
-)
 
 // writeInputs copies the example bootstrap directory into dir, grows the
 // rendered worker config with random file contents, and writes a policy
@@ -73,29 +63,8 @@ func writeInputs(dir string) (int, error) {
 	if err := yaml.Unmarshal(b, &mc); err != nil {
 		return 0, err
 	}
-	var cfg map[string]any
-	if err := json.Unmarshal(mc.Spec.Config.Raw, &cfg); err != nil {
-		return 0, err
-	}
-	storage, _ := cfg["storage"].(map[string]any)
-	if storage == nil {
-		storage = map[string]any{}
-		cfg["storage"] = storage
-	}
-	files, _ := storage["files"].([]any)
-	total := 0
-	for i := 0; i < configFiles; i++ {
-		raw := make([]byte, fileSize*3/4)
-		rand.Read(raw)
-		content := base64.StdEncoding.EncodeToString(raw)
-		total += len(content)
-		files = append(files, map[string]any{
-			"path": fmt.Sprintf("/etc/bench/file-%03d.conf", i), "mode": 420, "overwrite": true,
-			"contents": map[string]any{"source": "data:," + url.PathEscape(content)},
-		})
-	}
-	storage["files"] = files
-	if mc.Spec.Config.Raw, err = json.Marshal(cfg); err != nil {
+	total, err := bigconfig.Grow(&mc)
+	if err != nil {
 		return 0, err
 	}
 	out, err := yaml.Marshal(&mc)
