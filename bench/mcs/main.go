@@ -27,11 +27,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nodeproof/nodeproof/bench/internal/proc"
 )
 
 func main() {
@@ -177,7 +178,7 @@ func run(nodeproof, levelList string, dur time.Duration, out string) error {
 			n, np.rps(), bl.rps(), np.rps()/bl.rps(), ms(np.p50), ms(np.p99), ms(bl.p50), ms(bl.p99),
 			us(np.cpuPerReq()), us(bl.cpuPerReq()), float64(np.cpuPerReq())/float64(bl.cpuPerReq()), np.errors+bl.errors))
 	}
-	rssNP, rssBL := peakRSS(srv.Process.Pid), peakRSS(base.Process.Pid)
+	rssNP, rssBL := proc.PeakRSS(srv.Process.Pid), proc.PeakRSS(base.Process.Pid)
 	rows = append(rows, "", fmt.Sprintf("peak RSS: nodeproof %d MB, baseline %d MB (ratio %.2f)", rssNP>>20, rssBL>>20, float64(rssNP)/float64(rssBL)))
 	table := strings.Join(rows, "\n") + "\n"
 	fmt.Print("\n" + table)
@@ -269,7 +270,7 @@ func load(c *http.Client, url, token string, n int, dur time.Duration, pid int) 
 		go func() { defer wg.Done(); get(c, url, token) }()
 	}
 	wg.Wait()
-	cpu0 := procCPU(pid)
+	cpu0 := proc.CPU(pid)
 	ctx, cancel := context.WithTimeout(context.Background(), dur)
 	defer cancel()
 	var reqs, errs, bytes atomic.Int64
@@ -296,7 +297,7 @@ func load(c *http.Client, url, token string, n int, dur time.Duration, pid int) 
 		}(i)
 	}
 	wg.Wait()
-	r := result{level: n, requests: reqs.Load(), errors: errs.Load(), elapsed: time.Since(start), bytes: bytes.Load(), cpu: procCPU(pid) - cpu0}
+	r := result{level: n, requests: reqs.Load(), errors: errs.Load(), elapsed: time.Since(start), bytes: bytes.Load(), cpu: proc.CPU(pid) - cpu0}
 	var all []time.Duration
 	for _, l := range lat {
 		all = append(all, l...)
@@ -306,31 +307,4 @@ func load(c *http.Client, url, token string, n int, dur time.Duration, pid int) 
 		r.p50, r.p99 = all[len(all)/2], all[len(all)*99/100]
 	}
 	return r
-}
-
-// procCPU is the user+system CPU time of pid (Linux /proc).
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
-}
-
-// peakRSS is VmHWM of pid in bytes.
-func peakRSS(pid int) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
-			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
 }
