@@ -4,6 +4,8 @@
 #
 #   ignition        the real Ignition client (cgo, libblkid)      ~1-2 min cold
 #   kube-apiserver  from the nested tool module hack/tools/kube/  ~4-5 min cold
+#   kubectl         from the same module (deploy/'s server-side dry run); shares
+#                   kube-apiserver's build cache: ~1 min after it
 #   etcd            from the nested tool module hack/tools/etcd/  ~30 s cold
 #   controller-gen  from the nested tool module hack/tools/controller-gen/
 #                   (`make generate`, and the store's CRD drift test) ~20-60 s cold
@@ -12,7 +14,7 @@
 # plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
 # etcd (envtest's KUBEBUILDER_ASSETS). internal/testenv finds them there.
 #
-# Usage: hack/tools.sh [ignition|kube-apiserver|etcd|controller-gen ...]   (default: all)
+# Usage: hack/tools.sh [ignition|kube-apiserver|kubectl|etcd|controller-gen ...]   (default: all)
 # Build flags are fixed on purpose: changing them (e.g. adding -trimpath)
 # invalidates Go's build cache for the whole kube-apiserver graph.
 set -euo pipefail
@@ -89,6 +91,18 @@ build_kube_apiserver() {
   )
 }
 
+# Same module, same -ldflags as kube-apiserver, so both share the build cache
+# of the packages they have in common.
+build_kubectl() {
+  local out=$1
+  (
+    cd "$root/hack/tools/kube"
+    go build \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
+      -o "$out/kubectl" k8s.io/kubernetes/cmd/kubectl
+  )
+}
+
 build_etcd() {
   local out=$1
   (
@@ -117,15 +131,16 @@ assets() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver etcd controller-gen)
+[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver kubectl etcd controller-gen)
 for t in "${want[@]}"; do
   case $t in
   ignition) ensure ignition "$IGNITION_VERSION" build_ignition ;;
   kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" build_kube_apiserver ;;
+  kubectl) ensure kubectl "$KUBE_VERSION" build_kubectl ;;
   etcd) ensure etcd "$ETCD_VERSION" build_etcd ;;
   controller-gen) ensure controller-gen "$CONTROLLER_TOOLS_VERSION" build_controller_gen ;;
   *)
-    echo "unknown tool: $t (want ignition, kube-apiserver, etcd or controller-gen)" >&2
+    echo "unknown tool: $t (want ignition, kube-apiserver, kubectl, etcd or controller-gen)" >&2
     exit 2
     ;;
   esac

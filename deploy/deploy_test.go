@@ -1,0 +1,475 @@
+// Package deploy_test applies the manifests in deploy/ to a real
+// kube-apiserver (server-side dry run, with the kubectl of the same release,
+// both built by hack/tools.sh), checks what the kustomizations render, and
+// checks with SubjectAccessReviews that the approver's RBAC grants `approve`
+// on the two kubelet signers and no other.
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/internal/cli"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+)
+
+// The kustomizations `make test` applies.
+var kustomizations = []string{"base", "overlays/openshift"}
+
+// Namespaces the manifests put objects in. A server-side dry run does not
+// persist the nodeproof Namespace it creates, so the objects in it would be
+// refused ("namespace not found"); the OpenShift ones exist on any OpenShift
+// cluster; kube-system exists everywhere.
+var namespaces = []string{"nodeproof", "openshift-machine-config-operator", "openshift-machine-api"}
+
+// kubectl runs the cached kubectl with args, and returns its combined output.
+func kubectl(t *testing.T, kubeconfig string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if kubeconfig != "" {
+		args = append([]string{"--kubeconfig", kubeconfig}, args...)
+	}
+	cmd := exec.CommandContext(ctx, testenv.Kubectl(t), args...)
+	// Nothing of the caller's environment may point kubectl elsewhere.
+	cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// render is `kubectl kustomize dir`, decoded.
+func render(t *testing.T, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := kubectl(t, "", "kustomize", dir)
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v\n%s", dir, err, out)
+	}
+	var objs []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	for {
+		// Through JSON, so numbers are int64 as in objects from the API.
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); errors.Is(err, io.EOF) {
+			return objs
+		} else if err != nil {
+			t.Fatalf("kubectl kustomize %s: decoding its output: %v", dir, err)
+		}
+		if s := strings.TrimSpace(string(raw)); s == "" || s == "null" || s == "{}" {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := u.UnmarshalJSON(raw); err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		objs = append(objs, u)
+	}
+}
+
+func key(kind, namespace, name string) string { return kind + " " + namespace + "/" + name }
+
+func index(objs []*unstructured.Unstructured) map[string]*unstructured.Unstructured {
+	m := map[string]*unstructured.Unstructured{}
+	for _, o := range objs {
+		m[key(o.GetKind(), o.GetNamespace(), o.GetName())] = o
+	}
+	return m
+}
+
+func mustHave(t *testing.T, objs map[string]*unstructured.Unstructured, kind, namespace, name string) *unstructured.Unstructured {
+	t.Helper()
+	o, ok := objs[key(kind, namespace, name)]
+	if !ok {
+		t.Fatalf("no %s", key(kind, namespace, name))
+	}
+	return o
+}
+
+func mustNotHave(t *testing.T, objs map[string]*unstructured.Unstructured, kind, namespace, name string) {
+	t.Helper()
+	if _, ok := objs[key(kind, namespace, name)]; ok {
+		t.Errorf("%s should not be rendered", key(kind, namespace, name))
+	}
+}
+
+func nested[T any](t *testing.T, o *unstructured.Unstructured, fields ...string) T {
+	t.Helper()
+	v, ok, err := unstructured.NestedFieldNoCopy(o.Object, fields...)
+	if err != nil || !ok {
+		t.Fatalf("%s %s: no %s (%v)", o.GetKind(), o.GetName(), strings.Join(fields, "."), err)
+	}
+	tv, ok := v.(T)
+	if !ok {
+		t.Fatalf("%s %s: %s is %T", o.GetKind(), o.GetName(), strings.Join(fields, "."), v)
+	}
+	return tv
+}
+
+// containers returns the pod template's containers of a workload.
+func containers(t *testing.T, o *unstructured.Unstructured) []map[string]any {
+	t.Helper()
+	var cs []map[string]any
+	for _, c := range nested[[]any](t, o, "spec", "template", "spec", "containers") {
+		cs = append(cs, c.(map[string]any))
+	}
+	return cs
+}
+
+// TestKustomizeRender checks the object lists the two kustomizations render.
+func TestKustomizeRender(t *testing.T) {
+	t.Run("base", func(t *testing.T) {
+		objs := index(render(t, "base"))
+		mustHave(t, objs, "Namespace", "", "nodeproof")
+		for _, crd := range []string{"nodeattestations.nodeproof.io", "attestationmarkers.nodeproof.io"} {
+			mustHave(t, objs, "CustomResourceDefinition", "", crd)
+		}
+
+		server := mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-server")
+		if r := nested[int64](t, server, "spec", "replicas"); r != 3 {
+			t.Errorf("server replicas = %d, want 3", r)
+		}
+		svc := mustHave(t, objs, "Service", "nodeproof", "nodeproof-server")
+		var ports []int64
+		for _, p := range nested[[]any](t, svc, "spec", "ports") {
+			ports = append(ports, p.(map[string]any)["port"].(int64))
+		}
+		if !slices.Equal(ports, []int64{22623, 22624}) {
+			t.Errorf("server Service ports = %v, want [22623 22624]", ports)
+		}
+		mustHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-server")
+
+		approver := mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-approver")
+		if r := nested[int64](t, approver, "spec", "replicas"); r != 2 {
+			t.Errorf("approver replicas = %d, want 2", r)
+		}
+		mustHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-approver")
+		// The readiness probe is /healthz on the port --metrics-addr serves.
+		c := containers(t, approver)[0]
+		probe, _, _ := unstructured.NestedMap(c, "readinessProbe", "httpGet")
+		if probe["path"] != "/healthz" || probe["port"] != "metrics" {
+			t.Errorf("approver readiness probe = %v, want /healthz on port metrics", probe)
+		}
+		if !slices.Contains(stringsOf(c["args"]), "--metrics-addr=:9090") {
+			t.Errorf("approver args %v lack --metrics-addr=:9090 (the metrics port)", c["args"])
+		}
+
+		for _, sa := range []string{"nodeproof-server", "nodeproof-approver"} {
+			mustHave(t, objs, "ServiceAccount", "nodeproof", sa)
+		}
+		mustHave(t, objs, "ClusterRole", "", "nodeproof-approver")
+		mustHave(t, objs, "Role", "nodeproof", "nodeproof-store")
+		mustHave(t, objs, "Role", "kube-system", "nodeproof-server-bootstrap-tokens")
+		mustHave(t, objs, "ClusterRoleBinding", "", "nodeproof-node-bootstrapper")
+		mustNotHave(t, objs, "DaemonSet", "openshift-machine-config-operator", "nodeproof-machine-config-server")
+	})
+
+	t.Run("openshift", func(t *testing.T) {
+		objs := index(render(t, "overlays/openshift"))
+		ds := mustHave(t, objs, "DaemonSet", "openshift-machine-config-operator", "nodeproof-machine-config-server")
+		if !nested[bool](t, ds, "spec", "template", "spec", "hostNetwork") {
+			t.Error("the DaemonSet must use the host network (nodes reach the MCS on the hosts' 22623/22624)")
+		}
+		var hostPorts []int64
+		for _, p := range containers(t, ds)[0]["ports"].([]any) {
+			hostPorts = append(hostPorts, p.(map[string]any)["hostPort"].(int64))
+		}
+		if !slices.Equal(hostPorts, []int64{22623, 22624}) {
+			t.Errorf("DaemonSet host ports = %v, want [22623 22624]", hostPorts)
+		}
+		mustHave(t, objs, "ServiceAccount", "openshift-machine-config-operator", "nodeproof-server")
+		mustHave(t, objs, "ConfigMap", "openshift-machine-config-operator", "nodeproof-policy")
+		// The MCO keeps the user-data Secrets with its own CA: no write access to them.
+		mustNotHave(t, objs, "Role", "openshift-machine-api", "nodeproof-server-user-data")
+		// Host network needs an SCC that allows it; only hostnetwork-v2.
+		scc := mustHave(t, objs, "Role", "openshift-machine-config-operator", "nodeproof-server-scc")
+		if rules := nested[[]any](t, scc, "rules"); len(rules) != 1 || !slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"hostnetwork-v2"}) {
+			t.Errorf("SCC Role rules = %v, want use of hostnetwork-v2 only", rules)
+		}
+		mustHave(t, objs, "RoleBinding", "openshift-machine-config-operator", "nodeproof-server-scc")
+
+		// The base's server and everything only it used are gone: no
+		// unused, privileged service account is left behind.
+		mustNotHave(t, objs, "Deployment", "nodeproof", "nodeproof-server")
+		mustNotHave(t, objs, "Service", "nodeproof", "nodeproof-server")
+		mustNotHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-server")
+		mustNotHave(t, objs, "ConfigMap", "nodeproof", "nodeproof-policy")
+		mustNotHave(t, objs, "ServiceAccount", "nodeproof", "nodeproof-server")
+		mustNotHave(t, objs, "ClusterRoleBinding", "", "nodeproof-server")
+		mustNotHave(t, objs, "RoleBinding", "kube-system", "nodeproof-server-bootstrap-tokens")
+		mustNotHave(t, objs, "RoleBinding", "openshift-machine-config-operator", "nodeproof-server-kubeconfig-data")
+		for _, o := range objs {
+			if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+				continue
+			}
+			for _, s := range nested[[]any](t, o, "subjects") {
+				s := s.(map[string]any)
+				if s["kind"] == "ServiceAccount" && s["name"] == "nodeproof-server" && s["namespace"] == "nodeproof" {
+					t.Errorf("%s %s still binds nodeproof/nodeproof-server, which the overlay does not run", o.GetKind(), o.GetName())
+				}
+			}
+		}
+
+		// The approver stays as in the base.
+		mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-approver")
+		mustHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-approver")
+	})
+}
+
+func stringsOf(v any) []string {
+	var s []string
+	l, _ := v.([]any)
+	for _, x := range l {
+		if str, ok := x.(string); ok {
+			s = append(s, str)
+		}
+	}
+	return s
+}
+
+// TestWorkloadArgs checks that every nodeproof container runs a command
+// nodeproof has, with flags that command accepts, and that every policy
+// ConfigMap holds a policy the server loads.
+func TestWorkloadArgs(t *testing.T) {
+	for _, dir := range kustomizations {
+		t.Run(dir, func(t *testing.T) {
+			objs := render(t, dir)
+			n := 0
+			for _, o := range objs {
+				switch o.GetKind() {
+				case "Deployment", "DaemonSet":
+				case "ConfigMap":
+					if data, ok := o.Object["data"].(map[string]any); ok {
+						if p, ok := data["policy.yaml"].(string); ok {
+							if _, err := policy.Parse([]byte(p)); err != nil {
+								t.Errorf("ConfigMap %s/%s: policy.yaml: %v", o.GetNamespace(), o.GetName(), err)
+							}
+						}
+					}
+					continue
+				default:
+					continue
+				}
+				for _, c := range containers(t, o) {
+					if img, _ := c["image"].(string); !strings.Contains(img, "/nodeproof/nodeproof") {
+						continue
+					}
+					n++
+					checkArgs(t, fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName()), stringsOf(c["args"]))
+				}
+			}
+			if n == 0 {
+				t.Fatal("no nodeproof containers rendered")
+			}
+		})
+	}
+}
+
+var flagName = regexp.MustCompile(`^--?([A-Za-z0-9][A-Za-z0-9-]*)(=|$)`)
+
+// checkArgs runs `nodeproof <command> -h` in process and checks that each
+// flag of args is in the usage it prints.
+func checkArgs(t *testing.T, what string, args []string) {
+	t.Helper()
+	if len(args) == 0 {
+		t.Errorf("%s: no args (want a nodeproof command)", what)
+		return
+	}
+	var stdout, stderr bytes.Buffer
+	if code := cli.Run(context.Background(), []string{args[0], "-h"}, &stdout, &stderr); code != 0 {
+		t.Errorf("%s: nodeproof %s -h: exit %d\n%s%s", what, args[0], code, stdout.String(), stderr.String())
+		return
+	}
+	usage := stdout.String() + stderr.String()
+	for _, a := range args[1:] {
+		m := flagName.FindStringSubmatch(a)
+		if m == nil {
+			t.Errorf("%s: argument %q is not a --flag=value", what, a)
+			continue
+		}
+		if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(m[1]) + `(\s|$)`).MatchString(usage) {
+			t.Errorf("%s: nodeproof %s has no flag --%s", what, args[0], m[1])
+		}
+	}
+}
+
+// expectedWarning tells the API server's warnings that say nothing about the
+// manifests.
+func expectedWarning(line string) bool {
+	switch {
+	case strings.Contains(line, "missing the kubectl.kubernetes.io/last-applied-configuration annotation"):
+		// Objects the test made without kubectl apply (the CRDs kubetest
+		// installs, the namespaces).
+		return true
+	case strings.Contains(line, `nodeSelector[node-role.kubernetes.io/master]: use "node-role.kubernetes.io/control-plane" instead`):
+		// The OpenShift DaemonSet selects control-plane nodes by the label
+		// OpenShift sets, as the stock machine-config-server does.
+		return true
+	}
+	return false
+}
+
+// writeKubeconfig writes an admin kubeconfig for cfg.
+func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+	t.Helper()
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["envtest"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken,
+	}
+	kc.Contexts["envtest"] = &clientcmdapi.Context{Cluster: "envtest", AuthInfo: "admin"}
+	kc.CurrentContext = "envtest"
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestOnAPIServer runs everything that needs an API server on one.
+func TestOnAPIServer(t *testing.T) {
+	cfg := kubetest.Start(t, "crds")
+	kubeconfig := writeKubeconfig(t, cfg)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	// nodeproof's own Namespace for real, with its Pod Security labels, so
+	// that admission holds the dry-run workloads to them (and warns).
+	if out, err := kubectl(t, kubeconfig, "apply", "-f", filepath.Join("base", "namespace.yaml")); err != nil {
+		t.Fatalf("kubectl apply -f base/namespace.yaml: %v\n%s", err, out)
+	}
+	for _, ns := range namespaces {
+		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("namespace %s: %v", ns, err)
+		}
+	}
+
+	// Every object of both kustomizations is accepted: schema, defaulting,
+	// validation and admission, as `kubectl apply` would meet them.
+	for _, dir := range kustomizations {
+		t.Run("dry-run/"+dir, func(t *testing.T) {
+			want := len(render(t, dir))
+			out, err := kubectl(t, kubeconfig, "apply", "--dry-run=server", "-k", dir)
+			if err != nil {
+				t.Fatalf("kubectl apply --dry-run=server -k %s: %v\n%s", dir, err, out)
+			}
+			var got int
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				switch {
+				case strings.HasSuffix(line, "(server dry run)"):
+					got++
+				case strings.HasPrefix(line, "Warning:") && !expectedWarning(line):
+					// Pod Security, deprecated APIs or fields, ...
+					t.Errorf("kubectl apply --dry-run=server -k %s: %s", dir, line)
+				}
+			}
+			if got != want {
+				t.Fatalf("kubectl apply --dry-run=server -k %s: %d objects applied, %d rendered\n%s", dir, got, want, out)
+			}
+			if t.Failed() {
+				t.Logf("kubectl output:\n%s", out)
+			}
+			t.Logf("kubectl apply --dry-run=server -k %s: %d objects accepted", dir, got)
+		})
+	}
+
+	t.Run("approver-rbac", func(t *testing.T) { testApproverRBAC(t, cfg) })
+}
+
+// testApproverRBAC applies deploy/approver/rbac.yaml for real and asks the
+// API server's authorizer what the approver's service account may do with
+// CSR signers: approve for the two kubelet signers, nothing else.
+func testApproverRBAC(t *testing.T, cfg *rest.Config) {
+	c, err := client.New(cfg, client.Options{Scheme: kubetest.Scheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubetest.ApplyYAML(t, c, filepath.Join("approver", "rbac.yaml"))
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns, sa = "nodeproof", "nodeproof-approver"
+	user := "system:serviceaccount:" + ns + ":" + sa
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
+	can := func(verb, group, resource, name string) bool {
+		t.Helper()
+		res, sub, _ := strings.Cut(resource, "/")
+		r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: groups,
+				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: res, Subresource: sub, Name: name},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview %s %s/%s %s: %v", verb, group, resource, name, err)
+		}
+		return r.Status.Allowed
+	}
+
+	// The positive case first, retried until the authorizer's informers have
+	// the new ClusterRole and binding, so the denials below are not vacuous.
+	const csrGroup = "certificates.k8s.io"
+	deadline := time.Now().Add(30 * time.Second)
+	for !can("approve", csrGroup, "signers", "kubernetes.io/kube-apiserver-client-kubelet") {
+		if time.Now().After(deadline) {
+			t.Fatal("the approver may not approve for kubernetes.io/kube-apiserver-client-kubelet 30 s after its RBAC was applied")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	for _, tc := range []struct {
+		verb, resource, name string
+		want                 bool
+	}{
+		{"approve", "signers", "kubernetes.io/kube-apiserver-client-kubelet", true},
+		{"approve", "signers", "kubernetes.io/kubelet-serving", true},
+		{"approve", "signers", "kubernetes.io/kube-apiserver-client", false},
+		{"approve", "signers", "kubernetes.io/legacy-unknown", false},
+		// The API server also accepts approve on "<domain>/*" for any signer
+		// of the domain: that must not be granted either.
+		{"approve", "signers", "kubernetes.io/*", false},
+		{"approve", "signers", "example.com/any", false},
+		// Signing is the signer's job, not the approver's.
+		{"sign", "signers", "kubernetes.io/kubelet-serving", false},
+		{"update", "certificatesigningrequests/status", "", false},
+		// What the controller needs to do its job.
+		{"update", "certificatesigningrequests/approval", "", true},
+		{"watch", "certificatesigningrequests", "", true},
+		{"create", "certificatesigningrequests", "", false},
+		{"delete", "certificatesigningrequests", "", false},
+	} {
+		if got := can(tc.verb, csrGroup, tc.resource, tc.name); got != tc.want {
+			t.Errorf("%s may %s %s %s: %v, want %v", user, tc.verb, tc.resource, tc.name, got, tc.want)
+		}
+	}
+}
