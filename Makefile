@@ -46,3 +46,8 @@ generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CR
 	  set -x; \
 	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
 	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds
+
+.PHONY: bench-approver
+bench-approver: tools ## kubelet client CSRs of 200 machines at once on a real kube-apiserver: CSRs/s, p50/p99, approver CPU/CSR vs a trivial approver, same run
+	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench-approver ./bench/approver
+	$${TMPDIR:-/tmp}/nodeproof-bench-approver $(BENCH_APPROVER_FLAGS)

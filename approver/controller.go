@@ -25,7 +25,7 @@ import (
 
 // Defaults of Options.
 const (
-	DefaultWorkers      = 4
+	DefaultWorkers      = 16 // measured: 67 → 99 CSRs/s on 2 cores (bench/approver)
 	DefaultPerNodeRate  = 2 // decisions per second per node name
 	DefaultPerNodeBurst = 5
 	DefaultResync       = 30 * time.Second
@@ -38,9 +38,14 @@ const (
 
 // Options configure a Controller.
 type Options struct {
-	// Client reads CSRs and writes approvals and events. Its identity needs
-	// the RBAC in deploy/approver (approve on the two kubelet signers only).
+	// Client reads CSRs and writes approvals. Its identity needs the RBAC
+	// in deploy/approver (approve on the two kubelet signers only). Mind
+	// its rate limit: client-go's default (5/s) holds the approver to
+	// about 2.5 CSRs a second.
 	Client kubernetes.Interface
+	// EventClient posts events (default Client). A client of its own keeps
+	// events from spending the approvals' rate limit.
+	EventClient kubernetes.Interface
 	// Decider decides each CSR (required).
 	Decider *Decider
 	// Workers decide CSRs in parallel (default DefaultWorkers).
@@ -141,7 +146,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.Client.CoreV1().Events("")})
+	events := c.o.EventClient
+	if events == nil {
+		events = c.o.Client
+	}
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: events.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-approver"})
 

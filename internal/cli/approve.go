@@ -59,8 +59,8 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
 	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for CSRs naming one node")
 	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-node limit")
-	fs.Float64Var(&c.QPS, "kube-api-qps", 50, "API calls per second")
-	fs.IntVar(&c.Burst, "kube-api-burst", 100, "API call burst")
+	fs.Float64Var(&c.QPS, "kube-api-qps", 100, "API calls per second (events have a budget of their own)")
+	fs.IntVar(&c.Burst, "kube-api-burst", 200, "API call burst")
 }
 
 func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
@@ -101,6 +101,10 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	if err != nil {
 		return err
 	}
+	events, err := kubernetes.NewForConfig(cfg) // its own rate limiter
+	if err != nil {
+		return err
+	}
 	cl, err := kubestore.NewClient(cfg)
 	if err != nil {
 		return err
@@ -118,7 +122,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		return err
 	}
 	ctl, err := approver.New(approver.Options{
-		Client: kc, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
+		Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
 		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 		Metrics: metrics, Clock: c.Clock, Log: c.Log,
 	})
