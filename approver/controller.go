@@ -26,7 +26,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultWorkers      = 16 // measured: 67 → 99 CSRs/s on 2 cores (bench/approver)
-	DefaultPerNodeRate  = 2 // decisions per second per node name
+	DefaultPerNodeRate  = 2  // decisions per second per node name
 	DefaultPerNodeBurst = 5
 	DefaultResync       = 30 * time.Second
 	// maxLimiters bounds the per-node limiter table; idle limiters are
