@@ -70,13 +70,16 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 			return
 		}
 		d.tier = "token"
-		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, nil) }, nil)
+		s.deliver(w, r, d, s.full(pool, accept, nil), nil)
 	case serve.FullWithoutCredentials:
 		d.tier = "full-unauthenticated"
-		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, nil) }, nil)
+		s.deliver(w, r, d, s.full(pool, accept, nil), nil)
 	case serve.PublicTier():
 		d.tier = "public"
-		s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Public(pool, accept) }, nil)
+		s.deliver(w, r, d, func() ([][]byte, error) {
+			b, err := s.cfg().Public(pool, accept)
+			return [][]byte{b}, err
+		}, nil)
 	default:
 		if !s.poolExists(pool) {
 			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", pool))
@@ -139,13 +142,25 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 			s.o.Log.Error("release config token marker", "record", ct.RecordID, "err", err.Error())
 		}
 	}
-	s.deliver(w, r, d, func() ([]byte, error) { return s.cfg().Full(pool, accept, rec) }, release)
+	s.deliver(w, r, d, s.full(pool, accept, rec), release)
+}
+
+// full renders a full config, in shared pieces where the Configs can.
+func (s *Server) full(pool, accept string, node *store.Record) func() ([][]byte, error) {
+	return func() ([][]byte, error) {
+		c := s.cfg()
+		if pc, ok := c.(PartsConfigs); ok {
+			return pc.FullParts(pool, accept, node)
+		}
+		b, err := c.Full(pool, accept, node)
+		return [][]byte{b}, err
+	}
 }
 
 // deliver renders and writes a config. undo, if set, runs when the config
 // was not delivered (rendering failed or the write did not complete).
-func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, render func() ([]byte, error), undo func()) {
-	b, err := render()
+func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, render func() ([][]byte, error), undo func()) {
+	parts, err := render()
 	if err != nil {
 		if undo != nil {
 			undo()
@@ -163,7 +178,11 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
+	size := 0
+	for _, p := range parts {
+		size += len(p)
+	}
+	h.Set("Content-Length", strconv.Itoa(size))
 	h.Set("Cache-Control", "no-store")
 	w.WriteHeader(http.StatusOK)
 	d.status = http.StatusOK
@@ -173,8 +192,14 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 		}
 		return
 	}
-	n, err := w.Write(b)
-	d.bytes = n
+	for _, p := range parts {
+		n, werr := w.Write(p)
+		d.bytes += n
+		if werr != nil {
+			err = werr
+			break
+		}
+	}
 	if err != nil && undo != nil {
 		undo()
 	}

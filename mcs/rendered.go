@@ -1,6 +1,7 @@
 package mcs
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 
@@ -20,7 +21,7 @@ type Rendered struct {
 	Kubeconfig func(rec *store.Record) ([]byte, error)
 }
 
-var _ Configs = Rendered{}
+var _ PartsConfigs = Rendered{}
 
 // Pools implements Configs.
 func (c Rendered) Pools() []string { return c.R.Pools() }
@@ -37,6 +38,16 @@ func (c Rendered) Public(pool, accept string) ([]byte, error) {
 
 // Full implements Configs.
 func (c Rendered) Full(pool, accept string, node *store.Record) ([]byte, error) {
+	parts, err := c.FullParts(pool, accept, node)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Join(parts, nil), nil
+}
+
+// FullParts implements PartsConfigs: with a per-node kubeconfig, the
+// cached bytes around it are shared, not copied.
+func (c Rendered) FullParts(pool, accept string, node *store.Record) ([][]byte, error) {
 	v, err := render.Negotiate(accept)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrSpecVersion, err)
@@ -46,11 +57,11 @@ func (c Rendered) Full(pool, accept string, node *store.Record) ([]byte, error) 
 		if err != nil {
 			return nil, err
 		}
-		b, err := c.R.FullWithKubeconfig(pool, v, kc)
-		return b, mapRenderErr(err)
+		parts, err := c.R.FullWithKubeconfigParts(pool, v, kc)
+		return parts, mapRenderErr(err)
 	}
 	b, err := c.R.Config(pool, render.TierFull, v)
-	return b, mapRenderErr(err)
+	return [][]byte{b}, mapRenderErr(err)
 }
 
 func mapRenderErr(err error) error {

@@ -43,6 +43,14 @@ type Configs interface {
 	Pools() []string
 }
 
+// PartsConfigs is a Configs that can give a full config in pieces, shared
+// between requests and not to be modified, whose concatenation is the
+// config; the server then writes them without assembling a copy.
+type PartsConfigs interface {
+	Configs
+	FullParts(pool, accept string, node *store.Record) ([][]byte, error)
+}
+
 // BootstrapTokens issues per-node Kubernetes bootstrap tokens.
 type BootstrapTokens interface {
 	// Issue creates a token for rec's node, expiring with rec, and sets

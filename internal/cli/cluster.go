@@ -75,6 +75,13 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 	return cfg, nil
 }
 
+// limits applies --kube-api-qps/--kube-api-burst (zero: restConfig's).
+func (c ServeConfig) limits(cfg *rest.Config) {
+	if c.KubeQPS > 0 {
+		cfg.QPS, cfg.Burst = float32(c.KubeQPS), max(c.KubeBurst, 1)
+	}
+}
+
 // newClusterSource connects to the API server named by --kubeconfig, or
 // the in-cluster service account when --kubeconfig is empty (as the
 // OpenShift MCS does).
@@ -83,6 +90,7 @@ func (c ServeConfig) newClusterSource() (*clusterSource, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.limits(cfg)
 	// controller-runtime's informers log through its package logger, which
 	// must be set once per process (it warns with a stack trace if not).
 	ctrllog.SetLogger(logr.FromSlogHandler(c.Log.Handler()).WithName("informers"))

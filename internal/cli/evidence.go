@@ -92,6 +92,7 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 		if err != nil {
 			return nil, err
 		}
+		c.limits(cfg)
 		cl, err := kubestore.NewClient(cfg)
 		if err != nil {
 			return nil, err

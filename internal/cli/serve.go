@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,14 +79,23 @@ type ServeConfig struct {
 	// mode's default, which lets replicas share state).
 	Store          string
 	StoreNamespace string
-	Hosts          []string
-	Listen         string // address to bind, default all
-	TokenTTL       time.Duration
-	Grace          time.Duration
-	Reload         time.Duration // how often inputs and certificates are checked
-	Clock          func() time.Time
-	Log            *slog.Logger
-	Ready          func(secure, insecure net.Addr) // called once both ports listen
+	// KubeQPS and KubeBurst bound the server's API calls (six or so per
+	// machine: token, markers, record, reads at fetch). client-go's
+	// defaults (5, 10) would hold a scale-up to about one machine a
+	// second; the API server's own priority and fairness protects it.
+	KubeQPS   float64
+	KubeBurst int
+	Hosts     []string
+	Listen    string // address to bind, default all
+	// DebugAddr, if set, serves Go's pprof profiles (/debug/pprof/) there:
+	// bind it to loopback; it is for finding where time goes.
+	DebugAddr string
+	TokenTTL  time.Duration
+	Grace     time.Duration
+	Reload    time.Duration // how often inputs and certificates are checked
+	Clock     func() time.Time
+	Log       *slog.Logger
+	Ready     func(secure, insecure net.Addr) // called once both ports listen
 }
 
 // defaultPolicy serves the public tier of every pool and nothing else: a
@@ -127,8 +137,11 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
 	fs.StringVar(&c.Store, "store", "", "embedded (bbolt in --state-dir) or kubernetes (CRDs; the default in cluster mode)")
 	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace of NodeAttestation records")
+	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 500, "cluster mode: API calls per second")
+	fs.IntVar(&c.KubeBurst, "kube-api-burst", 1000, "cluster mode: API call burst")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
 	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
+	fs.StringVar(&c.DebugAddr, "debug-addr", "", "serve pprof profiles (/debug/pprof/) here, e.g. 127.0.0.1:6060; empty: off")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
 	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
@@ -259,6 +272,13 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	errc := make(chan error, len(servers)+1)
 	for i := range servers {
 		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
+	}
+	if c.DebugAddr != "" {
+		stopDebug, err := serveDebug(c.DebugAddr)
+		if err != nil {
+			return err
+		}
+		defer stopDebug()
 	}
 	go src.run(ctx, srv)
 	go c.maintain(ctx, st, keys, prov, reloader)
@@ -548,4 +568,21 @@ func orDefault(s, def string) string {
 		return def
 	}
 	return s
+}
+
+// serveDebug serves pprof on addr until the returned function is called.
+func serveDebug(addr string) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("debug: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go s.Serve(ln)
+	return func() { s.Close() }, nil
 }

@@ -31,7 +31,7 @@ type Configs struct {
 	R *mcs.Rendered
 }
 
-var _ mcs.Configs = Configs{}
+var _ mcs.PartsConfigs = Configs{}
 
 // Pools implements mcs.Configs.
 func (c Configs) Pools() []string {
@@ -57,6 +57,15 @@ func (c Configs) Full(pool, accept string, node *store.Record) ([]byte, error) {
 	}
 	b, err := c.R.Full(pool, accept, node)
 	return b, notYet(pool, err)
+}
+
+// FullParts implements mcs.PartsConfigs.
+func (c Configs) FullParts(pool, accept string, node *store.Record) ([][]byte, error) {
+	if c.R == nil {
+		return nil, ErrNotSynced
+	}
+	parts, err := c.R.FullParts(pool, accept, node)
+	return parts, notYet(pool, err)
 }
 
 func notYet(pool string, err error) error {

@@ -254,6 +254,20 @@ func (r *Renderer) Config(pool string, tier Tier, v Version) ([]byte, error) {
 // render with that kubeconfig produces (tested for every version). Nothing
 // from the kubeconfig is kept. The returned slice is the caller's.
 func (r *Renderer) FullWithKubeconfig(pool string, v Version, kubeconfig []byte) ([]byte, error) {
+	parts, err := r.FullWithKubeconfigParts(pool, v, kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	return bytes.Join(parts, nil), nil
+}
+
+// FullWithKubeconfigParts is FullWithKubeconfig in pieces whose
+// concatenation is the config: the cached prefix and suffix (shared by
+// every request: the caller must not modify them) around the encoded
+// kubeconfig, so a server writes a per-node config without copying the
+// whole of it (a rendered config is a megabyte; a thousand machines fetch
+// at once).
+func (r *Renderer) FullWithKubeconfigParts(pool string, v Version, kubeconfig []byte) ([][]byte, error) {
 	ps, ok := r.pools[pool]
 	if !ok {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownPool, pool)
@@ -269,16 +283,14 @@ func (r *Renderer) FullWithKubeconfig(pool string, v Version, kubeconfig []byte)
 		return nil, err
 	}
 	if s.prefix == nil {
-		return r.renderFull(ps, v, kubeconfig)
+		b, err := r.renderFull(ps, v, kubeconfig)
+		return [][]byte{b}, err
 	}
 	enc, err := json.Marshal(dataURL(kubeconfig))
 	if err != nil {
 		return nil, err
 	}
-	out := make([]byte, 0, len(s.prefix)+len(enc)+len(s.suffix))
-	out = append(out, s.prefix...)
-	out = append(out, enc...)
-	return append(out, s.suffix...), nil
+	return [][]byte{s.prefix, enc, s.suffix}, nil
 }
 
 // renderFull renders the full tier of a pool with a given kubeconfig.
