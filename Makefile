@@ -47,6 +47,10 @@ generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CR
 	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
 	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds
 
+.PHONY: bench
+bench: tools ## 1,000 machines at once (TPM model, GCP, AWS): attest, fetch ~500 KB, CSR approved on a real API server; first run generates 1,000 RSA EK keys (~2 min, cached)
+	$(GO) run ./bench/scale $(BENCH_FLAGS)
+
 .PHONY: bench-approver
 bench-approver: tools ## kubelet client CSRs of 200 machines at once on a real kube-apiserver: CSRs/s, p50/p99, approver CPU/CSR vs a trivial approver, same run
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench-approver ./bench/approver

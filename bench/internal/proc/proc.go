@@ -36,3 +36,31 @@ func PeakRSS(pid int) int64 {
 	}
 	return 0
 }
+
+// Find returns the pid of a process whose executable is named name and
+// whose command line mentions hint (0 if none).
+func Find(name, hint string) int {
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(cmd), "\x00")
+		if len(args) > 0 && filepathBase(args[0]) == name && strings.Contains(string(cmd), hint) {
+			return pid
+		}
+	}
+	return 0
+}
+
+func filepathBase(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[i+1:]
+	}
+	return p
+}
