@@ -96,6 +96,14 @@ func TestServeClusterMode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Certificates made 8.1 years ago, past 80% of the CA's life: the
+	// server rotates them when it starts, and the user-data Secrets must
+	// carry the new bundle without dropping the old CA.
+	then := time.Now().Add(-time.Duration(8.1 * 365.25 * 24 * float64(time.Hour)))
+	old, err := certs.Ensure(filepath.Join(s.stateDir, "certs"), certs.Options{Clock: func() time.Time { return then }, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// The user-data Secrets name the server's URL, so its port is chosen
 	// before it starts.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -247,7 +255,7 @@ func TestServeClusterMode(t *testing.T) {
 		}
 	})
 
-	t.Run("user-data secrets follow a token rotation", func(t *testing.T) {
+	t.Run("user-data secrets follow a CA rotation and a token rotation", func(t *testing.T) {
 		secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)
 		userData := func(role string, differentFrom []byte) []byte {
 			t.Helper()
@@ -286,8 +294,22 @@ func TestServeClusterMode(t *testing.T) {
 		if err := json.Unmarshal(worker, &ptr); err != nil || len(ptr.Ignition.Security.TLS.CertificateAuthorities) != 1 {
 			t.Fatalf("worker user data: %v\n%s", err, worker)
 		}
-		if du, err := dataurl.DecodeString(ptr.Ignition.Security.TLS.CertificateAuthorities[0].Source); err != nil || !bytes.Equal(du.Data, bundle) {
-			t.Errorf("the worker user data does not carry the current CA bundle: %v", err)
+		du, err := dataurl.DecodeString(ptr.Ignition.Security.TLS.CertificateAuthorities[0].Source)
+		if err != nil || !bytes.Equal(du.Data, bundle) {
+			t.Fatalf("the worker user data does not carry the current CA bundle: %v", err)
+		}
+		if n := bytes.Count(du.Data, []byte("BEGIN CERTIFICATE")); n != 2 || !bytes.Contains(du.Data, bytes.TrimSpace(old.CABundlePEM)) {
+			t.Fatalf("after the rotation the bundle holds %d CAs; it must keep the old one beside the new", n)
+		}
+		// A machine created before the rotation, with the old bundle only,
+		// still fetches (the new CA is cross-signed by the old).
+		oldBundle := filepath.Join(t.TempDir(), "old-bundle.pem")
+		os.WriteFile(oldBundle, old.CABundlePEM, 0o600)
+		if _, out, err := ignitionFetch(t, s.pointerFile(t, "--pool", "worker", "--ca-bundle", oldBundle)); err != nil {
+			t.Fatalf("ignition with the pre-rotation bundle: %v\n%s", err, out)
+		}
+		if _, out, err := ignitionFetch(t, write(worker)); err != nil {
+			t.Fatalf("ignition with the worker user data: %v\n%s", err, out)
 		}
 		oldMaster := userData("master", nil)
 		if _, out, err := ignitionFetch(t, write(oldMaster)); err != nil {
