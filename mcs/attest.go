@@ -1,7 +1,6 @@
 package mcs
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -34,28 +33,35 @@ type sealedSession struct {
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // decodeBody reads a JSON body strictly: bounded, one object, no unknown
-// fields.
+// fields. It decodes as it reads (no copy of the raw body: a verify body
+// carries an event log, and a thousand machines attest at once).
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		return deny(ReasonMalformedRequest, "Content-Type must be application/json")
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return deny(ReasonBodyTooLarge, "body exceeds %d bytes", limit)
-		}
-		return deny(ReasonMalformedRequest, "reading body: %v", err)
+	if r.ContentLength > limit {
+		return deny(ReasonBodyTooLarge, "body exceeds %d bytes", limit)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return deny(ReasonMalformedRequest, "body: %v", err)
+	err := dec.Decode(v)
+	if err == nil {
+		// Only white space may follow the object.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("body holds more than one JSON value")
+			if terr != nil {
+				err = terr
+			}
+		}
 	}
-	if dec.More() {
-		return deny(ReasonMalformedRequest, "body holds more than one JSON value")
+	var tooBig *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooBig):
+		return deny(ReasonBodyTooLarge, "body exceeds %d bytes", limit)
 	}
-	return nil
+	return deny(ReasonMalformedRequest, "body: %v", err)
 }
 
 func writeJSON(w http.ResponseWriter, d *decision, v any) {

@@ -802,6 +802,9 @@ func startProcess(bin, logFile string, args ...string) (*exec.Cmd, error) {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	// As deploy/ runs them: a soft memory limit under the container's
+	// (GOMEMLIMIT), so the garbage collector works before memory grows.
+	cmd.Env = append(os.Environ(), "GOMEMLIMIT=160MiB")
 	cmd.Stdout, cmd.Stderr = f, f
 	return cmd, cmd.Start()
 }
