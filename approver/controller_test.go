@@ -348,8 +348,17 @@ func TestControllerOnAPIServer(t *testing.T) {
 	if m := maxActive.Load(); m != 1 {
 		t.Errorf("%d replicas ran at once", m)
 	}
-	if v := metricValue(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": "approve"}); v < 3 {
-		t.Errorf("approve decisions metric %v", v)
+	// The metric is counted just after the approval is written: the test
+	// may see the approval first.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		v := metricValue(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": "approve"})
+		if v >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("approve decisions metric %v, want 3", v)
+			break
+		}
 	}
 	if v := metricValue(t, reg, "nodeproof_approver_decision_seconds", nil); v == 0 {
 		t.Error("no decision latency observed")
