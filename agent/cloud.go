@@ -46,8 +46,8 @@ func (e GCPEvidence) Attest(ctx context.Context, c *Client, pool, nodeName strin
 // signature, read over IMDSv2. The document carries no nonce: the server
 // accepts one enrolment per instance within the document's age window.
 type AWSEvidence struct {
-	// IMDS is the metadata client (imds.New(imds.Options{}) for the
-	// instance's own; Endpoint set for tests).
+	// IMDS is the metadata client (nil: aws.NewIMDSClient(""), the
+	// instance's own, IMDSv2 only; aws.NewIMDSClient(url) for tests).
 	IMDS *imds.Client
 }
 
@@ -58,7 +58,7 @@ func (AWSEvidence) Kind() attest.Kind { return attest.KindAWS }
 func (e AWSEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
 	client := e.IMDS
 	if client == nil {
-		client = imds.New(imds.Options{})
+		client = aws.NewIMDSClient("")
 	}
 	return c.attest(ctx, api.ChallengeRequest{
 		Kind: attest.KindAWS, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, AWS: &aws.ChallengeRequest{},

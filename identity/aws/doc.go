@@ -1,8 +1,9 @@
 // Package aws is nodeproof's AWS evidence: the EC2 instance identity
 // document, signed by AWS with the Region's RSA-2048 key (the rsa2048
 // PKCS#7). Collect (node side) reads it from the instance metadata service
-// over IMDSv2; Verifier (server side) checks it and returns attest.Claims;
-// attest/policy decides what they may have.
+// over IMDSv2 only (NewIMDSClient; a refused token PUT is an error, never a
+// fall back to IMDSv1); Verifier (server side) checks it and returns
+// attest.Claims; attest/policy decides what they may have.
 //
 // What the evidence proves: AWS launched instance <instanceId> in account
 // <accountId>, Region, Availability Zone, with that image, type and primary

@@ -13,10 +13,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
-
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
 // Main runs the agent with args (without the program name) and returns
@@ -71,7 +70,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case "gcp":
 		ev = agent.GCPEvidence{}
 	case "aws":
-		ev = agent.AWSEvidence{IMDS: imds.New(imds.Options{Endpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT")})}
+		ev = agent.AWSEvidence{IMDS: aws.NewIMDSClient(os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))}
 	default:
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2

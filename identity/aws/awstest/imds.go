@@ -9,8 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
+
+	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
 // IMDSv2 headers.
@@ -28,6 +29,9 @@ const (
 //   - GET of /latest/dynamic/instance-identity/{document,rsa2048,signature}
 //     needs X-aws-ec2-metadata-token with a valid token (401 without it,
 //     with an unknown or expired one); other paths are 404.
+//
+// RefuseTokens turns it into what a client trying to downgrade it would
+// want: token PUTs refused, tokenless (IMDSv1) GETs served.
 type IMDS struct {
 	// URL is the base URL, for imds.Options.Endpoint.
 	URL string
@@ -38,6 +42,10 @@ type IMDS struct {
 	files  Files
 	tokens map[string]time.Time
 	gets   int
+	// refuse, when not zero, answers every token PUT with this status and
+	// serves GETs without a token (IMDSv1).
+	refuse int
+	v1Gets int
 }
 
 // NewIMDS starts an IMDS serving f. Close it when done.
@@ -65,10 +73,30 @@ func (m *IMDS) Gets() int {
 	return m.gets
 }
 
-// Client returns an aws-sdk-go-v2 IMDS client for this service, with the
-// IMDSv1 fallback off.
+// RefuseTokens makes the service answer every token PUT with status (403:
+// as EC2 answers a PUT through a proxy or with IMDS tokens off; 404: as an
+// endpoint without IMDSv2 does) and serve metadata GETs that carry no token,
+// as an instance with IMDSv1 enabled does. Status 0 restores IMDSv2 only.
+// A client that falls back to IMDSv1 after a refused PUT reads the
+// document this way; UnauthenticatedGets counts its attempts.
+func (m *IMDS) RefuseTokens(status int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.refuse = status
+}
+
+// UnauthenticatedGets counts the GETs received without a token header
+// (IMDSv1 requests), whatever they were answered.
+func (m *IMDS) UnauthenticatedGets() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.v1Gets
+}
+
+// Client returns the node side's IMDS client (aws.NewIMDSClient: IMDSv2
+// only, no IMDSv1 fallback) for this service.
 func (m *IMDS) Client() *imds.Client {
-	return imds.New(imds.Options{Endpoint: m.URL, EnableFallback: aws.FalseTernary})
+	return aws.NewIMDSClient(m.URL)
 }
 
 func (m *IMDS) serve(w http.ResponseWriter, r *http.Request) {
@@ -82,8 +110,13 @@ func (m *IMDS) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	exp, ok := m.tokens[r.Header.Get(TokenHeader)]
-	if !ok || !time.Now().Before(exp) {
+	tok := r.Header.Get(TokenHeader)
+	if tok == "" {
+		m.v1Gets++
+	}
+	exp, ok := m.tokens[tok]
+	v1 := tok == "" && m.refuse != 0
+	if !v1 && (!ok || !time.Now().Before(exp)) {
 		http.Error(w, "unauthorized", http.StatusUnauthorized)
 		return
 	}
@@ -112,6 +145,13 @@ func (m *IMDS) token(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Header.Get("X-Forwarded-For") != "" {
 		http.Error(w, "forbidden", http.StatusForbidden)
+		return
+	}
+	m.mu.Lock()
+	refuse := m.refuse
+	m.mu.Unlock()
+	if refuse != 0 {
+		http.Error(w, http.StatusText(refuse), refuse)
 		return
 	}
 	ttl, err := strconv.Atoi(r.Header.Get(TokenTTLHeader))
