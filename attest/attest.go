@@ -247,6 +247,10 @@ const (
 	ReasonDocSignature     Reason = "DocumentSignatureInvalid"
 	ReasonDocRegionCert    Reason = "DocumentRegionCertMismatch"
 	ReasonDocMalformed     Reason = "DocumentMalformed"
+	// ReasonDocSubstituted: an AWS document sent beside a valid signature
+	// is not the signed one (the substitution attack), as opposed to a
+	// document or signature that does not parse (DocumentMalformed).
+	ReasonDocSubstituted   Reason = "DocumentSubstituted"
 	ReasonDocTooOld        Reason = "DocumentTooOld"
 	ReasonInstanceEnrolled Reason = "InstanceAlreadyEnrolled"
 	ReasonInstanceNotLive  Reason = "InstanceNotRunning"

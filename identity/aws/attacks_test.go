@@ -53,12 +53,28 @@ func TestAttacks(t *testing.T) {
 			b.AccountID = "999999999999"
 			ev.Document = b.JSON()
 			return ev
-		}, nil, attest.ReasonDocMalformed},
+		}, nil, attest.ReasonDocSubstituted},
 		{"document substitution, same length", func() *aws.Evidence {
 			ev := good()
 			ev.Document = bytes.Replace(ev.Document, []byte("10.0.1.2"), []byte("10.0.1.9"), 1)
 			return ev
-		}, nil, attest.ReasonDocMalformed},
+		}, nil, attest.ReasonDocSubstituted},
+		{"document substitution, not JSON beside a valid signature", func() *aws.Evidence {
+			ev := good()
+			ev.Document = []byte("region=us-east-1")
+			return ev
+		}, nil, attest.ReasonDocSubstituted},
+		{"document substitution beside a tampered signature: the signature decides", func() *aws.Evidence {
+			ev := good()
+			b, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(ev.PKCS7, "\n", ""))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)-1] ^= 1
+			ev.PKCS7 = awstest.Base64Lines(b)
+			ev.Document = bytes.Replace(ev.Document, []byte("10.0.1.2"), []byte("10.0.1.9"), 1)
+			return ev
+		}, nil, attest.ReasonDocSignature},
 
 		// Signer.
 		{"signed by another key with its own certificate", func() *aws.Evidence {

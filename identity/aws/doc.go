@@ -9,7 +9,7 @@
 // <accountId>, Region, Availability Zone, with that image, type and primary
 // private IP, at pendingTime. Every claim is read from the signed content of
 // the PKCS#7 and from nothing else; the unsigned document a node also sends
-// is compared with it and refused when it differs. The Region's certificate
+// is compared with it and refused when it differs (DocumentSubstituted). The Region's certificate
 // comes from configuration (DefaultRegionCerts, shipped in certs/ with its
 // source in certs/README.md, or LoadRegionCerts); certificates inside a
 // PKCS#7 are never used.

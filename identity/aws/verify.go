@@ -144,7 +144,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //     (DocumentMalformed).
 //  7. Evidence.Document, when present, is the signed document: equal to the
 //     signed content apart from leading and trailing white space, which
-//     JSON ignores (DocumentMalformed). A different document there is a
+//     JSON ignores (DocumentSubstituted). A different document there is a
 //     substitution attempt; it is refused, not ignored, so that a node or
 //     log that reads it is never shown another instance's document.
 //  8. Freshness: pendingTime is at most MaxDocumentAge before now and at
@@ -252,7 +252,7 @@ func (v *Verifier) verifyDocument(ev *Evidence, now time.Time) (*document, error
 		return nil, err
 	}
 	if len(ev.Document) > 0 && !bytes.Equal(bytes.TrimSpace(ev.Document), bytes.TrimSpace(sd.content)) {
-		return nil, attest.Deny(attest.ReasonDocMalformed, "evidence document differs from the signed document (only the signed one is read; a different one is refused)")
+		return nil, attest.Deny(attest.ReasonDocSubstituted, "evidence document differs from the signed document (only the signed one is read; a different one is refused)")
 	}
 	return doc, nil
 }
