@@ -184,8 +184,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //     google.compute_engine and is refused here.
 //
 // Claims: Identity "gcp:<project_number>/<instance_id>", NodeName the
-// instance_name (never anything from the request), the session's kubelet
-// key hash, VerifiedAt the verifier's clock, and the GCP facts.
+// instance_name (never anything from the request), Addresses (addresses),
+// the session's kubelet key hash, VerifiedAt the verifier's clock, and the
+// GCP facts.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
 	if sess == nil || sess.Kind != attest.KindGCP || len(sess.Nonce) != attest.NonceSize || len(sess.KubeletKeySHA256) != 32 {
@@ -229,10 +230,29 @@ func (v *Verifier) claims(payload []byte, sess *attest.Session, now time.Time) (
 		Kind:             attest.KindGCP,
 		Identity:         "gcp:" + g.ProjectNumber + "/" + g.InstanceID,
 		NodeName:         g.InstanceName,
+		Addresses:        addresses(g),
 		KubeletKeySHA256: append([]byte(nil), sess.KubeletKeySHA256...),
 		VerifiedAt:       now,
 		GCP:              g,
 	}, nil
+}
+
+// addresses are the node addresses a verified token attests, for kubelet
+// serving certificates: the instance name, and the instance's zonal
+// internal DNS name <instance_name>.<zone>.c.<project_id>.internal (GCP's
+// documented zonal DNS, the default for projects since September 2018).
+// The project-wide form <instance_name>.c.<project_id>.internal is not
+// included (it exists only for projects set to global DNS, which the token
+// does not say), nor are IPs (the token carries none), nor any name for a
+// legacy domain-scoped project ID ("example.com:p"), whose DNS form the
+// token does not fix. g's fields were validated (check 10): each is an RFC
+// 1035 label, so the name is a valid DNS name.
+func addresses(g *attest.GCPClaims) []string {
+	addrs := []string{g.InstanceName}
+	if !strings.Contains(g.ProjectID, ":") {
+		addrs = append(addrs, g.InstanceName+"."+g.Zone+".c."+g.ProjectID+".internal")
+	}
+	return addrs
 }
 
 // verifySignature does checks 2 to 5 and returns the signed payload.

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -153,6 +154,11 @@ func checkClaims(t *testing.T, e *env, c *attest.Claims) {
 	}
 	if c.GCP == nil || *c.GCP != want {
 		t.Fatalf("GCP claims = %+v, want %+v", c.GCP, want)
+	}
+	// What kubelet serving CSRs are checked against: the instance name and
+	// its zonal internal DNS name, nothing else.
+	if wantAddrs := []string{inst.InstanceName, inst.InstanceName + "." + inst.Zone + ".c." + inst.ProjectID + ".internal"}; !slices.Equal(c.Addresses, wantAddrs) {
+		t.Fatalf("addresses = %q, want %q", c.Addresses, wantAddrs)
 	}
 }
 
@@ -467,6 +473,19 @@ func TestVerifyAttacks(t *testing.T) {
 		{name: "no email", token: claims(func(c map[string]any) { delete(c, "email") }), check: func(t *testing.T, _ *env, c *attest.Claims) {
 			if c.GCP.ServiceAccount != "" || c.NodeName != "worker-0" {
 				t.Fatalf("claims = %+v", c.GCP)
+			}
+		}},
+		{name: "addresses follow the token's zone and project", token: ce(func(m map[string]any) {
+			m["zone"], m["project_id"], m["instance_name"] = "europe-west4-b", "other-project", "infra-7"
+		}), check: func(t *testing.T, _ *env, c *attest.Claims) {
+			want := []string{"infra-7", "infra-7.europe-west4-b.c.other-project.internal"}
+			if c.NodeName != "infra-7" || !slices.Equal(c.Addresses, want) {
+				t.Fatalf("node %q, addresses %q, want %q", c.NodeName, c.Addresses, want)
+			}
+		}},
+		{name: "domain-scoped project: the instance name only", token: ce(func(m map[string]any) { m["project_id"] = "example.com:my-project" }), check: func(t *testing.T, _ *env, c *attest.Claims) {
+			if c.GCP.ProjectID != "example.com:my-project" || !slices.Equal(c.Addresses, []string{"worker-0"}) {
+				t.Fatalf("project %q, addresses %q, want [worker-0]", c.GCP.ProjectID, c.Addresses)
 			}
 		}},
 		{name: "email not a string", want: attest.ReasonTokenClaims, token: claims(func(c map[string]any) { c["email"] = 5 })},
