@@ -72,7 +72,9 @@ type Store interface {
 	// CreateRecord stores r and, in the same atomic and durable write, sets
 	// every marker in once (a session answered; an instance enrolled). If
 	// any is already set it returns ErrUsed and stores nothing; an existing
-	// ID gives ErrExists.
+	// ID gives ErrExists. Calling it again for a record it already stored
+	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
+	// calling it again with the same record completes it.
 	CreateRecord(ctx context.Context, r *Record, once ...Once) error
 	// GetRecord returns a record by ID (ErrNotFound).
 	GetRecord(ctx context.Context, id string) (*Record, error)
@@ -87,6 +89,9 @@ type Store interface {
 	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
 	// did not happen (a response that could not be delivered).
 	ReleaseOnce(ctx context.Context, key string) error
+	// IsUsed reports whether an unexpired marker is set for key, without
+	// setting it.
+	IsUsed(ctx context.Context, key string) (bool, error)
 	// GC deletes records and markers that expired before now and returns how
 	// many it deleted.
 	GC(ctx context.Context, now time.Time) (int, error)

@@ -189,6 +189,19 @@ func (s *Store) ReleaseOnce(ctx context.Context, key string) error {
 	return s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketOnce).Delete([]byte(key)) })
 }
 
+// IsUsed implements store.Store.
+func (s *Store) IsUsed(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	var used bool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		used = onceSet(tx.Bucket(bucketOnce), key, s.clock())
+		return nil
+	})
+	return used, err
+}
+
 // GC implements store.Store.
 func (s *Store) GC(ctx context.Context, now time.Time) (int, error) {
 	n := 0

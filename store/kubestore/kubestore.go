@@ -198,14 +198,18 @@ func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once ...store
 		return errors.Join(errs...)
 	}
 	for _, o := range keys {
-		m, err := s.setMarker(ctx, o.Key, o.Expires, r.ID)
+		m, isNew, err := s.setMarker(ctx, o.Key, o.Expires, r.ID)
 		if err != nil {
 			if uerr := undo(); uerr != nil {
 				return fmt.Errorf("%w (and undoing this call's markers: %w)", err, uerr)
 			}
 			return err
 		}
-		created = append(created, m)
+		if isNew {
+			// Only what this call created is its to undo: a marker an
+			// earlier call set for this record stays with it.
+			created = append(created, m)
+		}
 	}
 
 	err = s.c.Create(ctx, obj)
@@ -242,12 +246,14 @@ func definite(err error) bool {
 	return !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err)
 }
 
-// setMarker creates the marker for key, replacing an expired one; ErrUsed if
-// an unexpired one exists.
-func (s *Store) setMarker(ctx context.Context, key string, expires time.Time, recordID string) (*v1alpha1.AttestationMarker, error) {
+// setMarker creates the marker for key, replacing an expired one (isNew);
+// ErrUsed if an unexpired one exists for another record. An unexpired one
+// for recordID, which an earlier call for the same record set, is returned
+// as it is (not isNew).
+func (s *Store) setMarker(ctx context.Context, key string, expires time.Time, recordID string) (m *v1alpha1.AttestationMarker, isNew bool, err error) {
 	name := v1alpha1.MarkerName(key)
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		m := &v1alpha1.AttestationMarker{
+		m = &v1alpha1.AttestationMarker{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s.ns},
 			Spec: v1alpha1.AttestationMarkerSpec{
 				Key:      key,
@@ -255,30 +261,36 @@ func (s *Store) setMarker(ctx context.Context, key string, expires time.Time, re
 				RecordID: recordID,
 			},
 		}
-		err := s.c.Create(ctx, m)
+		err = s.c.Create(ctx, m)
 		if err == nil {
-			return m, nil
+			return m, true, nil
 		}
 		if !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("kubestore: set marker %q: %w", key, err)
+			return nil, false, fmt.Errorf("kubestore: set marker %q: %w", key, err)
 		}
 		var old v1alpha1.AttestationMarker
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: name}, &old); err != nil {
 			if apierrors.IsNotFound(err) {
 				continue // deleted meanwhile: try again
 			}
-			return nil, fmt.Errorf("kubestore: read marker %q: %w", key, err)
+			return nil, false, fmt.Errorf("kubestore: read marker %q: %w", key, err)
 		}
 		if s.clock().Before(old.Spec.Expires.Time) {
-			return nil, fmt.Errorf("kubestore: marker %q: %w", key, store.ErrUsed)
+			if recordID != "" && old.Spec.RecordID == recordID {
+				// Set for this same record by a call that did not finish
+				// (a crash between the markers and the record): it is
+				// this call's to complete.
+				return &old, false, nil
+			}
+			return nil, false, fmt.Errorf("kubestore: marker %q: %w", key, store.ErrUsed)
 		}
 		// Expired: it counts as unset. Delete exactly that object (another
 		// writer may have replaced it since) and try again.
 		if err := s.deleteMarker(ctx, &old); err != nil && !apierrors.IsConflict(err) {
-			return nil, fmt.Errorf("kubestore: delete expired marker %q: %w", key, err)
+			return nil, false, fmt.Errorf("kubestore: delete expired marker %q: %w", key, err)
 		}
 	}
-	return nil, fmt.Errorf("kubestore: marker %q: still contended after %d attempts", key, maxAttempts)
+	return nil, false, fmt.Errorf("kubestore: marker %q: still contended after %d attempts", key, maxAttempts)
 }
 
 // deleteMarker deletes exactly m (its UID); already gone is success.
@@ -404,7 +416,7 @@ func (s *Store) ConsumeRecord(ctx context.Context, id, by string, at time.Time) 
 func (s *Store) UseOnce(ctx context.Context, key string, expires time.Time) error {
 	ctx, cancel := bound(ctx)
 	defer cancel()
-	_, err := s.setMarker(ctx, key, expires, "")
+	_, _, err := s.setMarker(ctx, key, expires, "")
 	return err
 }
 
@@ -418,6 +430,20 @@ func (s *Store) ReleaseOnce(ctx context.Context, key string) error {
 		return fmt.Errorf("kubestore: release marker %q: %w", key, err)
 	}
 	return nil
+}
+
+// IsUsed implements store.Store.
+func (s *Store) IsUsed(ctx context.Context, key string) (bool, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	var m v1alpha1.AttestationMarker
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: v1alpha1.MarkerName(key)}, &m); err != nil {
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("kubestore: read marker %q: %w", key, err)
+	}
+	return m.Spec.Key == key && s.clock().Before(m.Spec.Expires.Time), nil
 }
 
 // GC implements store.Store: it deletes markers and records whose expiry is

@@ -737,6 +737,18 @@ func testOrphanMarkers(t *testing.T, k *cluster) {
 			if err := k.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: v1alpha1.MarkerName("session/1")}, &m); err != nil || m.Spec.RecordID != r.ID {
 				t.Fatalf("orphan marker: %+v, %v; want it naming record %s", m.Spec, err, r.ID)
 			}
+			// The same record written again (the server answering the same
+			// session after the crash) completes it: created if the first
+			// create never arrived, ErrExists if it did; the earlier call's
+			// markers stay either way.
+			again := s.CreateRecord(ctx, r, store.Once{Key: "session/1", Expires: storetest.T0.Add(5 * time.Minute)},
+				store.Once{Key: "instance/1", Expires: storetest.T0.Add(time.Hour)})
+			if tc.recordWritten && !errors.Is(again, store.ErrExists) || !tc.recordWritten && again != nil {
+				t.Fatalf("the same record again: %v (record written before: %v)", again, tc.recordWritten)
+			}
+			if _, err := s.GetRecord(ctx, r.ID); err != nil {
+				t.Fatalf("the record after the retry: %v", err)
+			}
 			// The session cannot be replayed, the instance cannot re-enrol...
 			r2 := storetest.Record(storetest.ID(2), "worker-1", storetest.T0)
 			if err := s.CreateRecord(ctx, r2, store.Once{Key: "session/1", Expires: storetest.T0.Add(5 * time.Minute)}); !errors.Is(err, store.ErrUsed) {
@@ -750,10 +762,7 @@ func testOrphanMarkers(t *testing.T, k *cluster) {
 			if err := s.CreateRecord(ctx, r2, store.Once{Key: "instance/1", Expires: storetest.T0.Add(2 * time.Hour)}); err != nil {
 				t.Fatalf("re-enrolment after expiry: %v", err)
 			}
-			want := 2 // session/1 and record 2 (expires T0+1h)
-			if tc.recordWritten {
-				want++ // and record 1 (expires T0+1h)
-			}
+			want := 3 // session/1, records 1 and 2 (expire T0+1h)
 			if n, err := s.GC(ctx, clock.Now()); err != nil || n != want {
 				t.Fatalf("GC = %d, %v; want %d", n, err, want)
 			}

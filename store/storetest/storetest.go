@@ -243,6 +243,19 @@ var cases = []struct {
 		e.unset(t, "session/2")
 		e.unset(t, "instance/2")
 	}},
+	{"the same record again is ErrUsed or ErrExists and changes nothing", func(t *testing.T, e *env) {
+		r := Record(ID(1), "worker-1", T0)
+		e.create(t, r, once("session/1", T0.Add(time.Minute)), once("instance/1", T0.Add(time.Hour)))
+		err := e.s.CreateRecord(e.ctx, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)), once("instance/1", T0.Add(time.Hour)))
+		if !errors.Is(err, store.ErrUsed) && !errors.Is(err, store.ErrExists) {
+			t.Fatalf("the same CreateRecord again: %v, want ErrUsed or ErrExists", err)
+		}
+		if d := Equal(e.get(t, ID(1)), r); d != "" {
+			t.Fatalf("record changed: %s", d)
+		}
+		e.set(t, "session/1")
+		e.set(t, "instance/1")
+	}},
 	{"a marker already set refuses the whole write", func(t *testing.T, e *env) {
 		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)))
 		err := e.s.CreateRecord(e.ctx, Record(ID(2), "worker-1", T0), once("instance/9", T0.Add(time.Hour)), once("session/1", T0.Add(time.Minute)))
@@ -319,6 +332,31 @@ var cases = []struct {
 		rs, err := e.s.RecordsForNode(e.ctx, "worker-1")
 		if err != nil || len(rs) != 1 || rs[0].ConsumedBy != "csr-1" {
 			t.Fatalf("RecordsForNode after consumption: %v %v", ids(rs), err)
+		}
+	}},
+	{"IsUsed reads a marker without setting it", func(t *testing.T, e *env) {
+		used := func(key string) bool {
+			t.Helper()
+			u, err := e.s.IsUsed(e.ctx, key)
+			if err != nil {
+				t.Fatalf("IsUsed %s: %v", key, err)
+			}
+			return u
+		}
+		if used("token/1") || used("token/1") {
+			t.Fatal("an unset marker reads as used")
+		}
+		e.unset(t, "token/1") // IsUsed set nothing
+		if !used("token/1") {
+			t.Fatal("a set marker reads as unused")
+		}
+		e.create(t, Record(ID(1), "worker-1", T0), once("session/1", T0.Add(time.Minute)))
+		if !used("session/1") {
+			t.Fatal("a marker CreateRecord set reads as unused")
+		}
+		e.clock.Set(T0.Add(2 * time.Minute))
+		if used("session/1") {
+			t.Fatal("an expired marker reads as used")
 		}
 	}},
 	{"use once, release, use again", func(t *testing.T, e *env) {
