@@ -2,7 +2,7 @@ package mcs
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -119,6 +119,12 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM evidence needs a tpm request and a TPM verifier"))
 			return
 		}
+		// The EK the request claims, before any cryptography is spent on it.
+		ek := sha256.Sum256(req.TPM.EKPublic)
+		if ok, wait := s.o.Limits.PerIdentity.Allow("tpm-ek-claimed/" + hex.EncodeToString(ek[:])); !ok {
+			s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this TPM; retry later")))
+			return
+		}
 		resp.TPM, sess, err = s.o.TPM.Challenge(req.Pool, keySHA, req.TPM)
 	case attest.KindGCP:
 		if s.o.GCP == nil || req.GCP == nil {
@@ -158,11 +164,21 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // sealed by keys this server no longer has); the kind's verifier (every
 // check in its doc comment; expiry included); policy for the session's
 // pool; a node name (from the evidence, or requested when the pool allows
-// it: NodeNameNotEstablished). In cluster mode the node's bootstrap token
-// is issued next. Then, in one durable store transaction, the
-// NodeAttestation record is written and the session marked used
-// (SessionReused: nothing is written). Only then is the config token
-// returned. No refusal writes anything.
+// it: NodeNameNotEstablished); the identity's rate (RateLimited). In
+// cluster mode the node's bootstrap token is issued next. Then, in one
+// durable store transaction, the NodeAttestation record is written and the
+// session marked used. Only then is the config token returned. No refusal
+// writes anything.
+//
+// The record's ID and the config token's single-use ID are derived from
+// the session's nonce, so the same session answered again — the node
+// retrying after the first answer was lost to a crash or a dropped
+// connection, when the record was already written — gets a token for that
+// same record with that same single-use ID, as long as that config has not
+// been delivered: a session still yields at most one config. Once it was
+// delivered, the session answered again is refused (SessionReused), as is
+// one whose marker is set without a record of its own; an AWS instance
+// enrolled by another session is refused (InstanceAlreadyEnrolled).
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	var req api.VerifyRequest
 	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
@@ -224,12 +240,12 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	d.node = node
-	now := s.o.Clock()
-	id, err := randomID()
-	if err != nil {
-		s.refuse(w, d, err)
+	if ok, wait := s.o.Limits.PerIdentity.Allow(identityKey(claims)); !ok {
+		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this identity; retry later")))
 		return
 	}
+	now := s.o.Clock()
+	id := derivedID(recordLabel, sess.Nonce)
 	rec := &store.Record{
 		ID: id, NodeName: node, Pool: sess.Pool, Kind: claims.Kind, Identity: claims.Identity,
 		KubeletKeySHA256: claims.KubeletKeySHA256, Addresses: claims.Addresses,
@@ -247,16 +263,27 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		// document can be accepted at all.
 		once = append(once, store.Once{Key: aws.OnceKey(claims.AWS), Expires: s.o.AWS.AcceptedUntil(claims.AWS)})
 	}
-	if err := s.o.Store.CreateRecord(r.Context(), rec, once...); err != nil {
-		if rec.BootstrapTokenID != "" {
-			if rerr := s.o.Bootstrap.Revoke(context.WithoutCancel(r.Context()), rec); rerr != nil {
-				s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", node, "err", rerr.Error())
-			}
+	tokenID := derivedID(configTokenLabel, sess.Nonce)
+	err = s.o.Store.CreateRecord(r.Context(), rec, once...)
+	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
+		prev, ok, perr := s.answeredBefore(r.Context(), rec, tokenID)
+		switch {
+		case perr != nil:
+			err = perr
+		case ok:
+			// This session's record was written and its answer lost: keep
+			// that record (and its bootstrap token); drop this try's token.
+			s.revokeUnwritten(r.Context(), rec)
+			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", node, "record", prev.ID)
+			rec, err = prev, nil
 		}
+	}
+	if err != nil {
+		s.revokeUnwritten(r.Context(), rec)
 		if errors.Is(err, store.ErrUsed) && claims.AWS != nil {
 			s.refuse(w, d, deny(attest.ReasonInstanceEnrolled, "instance %s of account %s already enrolled with this document (trust on first use); re-enrol a reinstalled instance with: nodeproof enroll --reset %s",
 				claims.AWS.InstanceID, claims.AWS.AccountID, aws.OnceKey(claims.AWS)))
-		} else if errors.Is(err, store.ErrUsed) {
+		} else if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
 			s.refuse(w, d, deny(attest.ReasonSessionReused, "this session was already answered"))
 		} else {
 			s.refuse(w, d, err)
@@ -264,13 +291,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	d.record = id
-	tokID, err := tokens.NewTokenID()
-	if err != nil {
-		s.refuse(w, d, err)
-		return
-	}
 	exp := now.Add(s.o.ConfigTokenTTL)
-	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{ID: tokID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp})
+	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{
+		ID: tokenID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp,
+	})
 	if err != nil {
 		s.refuse(w, d, err)
 		return
@@ -278,13 +302,61 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
 }
 
-func randomID() (string, error) {
-	b := make([]byte, 12)
-	if _, err := io.ReadFull(rand.Reader, b); err != nil {
-		return "", err
+// answeredBefore returns the record an earlier answer to the same session
+// wrote, if the config that answer's token could fetch was never
+// delivered, and the record is for the same node, pool, evidence and
+// kubelet key as rec (the only way it can be: the session fixes pool and
+// key, the evidence the node). An error is the store's.
+func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID string) (*store.Record, bool, error) {
+	prev, err := s.o.Store.GetRecord(ctx, rec.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, false, nil
+	} else if err != nil {
+		return nil, false, err
 	}
-	return hex.EncodeToString(b), nil
+	same := prev.NodeName == rec.NodeName && prev.Pool == rec.Pool && prev.Kind == rec.Kind &&
+		prev.Identity == rec.Identity && attest.Equal(prev.KubeletKeySHA256, rec.KubeletKeySHA256)
+	if !same {
+		return nil, false, nil
+	}
+	delivered, err := s.o.Store.IsUsed(ctx, configTokenOnce(tokenID))
+	if err != nil {
+		return nil, false, err
+	}
+	return prev, !delivered, nil
 }
+
+// revokeUnwritten deletes the bootstrap token issued for rec, which was
+// not written.
+func (s *Server) revokeUnwritten(ctx context.Context, rec *store.Record) {
+	if rec.BootstrapTokenID == "" || s.o.Bootstrap == nil {
+		return
+	}
+	if err := s.o.Bootstrap.Revoke(context.WithoutCancel(ctx), rec); err != nil {
+		s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", rec.NodeName, "err", err.Error())
+	}
+}
+
+// Labels of the IDs derived from a session's nonce.
+const (
+	recordLabel      = "nodeproof/v1 record id"
+	configTokenLabel = "nodeproof/v1 config token id"
+)
+
+// derivedID is the ID for label of the session with nonce: 24 hex
+// characters of SHA-256(label ‖ 0 ‖ nonce). The nonce is 32 random bytes,
+// so IDs are as unique as random ones, and the same session always gets
+// the same ones.
+func derivedID(label string, nonce []byte) string {
+	h := sha256.New()
+	h.Write([]byte(label))
+	h.Write([]byte{0})
+	h.Write(nonce)
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// identityKey is the per-identity rate limit's key for verified claims.
+func identityKey(c *attest.Claims) string { return string(c.Kind) + "/" + c.Identity }
 
 // summarize describes claims in one line for records and logs (no
 // secrets: claims hold none).

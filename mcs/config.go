@@ -126,7 +126,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 		return
 	}
-	once := "config-token/" + ct.ID
+	once := configTokenOnce(ct.ID)
 	if err := s.o.Store.UseOnce(ctx, once, ct.Expires); err != nil {
 		if errors.Is(err, store.ErrUsed) {
 			s.refuse(w, d, deny(ReasonTokenUsed, "config token was already used"))
@@ -144,6 +144,9 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	s.deliver(w, r, d, s.full(pool, accept, rec), release)
 }
+
+// configTokenOnce is the single-use marker of a config token.
+func configTokenOnce(id string) string { return "config-token/" + id }
 
 // full renders a full config, in shared pieces where the Configs can.
 func (s *Server) full(pool, accept string, node *store.Record) func() ([][]byte, error) {

@@ -25,6 +25,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -95,10 +96,36 @@ type Options struct {
 	ConfigTokenTTL time.Duration
 	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
 	RecordTTL time.Duration
+	// Limits bound what one source address or one identity may ask of the
+	// server; the zero value limits nothing.
+	Limits Limits
 	// Clock tells the time (required).
 	Clock func() time.Time
 	// Log receives one line per decision (required).
 	Log *slog.Logger
+}
+
+// Limits are the server's request-level admission limits (connection
+// limits are the listener's: limit.Listener). Refusals are RateLimited or
+// Overloaded: 503 with Retry-After, so Ignition and the agent come back
+// (Ignition treats every 4xx as final, and a machine behind the same NAT
+// as a flood must not fail its boot).
+type Limits struct {
+	// AttestPerSource limits /attest/v1 requests per source address
+	// (limit.SourceKey), checked before the body is read.
+	AttestPerSource *limit.Buckets
+	// ConfigPerSource limits /config requests per source address.
+	ConfigPerSource *limit.Buckets
+	// PerIdentity limits, per identity, challenges that claim it (a TPM's
+	// EK, before any cryptography) and successful attestations that proved
+	// it (every kind, before a record is written): a flood for one
+	// identity from many sources is held to its rate, and one machine
+	// cannot mint records without bound.
+	PerIdentity *limit.Buckets
+	// Attestations caps attestation requests in flight (each may carry a
+	// 2 MiB body and costs signature checks and store writes); a request
+	// waits briefly for a slot, then is refused Overloaded.
+	Attestations *limit.Gate
 }
 
 // Server serves the MCS endpoints.
@@ -224,6 +251,9 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 		if !methodIs(w, r, d, s, http.MethodGet, http.MethodHead) {
 			return
 		}
+		if !s.admit(w, r, d, s.o.Limits.ConfigPerSource) {
+			return
+		}
 		s.serveConfig(w, r, port, d)
 	case r.URL.Path == api.PathChallenge || r.URL.Path == api.PathVerify:
 		if !methodIs(w, r, d, s, http.MethodPost) {
@@ -233,6 +263,15 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 			s.refuse(w, d, deny(ReasonInsecurePort, "attestation is only served over TLS"))
 			return
 		}
+		if !s.admit(w, r, d, s.o.Limits.AttestPerSource) {
+			return
+		}
+		leave := s.o.Limits.Attestations.Enter(r.Context())
+		if leave == nil {
+			s.refuse(w, d, later(time.Second, deny(ReasonOverloaded, "too many attestations in flight; retry")))
+			return
+		}
+		defer leave()
 		if r.URL.Path == api.PathChallenge {
 			s.challenge(w, r, d)
 		} else {
@@ -241,6 +280,16 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 	default:
 		s.refuse(w, d, deny(ReasonNotFound, "no such endpoint"))
 	}
+}
+
+// admit takes a token from the request's source bucket, or refuses it
+// RateLimited.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, d *decision, b *limit.Buckets) bool {
+	ok, wait := b.Allow(limit.SourceKey(r.RemoteAddr))
+	if !ok {
+		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many requests from this address; retry later")))
+	}
+	return ok
 }
 
 func methodIs(w http.ResponseWriter, r *http.Request, d *decision, s *Server, methods ...string) bool {

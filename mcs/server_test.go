@@ -123,6 +123,12 @@ func newEnv(t *testing.T) *env {
 // newEnvWith serves configs (the static test configs when nil).
 func newEnvWith(t *testing.T, configs mcs.Configs) *env {
 	t.Helper()
+	return newEnvLimits(t, configs, mcs.Limits{})
+}
+
+// newEnvLimits is newEnvWith with admission limits.
+func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
+	t.Helper()
 	e := &env{t: t, configs: &staticConfigs{}}
 	if configs == nil {
 		configs = e.configs
@@ -171,7 +177,7 @@ func newEnvWith(t *testing.T, configs mcs.Configs) *env {
 	}
 	srv, err := mcs.New(mcs.Options{
 		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
-		Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)),
+		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -366,7 +372,7 @@ func TestAttestedFetch(t *testing.T) {
 		{"HEAD does not spend the token", func() result { return e.do("HEAD", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 200, ""},
 		{"the full config, for this node", func() result { return e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 200, ""},
 		{"the token is single-use", func() result { return e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 403, mcs.ReasonTokenUsed},
-		{"the session is single-use", func() result { _, r := e.verify(body); return r }, 403, attest.ReasonSessionReused},
+		{"the session answered again after its config was delivered", func() result { _, r := e.verify(body); return r }, 403, attest.ReasonSessionReused},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -380,7 +386,7 @@ func TestAttestedFetch(t *testing.T) {
 		t.Fatal("the full config was not rendered for the attested node's record")
 	}
 	if recs, _ := e.store.RecordsForNode(context.Background(), "worker-7"); len(recs) != 1 {
-		t.Fatalf("%d records for the node; the replay must write none", len(recs))
+		t.Fatalf("%d records for the node; answering the session again must write none", len(recs))
 	}
 	if strings.Contains(e.log.String(), vr.ConfigToken) || strings.Contains(e.log.String(), ch.Session) {
 		t.Fatal("a token or session was logged")

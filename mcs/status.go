@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -29,6 +30,11 @@ const (
 	ReasonMalformedRequest  attest.Reason = "MalformedRequest"
 	ReasonUnavailable       attest.Reason = "Unavailable"
 	ReasonConfigUnavailable attest.Reason = "ConfigUnavailable"
+	// ReasonRateLimited: the source address or the identity asked too
+	// often; Retry-After says when a token is back.
+	ReasonRateLimited attest.Reason = "RateLimited"
+	// ReasonOverloaded: too many attestations in flight.
+	ReasonOverloaded attest.Reason = "Overloaded"
 )
 
 // retryAfter is what a 503 asks the client to wait.
@@ -48,13 +54,26 @@ func statusOf(r attest.Reason) int {
 		return http.StatusBadRequest
 	case ReasonCredentials:
 		return http.StatusUnauthorized
-	case ReasonUnavailable, ReasonConfigUnavailable, attest.ReasonKeysUnavailable:
+	case ReasonUnavailable, ReasonConfigUnavailable, attest.ReasonKeysUnavailable, ReasonRateLimited, ReasonOverloaded:
 		// Trust roots that cannot be fetched now (GCP's JWKS) are "not yet".
 		return http.StatusServiceUnavailable
 	}
 	// Every other reason is a refusal of credentials or evidence.
 	return http.StatusForbidden
 }
+
+// retryLater is a refusal that says when to come back (Retry-After).
+type retryLater struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryLater) Error() string { return e.err.Error() }
+func (e *retryLater) Unwrap() error { return e.err }
+
+// later marks err (a 503 refusal) as one to retry after d, rounded up to
+// whole seconds (at least 1).
+func later(d time.Duration, err error) error { return &retryLater{err: err, after: d} }
 
 // refuse writes err as a refusal: the status of its reason, a JSON
 // {"reason","detail"} body, Retry-After on 503. An error that is not a
@@ -75,7 +94,12 @@ func (s *Server) refuse(w http.ResponseWriter, d *decision, err error) {
 	h.Set("Content-Length", strconv.Itoa(len(b)))
 	h.Set("Cache-Control", "no-store")
 	if status == http.StatusServiceUnavailable {
-		h.Set("Retry-After", strconv.Itoa(retryAfter))
+		secs := retryAfter
+		var rl *retryLater
+		if errors.As(err, &rl) {
+			secs = max(1, int((rl.after+time.Second-1)/time.Second))
+		}
+		h.Set("Retry-After", strconv.Itoa(secs))
 	}
 	if status == http.StatusUnauthorized {
 		h.Set("WWW-Authenticate", `Bearer realm="nodeproof"`)
