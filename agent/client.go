@@ -6,6 +6,14 @@
 // Retries follow Ignition's rules: a 5xx (or no answer) means "not yet",
 // retried with backoff until the context ends; a 4xx is final and comes
 // back as a *Refused carrying the server's reason.
+//
+// A sealed session lives a few minutes. Verify is retried with the same
+// session on 5xx and transport errors (the server answers a repeated verify
+// of a session whose record it already wrote with that record's config
+// token), so a lost answer costs nothing. If the server stayed unavailable
+// until the session expired, the retry is refused SessionExpired: then, and
+// only then, the agent starts over from the challenge, at most
+// Client.Restarts times.
 package agent
 
 import (
@@ -53,7 +61,14 @@ type Client struct {
 	Progress func(format string, args ...any)
 	// Sleep waits; tests replace it. Default: a timer that ends with ctx.
 	Sleep func(ctx context.Context, d time.Duration) error
+	// Restarts bounds how often one attestation starts over from the
+	// challenge because its session expired while verify was being
+	// retried (0: DefaultRestarts; negative: never).
+	Restarts int
 }
+
+// DefaultRestarts is Client.Restarts when unset.
+const DefaultRestarts = 3
 
 // NewClient returns a client that trusts exactly caBundle (PEM).
 func NewClient(baseURL string, caBundle []byte) (*Client, error) {
@@ -85,28 +100,63 @@ func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM,
 	if err != nil {
 		return nil, err
 	}
-	req, err := coll.Request()
-	if err != nil {
-		return nil, fmt.Errorf("read TPM identity: %w", err)
+	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
+		req, err := coll.Request()
+		if err != nil {
+			return nil, fmt.Errorf("read TPM identity: %w", err)
+		}
+		return &api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, TPM: req}, nil
+	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
+		if ch.TPM == nil {
+			return nil, errors.New("server sent no TPM challenge")
+		}
+		ev, err := coll.Answer(ch.TPM, keySHA)
+		if err != nil {
+			return nil, fmt.Errorf("answer the challenge with the TPM: %w", err)
+		}
+		return &api.VerifyRequest{Session: ch.Session, TPM: ev}, nil
+	})
+}
+
+// attest runs challenge → answer → verify. Verify is retried with the
+// same session while the server says "not yet" or does not answer; when
+// such a retry is refused SessionExpired, the whole exchange starts over
+// from a new challenge (at most Restarts times). A SessionExpired on
+// verify's first try (the node's answer took too long, or the clocks
+// disagree) and every other refusal are final.
+func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeRequest, error), answer func(*api.ChallengeResponse) (*api.VerifyRequest, error)) (*api.VerifyResponse, error) {
+	restarts := c.Restarts
+	if restarts == 0 {
+		restarts = DefaultRestarts
 	}
-	var ch api.ChallengeResponse
-	if err := c.post(ctx, api.PathChallenge, api.ChallengeRequest{
-		Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, TPM: req,
-	}, &ch); err != nil {
-		return nil, err
+	for n := 0; ; n++ {
+		req, err := request()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := attest.KeySHA256(req.KubeletPublicKey); err != nil {
+			return nil, err
+		}
+		var ch api.ChallengeResponse
+		if _, err := c.post(ctx, api.PathChallenge, req, &ch); err != nil {
+			return nil, err
+		}
+		vreq, err := answer(&ch)
+		if err != nil {
+			return nil, err
+		}
+		var vr api.VerifyResponse
+		attempts, err := c.post(ctx, api.PathVerify, vreq, &vr)
+		if err == nil {
+			return &vr, nil
+		}
+		var r *Refused
+		if !errors.As(err, &r) || r.Refusal.Reason != attest.ReasonSessionExpired || attempts < 2 || n >= restarts {
+			return nil, err
+		}
+		c.progress("%s: the session expired while the server was not answering (%d attempts); starting over from the challenge (restart %d of %d)",
+			api.PathVerify, attempts, n+1, restarts)
 	}
-	if ch.TPM == nil {
-		return nil, errors.New("server sent no TPM challenge")
-	}
-	ev, err := coll.Answer(ch.TPM, keySHA)
-	if err != nil {
-		return nil, fmt.Errorf("answer the challenge with the TPM: %w", err)
-	}
-	var vr api.VerifyResponse
-	if err := c.post(ctx, api.PathVerify, api.VerifyRequest{Session: ch.Session, TPM: ev}, &vr); err != nil {
-		return nil, err
-	}
-	return &vr, nil
 }
 
 // FetchConfig gets the full config of pool with a config token (GET
@@ -115,7 +165,7 @@ func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM,
 // use: a second fetch with it is refused.
 func (c *Client) FetchConfig(ctx context.Context, pool, token string) ([]byte, error) {
 	var raw json.RawMessage
-	err := c.retry(ctx, api.PathConfig+pool, func() (time.Duration, error) {
+	_, err := c.retry(ctx, api.PathConfig+pool, func() (time.Duration, error) {
 		return c.once(ctx, http.MethodGet, api.PathConfig+pool, nil, map[string]string{
 			"Authorization": "Bearer " + token, "Accept": api.IgnitionAccept,
 		}, &raw)
@@ -124,11 +174,11 @@ func (c *Client) FetchConfig(ctx context.Context, pool, token string) ([]byte, e
 }
 
 // post sends v and decodes the answer into out, retrying while the server
-// says "not yet".
-func (c *Client) post(ctx context.Context, path string, v, out any) error {
+// says "not yet"; it returns how many requests it made.
+func (c *Client) post(ctx context.Context, path string, v, out any) (int, error) {
 	body, err := json.Marshal(v)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	return c.retry(ctx, path, func() (time.Duration, error) {
 		return c.once(ctx, http.MethodPost, path, body, map[string]string{"Content-Type": "application/json"}, out)
@@ -136,8 +186,10 @@ func (c *Client) post(ctx context.Context, path string, v, out any) error {
 }
 
 // retry runs try until it succeeds, is refused (4xx) or ctx ends, waiting
-// between attempts as the server asked (Retry-After) or with backoff.
-func (c *Client) retry(ctx context.Context, path string, try func() (time.Duration, error)) error {
+// between attempts as the server asked (Retry-After, honoured even above
+// MaxBackoff) or with backoff (MinBackoff doubling to MaxBackoff), and
+// returns the number of attempts made.
+func (c *Client) retry(ctx context.Context, path string, try func() (time.Duration, error)) (int, error) {
 	backoff := c.MinBackoff
 	if backoff == 0 {
 		backoff = time.Second
@@ -149,20 +201,21 @@ func (c *Client) retry(ctx context.Context, path string, try func() (time.Durati
 	for attempt := 1; ; attempt++ {
 		wait, err := try()
 		if err == nil {
-			return nil
+			return attempt, nil
 		}
 		var refused *Refused
-		if errors.As(err, &refused) || ctx.Err() != nil {
-			return err
+		if errors.As(err, &refused) {
+			return attempt, err
+		}
+		if ctx.Err() != nil {
+			return attempt, fmt.Errorf("%s: gave up (%w); last error: %w", path, ctx.Err(), err)
 		}
 		if wait < backoff {
 			wait = backoff
 		}
-		if c.Progress != nil {
-			c.Progress("%s: %v; retrying in %s (attempt %d)", path, err, wait, attempt)
-		}
+		c.progress("%s: %v; retrying in %s (attempt %d)", path, err, wait, attempt)
 		if serr := c.sleep(ctx, wait); serr != nil {
-			return fmt.Errorf("%s: gave up (%w); last error: %v", path, serr, err)
+			return attempt, fmt.Errorf("%s: gave up (%w); last error: %w", path, serr, err)
 		}
 		backoff = min(backoff*2, maxBackoff)
 	}
@@ -203,6 +256,12 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 			r.Refusal = api.Refusal{Reason: "Unknown", Detail: strings.TrimSpace(string(b))}
 		}
 		return 0, r
+	}
+}
+
+func (c *Client) progress(format string, args ...any) {
+	if c.Progress != nil {
+		c.Progress(format, args...)
 	}
 }
 

@@ -28,8 +28,10 @@ func (GCPEvidence) Kind() attest.Kind { return attest.KindGCP }
 
 // Attest implements Evidence.
 func (e GCPEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
-	return c.attest(ctx, api.ChallengeRequest{
-		Kind: attest.KindGCP, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, GCP: &gcp.ChallengeRequest{},
+	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
+		return &api.ChallengeRequest{
+			Kind: attest.KindGCP, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, GCP: &gcp.ChallengeRequest{},
+		}, nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
 		if ch.GCP == nil {
 			return nil, errors.New("server sent no GCP challenge")
@@ -60,8 +62,10 @@ func (e AWSEvidence) Attest(ctx context.Context, c *Client, pool, nodeName strin
 	if client == nil {
 		client = aws.NewIMDSClient("")
 	}
-	return c.attest(ctx, api.ChallengeRequest{
-		Kind: attest.KindAWS, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, AWS: &aws.ChallengeRequest{},
+	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
+		return &api.ChallengeRequest{
+			Kind: attest.KindAWS, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, AWS: &aws.ChallengeRequest{},
+		}, nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
 		ev, err := aws.Collect(ctx, client)
 		if err != nil {
@@ -69,24 +73,4 @@ func (e AWSEvidence) Attest(ctx context.Context, c *Client, pool, nodeName strin
 		}
 		return &api.VerifyRequest{Session: ch.Session, AWS: ev}, nil
 	})
-}
-
-// attest runs challenge → answer → verify.
-func (c *Client) attest(ctx context.Context, req api.ChallengeRequest, answer func(*api.ChallengeResponse) (*api.VerifyRequest, error)) (*api.VerifyResponse, error) {
-	if _, err := attest.KeySHA256(req.KubeletPublicKey); err != nil {
-		return nil, err
-	}
-	var ch api.ChallengeResponse
-	if err := c.post(ctx, api.PathChallenge, req, &ch); err != nil {
-		return nil, err
-	}
-	vreq, err := answer(&ch)
-	if err != nil {
-		return nil, err
-	}
-	var vr api.VerifyResponse
-	if err := c.post(ctx, api.PathVerify, vreq, &vr); err != nil {
-		return nil, err
-	}
-	return &vr, nil
 }
