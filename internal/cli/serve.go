@@ -93,9 +93,11 @@ type ServeConfig struct {
 	TokenTTL  time.Duration
 	Grace     time.Duration
 	Reload    time.Duration // how often inputs and certificates are checked
-	Clock     func() time.Time
-	Log       *slog.Logger
-	Ready     func(secure, insecure net.Addr) // called once both ports listen
+	// Limits bound what one source address or identity may ask.
+	Limits LimitConfig
+	Clock  func() time.Time
+	Log    *slog.Logger
+	Ready  func(secure, insecure net.Addr) // called once both ports listen
 }
 
 // defaultPolicy serves the public tier of every pool and nothing else: a
@@ -145,6 +147,7 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
 	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
+	limitFlags(fs, &c.Limits)
 	return func() {
 		c.AWSLiveVPCs = splitList(*vpcs)
 		c.AWSLiveTags = map[string]string{}
@@ -238,9 +241,13 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
+	limits, connLimits, err := c.Limits.limits(c.Clock)
+	if err != nil {
+		return err
+	}
 	srv, err := mcs.New(mcs.Options{
 		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier, AWS: awsVerifier,
-		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log,
+		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Limits: limits, Clock: c.Clock, Log: c.Log,
 	})
 	if err != nil {
 		return err
@@ -250,8 +257,8 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	servers := []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Log)}
-	listeners := []net.Listener{tls.NewListener(secureLn, tlsConf)}
+	servers := []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Limits.ReadHeaderTimeout, c.Log)}
+	listeners := []net.Listener{tls.NewListener(limitListener(secureLn, connLimits), tlsConf)}
 	var insecureAddr net.Addr
 	if c.InsecurePort != 0 {
 		ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.InsecurePort)))
@@ -260,8 +267,8 @@ func Serve(ctx context.Context, c ServeConfig) error {
 			return err
 		}
 		insecureAddr = ln.Addr()
-		servers = append(servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Log))
-		listeners = append(listeners, ln)
+		servers = append(servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Limits.ReadHeaderTimeout, c.Log))
+		listeners = append(listeners, limitListener(ln, connLimits))
 	}
 	c.Log.Info("serving", "secure", secureLn.Addr().String(), "insecure", fmt.Sprint(insecureAddr),
 		"inputs", src.String(), "pools", strings.Join(first.Pools(), ","), "stateDir", c.StateDir)
@@ -299,11 +306,14 @@ func Serve(ctx context.Context, c ServeConfig) error {
 }
 
 // newHTTPServer bounds everything a client controls: header size and the
-// time to send headers and body; HTTP/1.1 only.
-func newHTTPServer(h http.Handler, log *slog.Logger) *http.Server {
+// time to send headers (readHeader; 0: 10 s) and body; HTTP/1.1 only.
+func newHTTPServer(h http.Handler, readHeader time.Duration, log *slog.Logger) *http.Server {
+	if readHeader <= 0 {
+		readHeader = 10 * time.Second
+	}
 	s := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: readHeader,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      2 * time.Minute,
 		IdleTimeout:       90 * time.Second,
