@@ -40,6 +40,23 @@
 //     (attest/tpm), whose quote binds the server's nonce and the kubelet
 //     key, so a copied quote is worthless.
 //
+// # Re-enrolling a reinstalled instance
+//
+// An instance reinstalled in place (a new root volume, a reinstalled OS, a
+// reboot) keeps its document: the same instance ID and pendingTime. Its
+// one-use marker (OnceKey, living until AcceptedUntil: pendingTime +
+// MaxDocumentAge) refuses it with InstanceAlreadyEnrolled.
+//
+//   - Within the window (the document not yet too old): clear the marker
+//     with `nodeproof enroll --reset aws-instance/<account>/<instance-id>`
+//     (the refusal names it); the instance then enrols once more.
+//   - After the window the document itself is refused (DocumentTooOld)
+//     whatever the store holds, so --reset cannot help. Stop and start the
+//     instance (a reboot is not enough): EC2 then signs a new document with
+//     a new pendingTime, which enrols. The old marker has lapsed by then;
+//     if the instance was stopped and started while it still lived, run
+//     --reset as well (clearing a lapsed marker is harmless).
+//
 // Account and Region allow-lists, and whether a live check is required,
 // are policy's (attest/policy); one use per instance is the store's.
 package aws

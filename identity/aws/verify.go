@@ -186,7 +186,8 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	}
 
 	if now.Sub(doc.PendingTime) > v.maxAge {
-		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago", doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge)
+		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago; a reinstalled instance keeps its document: stop and start it (EC2 signs a new one, with a new pendingTime) and attest again, and if that is refused as InstanceAlreadyEnrolled, run nodeproof enroll --reset %s",
+			doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge, OnceKey(&attest.AWSClaims{AccountID: doc.AccountID, InstanceID: doc.InstanceID}))
 	}
 	if doc.PendingTime.Sub(now) > maxFutureSkew {
 		return nil, attest.Deny(attest.ReasonDocTooOld, "pendingTime %s is in the future", doc.PendingTime.UTC().Format(time.RFC3339))
