@@ -57,7 +57,8 @@ type Options struct {
 	PerNodeBurst int
 	// Resync re-examines pending CSRs this often, so one left pending
 	// because its record had not been written yet is approved once it is
-	// (default DefaultResync).
+	// (default DefaultResync). The pending gauge is recounted every Resync
+	// or 10 s, whichever is shorter.
 	Resync time.Duration
 	// Metrics, if set, receives decisions, the pending count and latencies.
 	Metrics *Metrics
@@ -173,7 +174,8 @@ func (c *Controller) Run(ctx context.Context) error {
 			}
 		}()
 	}
-	tick := time.NewTicker(10 * time.Second)
+	// The pending gauge is recounted from the cache this often.
+	tick := time.NewTicker(min(10*time.Second, c.o.Resync))
 	defer tick.Stop()
 	c.countPending()
 	for done := false; !done; {

@@ -39,6 +39,11 @@ const (
 	ReasonRecordConsumed    Reason = "AttestationAlreadyUsed"
 	ReasonRequesterMismatch Reason = "RequesterMismatch"
 	ReasonSANNotAttested    Reason = "SANNotAttested"
+	// ReasonNoAddresses: the node's record attested no address at all
+	// (GCP before addresses were recorded, a TPM trusted through a vendor
+	// CA with no inventory entry): nothing to check a serving CSR's SANs
+	// against, so it is left to another approver.
+	ReasonNoAddresses Reason = "NoAttestedAddresses"
 )
 
 // Action is what a decision does to the CSR.
@@ -71,8 +76,9 @@ type Decider struct {
 	// Clock tells the time (required).
 	Clock func() time.Time
 	// DenyUnattested denies kubelet CSRs without evidence (no record for
-	// the name, expired records, a CSR that is not what a kubelet sends),
-	// instead of leaving them pending for another approver.
+	// the name, expired records, a serving CSR whose record attested no
+	// addresses, a CSR that is not what a kubelet sends), instead of
+	// leaving them pending for another approver.
 	DenyUnattested bool
 }
 
@@ -101,14 +107,29 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 //   - the record's token user is not the requester: RequesterMismatch
 //     (denied).
 //
-// A kubelet serving CSR is approved when the newest record for the node
-// (expired or consumed ones included: the serving certificate comes after
-// the client certificate the record approved; garbage-collected records
-// are gone) attested every DNS and IP SAN: SANNotAttested (denied)
-// otherwise; no record: NoAttestation (left pending). The requester was
-// already checked to be the node itself. The serving key is not bound by
-// evidence (the kubelet makes it later); the node's client certificate,
-// which was, is what authenticates the request.
+// A kubelet serving CSR (after recognize's shape checks, which include
+// that the requester is the node itself) is decided on the newest record
+// for the node, expired or consumed ones included (the serving certificate
+// comes after the client certificate the record approved, and is renewed
+// while the node lives):
+//   - no record for the name: NoAttestation (left pending, or denied with
+//     DenyUnattested);
+//   - the record attested no address at all (GCP records written before
+//     addresses were recorded; TPM records trusted through a vendor CA,
+//     whose addresses come only from an inventory entry): NoAttestedAddresses
+//     (left pending, or denied with DenyUnattested): there is nothing to
+//     check the SANs against, and another approver may own the CSR;
+//   - the record attested addresses and a DNS SAN (case-insensitively) or
+//     an IP SAN (IPv4-mapped IPv6 equal to its IPv4 form) is not among
+//     them: SANNotAttested (denied);
+//   - otherwise approved, naming the evidence kind and the record.
+//
+// The serving key is not bound by evidence (the kubelet makes it later);
+// the node's client certificate, which was, is what authenticates the
+// request. Records are garbage-collected once they expire (the store's GC,
+// in the server): a serving-certificate renewal after that finds no record
+// and is NoAttestation, left pending for the cluster's own approver (or
+// denied with DenyUnattested), like any CSR nodeproof has no evidence for.
 func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
 	k, reason, msg := recognize(csr)
 	if k == nil {
@@ -205,6 +226,11 @@ func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
 		return d.unattested(base)
 	}
 	r := recs[0]
+	if len(r.Addresses) == 0 {
+		base.Reason, base.Record = ReasonNoAddresses, r.ID
+		base.Message = fmt.Sprintf("NodeAttestation %s (%s evidence) for node %s attested no addresses to check the serving SANs against", r.ID, r.Kind, k.nodeName)
+		return d.unattested(base)
+	}
 	var missing []string
 	for _, n := range k.dnsNames {
 		if !slices.ContainsFunc(r.Addresses, func(a string) bool { return strings.EqualFold(a, n) }) {

@@ -139,9 +139,18 @@ func TestDecide(t *testing.T) {
 		Addresses: []string{"10.0.0.1", "worker-1.example.com"}, Summary: "tpm ek=…"})
 	put(&store.Record{ID: "rec-w2", NodeName: "worker-2", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, k2)})
 	put(&store.Record{ID: "rec-old", NodeName: "worker-3", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k3),
-		CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)})
+		Addresses: []string{"10.0.0.3"}, CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)})
 	put(&store.Record{ID: "rec-tok", NodeName: "worker-4", Pool: "worker", Kind: attest.KindAWS, KubeletKeySHA256: keyHash(t, kTok), BootstrapTokenID: "abcdef"})
 	put(&store.Record{ID: "rec-rsa", NodeName: "worker-5", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, rsaKey)})
+	// worker-6: an older record with addresses, a newer one (a TPM trusted
+	// through its vendor CA, no inventory entry) with none: the newest decides.
+	put(&store.Record{ID: "rec-w6-old", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)),
+		Addresses: []string{"10.0.0.6"}, CreatedAt: now.Add(-30 * time.Minute)})
+	put(&store.Record{ID: "rec-w6", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t))})
+	// A GCP record as identity/gcp now writes it: the instance name and its
+	// zonal internal DNS name.
+	put(&store.Record{ID: "rec-gcp", NodeName: "gke-1", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, mustKey(t)),
+		Addresses: []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}})
 
 	withUsages := func(s csrSpec, u ...certv1.KeyUsage) csrSpec { s.usages = u; return s }
 	withOrg := func(s csrSpec, o ...string) csrSpec { s.org = o; return s }
@@ -212,6 +221,24 @@ func TestDecide(t *testing.T) {
 			wantAction: Leave, wantReason: ReasonRequesterMismatch},
 		{name: "serving, no record", csr: servingCSR(t, "srv-5", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}),
 			wantAction: Leave, wantReason: ReasonNoAttestation},
+		{name: "serving, no record, deny unattested", csr: servingCSR(t, "srv-5b", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}), deny: true,
+			wantAction: Deny, wantReason: ReasonNoAttestation},
+		{name: "serving, one SAN attested and one not", csr: servingCSR(t, "srv-6", "worker-1", []string{"worker-1.example.com", "worker-1.evil.com"}, nil),
+			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
+		{name: "serving, DNS SAN in another case, IPv4-mapped IP", csr: servingCSR(t, "srv-7", "worker-1", []string{"WORKER-1.example.com"}, []net.IP{net.ParseIP("::ffff:10.0.0.1")}),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
+		{name: "serving, record without addresses (GCP before addresses): left pending", csr: servingCSR(t, "srv-8", "worker-2", []string{"worker-2"}, nil),
+			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
+		{name: "serving, record without addresses, deny unattested", csr: servingCSR(t, "srv-8b", "worker-2", []string{"worker-2"}, nil), deny: true,
+			wantAction: Deny, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
+		{name: "serving, the newest record attested no addresses: left pending", csr: servingCSR(t, "srv-9", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}),
+			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w6"},
+		{name: "serving, expired record's addresses still count", csr: servingCSR(t, "srv-10", "worker-3", nil, []net.IP{net.ParseIP("10.0.0.3")}),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-old"},
+		{name: "serving, GCP instance name and zonal DNS name", csr: servingCSR(t, "srv-11", "gke-1", []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}, nil),
+			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-gcp"},
+		{name: "serving, GCP node with an IP SAN the token does not attest", csr: servingCSR(t, "srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
+			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d.DenyUnattested = tc.deny

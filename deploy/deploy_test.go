@@ -185,6 +185,15 @@ func TestKustomizeRender(t *testing.T) {
 		}
 		mustHave(t, objs, "ClusterRole", "", "nodeproof-approver")
 		mustHave(t, objs, "Role", "nodeproof", "nodeproof-store")
+		mustHave(t, objs, "Role", "nodeproof", "nodeproof-approver-records")
+		// The store's Role (create and delete records and markers) is the
+		// server's alone; the approver reads records with its own Role.
+		if got := boundTo(t, objs, "Role", "nodeproof-store"); !slices.Equal(got, []string{"nodeproof/nodeproof-server"}) {
+			t.Errorf("nodeproof-store is bound to %v, want only nodeproof/nodeproof-server", got)
+		}
+		if got := boundTo(t, objs, "Role", "nodeproof-approver-records"); !slices.Equal(got, []string{"nodeproof/nodeproof-approver"}) {
+			t.Errorf("nodeproof-approver-records is bound to %v, want only nodeproof/nodeproof-approver", got)
+		}
 		mustHave(t, objs, "Role", "kube-system", "nodeproof-server-bootstrap-tokens")
 		mustHave(t, objs, "ClusterRoleBinding", "", "nodeproof-node-bootstrapper")
 		mustNotHave(t, objs, "DaemonSet", "openshift-machine-config-operator", "nodeproof-machine-config-server")
@@ -236,10 +245,41 @@ func TestKustomizeRender(t *testing.T) {
 			}
 		}
 
-		// The approver stays as in the base.
+		// The approver stays as in the base, with its own records Role; the
+		// store's Role is bound to the DaemonSet's account only.
 		mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-approver")
 		mustHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-approver")
+		if got := boundTo(t, objs, "Role", "nodeproof-store"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
+			t.Errorf("nodeproof-store is bound to %v, want only openshift-machine-config-operator/nodeproof-server", got)
+		}
+		if got := boundTo(t, objs, "Role", "nodeproof-approver-records"); !slices.Equal(got, []string{"nodeproof/nodeproof-approver"}) {
+			t.Errorf("nodeproof-approver-records is bound to %v, want only nodeproof/nodeproof-approver", got)
+		}
 	})
+}
+
+// boundTo lists the service accounts (namespace/name) that the rendered
+// bindings give the role or cluster role name, sorted.
+func boundTo(t *testing.T, objs map[string]*unstructured.Unstructured, kind, name string) []string {
+	t.Helper()
+	var out []string
+	for _, o := range objs {
+		if o.GetKind() != "RoleBinding" && o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		ref := nested[map[string]any](t, o, "roleRef")
+		if ref["kind"] != kind || ref["name"] != name {
+			continue
+		}
+		for _, s := range nested[[]any](t, o, "subjects") {
+			s := s.(map[string]any)
+			if s["kind"] == "ServiceAccount" {
+				out = append(out, fmt.Sprint(s["namespace"], "/", s["name"]))
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func stringsOf(v any) []string {
@@ -405,71 +445,111 @@ func TestOnAPIServer(t *testing.T) {
 	t.Run("approver-rbac", func(t *testing.T) { testApproverRBAC(t, cfg) })
 }
 
-// testApproverRBAC applies deploy/approver/rbac.yaml for real and asks the
-// API server's authorizer what the approver's service account may do with
-// CSR signers: approve for the two kubelet signers, nothing else.
+// testApproverRBAC applies deploy/approver/rbac.yaml and deploy/store/rbac.yaml
+// (the server's store Role, bound to the server) for real and asks the API
+// server's authorizer what the approver's service account may do: approve
+// for the two kubelet signers, nothing else; read NodeAttestations and mark
+// them consumed, nothing else of the store.
 func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 	c, err := client.New(cfg, client.Options{Scheme: kubetest.Scheme(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	kubetest.ApplyYAML(t, c, filepath.Join("approver", "rbac.yaml"))
+	kubetest.ApplyYAML(t, c, filepath.Join("store", "rbac.yaml"))
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	const ns, sa = "nodeproof", "nodeproof-approver"
-	user := "system:serviceaccount:" + ns + ":" + sa
-	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}
-	can := func(verb, group, resource, name string) bool {
-		t.Helper()
-		res, sub, _ := strings.Cut(resource, "/")
-		r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
-			Spec: authorizationv1.SubjectAccessReviewSpec{
-				User: user, Groups: groups,
-				ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: verb, Group: group, Resource: res, Subresource: sub, Name: name},
-			},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatalf("SubjectAccessReview %s %s/%s %s: %v", verb, group, resource, name, err)
-		}
-		return r.Status.Allowed
-	}
+	can := sar(t, cs, ns, sa)
 
-	// The positive case first, retried until the authorizer's informers have
-	// the new ClusterRole and binding, so the denials below are not vacuous.
-	const csrGroup = "certificates.k8s.io"
+	// The positive cases first, retried until the authorizer's informers
+	// have the new roles and bindings, so the denials below are not vacuous.
+	const csrGroup, npGroup = "certificates.k8s.io", "nodeproof.io"
 	deadline := time.Now().Add(30 * time.Second)
-	for !can("approve", csrGroup, "signers", "kubernetes.io/kube-apiserver-client-kubelet") {
+	for !can("approve", csrGroup, "signers", "", "kubernetes.io/kube-apiserver-client-kubelet") || !can("list", npGroup, "nodeattestations", ns, "") {
 		if time.Now().After(deadline) {
-			t.Fatal("the approver may not approve for kubernetes.io/kube-apiserver-client-kubelet 30 s after its RBAC was applied")
+			t.Fatal("the approver may not approve for kubernetes.io/kube-apiserver-client-kubelet or list NodeAttestations 30 s after its RBAC was applied")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The store's Role is live too (the server may create records), so
+	// the approver's denials below are not for want of a synced informer.
+	for !sar(t, cs, ns, "nodeproof-server")("create", npGroup, "nodeattestations", ns, "") {
+		if time.Now().After(deadline) {
+			t.Fatal("the server may not create NodeAttestations 30 s after deploy/store/rbac.yaml was applied")
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 
 	for _, tc := range []struct {
-		verb, resource, name string
-		want                 bool
+		name                      string
+		verb, group, resource, ns string
+		resourceName              string
+		want                      bool
 	}{
-		{"approve", "signers", "kubernetes.io/kube-apiserver-client-kubelet", true},
-		{"approve", "signers", "kubernetes.io/kubelet-serving", true},
-		{"approve", "signers", "kubernetes.io/kube-apiserver-client", false},
-		{"approve", "signers", "kubernetes.io/legacy-unknown", false},
+		{"approve kubelet client", "approve", csrGroup, "signers", "", "kubernetes.io/kube-apiserver-client-kubelet", true},
+		{"approve kubelet serving", "approve", csrGroup, "signers", "", "kubernetes.io/kubelet-serving", true},
+		{"approve kube-apiserver-client", "approve", csrGroup, "signers", "", "kubernetes.io/kube-apiserver-client", false},
+		{"approve legacy-unknown", "approve", csrGroup, "signers", "", "kubernetes.io/legacy-unknown", false},
 		// The API server also accepts approve on "<domain>/*" for any signer
 		// of the domain: that must not be granted either.
-		{"approve", "signers", "kubernetes.io/*", false},
-		{"approve", "signers", "example.com/any", false},
+		{"approve kubernetes.io/*", "approve", csrGroup, "signers", "", "kubernetes.io/*", false},
+		{"approve another domain", "approve", csrGroup, "signers", "", "example.com/any", false},
 		// Signing is the signer's job, not the approver's.
-		{"sign", "signers", "kubernetes.io/kubelet-serving", false},
-		{"update", "certificatesigningrequests/status", "", false},
+		{"sign", "sign", csrGroup, "signers", "", "kubernetes.io/kubelet-serving", false},
+		{"update CSR status", "update", csrGroup, "certificatesigningrequests/status", "", "", false},
 		// What the controller needs to do its job.
-		{"update", "certificatesigningrequests/approval", "", true},
-		{"watch", "certificatesigningrequests", "", true},
-		{"create", "certificatesigningrequests", "", false},
-		{"delete", "certificatesigningrequests", "", false},
+		{"update CSR approval", "update", csrGroup, "certificatesigningrequests/approval", "", "", true},
+		{"watch CSRs", "watch", csrGroup, "certificatesigningrequests", "", "", true},
+		{"create CSRs", "create", csrGroup, "certificatesigningrequests", "", "", false},
+		{"delete CSRs", "delete", csrGroup, "certificatesigningrequests", "", "", false},
+		// Records: what kubestore's approver path uses (RecordsForNode
+		// lists, ConsumeRecord gets and updates the status) ...
+		{"list records", "list", npGroup, "nodeattestations", ns, "", true},
+		{"get a record", "get", npGroup, "nodeattestations", ns, "", true},
+		{"consume a record", "update", npGroup, "nodeattestations/status", ns, "", true},
+		// ... and nothing that could forge, alter or remove one.
+		{"create a record", "create", npGroup, "nodeattestations", ns, "", false},
+		{"delete a record", "delete", npGroup, "nodeattestations", ns, "", false},
+		{"update a record's spec", "update", npGroup, "nodeattestations", ns, "", false},
+		{"patch a record", "patch", npGroup, "nodeattestations", ns, "", false},
+		{"patch a record's status", "patch", npGroup, "nodeattestations/status", ns, "", false},
+		{"watch records", "watch", npGroup, "nodeattestations", ns, "", false},
+		{"list records elsewhere", "list", npGroup, "nodeattestations", "default", "", false},
+		{"create a marker", "create", npGroup, "attestationmarkers", ns, "", false},
+		{"get a marker", "get", npGroup, "attestationmarkers", ns, "", false},
+		{"delete a marker", "delete", npGroup, "attestationmarkers", ns, "", false},
+		{"read Secrets", "get", "", "secrets", ns, "", false},
 	} {
-		if got := can(tc.verb, csrGroup, tc.resource, tc.name); got != tc.want {
-			t.Errorf("%s may %s %s %s: %v, want %v", user, tc.verb, tc.resource, tc.name, got, tc.want)
+		if got := can(tc.verb, tc.group, tc.resource, tc.ns, tc.resourceName); got != tc.want {
+			t.Errorf("%s: %s may %s %s %s in %q: %v, want %v", tc.name, sa, tc.verb, tc.resource, tc.resourceName, tc.ns, got, tc.want)
 		}
+	}
+}
+
+// sar returns a function asking the API server's authorizer (a
+// SubjectAccessReview) whether the service account namespace/name may do
+// verb on group's resource ("resource/subresource") in ns (empty: cluster
+// scope), optionally named.
+func sar(t *testing.T, cs kubernetes.Interface, namespace, name string) func(verb, group, resource, ns, resourceName string) bool {
+	user := "system:serviceaccount:" + namespace + ":" + name
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}
+	return func(verb, group, resource, ns, resourceName string) bool {
+		t.Helper()
+		res, sub, _ := strings.Cut(resource, "/")
+		r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(context.Background(), &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{
+				User: user, Groups: groups,
+				ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Verb: verb, Group: group, Resource: res, Subresource: sub, Namespace: ns, Name: resourceName,
+				},
+			},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("SubjectAccessReview %s: %s %s/%s %s in %q: %v", user, verb, group, resource, resourceName, ns, err)
+		}
+		return r.Status.Allowed
 	}
 }
