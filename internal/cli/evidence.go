@@ -2,13 +2,12 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -20,7 +19,7 @@ import (
 )
 
 // awsVerifier builds the AWS verifier when a pool takes AWS evidence.
-func (c ServeConfig) awsVerifier(pol *policy.Policy) (*aws.Verifier, error) {
+func (c ServeConfig) awsVerifier(ctx context.Context, pol *policy.Policy) (*aws.Verifier, error) {
 	if !usesEvidence(pol, attest.KindAWS) {
 		return nil, nil
 	}
@@ -38,29 +37,34 @@ func (c ServeConfig) awsVerifier(pol *policy.Policy) (*aws.Verifier, error) {
 	}
 	o := aws.Options{Certs: certs, MaxDocumentAge: c.AWSMaxDocumentAge, Clock: c.Clock}
 	if c.AWSLiveRegion != "" {
-		o.Live = &aws.EC2LiveChecker{Client: ec2Client(c.AWSLiveRegion, c.AWSEC2Endpoint), VPCs: c.AWSLiveVPCs, Tags: c.AWSLiveTags}
+		client, err := ec2Client(ctx, c.AWSLiveRegion, c.AWSEC2Endpoint)
+		if err != nil {
+			return nil, err
+		}
+		o.Live = &aws.EC2LiveChecker{Client: client, VPCs: c.AWSLiveVPCs, Tags: c.AWSLiveTags}
 	}
 	return aws.NewVerifier(o)
 }
 
-// ec2Client calls EC2 with the credentials of the environment
-// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), read per
-// call so a rotated session token is picked up.
-func ec2Client(region, endpoint string) *ec2.Client {
-	o := ec2.Options{
-		Region: region,
-		Credentials: awssdk.CredentialsProviderFunc(func(context.Context) (awssdk.Credentials, error) {
-			id, secret := os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
-			if id == "" || secret == "" {
-				return awssdk.Credentials{}, errors.New("AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY are not set")
-			}
-			return awssdk.Credentials{AccessKeyID: id, SecretAccessKey: secret, SessionToken: os.Getenv("AWS_SESSION_TOKEN"), Source: "environment"}, nil
-		}),
+// ec2Client calls EC2 in region with the AWS SDK's default credential
+// chain (config.LoadDefaultConfig), in its order: the environment
+// (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN), the shared
+// config and credentials files (AWS_PROFILE, AWS_CONFIG_FILE,
+// AWS_SHARED_CREDENTIALS_FILE), web identity (IRSA: AWS_ROLE_ARN and
+// AWS_WEB_IDENTITY_TOKEN_FILE), ECS container credentials, then the EC2
+// instance role. Credentials are resolved at the first live check, cached,
+// and refreshed before they expire. endpoint, when set, replaces the
+// region's EC2 endpoint.
+func ec2Client(ctx context.Context, region, endpoint string) (*ec2.Client, error) {
+	cfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(region))
+	if err != nil {
+		return nil, fmt.Errorf("serve: AWS live check configuration: %w", err)
 	}
-	if endpoint != "" {
-		o.BaseEndpoint = awssdk.String(endpoint)
-	}
-	return ec2.New(o)
+	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = awssdk.String(endpoint)
+		}
+	}), nil
 }
 
 // openStore opens the store --store names: embedded (bbolt in the state

@@ -133,7 +133,7 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.GCPJWKSURL, "gcp-jwks-url", gcp.GoogleJWKSURL, "GCP evidence: Google's signing keys (JWKS)")
 	fs.StringVar(&c.AWSCertsDir, "aws-certs-dir", "", "AWS evidence: directory of <region>.pem certificates (default: AWS's published RSA-2048 certificates, shipped in identity/aws/certs)")
 	fs.DurationVar(&c.AWSMaxDocumentAge, "aws-max-document-age", time.Hour, "AWS evidence: accept an identity document this long after the instance started (its pendingTime); the replay window")
-	fs.StringVar(&c.AWSLiveRegion, "aws-live-check-region", "", "AWS evidence: confirm instances with EC2 DescribeInstances in this region (credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN); empty: no live check")
+	fs.StringVar(&c.AWSLiveRegion, "aws-live-check-region", "", "AWS evidence: confirm instances with EC2 DescribeInstances in this region (credentials: the AWS SDK's default chain — environment, shared config/credentials files, IRSA web identity, ECS, instance role); empty: no live check")
 	fs.StringVar(&c.AWSEC2Endpoint, "aws-ec2-endpoint", "", "AWS live check: EC2 endpoint URL (default: the region's)")
 	vpcs := fs.String("aws-live-check-vpcs", "", "AWS live check: comma-separated VPC IDs instances must be in")
 	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
@@ -200,7 +200,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	awsVerifier, err := c.awsVerifier(pol)
+	awsVerifier, err := c.awsVerifier(ctx, pol)
 	if err != nil {
 		return err
 	}

@@ -57,6 +57,7 @@ type EC2 struct {
 	instances map[string]Instance
 	down      bool
 	calls     int
+	keyIDs    []string
 }
 
 // NewEC2 starts a fake EC2 API holding instances. Close it when done.
@@ -94,6 +95,14 @@ func (e *EC2) Calls() int {
 	return e.calls
 }
 
+// AccessKeyIDs returns the access key IDs that signed the requests
+// received, in order (the Credential= of each SigV4 Authorization).
+func (e *EC2) AccessKeyIDs() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.keyIDs...)
+}
+
 // Client returns an aws-sdk-go-v2 EC2 client for this API in region, with
 // static test credentials and no retries.
 func (e *EC2) Client(region string) *ec2.Client { return EC2Client(e.URL, region) }
@@ -127,6 +136,10 @@ func (e *EC2) serve(w http.ResponseWriter, r *http.Request) {
 	if !strings.HasPrefix(auth, "AWS4-HMAC-SHA256 ") || !strings.Contains(auth, "/ec2/aws4_request") {
 		writeError(w, http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials")
 		return
+	}
+	if _, cred, ok := strings.Cut(auth, "Credential="); ok {
+		id, _, _ := strings.Cut(cred, "/")
+		e.keyIDs = append(e.keyIDs, id)
 	}
 	if err := r.ParseForm(); err != nil {
 		writeError(w, http.StatusBadRequest, "MalformedQueryString", err.Error())
