@@ -4,7 +4,7 @@ GO    ?= go
 # Built tools (Ignition, kube-apiserver, etcd) are cached by version in
 # $NODEPROOF_CACHE, default ~/.cache/nodeproof (hack/tools.sh).
 
-.PHONY: all deps tools build test vet demo bench-tpm bench-mcs fmt
+.PHONY: all deps tools build test vet demo bench-tpm bench-cloud bench-mcs fmt
 
 all: build
 
@@ -31,6 +31,9 @@ demo: deps tools ## the whole flow: API server, server, approver, a swtpm machin
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh
+
+bench-cloud: ## one GCP identity-token and one AWS identity-document verification, each beside its RSA verify floor, same run
+	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-2s} -count $${COUNT:-3} ./identity/gcp ./identity/aws
 
 bench-mcs: ## config serving over TLS: req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench ./cmd/nodeproof
