@@ -28,7 +28,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows)")
-	evidence := fs.String("evidence", "tpm", "tpm; gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
+	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm, the GCE metadata server, IMDSv2; the choice is printed); tpm; gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
@@ -56,6 +56,17 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *timeout)
 		defer cancel()
+	}
+	if *evidence == "auto" {
+		kind, found, err := agent.DetectEvidence(ctx, agent.DetectOptions{
+			TPMPath: *tpmPath, GCEMetadataHost: os.Getenv("GCE_METADATA_HOST"), IMDSEndpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"),
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "nodeproof-agent: evidence %s (--evidence auto found %s)\n", kind, found)
+		*evidence = string(kind)
 	}
 	var ev agent.Evidence
 	switch *evidence {

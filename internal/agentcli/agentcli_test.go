@@ -1,0 +1,78 @@
+package agentcli
+
+import (
+	"bytes"
+	"context"
+	"encoding/pem"
+	"net"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+)
+
+// TestEvidenceAuto: --evidence auto is the default; the command prints
+// what it chose (or, finding nothing, everything it tried) before it
+// contacts the server, which here is not there.
+func TestEvidenceAuto(t *testing.T) {
+	dir := t.TempDir()
+	srv := httptest.NewTLSServer(nil)
+	ca := filepath.Join(dir, "ca.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv.Close()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+
+	gce := gcptest.NewServer(t, time.Now)
+	imds := awstest.NewIMDS(awstest.Files{})
+	defer imds.Close()
+	noTPM := filepath.Join(dir, "no-tpm")
+
+	cases := []struct {
+		name       string
+		gce, imds  string
+		args       []string
+		wantCode   int
+		wantStdout string
+		wantStderr string
+		wantNot    string // stdout must not hold this
+	}{
+		{name: "GCE", gce: gce.Host(), imds: "http://" + dead, args: []string{"--tpm", noTPM},
+			wantCode: 1, wantStdout: "nodeproof-agent: evidence gcp (--evidence auto found the GCE metadata server at " + gce.Host() + ")"},
+		{name: "AWS", gce: dead, imds: imds.URL, args: []string{"--tpm", noTPM},
+			wantCode: 1, wantStdout: "nodeproof-agent: evidence aws (--evidence auto found IMDSv2 at " + imds.URL + ")"},
+		{name: "swtpm named by --tpm", gce: gce.Host(), imds: imds.URL, args: []string{"--tpm", "tcp:" + dead},
+			wantCode: 1, wantStdout: "nodeproof-agent: evidence tpm (", wantStderr: "nodeproof-agent: TPM: "},
+		{name: "nothing", gce: dead, imds: "http://" + dead, args: []string{"--tpm", noTPM},
+			wantCode: 1, wantStderr: "nodeproof-agent: no evidence detected: TPM: stat " + noTPM, wantNot: "attesting"},
+		{name: "explicit evidence skips detection", gce: dead, imds: "http://" + dead, args: []string{"--tpm", noTPM, "--evidence", "gcp"},
+			wantCode: 1, wantStdout: "attesting to https://" + dead + " for pool worker with gcp evidence", wantNot: "--evidence auto"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GCE_METADATA_HOST", tc.gce)
+			t.Setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", tc.imds)
+			var stdout, stderr bytes.Buffer
+			args := append([]string{"--server", "https://" + dead, "--ca-bundle", ca, "--timeout", "2s",
+				"--kubelet-key", filepath.Join(t.TempDir(), "kubelet.key"), "--mode", "fetch", "--root", t.TempDir()}, tc.args...)
+			code := Main(context.Background(), args, &stdout, &stderr)
+			if code != tc.wantCode || !strings.Contains(stdout.String(), tc.wantStdout) || !strings.Contains(stderr.String(), tc.wantStderr) {
+				t.Fatalf("exit %d (want %d)\nstdout:\n%s\nstderr:\n%s\nwant stdout with %q, stderr with %q", code, tc.wantCode, &stdout, &stderr, tc.wantStdout, tc.wantStderr)
+			}
+			if tc.wantNot != "" && strings.Contains(stdout.String(), tc.wantNot) {
+				t.Errorf("stdout holds %q:\n%s", tc.wantNot, &stdout)
+			}
+		})
+	}
+}
