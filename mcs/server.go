@@ -229,6 +229,16 @@ func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) 
 }
 
 func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *decision) {
+	// Bodies come with a Content-Length or not at all. A Transfer-Encoding
+	// (with or without a Content-Length beside it) is how requests are
+	// smuggled past a proxy that reads the body another way: refuse it and
+	// close the connection, so nothing after it on the connection is read
+	// as a request (RFC 9112 §6.1).
+	if len(r.TransferEncoding) > 0 {
+		w.Header().Set("Connection", "close")
+		s.refuse(w, d, deny(ReasonMalformedRequest, "Transfer-Encoding is not accepted; send the body with a Content-Length"))
+		return
+	}
 	// Refuse encoded paths outright: the only names we serve are plain, and
 	// a %2F or %2E can only be an attempt to reach something else.
 	if r.URL.RawPath != "" || strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/..") || strings.Contains(r.URL.Path, "/./") {
