@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,21 +19,38 @@ type LeaderOptions struct {
 	Namespace string // the Lease's namespace (required)
 	Name      string // the Lease's name (default "nodeproof-approver")
 	Identity  string // this replica (required; e.g. the pod name)
-	// Lease timing (defaults 15 s, 10 s, 2 s: client-go's usual values).
+	// Lease timing (each zero one defaults to 15 s, 10 s, 2 s: client-go's
+	// usual values; client-go requires LeaseDuration > RenewDeadline >
+	// RetryPeriod).
+	// A leader that cannot renew within RenewDeadline stops acting; another
+	// replica may take the Lease LeaseDuration after its last renewal.
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 	// OnNewLeader, if set, hears who leads.
 	OnNewLeader func(identity string)
+	// Log, if set, gets a line when a term starts and when one ends before
+	// ctx (the Lease lost, or run returned early).
+	Log *slog.Logger
 }
 
-// ErrLostLease is returned by RunLeader when this replica stopped leading
-// before ctx ended: the process should exit so its caches are not used by
-// a replica that no longer owns the work.
-var ErrLostLease = errors.New("approver: lost the leader lease")
-
-// RunLeader runs run while this replica holds the Lease, and returns when
-// ctx ends (nil; the Lease is released) or the Lease is lost
-// (ErrLostLease). Two replicas never run run at once while their clocks
-// agree within the lease's margins (client-go leader election).
+// RunLeader campaigns for the Lease and, each time this replica wins it,
+// calls run with a context that ends when the term ends: when the Lease is
+// lost (not renewed within RenewDeadline, e.g. while the API server is
+// unreachable) or ctx ends. RunLeader waits for run to return before it
+// campaigns again, so the caller builds everything a term uses inside run
+// (a fresh Controller, with its own informers, caches and queue) and drops
+// it when run returns: a replica that lost the Lease stops acting at once
+// and starts a new term from scratch in the same process, instead of
+// exiting (which a Deployment would answer with a restart back-off).
+//
+// If run returns while the term is still on (run gave up), the Lease is
+// released and RunLeader campaigns again after RetryPeriod.
+//
+// RunLeader returns only when ctx ends (nil; a Lease held is released) or
+// when o is invalid. Two replicas never run run at once while their clocks
+// agree within the lease's margins (client-go leader election); because a
+// term's run may still be finishing a call when its Lease is lost, what run
+// writes must tolerate a successor doing the same (the approver writes
+// with the resourceVersion it read, and a record is consumed once).
 func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) error {
 	if o.Client == nil || o.Namespace == "" || o.Identity == "" {
 		return errors.New("approver: LeaderOptions: Client, Namespace and Identity are required")
@@ -41,15 +59,51 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 		o.Name = "nodeproof-approver"
 	}
 	if o.LeaseDuration == 0 {
-		o.LeaseDuration, o.RenewDeadline, o.RetryPeriod = 15*time.Second, 10*time.Second, 2*time.Second
+		o.LeaseDuration = 15 * time.Second
+	}
+	if o.RenewDeadline == 0 {
+		o.RenewDeadline = 10 * time.Second
+	}
+	if o.RetryPeriod == 0 {
+		o.RetryPeriod = 2 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
 	}
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: o.Namespace, Name: o.Name},
 		Client:     o.Client.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: o.Identity},
 	}
-	// run runs here, not in client-go's goroutine, so RunLeader returns
-	// only after it stopped.
+	for term := 1; ; term++ {
+		led, err := campaign(ctx, o, lock, run, term)
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if led {
+			o.Log.Warn("approver stopped acting: the leader term ended before shutdown (lease lost or not renewed); caches dropped, campaigning again",
+				"identity", o.Identity, "lease", o.Namespace+"/"+o.Name, "term", term)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(o.RetryPeriod):
+		}
+	}
+}
+
+// campaign runs one elector until it stops leading or ctx ends, and reports
+// whether it led.
+func campaign(ctx context.Context, o LeaderOptions, lock resourcelock.Interface, run func(context.Context), term int) (bool, error) {
+	// The elector's own context: cancelled when run returns, so a run that
+	// gave up early releases the Lease (ReleaseOnCancel).
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// run runs here, not in client-go's goroutine, so a term is over only
+	// when run returned.
 	leading := make(chan context.Context, 1)
 	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 		Lock:            lock,
@@ -59,7 +113,7 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 		RetryPeriod:     o.RetryPeriod,
 		Name:            o.Name,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(ctx context.Context) { leading <- ctx },
+			OnStartedLeading: func(lctx context.Context) { leading <- lctx },
 			OnStoppedLeading: func() {},
 			OnNewLeader: func(id string) {
 				if o.OnNewLeader != nil {
@@ -69,21 +123,21 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 		},
 	})
 	if err != nil {
-		return fmt.Errorf("approver: leader election: %w", err)
+		return false, fmt.Errorf("approver: leader election: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		le.Run(ctx)
+		le.Run(ectx)
 	}()
 	select {
 	case lctx := <-leading:
-		run(lctx) // until the lease is lost or ctx ends
+		o.Log.Info("approver leading", "identity", o.Identity, "lease", o.Namespace+"/"+o.Name, "term", term)
+		run(lctx) // until the term ends
+		cancel()
 		<-done
+		return true, nil
 	case <-done:
+		return false, nil
 	}
-	if ctx.Err() == nil {
-		return ErrLostLease
-	}
-	return nil
 }

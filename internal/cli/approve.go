@@ -32,6 +32,10 @@ type ApproveConfig struct {
 	LeaderElect    bool
 	LeaseNamespace string
 	Identity       string
+	// LeaseDuration, RenewDeadline and RetryPeriod time the Lease (zero:
+	// approver.RunLeader's defaults, 15 s, 10 s, 2 s).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+
 	MetricsAddr    string // serves /metrics and /healthz; empty: off
 	DenyUnattested bool
 	Workers        int
@@ -54,6 +58,9 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")
 	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity (default: $POD_NAME, else the host name)")
+	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long another replica waits after the leader's last renewal before it takes over")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "the leader stops acting when it could not renew for this long (less than the lease duration)")
+	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "serve /metrics and /healthz here; empty: off")
 	fs.BoolVar(&c.DenyUnattested, "deny-unattested", false, "deny kubelet CSRs without evidence instead of leaving them for another approver")
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
@@ -82,9 +89,12 @@ func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
 	return Approve(ctx, c)
 }
 
-// Approve runs the CSR approver until ctx ends (or, under leader
-// election, until the Lease is lost: approver.ErrLostLease, and the
-// process should exit so a replica with fresh caches takes over).
+// Approve runs the CSR approver until ctx ends. Under leader election it
+// acts only while this replica holds the Lease: each term runs a fresh
+// controller (new informers, caches and queue), and a term that ends
+// before ctx does (the Lease lost, e.g. while the API server was
+// unreachable) stops the controller and campaigns again in the same
+// process (approver.RunLeader), so an API server blip costs no restart.
 func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.Clock == nil || c.Log == nil {
 		return errors.New("approve: Clock and Log are required")
@@ -121,12 +131,16 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	if err != nil {
 		return err
 	}
-	ctl, err := approver.New(approver.Options{
-		Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
-		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
-		Metrics: metrics, Clock: c.Clock, Log: c.Log,
-	})
-	if err != nil {
+	// newController makes a controller for one term: nothing of a previous
+	// term's caches or queue is carried over.
+	newController := func() (*approver.Controller, error) {
+		return approver.New(approver.Options{
+			Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
+			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
+			Metrics: metrics, Clock: c.Clock, Log: c.Log,
+		})
+	}
+	if _, err := newController(); err != nil { // check the options before serving
 		return err
 	}
 
@@ -148,6 +162,10 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 
 	if !c.LeaderElect {
 		c.Log.Info("approver starting without leader election")
+		ctl, err := newController()
+		if err != nil {
+			return err
+		}
 		return ctl.Run(ctx)
 	}
 	id := c.Identity
@@ -158,12 +176,20 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			}
 		}
 	}
-	var runErr error
-	err = approver.RunLeader(ctx, approver.LeaderOptions{
+	return approver.RunLeader(ctx, approver.LeaderOptions{
 		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Identity: id,
+		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
 		OnNewLeader: func(leader string) { c.Log.Info("approver leader", "leader", leader, "me", leader == id) },
-	}, func(lctx context.Context) { runErr = ctl.Run(lctx) })
-	return errors.Join(err, runErr)
+		Log:         c.Log,
+	}, func(lctx context.Context) {
+		ctl, err := newController()
+		if err == nil {
+			err = ctl.Run(lctx)
+		}
+		if err != nil {
+			c.Log.Error("approver term ended with an error", "err", err.Error())
+		}
+	})
 }
 
 // cmdEnroll clears a single-use marker, so that an instance enrolled once
