@@ -6,7 +6,9 @@
 //
 // Refusals are attest.Denials, mapped to HTTP once (status.go): 4xx is
 // final, 5xx with Retry-After means "not yet" — Ignition's retry rules.
-// Every request ends in one structured log line; no secret is logged.
+// Every request ends in one structured log line, except refusals for being
+// over a limit, which are sampled (a flood must not flood the log); no
+// secret is logged.
 package mcs
 
 import (
@@ -132,6 +134,11 @@ type Limits struct {
 type Server struct {
 	o       Options
 	configs atomic.Pointer[configsBox]
+	// A flood must not become a flood of log lines: refusals for being
+	// over a limit are logged at most a few a second per source, and the
+	// count of those left out goes with the next one logged.
+	limitLog   *limit.Buckets
+	suppressed atomic.Int64
 }
 
 type configsBox struct{ c Configs }
@@ -150,7 +157,7 @@ func New(o Options) (*Server, error) {
 	if o.RecordTTL == 0 {
 		o.RecordTTL = time.Hour
 	}
-	s := &Server{o: o}
+	s := &Server{o: o, limitLog: limit.NewBuckets(limit.Rate{PerSecond: 1, Burst: 5}, 0, o.Clock)}
 	s.configs.Store(&configsBox{o.Configs})
 	for pool, p := range o.Policy.Pools {
 		if p.Serve.FullWithoutCredentials {
@@ -206,6 +213,14 @@ type decision struct {
 }
 
 func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) {
+	var suppressed int64
+	if d.reason == ReasonRateLimited || d.reason == ReasonOverloaded {
+		if ok, _ := s.limitLog.Allow(limit.SourceKey(d.remote)); !ok {
+			s.suppressed.Add(1)
+			return
+		}
+		suppressed = s.suppressed.Swap(0)
+	}
 	attrs := []slog.Attr{
 		slog.String("port", d.port.String()), slog.String("method", d.method), slog.String("path", d.path),
 		slog.String("remote", d.remote), slog.Int("status", d.status),
@@ -218,6 +233,9 @@ func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) 
 	}
 	if d.bytes > 0 {
 		attrs = append(attrs, slog.Int("bytes", d.bytes))
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, slog.Int64("limitedNotLogged", suppressed))
 	}
 	level := slog.LevelInfo
 	if d.status >= 500 {

@@ -46,7 +46,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"cloud.google.com/go/compute/metadata"
 	awsimds "github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	legacytpm2 "github.com/google/go-tpm/legacy/tpm2"
 	"github.com/vincent-petithory/dataurl"
@@ -285,7 +284,7 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 		switch {
 		case i < nGCP:
 			m.kind = "gcp"
-			m.ev = agent.GCPEvidence{Metadata: metadataClient(gces[i].Host())}
+			m.ev = agent.GCPEvidence{Metadata: gces[i].Client()}
 		case i < nGCP+nAWS:
 			m.kind = "aws"
 			doc := awstest.NewDocument("us-east-1", time.Now().Add(-time.Minute))
@@ -840,19 +839,4 @@ func tail(file string) string {
 		b = b[len(b)-4000:]
 	}
 	return string(b)
-}
-
-// metadataClient is a GCE metadata client for one machine's metadata
-// server (the library's GCE_METADATA_HOST is process-wide).
-func metadataClient(host string) *metadata.Client {
-	return metadata.NewWithOptions(&metadata.Options{Client: &http.Client{Transport: hostRewrite{host: host}, Timeout: 10 * time.Second}})
-}
-
-type hostRewrite struct{ host string }
-
-func (h hostRewrite) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.URL.Host, r.Host = h.host, h.host
-	r.URL.Scheme = "http"
-	return http.DefaultTransport.RoundTrip(r)
 }

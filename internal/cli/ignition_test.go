@@ -56,6 +56,13 @@ pools:
 // set, runs on the state directory first (to plant old certificates).
 func startServer(t *testing.T, before func(stateDir string)) *server {
 	t.Helper()
+	return startServerWith(t, before, nil)
+}
+
+// startServerWith is startServer with the configuration edited by edit
+// (when set) before Serve starts.
+func startServerWith(t *testing.T, before func(stateDir string), edit func(*ServeConfig)) *server {
+	t.Helper()
 	dir := t.TempDir()
 	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer), gce: gcptest.NewServer(t, time.Now)}
 	var err error
@@ -88,18 +95,20 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]net.Addr, 1)
 	done := make(chan error, 1)
-	go func() {
-		done <- Serve(ctx, ServeConfig{
-			SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-			ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
-			Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
-			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
-			GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
-			AWSCertsDir: awsCerts, AWSMaxDocumentAge: time.Hour,
-			Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
-			Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
-		})
-	}()
+	cfg := ServeConfig{
+		SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
+		ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
+		Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
+		TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
+		GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
+		AWSCertsDir: awsCerts, AWSMaxDocumentAge: time.Hour,
+		Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
+		Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	go func() { done <- Serve(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -21,6 +21,7 @@
 package gcptest
 
 import (
+	"cloud.google.com/go/compute/metadata"
 	"crypto/rand"
 	"crypto/rsa"
 	"encoding/base64"
@@ -160,6 +161,23 @@ func (s *Server) Instance() Instance {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.inst
+}
+
+// Client is a metadata client that asks this server (what
+// GCE_METADATA_HOST does for the library's default client, for one
+// client only, so many servers can run in one process).
+func (s *Server) Client() *metadata.Client {
+	return metadata.NewWithOptions(&metadata.Options{Client: &http.Client{Transport: hostRewrite{host: s.Host()}, Timeout: 10 * time.Second}})
+}
+
+// hostRewrite sends every request to host over plain HTTP.
+type hostRewrite struct{ host string }
+
+func (h hostRewrite) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.URL.Host, r.Host = h.host, h.host
+	r.URL.Scheme = "http"
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // SetInstance changes the instance the server pretends to be.
