@@ -99,7 +99,8 @@ func TestWritePointer(t *testing.T) {
 }
 
 // TestWriteFirstBootFiles: from the full config the server renders, the
-// first-boot files land under root with their contents.
+// first-boot files land under root with their contents, the kubeconfig
+// last.
 func TestWriteFirstBootFiles(t *testing.T) {
 	in, err := render.LoadBootstrapDir("../deploy/examples/bootstrap")
 	if err != nil {
@@ -126,6 +127,9 @@ func TestWriteFirstBootFiles(t *testing.T) {
 		if !slices.Contains(wrote, p) {
 			t.Errorf("did not write %s (wrote %v)", p, wrote)
 		}
+	}
+	if wrote[len(wrote)-1] != render.KubeconfigPath {
+		t.Errorf("wrote %v: the kubeconfig, which marks the files complete, must come last", wrote)
 	}
 	for _, p := range wrote {
 		if !slices.Contains(api.FirstBootFiles, p) {

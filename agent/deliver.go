@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"strings"
 
 	ign35 "github.com/coreos/ignition/v2/config/v3_5"
+	ign35types "github.com/coreos/ignition/v2/config/v3_5/types"
 	"github.com/vincent-petithory/dataurl"
 
 	"github.com/nodeproof/nodeproof/internal/fsutil"
@@ -49,6 +51,16 @@ func WritePointer(dir, server, pool string, caBundle []byte, token string) (stri
 	return path, fsutil.WriteFileAtomic(path, b, 0o600)
 }
 
+// kubeconfigPath is the kubelet's bootstrap kubeconfig (render.KubeconfigPath).
+const kubeconfigPath = "/etc/kubernetes/kubeconfig"
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // maxFileSize bounds one decoded file.
 const maxFileSize = 16 << 20
 
@@ -58,6 +70,9 @@ const maxFileSize = 16 << 20
 // the config gives none), and returns the paths written (mode 2, on first
 // boot after Ignition applied the public tier). Only data: URLs (what the
 // server serves for these files) are accepted, optionally gzip-compressed.
+// The bootstrap kubeconfig is written last: its presence says the
+// first-boot files are all there (nodeproof-agent-firstboot.service is
+// skipped when it exists).
 func WriteFirstBootFiles(root string, full []byte) ([]string, error) {
 	cfg, rpt, err := ign35.Parse(full)
 	if err != nil {
@@ -66,8 +81,12 @@ func WriteFirstBootFiles(root string, full []byte) ([]string, error) {
 	if rpt.IsFatal() {
 		return nil, fmt.Errorf("agent: full config: %s", rpt.String())
 	}
+	files := slices.Clone(cfg.Storage.Files)
+	slices.SortStableFunc(files, func(a, b ign35types.File) int {
+		return cmp.Compare(boolInt(a.Path == kubeconfigPath), boolInt(b.Path == kubeconfigPath))
+	})
 	var wrote []string
-	for _, f := range cfg.Storage.Files {
+	for _, f := range files {
 		if !slices.Contains(api.FirstBootFiles, f.Path) || f.Contents.Source == nil {
 			continue
 		}
@@ -76,7 +95,7 @@ func WriteFirstBootFiles(root string, full []byte) ([]string, error) {
 			return wrote, fmt.Errorf("agent: %s: %w", f.Path, err)
 		}
 		mode := os.FileMode(0o644)
-		if f.Path == "/var/lib/kubelet/config.json" || f.Path == "/etc/kubernetes/kubeconfig" {
+		if f.Path == "/var/lib/kubelet/config.json" || f.Path == kubeconfigPath {
 			mode = 0o600
 		}
 		if f.Mode != nil {

@@ -198,7 +198,9 @@ func TestUnits(t *testing.T) {
 
 	t.Run("fetch", func(t *testing.T) {
 		f := firstbootUnit
-		wantHas(t, f+" ConditionPathExists", fb.all("Unit", "ConditionPathExists"), "!/etc/nodeproof/.fetched")
+		// Once; and never where Ignition already delivered the full
+		// config (the kubeconfig, which the public tier never holds).
+		wantHas(t, f+" ConditionPathExists", fb.all("Unit", "ConditionPathExists"), "!/etc/nodeproof/.fetched", "!/etc/kubernetes/kubeconfig")
 		wantHas(t, f+" Before", fb.all("Unit", "Before"),
 			"machine-config-daemon-firstboot.service", "machine-config-daemon-pull.service", "kubelet.service", "crio.service")
 		wantHas(t, f+" After", fb.all("Unit", "After"), "network-online.target")
@@ -213,6 +215,9 @@ func TestUnits(t *testing.T) {
 		wantOne(t, fb, f, "Service", "StandardOutput", "journal+console")
 		wantOne(t, fb, f, "Service", "EnvironmentFile", "/etc/nodeproof/agent.env")
 		args := execArgs(t, fb.one(t, "Service", "ExecStart"))
+		if args[0] != "/usr/bin/nodeproof-agent" {
+			t.Errorf("%s runs %s; the agent is in the OS image, /usr/bin/nodeproof-agent", f, args[0])
+		}
 		wantHas(t, f+" ExecStart", args, "--mode=fetch", "--root=/", "--ca-bundle=/etc/nodeproof/mcs-ca-bundle.crt")
 		if flagValue(args, "kubelet-key") != "" {
 			t.Errorf("%s: fetch mode runs on the installed system: the kubelet's own key path is the default", f)

@@ -201,6 +201,16 @@ rtcsync
 logdir /var/log/chrony
 `
 
+// exampleAgentEnv is /etc/nodeproof/agent.env of 50-worker-nodeproof-agent:
+// what nodeproof-agent-firstboot.service passes the agent.
+const exampleAgentEnv = `NODEPROOF_SERVER=https://api-int.example.nodeproof.test:22623
+NODEPROOF_POOL=worker
+NODEPROOF_EVIDENCE=auto
+`
+
+// exampleAgentUnit is deploy/node's first-boot unit, as shipped.
+const exampleAgentUnit = "../../deploy/node/nodeproof-agent-firstboot.service"
+
 // exampleMC describes one source MachineConfig.
 type exampleMC struct {
 	name, role string
@@ -218,7 +228,9 @@ func ignJSON(v any) string {
 	return string(b)
 }
 
-func exampleSources() []exampleMC {
+// exampleSources are the source MachineConfigs; agentUnit is the contents
+// of deploy/node/nodeproof-agent-firstboot.service.
+func exampleSources(agentUnit string) []exampleMC {
 	var out []exampleMC
 	for _, role := range []string{"master", "worker"} {
 		out = append(out,
@@ -265,6 +277,19 @@ func exampleSources() []exampleMC {
 			"storage": map[string]any{"files": []any{
 				map[string]any{"path": "/etc/chrony.conf", "mode": 420, "overwrite": true,
 					"contents": map[string]any{"source": b64URL(chronyConf)}},
+			}},
+		})},
+		// Two-stage delivery (deploy/node, fetch mode): the public tier
+		// installs the first-boot unit and its settings; the agent is in
+		// the OS image, the CA bundle comes with every public tier.
+		exampleMC{name: "50-worker-nodeproof-agent", role: "worker", marked: true, ignition: ignJSON(map[string]any{
+			"ignition": map[string]any{"version": "3.4.0"},
+			"storage": map[string]any{"files": []any{
+				map[string]any{"path": "/etc/nodeproof/agent.env", "mode": 420, "overwrite": true,
+					"contents": map[string]any{"source": b64URL(exampleAgentEnv)}},
+			}},
+			"systemd": map[string]any{"units": []any{
+				map[string]any{"name": "nodeproof-agent-firstboot.service", "enabled": true, "contents": agentUnit},
 			}},
 		})},
 	)
@@ -489,7 +514,11 @@ func generateExamples(t *testing.T) map[string][]byte {
 		}
 		files[rel] = b
 	}
-	sources := exampleSources()
+	unit, err := os.ReadFile(exampleAgentUnit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := exampleSources(string(unit))
 	var names []string
 	byRole := map[string][]exampleMC{}
 	for _, s := range sources {
@@ -519,13 +548,19 @@ from (` + "`--server-basedir`" + `), for two pools, master and worker:
   source.
 - ` + "`machine-configs/<name>.yaml`" + ` — the source MachineConfigs (00-<role> with a
   fake pull secret and the kubelet CA, 01-<role>-kubelet with the kubelet
-  unit, 99-<role>-ssh, worker's 05-worker-kernelarg-audit and
-  50-worker-chrony) and the rendered-<pool>-<hash> merge of each pool.
+  unit, 99-<role>-ssh, worker's 05-worker-kernelarg-audit,
+  50-worker-chrony and 50-worker-nodeproof-agent) and the
+  rendered-<pool>-<hash> merge of each pool.
 - ` + "`controller-config/machine-config-controller.yaml`" + ` — the ControllerConfig
   (kubelet CA, root CA).
 
-99-<role>-ssh and 50-worker-chrony carry
+99-<role>-ssh, 50-worker-chrony and 50-worker-nodeproof-agent carry
 ` + "`nodeproof.io/needed-before-node-approved: \"true\"`" + `: they alone make the
+public tier. 50-worker-nodeproof-agent is the two-stage delivery of
+` + "`deploy/node`" + ` (fetch mode): it installs
+` + "`nodeproof-agent-firstboot.service`" + ` (enabled; generated from that file) and
+` + "`/etc/nodeproof/agent.env`" + ` (server, pool, evidence); the agent binary
+is expected in the OS image, and the server adds its CA bundle to every
 public tier. ` + "`../bootstrap-kubeconfig`" + ` is the (fake) bootstrap kubeconfig given
 to the server by flag. Every secret here is fake.
 

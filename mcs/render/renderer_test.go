@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 
@@ -168,7 +169,8 @@ func TestPublicTier(t *testing.T) {
 		wantFiles []string
 		wantUnits []string
 	}{
-		{pool: "worker", wantFiles: []string{"/etc/chrony.conf", "/etc/pki/ca-trust/source/anchors/nodeproof.crt"}, wantUnits: []string{"nodeproof-agent.service"}},
+		{pool: "worker", wantFiles: []string{"/etc/chrony.conf", "/etc/nodeproof/agent.env", "/etc/pki/ca-trust/source/anchors/nodeproof.crt"},
+			wantUnits: []string{"nodeproof-agent-firstboot.service", "nodeproof-agent.service"}},
 		{pool: "master", wantFiles: []string{"/etc/pki/ca-trust/source/anchors/nodeproof.crt"}, wantUnits: []string{"nodeproof-agent.service"}},
 	}
 	for _, c := range cases {
@@ -195,7 +197,20 @@ func TestPublicTier(t *testing.T) {
 				if len(cfg.Passwd.Users) != 1 || cfg.Passwd.Users[0].Name != "core" || len(cfg.Passwd.Users[0].SSHAuthorizedKeys) != 1 {
 					t.Errorf("want the core user's SSH key from 99-%s-ssh, got %+v", c.pool, cfg.Passwd.Users)
 				}
-				for _, secret := range [][]byte{[]byte("kubeconfig"), []byte("kubelet.service"), []byte("ZXhhbXBsZTpub3QtYS1yZWFsLXB1bGwtc2VjcmV0"), []byte("exampl.0123456789abcdef"), []byte("rendered-")} {
+				// No secret file and no kubelet unit, by path and name (the
+				// first-boot agent's unit names both in its text: it runs
+				// before the kubelet and is skipped once the kubeconfig is
+				// there), and none of their contents.
+				for _, p := range ForbiddenPublicPaths() {
+					if slices.Contains(files, p) {
+						t.Errorf("public tier writes %s", p)
+					}
+				}
+				if slices.Contains(units, "kubelet.service") {
+					t.Error("public tier holds the kubelet unit")
+				}
+				for _, secret := range [][]byte{[]byte(`"path":"/etc/kubernetes/kubeconfig"`), []byte(`"name":"kubelet.service"`), []byte("kubenswrapper"),
+					[]byte("ZXhhbXBsZTpub3QtYS1yZWFsLXB1bGwtc2VjcmV0"), []byte("exampl.0123456789abcdef"), []byte("rendered-")} {
 					if bytes.Contains(b, secret) {
 						t.Errorf("public tier contains %q", secret)
 					}
@@ -570,7 +585,7 @@ func TestLoadBootstrapDir(t *testing.T) {
 	if got := in.PoolNames(); !reflect.DeepEqual(got, []string{"master", "worker"}) {
 		t.Fatalf("pools %v", got)
 	}
-	if len(in.configs) != 10 || in.cc == nil || len(in.cc.Spec.KubeAPIServerServingCAData) == 0 {
+	if len(in.configs) != 11 || in.cc == nil || len(in.cc.Spec.KubeAPIServerServingCAData) == 0 {
 		t.Fatalf("%d configs, controller config %v", len(in.configs), in.cc != nil)
 	}
 	good := func(t *testing.T) string {
