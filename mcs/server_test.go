@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -21,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs"
@@ -404,9 +406,9 @@ func TestAttestedFetch(t *testing.T) {
 	}
 }
 
-// TestBadInput: every malformed or hostile request is a clear 4xx with its
+// TestBadInputAttacks: every malformed or hostile request is a clear 4xx with its
 // reason, and nothing is written to the store.
-func TestBadInput(t *testing.T) {
+func TestBadInputAttacks(t *testing.T) {
 	e := newEnv(t)
 	m := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
 	ch, r := e.challenge(m, "worker", "node-x")
@@ -444,9 +446,7 @@ func TestBadInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.do("POST", e.secure.URL+tc.path, tc.body, nil)
-			if r.status != tc.wantStatus || r.reason != tc.wantReason {
-				t.Fatalf("status %d reason %q (%.200s); want %d %q", r.status, r.reason, r.body, tc.wantStatus, tc.wantReason)
-			}
+			attacktable.Check(t, "MCS input", tc.name, fmt.Sprintf("%d %s", tc.wantStatus, tc.wantReason), fmt.Sprintf("%d %s", r.status, r.reason))
 		})
 	}
 	// An expired session, answered honestly.

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
@@ -223,7 +224,7 @@ func TestAttacksOnSimulator(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			wantReason(t, tc.attack(t), tc.want)
+			attacktable.CheckRefusal(t, "TPM", tc.name, tc.want, tc.attack(t))
 		})
 	}
 }

@@ -25,6 +25,7 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 )
@@ -561,9 +562,10 @@ func TestVerifyAttacks(t *testing.T) {
 				}
 				return
 			}
-			if claims != nil || !isReason(err, c.want) {
-				t.Fatalf("got %v (claims %v), want %s", err, claims, c.want)
+			if claims != nil {
+				t.Fatalf("claims returned with a refusal: %v", claims)
 			}
+			attacktable.CheckRefusal(t, "GCP", c.name, c.want, err)
 		})
 	}
 	t.Run("no evidence", func(t *testing.T) {

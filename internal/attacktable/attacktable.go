@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // Marker starts a row in the test log.
@@ -54,4 +56,22 @@ func Parse(line string) (Row, bool) {
 		return Row{}, false
 	}
 	return r, true
+}
+
+// Outcome is how an error shows in the table: its typed reason,
+// "accepted" for none, or "untyped: …" for an error without a reason.
+func Outcome(err error) string {
+	if err == nil {
+		return "accepted"
+	}
+	if r, ok := attest.ReasonOf(err); ok {
+		return string(r)
+	}
+	return "untyped: " + err.Error()
+}
+
+// CheckRefusal is Check for a refusal that must carry reason want.
+func CheckRefusal(t testing.TB, area, attack string, want attest.Reason, err error) {
+	t.Helper()
+	Check(t, area, attack, string(want), Outcome(err))
 }
