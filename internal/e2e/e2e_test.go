@@ -9,11 +9,14 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/tls"
+	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -42,6 +45,7 @@ import (
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -214,10 +218,16 @@ func (w *world) pointer(t *testing.T, pool string, extra ...string) string {
 	return out
 }
 
-// runAgent runs the agent binary; it returns its console output and exit code.
+// runAgent runs the agent binary against the server; it returns its
+// console output and exit code.
 func (w *world) runAgent(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
-	args = append([]string{"--server", w.url, "--ca-bundle", w.bundleFile, "--timeout", "60s"}, args...)
+	return w.exec(t, env, append([]string{"--server", w.url, "--ca-bundle", w.bundleFile, "--timeout", "60s"}, args...)...)
+}
+
+// exec runs the agent binary with exactly args.
+func (w *world) exec(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
 	cmd := exec.Command(w.agent, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
@@ -230,6 +240,148 @@ func (w *world) runAgent(t *testing.T, env []string, args ...string) (string, in
 	}
 	t.Fatalf("agent: %v", err)
 	return "", -1
+}
+
+// get makes a plain GET of the server's path without credentials,
+// trusting its CA bundle.
+func (w *world) get(t *testing.T, path string) (*http.Response, []byte) {
+	t.Helper()
+	bundle, err := os.ReadFile(w.bundleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(bundle) {
+		t.Fatal("CA bundle holds no certificate")
+	}
+	c := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	req, err := http.NewRequest(http.MethodGet, w.url+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", api.IgnitionAccept)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, body
+}
+
+const firstbootUnit = "nodeproof-agent-firstboot.service"
+
+// traversableDir is a temporary directory that other users can pass
+// through (t.TempDir's parent is private): Ignition writes the core user's
+// SSH keys as that user.
+func traversableDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "np-e2e-firstboot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// osImageRoot makes dir the installed system as far as Ignition's files
+// stage needs it: the OS image's core user (Ignition adds SSH keys to it
+// with usermod --root and writes them as that user).
+func osImageRoot(t *testing.T, dir string) string {
+	t.Helper()
+	for _, d := range []string{"etc", "home/core"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, data := range map[string]string{
+		"passwd":  "root:x:0:0:root:/root:/bin/bash\ncore:x:1000:1000:CoreOS Admin:/home/core:/bin/bash\n",
+		"group":   "root:x:0:\ncore:x:1000:\n",
+		"shadow":  "root:*:19000:0:99999:7:::\ncore:*:19000:0:99999:7:::\n",
+		"gshadow": "root:*::\ncore:!::\n",
+	} {
+		mode := os.FileMode(0o644)
+		if strings.Contains(name, "shadow") {
+			mode = 0o600
+		}
+		if err := os.WriteFile(filepath.Join(dir, "etc", name), []byte(data), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(filepath.Join(dir, "home/core"), 1000, 1000); err != nil {
+		t.Fatalf("the files stage writes the core user's SSH keys as that user: %v", err)
+	}
+	return dir
+}
+
+// ignitionFiles runs Ignition's files stage on what its fetch stage cached
+// in dir, writing into root (unprivileged paths: the binary is built
+// without SELinux relabelling).
+func ignitionFiles(bin, dir, root string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "-platform", "file", "-stage", "files",
+		"-config-cache", filepath.Join(dir, "ignition.json"), "-state-file", filepath.Join(dir, "state"),
+		"-neednet", filepath.Join(dir, "neednet"), "-root", root, "-log-to-stdout")
+	cmd.Env = append(os.Environ(), "TMPDIR="+dir)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// envFile reads a systemd EnvironmentFile= of KEY=VALUE lines.
+func envFile(t *testing.T, path string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		k, v, ok := strings.Cut(line, "=")
+		if !ok {
+			t.Fatalf("%s: %q", path, line)
+		}
+		env[k] = v
+	}
+	return env
+}
+
+// unitCommand is the unit's ExecStart= as systemd would run it with env,
+// its absolute path arguments (other than the program) moved under root.
+func unitCommand(t *testing.T, unit string, env map[string]string, root string) []string {
+	t.Helper()
+	var line string
+	for _, l := range strings.Split(unit, "\n") {
+		if v, ok := strings.CutPrefix(l, "ExecStart="); ok {
+			if line != "" {
+				t.Fatal("two ExecStart= lines")
+			}
+			line = v
+		}
+	}
+	args := strings.Fields(os.Expand(line, func(k string) string {
+		v, ok := env[k]
+		if !ok {
+			t.Fatalf("ExecStart= uses %s, which agent.env does not set", k)
+		}
+		return v
+	}))
+	for i, a := range args[1:] {
+		if k, v, ok := strings.Cut(a, "="); ok && strings.HasPrefix(v, "/") {
+			args[i+1] = k + "=" + filepath.Join(root, v)
+		}
+	}
+	return args
 }
 
 // files maps the paths of an Ignition config to their sources.
@@ -368,6 +520,16 @@ func TestEndToEnd(t *testing.T) {
 		if _, out, err := testenv.IgnitionFetch(t, w.pointer(t, "master"), ""); err == nil {
 			t.Fatalf("Ignition fetched the master config without credentials:\n%s", out)
 		}
+		// What Ignition got: 401 (no credentials, RFC 9110; see
+		// docs/protocol.md) with the reason, final.
+		resp, body := w.get(t, "/config/master")
+		var ref api.Refusal
+		if err := json.Unmarshal(body, &ref); err != nil || resp.StatusCode != http.StatusUnauthorized || ref.Reason != "CredentialsRequired" {
+			t.Fatalf("GET /config/master without credentials: %d %s, want 401 CredentialsRequired", resp.StatusCode, body)
+		}
+		if resp.Header.Get("WWW-Authenticate") == "" || resp.Header.Get("Retry-After") != "" {
+			t.Errorf("401 headers %v: want WWW-Authenticate and no Retry-After", resp.Header)
+		}
 	})
 
 	t.Run("mode 1: the agent in the initramfs, then Ignition fetches the full config", func(t *testing.T) {
@@ -392,22 +554,71 @@ func TestEndToEnd(t *testing.T) {
 		approved(t, w.kubeletCSR(t, decode(t, kubeconfig), keyFile, "worker-tpm-1"), "NodeproofAttestedTPM")
 	})
 
-	t.Run("mode 2: Ignition gets the public tier, the agent fetches the rest on first boot", func(t *testing.T) {
-		cached, iout, err := testenv.IgnitionFetch(t, w.pointer(t, "worker"), "")
+	t.Run("mode 2: Ignition applies the public tier, its first-boot unit runs the agent, which fetches the rest", func(t *testing.T) {
+		// Ignition's fetch and files stages, as on a first boot, into an
+		// installed system that is only what the OS image brings.
+		dir := traversableDir(t)
+		root := osImageRoot(t, filepath.Join(dir, "root"))
+		ign := testenv.IgnitionBinary(t)
+		cached, iout, err := testenv.RunIgnitionFetch(ign, dir, w.pointer(t, "worker"), "")
 		if err != nil {
-			t.Fatalf("ignition: %v\n%s", err, iout)
+			t.Fatalf("ignition fetch: %v\n%s", err, iout)
 		}
 		for _, p := range render.ForbiddenPublicPaths() {
 			if _, ok := files(t, cached)[p]; ok {
 				t.Fatalf("the public tier delivered %s", p)
 			}
 		}
+		if out, err := ignitionFiles(ign, dir, root); err != nil {
+			t.Fatalf("ignition files: %v\n%s", err, out)
+		}
+		for _, p := range render.ForbiddenPublicPaths() {
+			if _, err := os.Lstat(filepath.Join(root, p)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("Ignition wrote %s from the public tier (%v)", p, err)
+			}
+		}
+
+		// What the public tier installed: the unit as deploy/node ships
+		// it, enabled; its settings; the server's CA bundle.
+		unitFile := filepath.Join(root, "etc/systemd/system", firstbootUnit)
+		unit, err := os.ReadFile(unitFile)
+		if err != nil {
+			t.Fatalf("the public tier did not install the first-boot unit: %v", err)
+		}
+		if shipped, err := os.ReadFile("../../deploy/node/" + firstbootUnit); err != nil || !bytes.Equal(unit, shipped) {
+			t.Errorf("the installed unit is not deploy/node's (%v)", err)
+		}
+		preset, err := os.ReadFile(filepath.Join(root, "etc/systemd/system-preset/20-ignition.preset"))
+		if err != nil || !strings.Contains(string(preset), "enable "+firstbootUnit) {
+			t.Errorf("the unit is not enabled: %q %v", preset, err)
+		}
+		env := envFile(t, filepath.Join(root, "etc/nodeproof/agent.env"))
+		if _, err := os.Stat(filepath.Join(root, "etc/nodeproof/mcs-ca-bundle.crt")); err != nil {
+			t.Fatalf("no CA bundle from the public tier: %v", err)
+		}
+		// The example names its cluster's api-int; this cluster's server
+		// is on loopback.
+		if env["NODEPROOF_SERVER"] != "https://api-int.example.nodeproof.test:22623" || env["NODEPROOF_POOL"] != "worker" || env["NODEPROOF_EVIDENCE"] != "auto" {
+			t.Fatalf("agent.env %v", env)
+		}
+		env["NODEPROOF_SERVER"] = w.url
+
+		// First boot: the unit's command line, with its paths under root,
+		// plus what only this test needs: swtpm instead of /dev/tpmrm0,
+		// and a node name.
 		tpmArg, logFile := w.machine(t, "rhel8-uefi")
-		root, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
-		out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", "worker-tpm-2",
-			"--tpm", tpmArg, "--event-log", logFile, "--kubelet-key", keyFile, "--root", root)
+		args := unitCommand(t, string(unit), env, root)
+		if args[0] != "/usr/bin/nodeproof-agent" {
+			t.Fatalf("the unit runs %s", args[0])
+		}
+		keyFile := filepath.Join(root, "var/lib/kubelet/pki/kubelet-client.key.tmp")
+		args = append(args[1:], "--tpm", tpmArg, "--event-log", logFile, "--node-name", "worker-tpm-2", "--kubelet-key", keyFile, "--timeout", "60s")
+		out, code := w.exec(t, nil, args...)
 		if code != 0 {
-			t.Fatalf("agent exit %d:\n%s", code, out)
+			t.Fatalf("agent %q exit %d:\n%s", args, code, out)
+		}
+		if !strings.Contains(out, "nodeproof-agent: evidence tpm (--evidence auto found the TPM at ") {
+			t.Errorf("the console does not say which evidence auto chose:\n%s", out)
 		}
 		kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
 		if err != nil {
@@ -421,10 +632,14 @@ func TestEndToEnd(t *testing.T) {
 
 	t.Run("GCP identity", func(t *testing.T) {
 		root, keyFile := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
-		out, code := w.runAgent(t, []string{"GCE_METADATA_HOST=" + w.gce.Host()}, "--evidence", "gcp", "--mode", "fetch",
+		// --evidence auto: no TPM here, and the metadata server answers.
+		out, code := w.runAgent(t, []string{"GCE_METADATA_HOST=" + w.gce.Host()}, "--tpm", filepath.Join(t.TempDir(), "no-tpm"), "--mode", "fetch",
 			"--pool", "worker", "--kubelet-key", keyFile, "--root", root)
 		if code != 0 {
 			t.Fatalf("agent exit %d:\n%s", code, out)
+		}
+		if !strings.Contains(out, "nodeproof-agent: evidence gcp (--evidence auto found the GCE metadata server at "+w.gce.Host()+")") {
+			t.Errorf("the console does not say auto chose gcp:\n%s", out)
 		}
 		kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
 		if err != nil {
