@@ -214,8 +214,48 @@ func TestKustomizeRender(t *testing.T) {
 		}
 		mustHave(t, objs, "ServiceAccount", "openshift-machine-config-operator", "nodeproof-server")
 		mustHave(t, objs, "ConfigMap", "openshift-machine-config-operator", "nodeproof-policy")
-		// The MCO keeps the user-data Secrets with its own CA: no write access to them.
-		mustNotHave(t, objs, "Role", "openshift-machine-api", "nodeproof-server-user-data")
+		// The server keeps the user-data Secrets current: get and update
+		// of exactly those two Secrets, nothing else in openshift-machine-api.
+		ud := mustHave(t, objs, "Role", "openshift-machine-api", "nodeproof-server-user-data")
+		if rules := nested[[]any](t, ud, "rules"); len(rules) != 1 ||
+			!slices.Equal(stringsOf(rules[0].(map[string]any)["resources"]), []string{"secrets"}) ||
+			!slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"master-user-data-managed", "worker-user-data-managed"}) ||
+			!slices.Equal(stringsOf(rules[0].(map[string]any)["verbs"]), []string{"get", "update"}) {
+			t.Errorf("user-data Role rules = %v, want get and update of the two user-data Secrets only", rules)
+		}
+		if got := boundTo(t, objs, "Role", "nodeproof-server-user-data"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
+			t.Errorf("nodeproof-server-user-data is bound to %v, want only openshift-machine-config-operator/nodeproof-server", got)
+		}
+		for _, o := range objs {
+			if o.GetNamespace() == "openshift-machine-api" && o.GetName() != "nodeproof-server-user-data" {
+				t.Errorf("%s %s/%s: only the user-data Role and its binding belong in openshift-machine-api", o.GetKind(), o.GetNamespace(), o.GetName())
+			}
+		}
+		// The DaemonSet keeps them: --cert with the CA bundle that signed it,
+		// mounted from the MCO's ConfigMap, and the URL machines reach.
+		c := containers(t, ds)[0]
+		args := stringsOf(c["args"])
+		for _, want := range []string{"--cert=/etc/ssl/mcs/tls.crt", "--ca-bundle=/etc/nodeproof/mcs-ca/ca-bundle.crt", "--user-data-url=https://api-int.cluster.example.com:22623"} {
+			if !slices.Contains(args, want) {
+				t.Errorf("DaemonSet args %v lack %s", args, want)
+			}
+		}
+		var caVolume string
+		for _, m := range c["volumeMounts"].([]any) {
+			if m := m.(map[string]any); m["mountPath"] == "/etc/nodeproof/mcs-ca" {
+				caVolume, _ = m["name"].(string)
+			}
+		}
+		var caConfigMap string
+		for _, v := range nested[[]any](t, ds, "spec", "template", "spec", "volumes") {
+			if v := v.(map[string]any); v["name"] == caVolume && caVolume != "" {
+				cm, _ := v["configMap"].(map[string]any)
+				caConfigMap, _ = cm["name"].(string)
+			}
+		}
+		if caConfigMap != "machine-config-server-ca" {
+			t.Errorf("/etc/nodeproof/mcs-ca is mounted from ConfigMap %q (volume %q), want machine-config-server-ca", caConfigMap, caVolume)
+		}
 		// Host network needs an SCC that allows it; only hostnetwork-v2.
 		scc := mustHave(t, objs, "Role", "openshift-machine-config-operator", "nodeproof-server-scc")
 		if rules := nested[[]any](t, scc, "rules"); len(rules) != 1 || !slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"hostnetwork-v2"}) {
@@ -443,6 +483,7 @@ func TestOnAPIServer(t *testing.T) {
 	}
 
 	t.Run("approver-rbac", func(t *testing.T) { testApproverRBAC(t, cfg) })
+	t.Run("user-data-rbac", func(t *testing.T) { testUserDataRBAC(t, cfg) })
 }
 
 // testApproverRBAC applies deploy/approver/rbac.yaml and deploy/store/rbac.yaml
@@ -525,6 +566,56 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 	} {
 		if got := can(tc.verb, tc.group, tc.resource, tc.ns, tc.resourceName); got != tc.want {
 			t.Errorf("%s: %s may %s %s %s in %q: %v, want %v", tc.name, sa, tc.verb, tc.resource, tc.resourceName, tc.ns, got, tc.want)
+		}
+	}
+}
+
+// testUserDataRBAC creates the OpenShift overlay's user-data Role and its
+// binding, as rendered, for real, and asks the authorizer what the server's
+// service account may do in openshift-machine-api: get and update the two
+// user-data Secrets, nothing else.
+func testUserDataRBAC(t *testing.T, cfg *rest.Config) {
+	c, err := client.New(cfg, client.Options{Scheme: kubetest.Scheme(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs := index(render(t, "overlays/openshift"))
+	for _, kind := range []string{"Role", "RoleBinding"} {
+		o := mustHave(t, objs, kind, "openshift-machine-api", "nodeproof-server-user-data")
+		if err := c.Create(context.Background(), o.DeepCopy()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ns = "openshift-machine-api"
+	can := sar(t, cs, "openshift-machine-config-operator", "nodeproof-server")
+	for deadline := time.Now().Add(30 * time.Second); !can("update", "", "secrets", ns, "worker-user-data-managed"); time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server may not update worker-user-data-managed 30 s after its Role was created")
+		}
+	}
+	for _, tc := range []struct {
+		name, verb, ns, secret string
+		want                   bool
+	}{
+		{"get worker", "get", ns, "worker-user-data-managed", true},
+		{"update worker", "update", ns, "worker-user-data-managed", true},
+		{"get master", "get", ns, "master-user-data-managed", true},
+		{"update master", "update", ns, "master-user-data-managed", true},
+		{"patch worker", "patch", ns, "worker-user-data-managed", false},
+		{"delete worker", "delete", ns, "worker-user-data-managed", false},
+		{"get the unmanaged user data", "get", ns, "worker-user-data", false},
+		{"get another Secret", "get", ns, "some-credentials", false},
+		{"list Secrets", "list", ns, "", false},
+		{"watch Secrets", "watch", ns, "", false},
+		{"create a Secret", "create", ns, "", false},
+		{"get a same-named Secret elsewhere", "get", "default", "worker-user-data-managed", false},
+	} {
+		if got := can(tc.verb, "", "secrets", tc.ns, tc.secret); got != tc.want {
+			t.Errorf("%s: the server may %s Secret %q in %s: %v, want %v", tc.name, tc.verb, tc.secret, tc.ns, got, tc.want)
 		}
 	}
 }

@@ -1,12 +1,14 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -51,6 +53,13 @@ type clusterSource struct {
 	log      *slog.Logger
 	kc       kubernetes.Interface
 	userData *userdata.Syncer // nil: the user-data Secrets are not managed
+
+	// mu guards what the last render was made of, so a CA bundle change
+	// re-renders the public tier without waiting for the inputs to change.
+	mu       sync.Mutex
+	srv      *mcs.Server
+	inputs   *render.Inputs
+	servedCA []byte
 }
 
 // restConfig is the API server connection: --kubeconfig, or the
@@ -111,11 +120,11 @@ func (c ServeConfig) newClusterSource() (*clusterSource, error) {
 }
 
 // userDataSyncer keeps the user-data Secrets current: the CA bundle
-// nodeproof manages, and the provisioning token for pools that take the
-// token tier.
+// (nodeproof's own, or --ca-bundle with --cert, re-read at every sync), and
+// the provisioning token for pools that take the token tier.
 func (c ServeConfig) userDataSyncer(cs *clusterSource, pol *policy.Policy, prov *tokens.Provisioning) (*userdata.Syncer, error) {
-	if c.CertFile != "" {
-		return nil, errors.New("serve: --user-data-url needs nodeproof to manage the CA (no --cert)")
+	if c.CertFile != "" && c.CABundleFile == "" {
+		return nil, errors.New("serve: --user-data-url with --cert needs --ca-bundle (the CA bundle that signed --cert, which the pointer configs carry)")
 	}
 	return userdata.New(userdata.Options{
 		Client: cs.kc, Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
@@ -174,7 +183,15 @@ func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
 // logged and answered per request (503, or 406 for the spec version);
 // the other pools are served.
 func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
-	extra, err := publicExtra(s.caBundle)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ca, err := s.caBundle()
+	if err != nil {
+		s.log.Error("cluster inputs: CA bundle", "err", err.Error())
+		return
+	}
+	s.srv, s.inputs = srv, in
+	extra, err := publicExtra(func() ([]byte, error) { return ca, nil })
 	if err != nil {
 		s.log.Error("cluster inputs: public tier additions", "err", err.Error())
 		return
@@ -188,16 +205,41 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 		s.log.Warn("cluster inputs: some configs do not render", "err", err.Error())
 	}
 	srv.SetConfigs(cluster.Configs{R: &mcs.Rendered{R: r, Kubeconfig: s.kubeconfig}})
+	s.servedCA = ca
 	s.log.Info("cluster inputs", "pools", strings.Join(r.Pools(), ","))
 }
 
-// housekeeping keeps the user-data Secrets current (every few seconds:
-// rotations show up there) and deletes expired bootstrap tokens.
+// caChanged re-renders the last inputs when the CA bundle the public tier
+// carries changed since they were rendered (a rotation, or a new
+// --ca-bundle file).
+func (s *clusterSource) caChanged() {
+	s.mu.Lock()
+	srv, in, served := s.srv, s.inputs, s.servedCA
+	s.mu.Unlock()
+	if in == nil {
+		return
+	}
+	ca, err := s.caBundle()
+	if err != nil {
+		s.log.Error("CA bundle", "err", err.Error())
+		return
+	}
+	if bytes.Equal(ca, served) {
+		return
+	}
+	s.log.Info("CA bundle changed: rendering the public tier again")
+	s.serve(srv, in)
+}
+
+// housekeeping keeps the public tier's CA bundle and the user-data
+// Secrets current (every few seconds: rotations show up there) and deletes
+// expired bootstrap tokens.
 func (s *clusterSource) housekeeping(ctx context.Context) {
 	tick := time.NewTicker(userDataInterval)
 	defer tick.Stop()
 	lastGC := s.clock()
 	for {
+		s.caChanged()
 		if s.userData != nil {
 			if wrote, err := s.userData.Sync(ctx); err != nil {
 				s.log.Error("user-data secrets", "err", err.Error())

@@ -6,12 +6,14 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -20,7 +22,10 @@ import (
 
 	"github.com/vincent-petithory/dataurl"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -28,6 +33,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -326,4 +332,352 @@ func TestServeClusterMode(t *testing.T) {
 			}
 		}
 	})
+}
+
+// applyRenderedRBAC renders a kustomization (`kubectl kustomize`, the
+// kubectl `make tools` builds) and creates its service accounts, roles and
+// bindings, exactly as deploy/ has them.
+func applyRenderedRBAC(t *testing.T, cfg *rest.Config, dir string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, testenv.Kubectl(t), "kustomize", dir)
+	cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=" + os.Getenv("PATH")}
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize %s: %v", dir, err)
+	}
+	c, err := client.New(cfg, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
+	n := 0
+	for {
+		var u unstructured.Unstructured
+		if err := dec.Decode(&u.Object); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("kubectl kustomize %s: %v", dir, err)
+		}
+		switch u.GetKind() {
+		case "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding":
+		default:
+			continue
+		}
+		if err := c.Create(ctx, &u); err != nil {
+			t.Fatalf("%s: create %s %s/%s: %v", dir, u.GetKind(), u.GetNamespace(), u.GetName(), err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("%s renders no RBAC", dir)
+	}
+}
+
+// writeAtomic replaces a file the way the kubelet updates a mounted
+// ConfigMap or Secret: a reader sees the old or the new contents, whole.
+func writeAtomic(t *testing.T, path string, b []byte) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pointerCA returns the CA bundle an Ignition pointer config carries.
+func pointerCA(t *testing.T, ptr []byte) []byte {
+	t.Helper()
+	var p struct {
+		Ignition struct {
+			Security struct {
+				TLS struct {
+					CertificateAuthorities []struct{ Source string } `json:"certificateAuthorities"`
+				} `json:"tls"`
+			} `json:"security"`
+		} `json:"ignition"`
+	}
+	if err := json.Unmarshal(ptr, &p); err != nil || len(p.Ignition.Security.TLS.CertificateAuthorities) != 1 {
+		t.Fatalf("pointer config: %v\n%s", err, ptr)
+	}
+	du, err := dataurl.DecodeString(p.Ignition.Security.TLS.CertificateAuthorities[0].Source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return du.Data
+}
+
+// TestServeUserDataAsDeployed runs `nodeproof serve` as the OpenShift
+// overlay deploys it: the MCS's own serving certificate (--cert/--key,
+// signed by a CA the test plays the MCO for) with the CA bundle that signed
+// it (--ca-bundle), keeping the user-data Secrets current
+// (--user-data-url), as the overlay's service account under the RBAC
+// `kubectl kustomize deploy/overlays/openshift` renders — not as admin. The
+// Secrets exist, as the MCO makes them. Then the MCO's rotation: a new CA
+// joins the bundle file and the serving certificate is re-issued by it,
+// while the server runs; the Secrets carry the new bundle with the old CA
+// kept, the public tier carries it too, and Ignition booting from the
+// Secrets' pointer configs still fetches.
+func TestServeUserDataAsDeployed(t *testing.T) {
+	cfg := clustertest.Start(t, "../../deploy/crds")
+	ctx := context.Background()
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc) // makes openshift-machine-config-operator
+	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
+		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applyRenderedRBAC(t, cfg, "../../deploy/overlays/openshift")
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	// The Secrets as the MCO made them (its pointer, another key nodeproof
+	// must keep), plus one nodeproof's account must not read.
+	secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)
+	mcoPointer := []byte(`{"ignition":{"version":"3.2.0"}}`)
+	for _, name := range []string{"worker" + userdata.SecretSuffix, "master" + userdata.SecretSuffix, "aws-cloud-credentials"} {
+		if _, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Data: map[string][]byte{userdata.UserDataKey: mcoPointer, "disableTemplating": []byte("true")}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The MCO's CA and the MCS certificate it signed, mounted as the
+	// overlay mounts them (machine-config-server-tls, machine-config-server-ca).
+	dir := t.TempDir()
+	ca1, err := certs.Ensure(filepath.Join(dir, "mco-ca-1"), certs.Options{Clock: time.Now, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca2, err := certs.Ensure(filepath.Join(dir, "mco-ca-2"), certs.Options{Clock: time.Now, Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(f string) []byte {
+		t.Helper()
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	mounted := filepath.Join(dir, "mounted")
+	os.Mkdir(mounted, 0o700)
+	certFile, keyFile, bundleFile := filepath.Join(mounted, "tls.crt"), filepath.Join(mounted, "tls.key"), filepath.Join(mounted, "ca-bundle.crt")
+	writeAtomic(t, certFile, read(ca1.ServingCertFile))
+	writeAtomic(t, keyFile, read(ca1.ServingKeyFile))
+	writeAtomic(t, bundleFile, ca1.CABundlePEM)
+
+	policyFile := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(`apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  worker: {}
+  master:
+    serve: {public: false, token: true}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	stateDir := filepath.Join(dir, "state") // the overlay's emptyDir
+	log := new(testenv.LockedBuffer)
+	sctx, cancel := context.WithCancel(ctx)
+	ready := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- Serve(sctx, ServeConfig{
+			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
+			CertFile: certFile, KeyFile: keyFile, CABundleFile: bundleFile,
+			Kubeconfig:   clustertest.ServiceAccountKubeconfig(t, cfg, "openshift-machine-config-operator", "nodeproof-server"),
+			APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
+			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
+			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
+			Policy:        policyFile, StateDir: stateDir, Hosts: []string{"127.0.0.1"},
+			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
+			Log:   slog.New(slog.NewJSONHandler(log, nil)),
+			Ready: func(a, _ net.Addr) { ready <- a },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	select {
+	case <-ready:
+	case err := <-done:
+		done <- err
+		t.Fatalf("serve failed: %v\n%s", err, log)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not start")
+	}
+	url := fmt.Sprintf("https://127.0.0.1:%d", port)
+	// trusting reports whether the server's certificate verifies under
+	// bundle alone.
+	trusting := func(bundle []byte) error {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(bundle)
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DisableKeepAlives: true}}
+		resp, err := hc.Get(url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(ca1.CABundlePEM)
+		hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+		resp, err := hc.Get(url + "/config/worker")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker pool is not served a minute after start: %v\n%s", err, log)
+		}
+	}
+	// userData waits until role's Secret holds a pointer other than old.
+	userData := func(role string, old []byte) *corev1.Secret {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+			sec, err := secrets.Get(ctx, role+userdata.SecretSuffix, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(sec.Data[userdata.UserDataKey], old) {
+				return sec
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s user-data Secret not rewritten\n%s", role, log)
+			}
+		}
+	}
+	write := func(b []byte) string {
+		f := filepath.Join(t.TempDir(), "user-data.ign")
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	// boot fetches with a user-data pointer and returns the public tier's
+	// CA bundle file the config carries, if any.
+	boot := func(what string, ptr []byte) []byte {
+		t.Helper()
+		cached, out, err := ignitionFetch(t, write(ptr))
+		if err != nil {
+			t.Fatalf("ignition with the %s user data: %v\n%s", what, err, out)
+		}
+		src, ok := cachedFiles(t, cached)[CABundlePath]
+		if !ok {
+			return nil
+		}
+		du, err := dataurl.DecodeString(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return du.Data
+	}
+
+	worker := userData("worker", mcoPointer)
+	master := userData("master", mcoPointer)
+	t.Run("the Secrets carry --ca-bundle, written as the overlay's service account", func(t *testing.T) {
+		for role, sec := range map[string]*corev1.Secret{"worker": worker, "master": master} {
+			if got := pointerCA(t, sec.Data[userdata.UserDataKey]); !bytes.Equal(got, ca1.CABundlePEM) {
+				t.Errorf("%s user data carries another CA bundle than --ca-bundle", role)
+			}
+			if string(sec.Data["disableTemplating"]) != "true" {
+				t.Errorf("%s: the MCO's other key was not kept: %q", role, sec.Data)
+			}
+		}
+		if bytes.Contains(worker.Data[userdata.UserDataKey], []byte("Authorization")) {
+			t.Error("the worker pool takes no token, but its user data carries one")
+		}
+		if !bytes.Contains(master.Data[userdata.UserDataKey], []byte("Authorization")) {
+			t.Error("the master pool takes the token tier, but its user data carries no token")
+		}
+		if got := boot("worker", worker.Data[userdata.UserDataKey]); !bytes.Equal(got, ca1.CABundlePEM) {
+			t.Errorf("the public tier carries %q, want --ca-bundle", got)
+		}
+		boot("master", master.Data[userdata.UserDataKey])
+		// The account may touch the two user-data Secrets and nothing else.
+		sa, err := kubernetes.NewForConfig(kubetest.AsServiceAccount(cfg, "openshift-machine-config-operator", "nodeproof-server"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := sa.CoreV1().Secrets(userdata.DefaultNamespace).Get(ctx, "aws-cloud-credentials", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("the server's account reads another Secret in %s: %v", userdata.DefaultNamespace, err)
+		}
+	})
+
+	t.Run("a CA rotation while the server runs reaches the Secrets with the old CA kept", func(t *testing.T) {
+		// As the MCO rotates: the new CA joins the bundle (the old one
+		// stays while it is valid), and the MCS certificate is re-issued
+		// by the new CA.
+		rotated := append(append([]byte(nil), ca2.CABundlePEM...), ca1.CABundlePEM...)
+		writeAtomic(t, bundleFile, rotated)
+		writeAtomic(t, keyFile, read(ca2.ServingKeyFile))
+		writeAtomic(t, certFile, read(ca2.ServingCertFile))
+		newWorker := userData("worker", worker.Data[userdata.UserDataKey])
+		newMaster := userData("master", master.Data[userdata.UserDataKey])
+		for role, sec := range map[string]*corev1.Secret{"worker": newWorker, "master": newMaster} {
+			got := pointerCA(t, sec.Data[userdata.UserDataKey])
+			if !bytes.Equal(got, rotated) {
+				t.Errorf("%s user data does not carry the rotated bundle", role)
+			}
+			if !bytes.Contains(got, bytes.TrimSpace(ca1.CABundlePEM)) || !bytes.Contains(got, bytes.TrimSpace(ca2.CABundlePEM)) {
+				t.Errorf("%s user data: the rotated bundle must hold the old CA beside the new", role)
+			}
+		}
+		// The server presents the new certificate (an old-CA-only client
+		// no longer verifies it): booting below proves the new bundle.
+		for deadline := time.Now().Add(10 * time.Second); trusting(ca2.CABundlePEM) != nil; time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the server does not present the re-issued certificate: %v", trusting(ca2.CABundlePEM))
+			}
+		}
+		if err := trusting(ca1.CABundlePEM); err == nil {
+			t.Fatal("the re-issued certificate verifies under the old CA alone: the rotation proves nothing")
+		}
+		// The public tier carries the rotated bundle too (re-rendered
+		// without an input change).
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+			got := boot("worker", newWorker.Data[userdata.UserDataKey])
+			if bytes.Equal(got, rotated) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the public tier still carries %q after the rotation\n%s", got, log)
+			}
+		}
+		boot("master", newMaster.Data[userdata.UserDataKey])
+	})
+
+	// The provisioning token the master user data carries is never logged.
+	var toks []struct{ Value string }
+	if err := json.Unmarshal(read(filepath.Join(stateDir, "tokens.json")), &toks); err != nil || len(toks) == 0 || toks[0].Value == "" {
+		t.Fatalf("tokens.json: %v %d", err, len(toks))
+	}
+	for _, tok := range toks {
+		if strings.Contains(log.String(), tok.Value) {
+			t.Error("the provisioning token was logged")
+		}
+	}
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"flag"
@@ -52,6 +53,12 @@ type ServeConfig struct {
 	UserDataURL       string
 	UserDataNamespace string
 	UserDataRoles     map[string]string
+
+	// CABundleFile, with CertFile, is the CA bundle that signed it (e.g.
+	// the MCO's machine-config-server-ca ConfigMap, mounted): what pointer
+	// configs, the public tier and the user-data Secrets carry. It is
+	// re-read on every use, so a rotated bundle is picked up.
+	CABundleFile string
 
 	// nodeproof's.
 	Policy   string
@@ -115,6 +122,7 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.IntVar(&c.InsecurePort, "insecure-port", 22624, "plain-HTTP port (the public tier only unless policy says otherwise); 0 disables it")
 	fs.StringVar(&c.CertFile, "cert", "", "serving certificate (PEM); default: nodeproof's own, in --state-dir/certs")
 	fs.StringVar(&c.KeyFile, "key", "", "serving key (PEM), with --cert")
+	fs.StringVar(&c.CABundleFile, "ca-bundle", "", "with --cert: the CA bundle (PEM) that signed it, for pointer configs, the public tier and the user-data Secrets; re-read when it changes")
 	fs.StringVar(&c.TLSMinVersion, "tls-min-version", "VersionTLS12", "minimum TLS version: VersionTLS12 or VersionTLS13")
 	fs.StringVar(&c.TLSCipherSuite, "tls-cipher-suites", "", "comma-separated IANA cipher suite names (TLS 1.2); default: ECDHE with AEAD only")
 	fs.StringVar(&c.ServerBasedir, "server-basedir", "", "directory mode: an MCO bootstrap directory (machine-pools/, machine-configs/, controller-config/)")
@@ -398,6 +406,9 @@ func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
 	} else if keyFile == "" {
 		return nil, nil, errors.New("--cert needs --key")
 	}
+	if c.CABundleFile != "" && c.CertFile == "" {
+		return nil, nil, errors.New("--ca-bundle is the CA bundle of --cert; without --cert nodeproof keeps its own")
+	}
 	r, err := certs.NewReloader(certFile, keyFile, c.Clock)
 	if err != nil {
 		return nil, nil, err
@@ -405,9 +416,17 @@ func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
 	return certs.TLSConfig(r, minV, suites), r, nil
 }
 
-// caBundle is the CA bundle pointer configs should carry: nodeproof's own
-// when it manages certificates.
+// caBundle is the CA bundle pointer configs should carry: --ca-bundle
+// with --cert (read on every call: a rotated file is picked up), none with
+// --cert alone, nodeproof's own when it manages certificates.
 func (c ServeConfig) caBundle() ([]byte, error) {
+	if c.CABundleFile != "" {
+		b, err := os.ReadFile(c.CABundleFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-bundle: %w", err)
+		}
+		return b, nil
+	}
 	if c.CertFile != "" {
 		return nil, nil
 	}
@@ -534,6 +553,10 @@ func (d *dirInputs) fingerprint() (string, error) {
 	})
 	if info, err2 := os.Stat(d.kubeconfig); err2 == nil {
 		fmt.Fprintf(&b, "%s %d %d\n", d.kubeconfig, info.Size(), info.ModTime().UnixNano())
+	}
+	// The public tier carries the CA bundle: a rotated one is a change.
+	if ca, err2 := d.caBundle(); err2 == nil {
+		fmt.Fprintf(&b, "ca-bundle %x\n", sha256.Sum256(ca))
 	}
 	return b.String(), err
 }

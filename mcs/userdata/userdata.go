@@ -4,15 +4,24 @@
 // machines, as the Machine Config Operator does for the stock MCS.
 //
 // Each Secret holds an Ignition pointer config (mcs/pointer) for its pool
-// with nodeproof's current CA bundle and, when the pool's policy takes the
-// token tier, the current provisioning token. Sync rewrites a Secret only
-// when what it should hold changed: after a CA rotation (the bundle then
-// lists the new CA beside every still-valid old one) or a token rotation.
-// Nothing a machine still being created may hold is dropped early: the old
-// CA stays in the bundle (and the new CA is cross-signed) until it
-// expires, and the server accepts a rotated-out token for its grace
-// period, so a machine that read the Secret just before the update still
-// fetches its config.
+// with the current CA bundle of the server's certificate — nodeproof's own,
+// or, when the server serves a certificate it was given (the MCS's, with
+// serve --cert), the bundle that signed it (serve --ca-bundle, e.g. the
+// MCO's machine-config-server-ca ConfigMap) — and, when the pool's policy
+// takes the token tier, the current provisioning token. Sync rewrites a
+// Secret only when what it should hold changed: after a CA rotation (the
+// bundle then lists the new CA beside every still-valid old one) or a token
+// rotation. Nothing a machine still being created may hold is dropped
+// early: the old CA stays in the bundle until it expires (nodeproof's own
+// CA is also cross-signed; the MCO keeps every valid CA in its ConfigMap),
+// and the server accepts a rotated-out token for its grace period, so a
+// machine that read the Secret just before the update still fetches its
+// config.
+//
+// What the Syncer calls: get and update of each <role>-user-data-managed
+// Secret, and create when one is missing. The OpenShift overlay grants get
+// and update of exactly those Secrets (deploy/overlays/openshift): RBAC
+// cannot narrow create to a name, and the MCO makes them.
 package userdata
 
 import (
