@@ -17,7 +17,8 @@
 // Prometheus metrics. A per-node-name rate limit replaces the single
 // global breaker of other approvers: a flood of CSRs for one name delays
 // only that name. Several replicas run under leader election on a Lease
-// (RunLeader).
+// (RunLeader): each term runs a fresh Controller, and a replica that loses
+// the Lease stops acting and campaigns again in the same process.
 //
 // What the approver never does: approve on the requester's identity
 // alone; approve a second certificate with one record; approve a CSR for
