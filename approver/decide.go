@@ -39,10 +39,11 @@ const (
 	ReasonRecordConsumed    Reason = "AttestationAlreadyUsed"
 	ReasonRequesterMismatch Reason = "RequesterMismatch"
 	ReasonSANNotAttested    Reason = "SANNotAttested"
-	// ReasonNoAddresses: the node's record attested no address at all
-	// (GCP before addresses were recorded, a TPM trusted through a vendor
-	// CA with no inventory entry): nothing to check a serving CSR's SANs
-	// against, so it is left to another approver.
+	// ReasonNoAddresses: the node's record attested no address of a kind
+	// the serving CSR asks for (GCP evidence attests no IP address; a TPM
+	// trusted through a vendor CA with no inventory entry no address at
+	// all): nothing to check those SANs against, so the CSR is left to
+	// another approver.
 	ReasonNoAddresses Reason = "NoAttestedAddresses"
 )
 
@@ -114,14 +115,15 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // while the node lives):
 //   - no record for the name: NoAttestation (left pending, or denied with
 //     DenyUnattested);
-//   - the record attested no address at all (GCP records written before
-//     addresses were recorded; TPM records trusted through a vendor CA,
-//     whose addresses come only from an inventory entry): NoAttestedAddresses
-//     (left pending, or denied with DenyUnattested): there is nothing to
-//     check the SANs against, and another approver may own the CSR;
-//   - the record attested addresses and a DNS SAN (case-insensitively) or
-//     an IP SAN (IPv4-mapped IPv6 equal to its IPv4 form) is not among
-//     them: SANNotAttested (denied);
+//   - the CSR has DNS SANs and the record attested no DNS name, or IP SANs
+//     and the record attested no IP address (GCP evidence attests names,
+//     never IPs; TPM evidence through a vendor CA attests no address, an
+//     inventory entry may): NoAttestedAddresses (left pending, or denied
+//     with DenyUnattested): nothing checks those SANs, and another
+//     approver may own the CSR;
+//   - a DNS SAN (case-insensitively) or an IP SAN (IPv4-mapped IPv6 equal
+//     to its IPv4 form) is not among the names or IPs the record attested:
+//     SANNotAttested (denied);
 //   - otherwise approved, naming the evidence kind and the record.
 //
 // The serving key is not bound by evidence (the kubelet makes it later);
@@ -226,23 +228,37 @@ func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
 		return d.unattested(base)
 	}
 	r := recs[0]
-	if len(r.Addresses) == 0 {
+	var names []string
+	var ips []netip.Addr
+	for _, a := range r.Addresses {
+		if ip, err := netip.ParseAddr(a); err == nil {
+			ips = append(ips, ip.Unmap())
+		} else {
+			names = append(names, a)
+		}
+	}
+	// SANs of a kind the evidence cannot attest at all (GCP tokens carry
+	// no IP address; vendor-CA TPM evidence no address) are for another
+	// approver to judge: leave the CSR to it.
+	switch {
+	case len(k.dnsNames) > 0 && len(names) == 0, len(k.ips) > 0 && len(ips) == 0:
+		kind := "DNS names"
+		if len(k.ips) > 0 && len(ips) == 0 {
+			kind = "IP addresses"
+		}
 		base.Reason, base.Record = ReasonNoAddresses, r.ID
-		base.Message = fmt.Sprintf("NodeAttestation %s (%s evidence) for node %s attested no addresses to check the serving SANs against", r.ID, r.Kind, k.nodeName)
+		base.Message = fmt.Sprintf("NodeAttestation %s (%s evidence) for node %s attested no %s to check the serving SANs against", r.ID, r.Kind, k.nodeName, kind)
 		return d.unattested(base)
 	}
 	var missing []string
 	for _, n := range k.dnsNames {
-		if !slices.ContainsFunc(r.Addresses, func(a string) bool { return strings.EqualFold(a, n) }) {
+		if !slices.ContainsFunc(names, func(a string) bool { return strings.EqualFold(a, n) }) {
 			missing = append(missing, n)
 		}
 	}
 	for _, ip := range k.ips {
 		want, _ := netip.ParseAddr(ip)
-		if !slices.ContainsFunc(r.Addresses, func(a string) bool {
-			got, err := netip.ParseAddr(a)
-			return err == nil && got.Unmap() == want.Unmap()
-		}) {
+		if !slices.Contains(ips, want.Unmap()) {
 			missing = append(missing, ip)
 		}
 	}

@@ -237,7 +237,9 @@ func TestDecide(t *testing.T) {
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-old"},
 		{name: "serving, GCP instance name and zonal DNS name", csr: servingCSR(t, "srv-11", "gke-1", []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}, nil),
 			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-gcp"},
-		{name: "serving, GCP node with an IP SAN the token does not attest", csr: servingCSR(t, "srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
+		{name: "serving, GCP node with an IP SAN: GCP evidence attests no IP, left to another approver", csr: servingCSR(t, "srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
+			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-gcp"},
+		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: servingCSR(t, "srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

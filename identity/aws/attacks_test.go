@@ -13,9 +13,9 @@ import (
 	"github.com/smallstep/pkcs7"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
 // TestAttacks: each named attack is refused with its own reason.

@@ -25,9 +25,9 @@ import (
 	jose "github.com/go-jose/go-jose/v4"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
 const prefix = "https://api-int.example.com:22623"
