@@ -15,10 +15,10 @@ import (
 	"github.com/google/go-tpm/tpmutil"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
 const workerPolicy = `
