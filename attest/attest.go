@@ -213,6 +213,9 @@ const (
 	ReasonMalformed Reason = "MalformedEvidence"
 	// Sessions.
 	ReasonSessionInvalid Reason = "SessionInvalid"
+	// ReasonKeyProof: a proof of possession of the kubelet key
+	// (VerifyKeyProof) that does not verify.
+	ReasonKeyProof       Reason = "KubeletKeyProofInvalid"
 	ReasonSessionExpired Reason = "SessionExpired"
 	ReasonSessionReused  Reason = "SessionReused"
 	// TPM: endorsement key.

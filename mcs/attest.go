@@ -27,6 +27,9 @@ const sessionPurpose = "attest-session"
 type sealedSession struct {
 	Session  attest.Session `json:"session"`
 	NodeName string         `json:"nodeName,omitempty"`
+	// KubeletPublicKey (PKIX DER) checks the node's proof that it holds
+	// the kubelet key (attest.VerifyKeyProof).
+	KubeletPublicKey []byte `json:"kubeletPublicKey,omitempty"`
 }
 
 // nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
@@ -145,7 +148,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
-	b, err := json.Marshal(sealedSession{Session: *sess, NodeName: req.NodeName})
+	b, err := json.Marshal(sealedSession{Session: *sess, NodeName: req.NodeName, KubeletPublicKey: req.KubeletPublicKey})
 	if err != nil {
 		s.refuse(w, d, err)
 		return
@@ -161,7 +164,9 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // verify answers POST /attest/v1/verify.
 //
 // Checks: the body; the session opens (SessionInvalid: forged, tampered, or
-// sealed by keys this server no longer has); the kind's verifier (every
+// sealed by keys this server no longer has); the proof of possession of
+// the session's kubelet key, when sent (KubeletKeyProofInvalid); the
+// kind's verifier (every
 // check in its doc comment; expiry included); policy for the session's
 // pool; a node name (from the evidence, or requested when the pool allows
 // it: NodeNameNotEstablished); the identity's rate (RateLimited). In
@@ -178,7 +183,8 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // been delivered: a session still yields at most one config. Once it was
 // delivered, the session answered again is refused (SessionReused), as is
 // one whose marker is set without a record of its own; an AWS instance
-// enrolled by another session is refused (InstanceAlreadyEnrolled).
+// enrolled by another session is refused (InstanceAlreadyEnrolled) unless
+// this request proved it holds the kubelet key that enrolment bound.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	var req api.VerifyRequest
 	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
@@ -197,6 +203,16 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	}
 	sess := &ss.Session
 	d.pool = sess.Pool
+	// A proof that the requester holds the kubelet key the session bound
+	// (the agent always sends one): when present it must verify.
+	proven := false
+	if len(req.KubeletKeyProof) > 0 {
+		if err := attest.VerifyKeyProof(ss.KubeletPublicKey, req.Session, req.KubeletKeyProof); err != nil {
+			s.refuse(w, d, err)
+			return
+		}
+		proven = true
+	}
 	var claims *attest.Claims
 	switch sess.Kind {
 	case attest.KindTPM:
@@ -264,33 +280,11 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		once = append(once, store.Once{Key: aws.OnceKey(claims.AWS), Expires: s.o.AWS.AcceptedUntil(claims.AWS)})
 	}
 	tokenID := derivedID(configTokenLabel, sess.Nonce)
-	err = s.o.Store.CreateRecord(r.Context(), rec, once...)
-	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
-		prev, ok, perr := s.answeredBefore(r.Context(), rec, tokenID)
-		switch {
-		case perr != nil:
-			err = perr
-		case ok:
-			// This session's record was written and its answer lost: keep
-			// that record (and its bootstrap token); drop this try's token.
-			s.revokeUnwritten(r.Context(), rec)
-			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", node, "record", prev.ID)
-			rec, err = prev, nil
-		}
-	}
-	if err != nil {
-		s.revokeUnwritten(r.Context(), rec)
-		if errors.Is(err, store.ErrUsed) && claims.AWS != nil {
-			s.refuse(w, d, deny(attest.ReasonInstanceEnrolled, "instance %s of account %s already enrolled with this document (trust on first use); re-enrol a reinstalled instance with: nodeproof enroll --reset %s",
-				claims.AWS.InstanceID, claims.AWS.AccountID, aws.OnceKey(claims.AWS)))
-		} else if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
-			s.refuse(w, d, deny(attest.ReasonSessionReused, "this session was already answered"))
-		} else {
-			s.refuse(w, d, err)
-		}
+	if rec, err = s.writeRecord(r.Context(), rec, once, tokenID, claims, proven); err != nil {
+		s.refuse(w, d, err)
 		return
 	}
-	d.record = id
+	d.record = rec.ID
 	exp := now.Add(s.o.ConfigTokenTTL)
 	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{
 		ID: tokenID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp,
@@ -300,6 +294,66 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
+}
+
+// writeRecord writes rec with its single-use markers and returns the record
+// the answer names: rec, or the record an earlier answer to the same
+// session wrote (answeredBefore). An AWS instance already enrolled is
+// enrolled again only by a request that proved it holds the kubelet key
+// that enrolment bound (the instance itself, attesting again after a
+// crash cost it its config token); otherwise InstanceAlreadyEnrolled. On
+// any error, the bootstrap token issued for rec is revoked.
+func (s *Server) writeRecord(ctx context.Context, rec *store.Record, once []store.Once, tokenID string, claims *attest.Claims, proven bool) (*store.Record, error) {
+	err := s.o.Store.CreateRecord(ctx, rec, once...)
+	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
+		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID)
+		switch {
+		case perr != nil:
+			err = perr
+		case ok:
+			// This session's record was written and its answer lost: keep
+			// that record (and its bootstrap token); drop this try's token.
+			s.revokeUnwritten(ctx, rec)
+			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", rec.NodeName, "record", prev.ID)
+			return prev, nil
+		case claims.AWS != nil && errors.Is(err, store.ErrUsed) && proven && s.enrolledWithKey(ctx, rec):
+			// The instance marker stays with its first record; this
+			// record takes only its own session's marker.
+			if err = s.o.Store.CreateRecord(ctx, rec, once[0]); err == nil {
+				s.o.Log.Info("AWS instance enrolled again with the kubelet key its enrolment bound (possession proven)",
+					"node", rec.NodeName, "instance", claims.AWS.InstanceID, "record", rec.ID)
+				return rec, nil
+			}
+		}
+	}
+	if err == nil {
+		return rec, nil
+	}
+	s.revokeUnwritten(ctx, rec)
+	switch {
+	case errors.Is(err, store.ErrUsed) && claims.AWS != nil:
+		return nil, deny(attest.ReasonInstanceEnrolled, "instance %s of account %s already enrolled with this document (trust on first use); re-enrol a reinstalled instance with: nodeproof enroll --reset %s",
+			claims.AWS.InstanceID, claims.AWS.AccountID, aws.OnceKey(claims.AWS))
+	case errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists):
+		return nil, deny(attest.ReasonSessionReused, "this session was already answered")
+	}
+	return nil, err
+}
+
+// enrolledWithKey reports whether an earlier record of rec's node came
+// from the same evidence identity (an AWS instance) and bound the same
+// kubelet key.
+func (s *Server) enrolledWithKey(ctx context.Context, rec *store.Record) bool {
+	recs, err := s.o.Store.RecordsForNode(ctx, rec.NodeName)
+	if err != nil {
+		return false
+	}
+	for _, r := range recs {
+		if r.Kind == rec.Kind && r.Identity == rec.Identity && attest.Equal(r.KubeletKeySHA256, rec.KubeletKeySHA256) {
+			return true
+		}
+	}
+	return false
 }
 
 // answeredBefore returns the record an earlier answer to the same session

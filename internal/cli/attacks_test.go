@@ -4,10 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +30,7 @@ import (
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
@@ -513,7 +519,8 @@ func testRelayAndReplay(t *testing.T, e *attackEnv) {
 // enrolled (the residual risk the AWS document's lack of a nonce leaves).
 func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	ctx := context.Background()
-	key, err := agent.KubeletKey(filepath.Join(t.TempDir(), "kubelet.key"))
+	keyDir := t.TempDir()
+	key, err := agent.KubeletKey(filepath.Join(keyDir, "kubelet.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -550,6 +557,37 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	_, err = agent.AWSEvidence{IMDS: imds.Client()}.Attest(ctx, thief, "worker", "", key)
 	attacktable.Check(t, "AWS (server)", "an identity document stolen from an enrolled instance, used from another host",
 		"403 "+string(attest.ReasonInstanceEnrolled), fetchRefusal(nil, err))
+
+	// Enrolling again needs proof of the kubelet key the enrolment bound:
+	// the instance itself can (after a crash cost it its config token), a
+	// thief with the document and the public key cannot.
+	ev, err := aws.Collect(ctx, imds.Client())
+	if err != nil {
+		t.Fatal(err)
+	}
+	victimKey := ecKey(t, filepath.Join(keyDir, "kubelet.key"))
+	thiefKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enrolAgain := func(c *agent.Client, signer crypto.Signer) string {
+		var ch api.ChallengeResponse
+		post(t, c, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindAWS, Pool: "worker", KubeletPublicKey: key, AWS: &aws.ChallengeRequest{}}, &ch)
+		req := api.VerifyRequest{Session: ch.Session, AWS: ev}
+		if signer != nil {
+			if req.KubeletKeyProof, err = attest.SignKeyProof(signer, ch.Session); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return postRaw(t, c, api.PathVerify, req).String()
+	}
+	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, no proof of the private key",
+		"403 "+string(attest.ReasonInstanceEnrolled), enrolAgain(thief, nil))
+	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, a proof made with another key",
+		"403 "+string(attest.ReasonKeyProof), enrolAgain(thief, thiefKey))
+	if got := enrolAgain(victim, victimKey); got != "200" {
+		t.Fatalf("the instance enrolling again with proof of its kubelet key: %s", got)
+	}
 
 	// The residual risk, shown rather than hidden: a document stolen before
 	// its instance enrolled is accepted once (the age window and the EC2
@@ -613,4 +651,22 @@ func fetchRefusal(_ []byte, err error) string {
 		return fmt.Sprintf("%d %s", r.Status, r.Refusal.Reason)
 	}
 	return err.Error()
+}
+
+// ecKey reads the EC private key the agent wrote to path.
+func ecKey(t *testing.T, path string) *ecdsa.PrivateKey {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(b)
+	if block == nil {
+		t.Fatalf("%s: no PEM", path)
+	}
+	k, err := x509.ParseECPrivateKey(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }

@@ -57,10 +57,16 @@ type ChallengeResponse struct {
 
 // VerifyRequest answers a challenge.
 type VerifyRequest struct {
-	Session string        `json:"session"`
-	TPM     *tpm.Evidence `json:"tpm,omitempty"`
-	GCP     *gcp.Evidence `json:"gcp,omitempty"`
-	AWS     *aws.Evidence `json:"aws,omitempty"`
+	Session string `json:"session"`
+	// KubeletKeyProof proves the requester holds the kubelet key the
+	// session bound: attest.SignKeyProof over Session. Optional; when sent
+	// it must verify. It lets an AWS instance enrol again after a crash
+	// cost it its config token (the document alone cannot: a stolen copy
+	// would do the same).
+	KubeletKeyProof []byte        `json:"kubeletKeyProof,omitempty"`
+	TPM             *tpm.Evidence `json:"tpm,omitempty"`
+	GCP             *gcp.Evidence `json:"gcp,omitempty"`
+	AWS             *aws.Evidence `json:"aws,omitempty"`
 }
 
 // VerifyResponse carries the config token: present it as
