@@ -1,20 +1,22 @@
-// Command scale is `make bench`: a thousand machines arrive at once. It
-// starts a real etcd and kube-apiserver, `nodeproof serve` (cluster mode,
-// Kubernetes store) and `nodeproof approve` as processes from their built
-// binaries, and a load generator standing in for N machines: most with a
-// TPM (bench/simtpm, a software model producing the structures a TPM
-// produces; every machine its own EK, EK certificate and AK), some with a
-// GCP identity token or an AWS identity document from loopback metadata
-// services. Each machine attests, fetches its ~500 KB rendered config with
-// the config token, and submits its kubelet client CSR with the bootstrap
-// token the config carried, exactly as a kubelet does; the approver
-// approves on the real API server.
+// Command scale is `make bench`: a thousand machines arrive at once, in
+// an internal/fleet world: a real etcd and kube-apiserver, `nodeproof
+// serve` (cluster mode, Kubernetes store, its default limits) and
+// `nodeproof approve` as processes from their built binaries, and a load
+// generator standing in for N machines, each from its own loopback
+// address: most with a TPM (bench/simtpm, a software model producing the
+// structures a TPM produces; every machine its own EK, EK certificate and
+// AK), some with a GCP identity token or an AWS identity document from
+// loopback metadata services. Each machine attests, fetches its ~500 KB
+// rendered config with the config token, and submits its kubelet client
+// CSR with the bootstrap token the config carried, exactly as a kubelet
+// does; the approver approves on the real API server.
 //
 // It reports time until all are approved, p50/p99 time-to-config and
 // time-to-approval, server and approver CPU per machine, peak RSS of each
 // process, errors and lost or duplicated approvals, and the server's CPU
 // per TPM attestation against the crypto floor measured in the same run.
-// Run from the module root (make does).
+// Run from the module root (make does). It exits non-zero when a machine
+// failed or an approval was lost or duplicated.
 package main
 
 import (
@@ -26,9 +28,6 @@ import (
 	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,50 +45,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	awsimds "github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	legacytpm2 "github.com/google/go-tpm/legacy/tpm2"
-	"github.com/vincent-petithory/dataurl"
-	certv1 "k8s.io/api/certificates/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
-	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/certificate/csr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
-	"github.com/nodeproof/nodeproof/bench/internal/bigconfig"
 	"github.com/nodeproof/nodeproof/bench/internal/proc"
-	"github.com/nodeproof/nodeproof/bench/simtpm"
-	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
-	"github.com/nodeproof/nodeproof/identity/aws/awstest"
-	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
-	"github.com/nodeproof/nodeproof/internal/tpmtest"
-	"github.com/nodeproof/nodeproof/mcs/api"
-	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
-	"github.com/nodeproof/nodeproof/store/kubestore"
+	"github.com/nodeproof/nodeproof/internal/fleet"
 )
-
-const policy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: bench-vendor, dir: %s}
-pools:
-  worker:
-    evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:bench-vendor], requireSecureBoot: true}
-    gcp: {projects: [nodeproof-test]}
-    aws: {accounts: ["123456789012"], nodeName: instanceID}
-    serve: {nodeNames: requested}
-`
 
 func main() {
 	n := flag.Int("n", 1000, "machines")
@@ -101,7 +63,7 @@ func main() {
 	out := flag.String("o", "", "also write the report (markdown) here")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
-	r, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly)
+	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -110,6 +72,9 @@ func main() {
 		if err := os.WriteFile(*out, []byte(r), 0o644); err != nil {
 			log.Fatal(err)
 		}
+	}
+	if failed {
+		log.Fatal("errors, lost or duplicated approvals: see the report")
 	}
 }
 
@@ -128,30 +93,22 @@ func (t *tb) close() {
 	}
 }
 
-// machine is one simulated machine's identity and what it measured.
-type machine struct {
-	name     string
-	kind     string
-	ev       agent.Evidence
-	key      *ecdsa.PrivateKey
-	pub      []byte
-	start    time.Time
-	config   time.Duration // arrival → full config fetched
-	csrName  string
+// outcome is what happened to one machine.
+type outcome struct {
+	m        *fleet.Machine
 	approved time.Duration // arrival → CSR approved (seen by the watcher)
-	record   string
 	err      error
 }
 
-func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (string, error) {
+func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (string, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Minute)
 	defer cancel()
 	if nGCP+nAWS > n {
-		return "", errors.New("-gcp + -aws exceed -n")
+		return "", false, errors.New("-gcp + -aws exceed -n")
 	}
 	dir, err := os.MkdirTemp("", "nodeproof-scale-")
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 	defer os.RemoveAll(dir)
 	fakes := new(tb)
@@ -160,187 +117,28 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 	log.Print("building nodeproof")
 	bin := filepath.Join(dir, "nodeproof")
 	if b, err := exec.Command("go", "build", "-o", bin, "./cmd/nodeproof").CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build (run from the module root): %v\n%s", err, b)
+		return "", false, fmt.Errorf("go build (run from the module root): %v\n%s", err, b)
 	}
+	debug := freePort()
+	w, err := fleet.Start(ctx, fakes, fleet.Options{
+		Dir: dir, Nodeproof: bin, GrowConfig: true,
+		// As deploy/ runs them: a soft memory limit under the container's
+		// (GOMEMLIMIT), so the garbage collector works before memory grows.
+		Env:       []string{"GOMEMLIMIT=160MiB"},
+		ServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
+		Log:       log.Printf,
+	})
+	if err != nil {
+		return "", false, err
+	}
+	defer w.Close()
 
-	log.Print("starting etcd and kube-apiserver")
-	env, err := clustertest.Launch(mkdir(dir, "cp"), "deploy/crds")
-	if err != nil {
-		return "", err
-	}
-	defer env.Stop()
-	cfg := env.Config
-	cfg.QPS, cfg.Burst = 1000, 2000
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return "", err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		return "", err
-	}
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		return "", err
-	}
-	tokenDir := mkdir(dir, "node-bootstrapper")
-	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, kc, tokenDir); err != nil {
-		return "", err
-	}
-	for _, f := range []string{"deploy/approver/rbac.yaml", "deploy/store/rbac.yaml", "deploy/cluster/node-bootstrap-rbac.yaml"} {
-		if err := kubetest.ApplyFile(ctx, c, f); err != nil {
-			return "", err
-		}
-	}
-	ex, err := clustertest.ReadExamples("deploy/examples/bootstrap")
-	if err != nil {
-		return "", err
-	}
-	grown := 0
-	for _, mc := range ex.Configs {
-		if strings.HasPrefix(mc.Name, "rendered-worker-") {
-			if grown, err = bigconfig.Grow(mc); err != nil {
-				return "", err
-			}
-		}
-	}
-	if err := ex.CreateAll(ctx, c); err != nil {
-		return "", err
-	}
-	admin, approverKC := filepath.Join(dir, "admin.kubeconfig"), filepath.Join(dir, "approver.kubeconfig")
-	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
-		return "", err
-	}
-	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
-		return "", err
-	}
-
-	// Machines' identities.
 	log.Printf("making %d TPM machines (software model), %d GCP and %d AWS identities", n-nGCP-nAWS, nGCP, nAWS)
-	fleet, err := newFleet(mkdir(dir, "vendor"), n-nGCP-nAWS)
+	ms, err := w.Machines("scale", n-nGCP-nAWS, nGCP, nAWS)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	gceKey := gcptest.NewKey(fakes)
-	var gces []*gcptest.Server
-	for i := range nGCP {
-		s := gcptest.NewServerWithKey(fakes, time.Now, gceKey)
-		inst := s.Instance()
-		inst.InstanceName, inst.InstanceID = fmt.Sprintf("gce-%04d", i), fmt.Sprint(4000000000000000000+i)
-		s.SetInstance(inst)
-		gces = append(gces, s)
-	}
-	region, err := awstest.NewRegion("us-east-1")
-	if err != nil {
-		return "", err
-	}
-	awsCerts := mkdir(dir, "aws-certs")
-	os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: region.Cert.Raw}), 0o600)
-
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, policy, fleet.rootsDir), 0o600); err != nil {
-		return "", err
-	}
-	state := mkdir(dir, "server")
-	secure, plain, debug := freePort(), freePort(), freePort()
-	url := fmt.Sprintf("https://127.0.0.1:%d", secure)
-	jwks := "http://127.0.0.1:1/none"
-	if len(gces) > 0 {
-		jwks = gces[0].JWKSURL()
-	}
-	serverLog, approverLog := filepath.Join(dir, "serve.log"), filepath.Join(dir, "approve.log")
-	server, err := startProcess(bin, serverLog, "serve", "--kubeconfig", admin, "--apiserver-url", cfg.Host,
-		"--bootstrap-token-dir", tokenDir, "--policy", policyFile, "--state-dir", state, "--hosts", "127.0.0.1",
-		"--listen", "127.0.0.1", "--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
-		"--gcp-audience-url", url, "--gcp-jwks-url", jwks, "--aws-certs-dir", awsCerts,
-		"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug))
-	if err != nil {
-		return "", err
-	}
-	defer stopProcess(server)
-	approver, err := startProcess(bin, approverLog, "approve", "--kubeconfig", approverKC, "--leader-elect-id", "bench",
-		"--metrics-addr", "127.0.0.1:0", "--kube-api-qps", "200", "--kube-api-burst", "400")
-	if err != nil {
-		return "", err
-	}
-	defer stopProcess(approver)
-	if err := waitServed(fmt.Sprintf("http://127.0.0.1:%d/config/worker", plain)); err != nil {
-		return "", fmt.Errorf("%w\n%s", err, tail(serverLog))
-	}
-	bundle, err := os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName))
-	if err != nil {
-		return "", err
-	}
-
-	// The machines.
-	ms := make([]*machine, n)
-	for i := range n {
-		m := &machine{name: fmt.Sprintf("scale-%04d", i)}
-		if m.key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
-			return "", err
-		}
-		if m.pub, err = x509.MarshalPKIXPublicKey(&m.key.PublicKey); err != nil {
-			return "", err
-		}
-		switch {
-		case i < nGCP:
-			m.kind = "gcp"
-			m.ev = agent.GCPEvidence{Metadata: gces[i].Client()}
-		case i < nGCP+nAWS:
-			m.kind = "aws"
-			doc := awstest.NewDocument("us-east-1", time.Now().Add(-time.Minute))
-			doc.InstanceID = fmt.Sprintf("i-%017x", i)
-			f, err := region.Files(doc)
-			if err != nil {
-				return "", err
-			}
-			imds := awstest.NewIMDS(f)
-			defer imds.Close()
-			// The SDK's default timeouts (1 s dials, 3 attempts) are for a
-			// metadata service on the instance, not for fifty on a 2-core
-			// machine under this load.
-			m.ev = agent.AWSEvidence{IMDS: awsimds.New(awsimds.Options{Endpoint: imds.URL, HTTPClient: &http.Client{Timeout: time.Minute}})}
-		default:
-			m.kind = "tpm"
-			m.ev = agent.TPMEvidence{Collector: fleet.machines[i-nGCP-nAWS]}
-		}
-		ms[i] = m
-	}
-
-	// Watch approvals: when each CSR was seen approved (or denied),
-	// whether or not its machine has recorded the CSR's name yet.
-	var approvedAt, deniedWhy sync.Map
-	factory := informers.NewSharedInformerFactory(kc, 0)
-	inf := factory.Certificates().V1().CertificateSigningRequests().Informer()
-	seen := func(obj any) {
-		o := obj.(*certv1.CertificateSigningRequest)
-		for _, cond := range o.Status.Conditions {
-			switch cond.Type {
-			case certv1.CertificateApproved:
-				approvedAt.LoadOrStore(o.Name, time.Now())
-			case certv1.CertificateDenied:
-				deniedWhy.LoadOrStore(o.Name, cond.Reason+": "+cond.Message)
-			}
-		}
-	}
-	inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{AddFunc: seen, UpdateFunc: func(_, o any) { seen(o) }})
-	factory.Start(ctx.Done())
-	factory.WaitForCacheSync(ctx.Done())
-	settled := func() (approved, failed int) {
-		for _, m := range ms {
-			switch {
-			case m.err != nil:
-				failed++
-			case m.csrName == "":
-			default:
-				if _, ok := approvedAt.Load(m.csrName); ok {
-					approved++
-				} else if _, ok := deniedWhy.Load(m.csrName); ok {
-					failed++
-				}
-			}
-		}
-		return
-	}
+	approvals := w.WatchApprovals(ctx)
 
 	// The server's CPU profile over the burst.
 	profile := filepath.Join(os.TempDir(), "nodeproof-scale-server.pprof")
@@ -348,66 +146,53 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 	go func() {
 		profiled <- fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", debug, int(spread.Seconds())+15), profile)
 	}()
-	cpuS0, cpuA0 := proc.CPU(server.Process.Pid), proc.CPU(approver.Process.Pid)
-	cpDir := filepath.Join(dir, "cp")
-	apiPID, etcdPID := proc.Find("kube-apiserver", cpDir), proc.Find("etcd", cpDir)
+	server, approver := w.Server.PID(), w.Approver.PID()
+	cpuS0, cpuA0 := proc.CPU(server), proc.CPU(approver)
+	apiPID, etcdPID := proc.Find("kube-apiserver", w.CPDir), proc.Find("etcd", w.CPDir)
 	cpuAPI0, cpuEtcd0, cpuSelf0 := proc.CPU(apiPID), proc.CPU(etcdPID), proc.CPU(os.Getpid())
 	log.Printf("go: %d machines within %s", n, spread)
 	begin := time.Now()
+	outs := make([]*outcome, n)
 	var wg sync.WaitGroup
 	for i, m := range ms {
+		outs[i] = &outcome{m: m}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			time.Sleep(time.Duration(i) * spread / time.Duration(n))
-			m.start = time.Now()
-			m.err = provision(ctx, url, bundle, m)
+			outs[i].err = w.Provision(ctx, m, fleet.ProvisionOptions{})
 		}()
 	}
 	wg.Wait()
-	for time.Since(begin) < timeout {
-		if a, f := settled(); a+f >= n {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	approvals.WaitAll(ms, timeout-time.Since(begin))
 	all := time.Since(begin)
-	for _, m := range ms {
-		if m.err == nil && m.csrName != "" {
-			if t, ok := approvedAt.Load(m.csrName); ok {
-				m.approved = t.(time.Time).Sub(m.start)
-			} else if why, ok := deniedWhy.Load(m.csrName); ok {
-				m.err = fmt.Errorf("CSR denied: %s", why)
+	for _, o := range outs {
+		if o.err == nil {
+			if t, ok := approvals.Approved(o.m.CSRName); ok {
+				o.approved = t.Sub(o.m.Start)
+			} else if why, ok := approvals.Denied(o.m.CSRName); ok {
+				o.err = fmt.Errorf("CSR denied: %s", why)
 			} else {
-				m.err = errors.New("CSR not decided before the timeout")
+				o.err = errors.New("CSR not decided before the timeout")
 			}
 		}
 	}
-	cpuS, cpuA := proc.CPU(server.Process.Pid)-cpuS0, proc.CPU(approver.Process.Pid)-cpuA0
+	cpuS, cpuA := proc.CPU(server)-cpuS0, proc.CPU(approver)-cpuA0
 	others := map[string]time.Duration{
 		"kube-apiserver": proc.CPU(apiPID) - cpuAPI0, "etcd": proc.CPU(etcdPID) - cpuEtcd0,
 		"load generator (this process: the machines' TPM model, TLS, JSON, metadata fakes)": proc.CPU(os.Getpid()) - cpuSelf0,
 	}
 
-	// Lost or duplicated approvals: every approved CSR's record consumed
-	// once, by that CSR; no record consumed twice.
-	kcl, err := kubestore.NewClient(cfg)
+	// Lost or duplicated approvals.
+	audit, err := w.Audit(ctx, ms)
 	if err != nil {
-		return "", err
-	}
-	st, err := kubestore.New(kcl, "nodeproof", time.Now)
-	if err != nil {
-		return "", err
-	}
-	dup, lost, err := checkRecords(ctx, kc, st, ms)
-	if err != nil {
-		return "", err
+		return "", false, err
 	}
 
 	// Server CPU per TPM attestation, and the floor, in the same run.
-	perAttest, floor, err := attestCost(ctx, url, bundle, fleet, attestOnly, server.Process.Pid)
+	perAttest, floor, err := attestCost(ctx, w, attestOnly, server)
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
 
 	var top string
@@ -416,8 +201,9 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 	} else if b, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", bin, profile).CombinedOutput(); err == nil {
 		top = "server CPU profile over the burst (" + profile + "):\n" + string(b)
 	}
-	return report(n, nGCP, nAWS, grown, spread, all, ms, cpuS, cpuA, proc.PeakRSS(server.Process.Pid), proc.PeakRSS(approver.Process.Pid),
-		dup, lost, perAttest, floor) + cpuSplit(all, cpuS, cpuA, others) + "\n" + top, nil
+	r, failed := report(n, nGCP, nAWS, w.GrownBytes, spread, all, outs, cpuS, cpuA, proc.PeakRSS(server), proc.PeakRSS(approver),
+		audit, perAttest, floor)
+	return r + cpuSplit(all, cpuS, cpuA, others) + "\n" + top, failed, nil
 }
 
 // cpuSplit shows where the machine's CPU went during the burst.
@@ -452,174 +238,18 @@ func fetchProfile(url, file string) error {
 	return err
 }
 
-// provision is one machine: attest, fetch the config, submit the CSR.
-func provision(ctx context.Context, url string, bundle []byte, m *machine) error {
-	c, err := agent.NewClient(url, bundle)
-	if err != nil {
-		return err
-	}
-	c.MinBackoff, c.MaxBackoff = 200*time.Millisecond, 2*time.Second
-	vr, err := m.ev.Attest(ctx, c, "worker", m.name, m.pub)
-	if err != nil {
-		return fmt.Errorf("attest: %w", err)
-	}
-	m.record = vr.Record
-	full, err := c.FetchConfig(ctx, vr.Pool, vr.ConfigToken)
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
-	m.config = time.Since(m.start)
-	kubeconfig, err := kubeconfigOf(full)
-	if err != nil {
-		return err
-	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return err
-	}
-	rc.QPS, rc.Burst = 50, 100
-	nkc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	data, err := cert.MakeCSR(m.key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + vr.NodeName}, nil, nil)
-	if err != nil {
-		return err
-	}
-	// The API server authenticates a new bootstrap token a moment after
-	// its Secret was written (an informer): retry 401s briefly, as the
-	// kubelet's bootstrap does.
-	var name string
-	for try := 0; ; try++ {
-		name, _, err = csr.RequestCertificate(nkc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
-			[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, m.key)
-		if err == nil || try > 50 || !strings.Contains(err.Error(), "Unauthorized") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("CSR: %w", err)
-	}
-	m.csrName = name
-	return nil
-}
-
-func kubeconfigOf(full []byte) ([]byte, error) {
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(full, &c); err != nil {
-		return nil, err
-	}
-	for _, f := range c.Storage.Files {
-		if f.Path == api.FirstBootFiles[0] {
-			du, err := dataurl.DecodeString(f.Contents.Source)
-			if err != nil {
-				return nil, err
-			}
-			return du.Data, nil
-		}
-	}
-	return nil, errors.New("the full config has no kubeconfig")
-}
-
-// checkRecords counts duplicated approvals (a record consumed for more
-// than one approved CSR, or a CSR approved twice) and lost ones (an
-// attested machine whose CSR is not approved, or approved without its
-// record consumed by it).
-func checkRecords(ctx context.Context, kc kubernetes.Interface, st *kubestore.Store, ms []*machine) (dup, lost int, err error) {
-	csrs, err := kc.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return 0, 0, err
-	}
-	perRecord := map[string]int{}
-	approvedCSR := map[string]bool{}
-	for _, c := range csrs.Items {
-		n := 0
-		for _, cond := range c.Status.Conditions {
-			if cond.Type == certv1.CertificateApproved {
-				n++
-				if i := strings.Index(cond.Message, "NodeAttestation "); i >= 0 {
-					perRecord[strings.Fields(cond.Message[i+len("NodeAttestation "):])[0]]++
-				}
-			}
-		}
-		if n > 1 {
-			dup++
-		}
-		approvedCSR[c.Name] = n > 0
-	}
-	for _, k := range perRecord {
-		if k > 1 {
-			dup += k - 1
-		}
-	}
-	for _, m := range ms {
-		if m.record == "" {
-			continue // never attested: an error, counted as such
-		}
-		r, err := st.GetRecord(ctx, m.record)
-		if err != nil {
-			return 0, 0, err
-		}
-		if !approvedCSR[m.csrName] || r.ConsumedAt == nil || !strings.HasPrefix(r.ConsumedBy, m.csrName+"/") {
-			lost++
-		}
-	}
-	return dup, lost, nil
-}
-
-// fleet is the TPM machines (bench/simtpm) and their vendor.
-type fleet struct {
-	vendor   *tpmtest.VendorCA
-	rootsDir string
-	log      []byte
-	machines []*simtpm.Machine
-}
-
-func newFleet(dir string, n int) (*fleet, error) {
-	vendor, err := tpmtest.NewVendorCA("bench-vendor", time.Now())
-	if err != nil {
-		return nil, err
-	}
-	if err := vendor.WriteRoots(dir); err != nil {
-		return nil, err
-	}
-	f := &fleet{vendor: vendor, rootsDir: dir, log: firmwaretestdata.MustLog("rhel8-uefi")}
-	if n == 0 {
-		return f, nil
-	}
-	keys, err := simtpm.EKKeys(n) // cached across runs: RSA key generation is the slow part
-	if err != nil {
-		return nil, err
-	}
-	f.machines, err = simtpm.NewMachines(vendor, f.log, keys, nil)
-	return f, err
-}
-
 // attestCost runs k TPM attestations (no config, no CSR) against the
 // server and returns its CPU per attestation, and the crypto floor of one
 // attestation measured here, in the same run: the EK certificate's
 // signature, the AK creation signature and the quote signature (ECDSA
 // P-256), RSA-OAEP to the EK, SHA-256 of the event log and its PCR
 // extends, 64 random bytes — what no verifier can skip.
-func attestCost(ctx context.Context, url string, bundle []byte, f *fleet, k, pid int) (time.Duration, time.Duration, error) {
-	if k == 0 || len(f.machines) == 0 {
+func attestCost(ctx context.Context, w *fleet.World, k, pid int) (time.Duration, time.Duration, error) {
+	if k == 0 {
 		return 0, 0, nil
 	}
-	keys, err := simtpm.EKKeys(k)
-	if err != nil {
-		return 0, 0, err
-	}
-	ms, err := simtpm.NewMachines(f.vendor, f.log, keys, nil)
+	vendor, rootsDir := w.Vendor()
+	ms, err := w.TPMMachines(k)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -628,7 +258,7 @@ func attestCost(ctx context.Context, url string, bundle []byte, f *fleet, k, pid
 		return 0, 0, err
 	}
 	pub, _ := x509.MarshalPKIXPublicKey(&kub.PublicKey)
-	c, err := agent.NewClient(url, bundle)
+	c, err := agent.NewClient(w.URL, w.Bundle)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -653,7 +283,7 @@ func attestCost(ctx context.Context, url string, bundle []byte, f *fleet, k, pid
 	perAttest := (proc.CPU(pid) - cpu0) / time.Duration(k)
 
 	// The floor, on one machine's evidence.
-	v, err := tpm.NewVerifier(tpm.Options{Roots: []tpm.RootSet{mustRoots(f.rootsDir)}, Clock: time.Now})
+	v, err := tpm.NewVerifier(tpm.Options{Roots: []tpm.RootSet{mustRoots(rootsDir)}, Clock: time.Now})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -698,7 +328,7 @@ func attestCost(ctx context.Context, url string, bundle []byte, f *fleet, k, pid
 	const rounds = 200
 	start := time.Now()
 	for range rounds {
-		if err := ekCert.CheckSignatureFrom(f.vendor.Intermediate); err != nil {
+		if err := ekCert.CheckSignatureFrom(vendor.Intermediate); err != nil {
 			return 0, 0, err
 		}
 		d := sha256.Sum256(req.AK.CreateAttestation)
@@ -726,24 +356,29 @@ func attestCost(ctx context.Context, url string, bundle []byte, f *fleet, k, pid
 }
 
 func mustRoots(dir string) tpm.RootSet {
-	rs, err := tpm.LoadRootSet("bench-vendor", dir)
+	rs, err := tpm.LoadRootSet("fleet-vendor", dir)
 	if err != nil {
 		log.Fatal(err)
 	}
 	return rs
 }
 
-func report(n, nGCP, nAWS, grown int, spread, all time.Duration, ms []*machine, cpuS, cpuA time.Duration, rssS, rssA int64, dup, lost int, perAttest, floor time.Duration) string {
+func report(n, nGCP, nAWS, grown int, spread, all time.Duration, outs []*outcome, cpuS, cpuA time.Duration, rssS, rssA int64,
+	audit fleet.Audit, perAttest, floor time.Duration) (string, bool) {
 	var toConfig, toApproval []time.Duration
 	var errs []string
-	for _, m := range ms {
-		if m.err != nil {
-			errs = append(errs, fmt.Sprintf("%s (%s): %v", m.name, m.kind, m.err))
+	retried := 0
+	for _, o := range outs {
+		if o.m.Attestations > 1 {
+			retried++
+		}
+		if o.err != nil {
+			errs = append(errs, fmt.Sprintf("%s (%s): %v", o.m.Name, o.m.Kind, o.err))
 			continue
 		}
-		toConfig = append(toConfig, m.config)
-		if m.approved > 0 {
-			toApproval = append(toApproval, m.approved)
+		toConfig = append(toConfig, o.m.Config)
+		if o.approved > 0 {
+			toApproval = append(toApproval, o.approved)
 		}
 	}
 	q := func(d []time.Duration, p float64) string {
@@ -754,7 +389,7 @@ func report(n, nGCP, nAWS, grown int, spread, all time.Duration, ms []*machine, 
 		return d[min(len(d)-1, int(float64(len(d))*p))].Round(time.Millisecond).String()
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n%d machines (%d TPM, %d GCP, %d AWS) arriving within %s; rendered worker config grown by %d KB of file contents\n\n",
+	fmt.Fprintf(&b, "\n%d machines (%d TPM, %d GCP, %d AWS) arriving within %s, each from its own address; rendered worker config grown by %d KB of file contents\n\n",
 		n, n-nGCP-nAWS, nGCP, nAWS, spread, grown>>10)
 	fmt.Fprintf(&b, "| figure | value |\n|---|---|\n")
 	fmt.Fprintf(&b, "| all approved after | %s |\n", all.Round(time.Millisecond))
@@ -766,24 +401,19 @@ func report(n, nGCP, nAWS, grown int, spread, all time.Duration, ms []*machine, 
 	fmt.Fprintf(&b, "| server peak RSS | %d MB |\n", rssS>>20)
 	fmt.Fprintf(&b, "| approver peak RSS | %d MB |\n", rssA>>20)
 	fmt.Fprintf(&b, "| errors | %d |\n", len(errs))
-	fmt.Fprintf(&b, "| lost / duplicated approvals | %d / %d |\n", lost, dup)
+	fmt.Fprintf(&b, "| machines that attested more than once | %d |\n", retried)
+	fmt.Fprintf(&b, "| lost / duplicated approvals | %d / %d |\n", audit.Lost, audit.Duplicated)
 	if floor > 0 {
 		fmt.Fprintf(&b, "| server CPU per TPM attestation / crypto floor | %s / %s = %.2fx |\n", perAttest.Round(time.Microsecond), floor.Round(time.Microsecond), float64(perAttest)/float64(floor))
 	}
-	for i, e := range errs {
+	for i, e := range append(errs, audit.Problems...) {
 		if i == 10 {
-			fmt.Fprintf(&b, "… and %d more\n", len(errs)-10)
+			fmt.Fprintf(&b, "… and %d more\n", len(errs)+len(audit.Problems)-10)
 			break
 		}
-		fmt.Fprintln(&b, "error:", e)
+		fmt.Fprintln(&b, "problem:", e)
 	}
-	return b.String()
-}
-
-func mkdir(parent, name string) string {
-	d := filepath.Join(parent, name)
-	os.MkdirAll(d, 0o700)
-	return d
+	return b.String(), len(errs) > 0 || audit.Lost > 0 || audit.Duplicated > 0
 }
 
 func freePort() int {
@@ -793,50 +423,4 @@ func freePort() int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-func startProcess(bin, logFile string, args ...string) (*exec.Cmd, error) {
-	f, err := os.Create(logFile)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	// As deploy/ runs them: a soft memory limit under the container's
-	// (GOMEMLIMIT), so the garbage collector works before memory grows.
-	cmd.Env = append(os.Environ(), "GOMEMLIMIT=160MiB")
-	cmd.Stdout, cmd.Stderr = f, f
-	return cmd, cmd.Start()
-}
-
-func stopProcess(cmd *exec.Cmd) {
-	cmd.Process.Signal(os.Interrupt)
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		cmd.Process.Kill()
-	}
-}
-
-func waitServed(url string) error {
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return errors.New("the server does not serve the worker pool")
-}
-
-func tail(file string) string {
-	b, _ := os.ReadFile(file)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(b)
 }

@@ -1,0 +1,387 @@
+// Package fleet stands in for many machines provisioning against a real
+// nodeproof deployment on one host: a real etcd and kube-apiserver,
+// `nodeproof serve` (cluster mode, Kubernetes store) and `nodeproof
+// approve` running as processes from their binaries, and machines whose
+// TPM is a software model (bench/simtpm: every machine its own EK, EK
+// certificate and AK) or whose cloud identity comes from loopback GCE and
+// IMDSv2 metadata services. Each machine attests, fetches its full config
+// and submits its kubelet client CSR with the bootstrap token the config
+// carried, as the agent and the kubelet do, from a loopback source address
+// of its own.
+//
+// `make bench` (bench/scale) measures a thousand of them; the fault tests
+// (internal/faults) kill and cut the processes under them.
+package fleet
+
+import (
+	"context"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/bench/simtpm"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/internal/bigconfig"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+)
+
+// Policy is the world's attestation policy: TPM machines trusted through
+// the fleet's vendor CA, GCP machines of the test project, AWS machines of
+// the test account named by instance ID.
+const Policy = `apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust:
+  ekRoots:
+  - {name: fleet-vendor, dir: %s}
+pools:
+  worker:
+    evidence: [tpm, gcp, aws]
+    tpm: {ekTrust: [ca:fleet-vendor], requireSecureBoot: true}
+    gcp: {projects: [nodeproof-test]}
+    aws: {accounts: ["123456789012"], nodeName: instanceID}
+    serve: {nodeNames: requested}
+`
+
+// TB is what the metadata fakes need of a test (testing.TB fits; a program
+// can pass its own).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
+// Options say how to build a world.
+type Options struct {
+	// Dir holds everything the world writes (required).
+	Dir string
+	// Root is the module root (deploy/ is read from it; default ".").
+	Root string
+	// Nodeproof is the nodeproof binary (required).
+	Nodeproof string
+	// GrowConfig grows the rendered worker config by ~500 KB of file
+	// contents, a realistically large config.
+	GrowConfig bool
+	// ServeArgs and ApproveArgs are added to the processes' flags.
+	ServeArgs, ApproveArgs []string
+	// Env is added to the processes' environment (GOMEMLIMIT, say).
+	Env []string
+	// ClientQPS and ClientBurst bound this program's own API client
+	// (default 1000 / 2000).
+	ClientQPS   float32
+	ClientBurst int
+	// Log, if set, hears what the world does.
+	Log func(format string, args ...any)
+}
+
+// World is a control plane with nodeproof's server and approver running,
+// and the trust roots machines are made with.
+type World struct {
+	o Options
+	// Config is an admin config for the API server.
+	Config *rest.Config
+	KC     kubernetes.Interface
+	// URL is the server's TLS port; PlainURL its plain port.
+	URL, PlainURL string
+	// Bundle is the CA bundle machines trust.
+	Bundle []byte
+	// GrownBytes is how much the worker config was grown.
+	GrownBytes int
+	// Server and Approver are the processes.
+	Server, Approver *Process
+	// CPDir holds the control plane's files (to find its processes).
+	CPDir string
+
+	env      *clustertest.Env
+	vendor   *tpmtest.VendorCA
+	rootsDir string
+	gceKey   gcptest.Key
+	region   *awstest.Region
+	fakes    TB
+}
+
+// Start builds a world: control plane, CRDs and RBAC from deploy/, the
+// example MachineConfigs, the server and the approver. Close stops it.
+func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
+	if o.Dir == "" || o.Nodeproof == "" {
+		return nil, errors.New("fleet: Dir and Nodeproof are required")
+	}
+	if o.Root == "" {
+		o.Root = "."
+	}
+	if o.ClientQPS == 0 {
+		o.ClientQPS, o.ClientBurst = 1000, 2000
+	}
+	w = &World{o: o, fakes: tb, CPDir: mkdir(o.Dir, "cp")}
+	defer func() {
+		if err != nil {
+			w.Close()
+		}
+	}()
+	w.logf("starting etcd and kube-apiserver")
+	if w.env, err = clustertest.Launch(w.CPDir, w.path("deploy/crds")); err != nil {
+		return nil, err
+	}
+	cfg := rest.CopyConfig(w.env.Config)
+	cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
+	w.Config = cfg
+	if w.KC, err = kubernetes.NewForConfig(cfg); err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.KC.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
+		return nil, err
+	}
+	tokenDir := mkdir(o.Dir, "node-bootstrapper")
+	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, w.KC, tokenDir); err != nil {
+		return nil, err
+	}
+	for _, f := range []string{"deploy/approver/rbac.yaml", "deploy/store/rbac.yaml", "deploy/cluster/node-bootstrap-rbac.yaml"} {
+		if err := kubetest.ApplyFile(ctx, c, w.path(f)); err != nil {
+			return nil, err
+		}
+	}
+	ex, err := clustertest.ReadExamples(w.path("deploy/examples/bootstrap"))
+	if err != nil {
+		return nil, err
+	}
+	if o.GrowConfig {
+		for _, mc := range ex.Configs {
+			if strings.HasPrefix(mc.Name, "rendered-worker-") {
+				if w.GrownBytes, err = bigconfig.Grow(mc); err != nil {
+					return nil, err
+				}
+			}
+		}
+	}
+	if err := ex.CreateAll(ctx, c); err != nil {
+		return nil, err
+	}
+	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
+	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
+		return nil, err
+	}
+	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
+		return nil, err
+	}
+
+	// Trust roots: the TPM vendor, GCP's signing key, an AWS region.
+	if w.vendor, err = tpmtest.NewVendorCA("fleet-vendor", time.Now()); err != nil {
+		return nil, err
+	}
+	w.rootsDir = mkdir(o.Dir, "vendor")
+	if err := w.vendor.WriteRoots(w.rootsDir); err != nil {
+		return nil, err
+	}
+	w.gceKey = gcptest.NewKey(tb)
+	jwks := gcptest.NewServerWithKey(tb, time.Now, w.gceKey)
+	if w.region, err = awstest.NewRegion("us-east-1"); err != nil {
+		return nil, err
+	}
+	awsCerts := mkdir(o.Dir, "aws-certs")
+	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.region.Cert.Raw}), 0o600); err != nil {
+		return nil, err
+	}
+	policyFile := filepath.Join(o.Dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, fmt.Appendf(nil, Policy, w.rootsDir), 0o600); err != nil {
+		return nil, err
+	}
+
+	state := mkdir(o.Dir, "server")
+	secure, plain := freePort(), freePort()
+	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
+	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
+		"--kubeconfig", admin, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
+		"--state-dir", state, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
+		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
+		"--gcp-audience-url", w.URL, "--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}, o.ServeArgs...)}
+	if err := w.Server.Start(); err != nil {
+		return nil, err
+	}
+	if err := w.WaitServing(time.Minute); err != nil {
+		return nil, err
+	}
+	if w.Bundle, err = os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName)); err != nil {
+		return nil, err
+	}
+	w.Approver = &Process{Name: "approve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "approve.log"), Env: o.Env, Args: append([]string{"approve",
+		"--kubeconfig", approverKC, "--leader-elect-id", "fleet", "--metrics-addr", "127.0.0.1:0"}, o.ApproveArgs...)}
+	if err := w.Approver.Start(); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Close stops the processes and the control plane.
+func (w *World) Close() {
+	for _, p := range []*Process{w.Approver, w.Server} {
+		if p != nil {
+			p.Stop()
+		}
+	}
+	if w.env != nil {
+		w.env.Stop()
+	}
+}
+
+// WaitServing waits until the server answers on its plain port.
+func (w *World) WaitServing(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get(w.PlainURL + "/config/worker"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("fleet: the server does not serve the worker pool\n%s", w.Server.Tail())
+}
+
+// APIServerAddr is the API server's host:port.
+func (w *World) APIServerAddr() string { return strings.TrimPrefix(w.Config.Host, "https://") }
+
+func (w *World) path(p string) string { return filepath.Join(w.o.Root, p) }
+
+func (w *World) logf(format string, args ...any) {
+	if w.o.Log != nil {
+		w.o.Log(format, args...)
+	}
+}
+
+// Vendor and RootsDir are the TPM vendor CA machines' EK certificates
+// chain to, and where its roots are.
+func (w *World) Vendor() (*tpmtest.VendorCA, string) { return w.vendor, w.rootsDir }
+
+// TPMMachines makes n software TPMs of the world's vendor, booted from a
+// real RHEL 8 event log (EK keys cached across runs: generating RSA keys
+// is the slow part).
+func (w *World) TPMMachines(n int) ([]*simtpm.Machine, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	keys, err := simtpm.EKKeys(n)
+	if err != nil {
+		return nil, err
+	}
+	return simtpm.NewMachines(w.vendor, firmwaretestdata.MustLog("rhel8-uefi"), keys, nil)
+}
+
+// Process is a nodeproof command running as a process, which tests stop,
+// kill and start again with the same flags.
+type Process struct {
+	Name, Bin, Log string
+	Args, Env      []string
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+}
+
+// Start starts the process (again), appending to its log.
+func (p *Process) Start() error {
+	f, err := os.OpenFile(p.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.Bin, p.Args...)
+	cmd.Env = append(os.Environ(), p.Env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("fleet: start %s: %w", p.Name, err)
+	}
+	go func() { cmd.Wait(); f.Close() }()
+	p.mu.Lock()
+	p.cmd = cmd
+	p.mu.Unlock()
+	return nil
+}
+
+// PID is the running process's.
+func (p *Process) PID() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// Kill sends SIGKILL (kill -9: no shutdown, no cleanup) and waits for the
+// process to be gone.
+func (p *Process) Kill() {
+	p.signal(syscall.SIGKILL, 0)
+}
+
+// Stop asks the process to stop (SIGTERM), then kills it after 15 s.
+func (p *Process) Stop() {
+	p.signal(syscall.SIGTERM, 15*time.Second)
+}
+
+func (p *Process) signal(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(sig)
+	deadline := time.Now().Add(grace + 5*time.Second)
+	for time.Now().Before(deadline) {
+		if cmd.Process.Signal(syscall.Signal(0)) != nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+}
+
+// Tail is the end of the process's log.
+func (p *Process) Tail() string {
+	b, _ := os.ReadFile(p.Log)
+	if len(b) > 4000 {
+		b = b[len(b)-4000:]
+	}
+	return string(b)
+}
+
+func mkdir(parent, name string) string {
+	d := filepath.Join(parent, name)
+	os.MkdirAll(d, 0o700)
+	return d
+}
+
+func freePort() int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}

@@ -1,0 +1,256 @@
+package fleet
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/vincent-petithory/dataurl"
+	certv1 "k8s.io/api/certificates/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+
+	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/aws"
+	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/mcs"
+	"github.com/nodeproof/nodeproof/mcs/api"
+)
+
+// Machine is one simulated machine: its identity, its kubelet key, and
+// what happened to it.
+type Machine struct {
+	Name string
+	Kind attest.Kind
+	// Source is the loopback address its connections come from.
+	Source   string
+	Evidence agent.Evidence
+	Key      *ecdsa.PrivateKey
+	Pub      []byte
+
+	// Filled in by Provision.
+	Start time.Time
+	// Config is the time from Start to the full config in hand.
+	Config time.Duration
+	// Attestations is how many attestations it took (more than one when a
+	// crash cost it its config token).
+	Attestations int
+	NodeName     string
+	Record       string
+	ConfigToken  string
+	CSRName      string
+}
+
+// Machines makes nTPM machines with software TPMs, nGCP with GCE
+// metadata servers and nAWS with IMDSv2 services of their own; machine i
+// is named prefix-i and connects from its own loopback address.
+func (w *World) Machines(prefix string, nTPM, nGCP, nAWS int) ([]*Machine, error) {
+	tpms, err := w.TPMMachines(nTPM)
+	if err != nil {
+		return nil, err
+	}
+	n := nTPM + nGCP + nAWS
+	ms := make([]*Machine, 0, n)
+	for i := range n {
+		m := &Machine{Name: fmt.Sprintf("%s-%04d", prefix, i), Source: SourceAddr(i)}
+		if m.Key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, err
+		}
+		if m.Pub, err = x509.MarshalPKIXPublicKey(&m.Key.PublicKey); err != nil {
+			return nil, err
+		}
+		switch {
+		case i < nTPM:
+			m.Kind, m.Evidence = attest.KindTPM, agent.TPMEvidence{Collector: tpms[i]}
+		case i < nTPM+nGCP:
+			s := gcptest.NewServerWithKey(w.fakes, time.Now, w.gceKey)
+			inst := s.Instance()
+			inst.InstanceName, inst.InstanceID = m.Name, fmt.Sprint(4000000000000000000+i)
+			s.SetInstance(inst)
+			m.Kind, m.Evidence = attest.KindGCP, agent.GCPEvidence{Metadata: s.Client()}
+		default:
+			doc := awstest.NewDocument("us-east-1", time.Now().Add(-time.Minute))
+			sum := sha256.Sum256([]byte(m.Name))
+			doc.InstanceID = "i-" + hex.EncodeToString(sum[:])[:17]
+			f, err := w.region.Files(doc)
+			if err != nil {
+				return nil, err
+			}
+			imds := awstest.NewIMDS(f)
+			w.fakes.Cleanup(imds.Close)
+			client := aws.NewIMDSClient(imds.URL)
+			m.Kind, m.Evidence = attest.KindAWS, agent.AWSEvidence{IMDS: client}
+		}
+		ms = append(ms, m)
+	}
+	return ms, nil
+}
+
+// SourceAddr is machine i's loopback address: 127.1.x.y, one per machine
+// for 60,000 machines (per-source limits then see each on its own).
+func SourceAddr(i int) string {
+	return fmt.Sprintf("127.1.%d.%d", 1+i/250, 1+i%250)
+}
+
+// ProvisionOptions shape a machine's retries.
+type ProvisionOptions struct {
+	// MinBackoff and MaxBackoff bound the agent's waits (default 200 ms
+	// and 2 s).
+	MinBackoff, MaxBackoff time.Duration
+	// MaxAttestations bounds how often a machine attests again after a
+	// crash cost it its session or config token (default 5).
+	MaxAttestations int
+}
+
+// Provision is one machine coming up: it attests, fetches its full
+// config, and submits its kubelet client CSR with the per-node bootstrap
+// token the config carried, as the agent (fetch mode) and the kubelet do.
+// Retries are the agent's: a 5xx or no answer is retried until ctx ends;
+// a config token spent by a delivery that never arrived (the server died
+// mid-answer) or a session that expired while the server was away means
+// attesting again. It returns when the CSR exists (Approvals says when it
+// is approved).
+func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) error {
+	if o.MinBackoff == 0 {
+		o.MinBackoff, o.MaxBackoff = 200*time.Millisecond, 2*time.Second
+	}
+	if o.MaxAttestations == 0 {
+		o.MaxAttestations = 5
+	}
+	m.Start = time.Now()
+	c, err := agent.NewClient(w.URL, w.Bundle)
+	if err != nil {
+		return err
+	}
+	c.MinBackoff, c.MaxBackoff = o.MinBackoff, o.MaxBackoff
+	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
+	}).DialContext
+	var full []byte
+	for {
+		m.Attestations++
+		vr, err := m.Evidence.Attest(ctx, c, "worker", m.Name, m.Pub)
+		if err == nil {
+			m.NodeName, m.Record, m.ConfigToken = vr.NodeName, vr.Record, vr.ConfigToken
+			if full, err = c.FetchConfig(ctx, vr.Pool, vr.ConfigToken); err == nil {
+				break
+			}
+		}
+		if !attestAgain(err) || m.Attestations >= o.MaxAttestations {
+			return fmt.Errorf("%s (attestation %d): %w", m.Name, m.Attestations, err)
+		}
+	}
+	m.Config = time.Since(m.Start)
+	return w.submitCSR(ctx, m, full, o)
+}
+
+// attestAgain reports whether a refusal is one a new attestation mends:
+// the session expired, or the config token was spent by a delivery that
+// was cut off (this machine's token is used nowhere else).
+func attestAgain(err error) bool {
+	var r *agent.Refused
+	if !errors.As(err, &r) {
+		return false
+	}
+	switch r.Refusal.Reason {
+	case attest.ReasonSessionExpired, attest.ReasonSessionReused, mcs.ReasonTokenUsed:
+		return true
+	}
+	return false
+}
+
+// submitCSR creates the kubelet's client CSR with the bootstrap
+// kubeconfig of the full config, under a name derived from the key (as
+// the kubelet does, so a retried create finds its own CSR), retrying
+// while the API server is unreachable or has not seen the new bootstrap
+// token yet.
+func (w *World) submitCSR(ctx context.Context, m *Machine, full []byte, o ProvisionOptions) error {
+	kubeconfig, err := KubeconfigOf(full)
+	if err != nil {
+		return err
+	}
+	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.QPS, rc.Burst, rc.Timeout = 50, 100, 10*time.Second
+	nkc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	data, err := cert.MakeCSR(m.Key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + m.NodeName}, nil, nil)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(m.Pub)
+	name := "node-csr-" + hex.EncodeToString(sum[:16])
+	wait := o.MinBackoff
+	for {
+		got, _, err := csr.RequestCertificate(nkc, data, name, certv1.KubeAPIServerClientKubeletSignerName, nil,
+			[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, m.Key)
+		if err == nil {
+			m.CSRName = got
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%s: CSR: %w", m.Name, err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, o.MaxBackoff)
+	}
+}
+
+// KubeconfigOf is the kubelet's bootstrap kubeconfig in a full config.
+func KubeconfigOf(full []byte) ([]byte, error) {
+	var c struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source string `json:"source"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(full, &c); err != nil {
+		return nil, err
+	}
+	for _, f := range c.Storage.Files {
+		if f.Path == api.FirstBootFiles[0] {
+			du, err := dataurl.DecodeString(f.Contents.Source)
+			if err != nil {
+				return nil, err
+			}
+			return du.Data, nil
+		}
+	}
+	return nil, errors.New("the full config has no kubeconfig")
+}
+
+// short trims an error for a report line.
+func short(err error) string {
+	s := err.Error()
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	return s
+}
