@@ -74,11 +74,17 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 	}
 
 	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
-	env, err := clustertest.Launch(mkdir(o.Dir, "control-plane"), filepath.Join(deploy, "crds"))
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	env, err := launchControlPlane(mkdir(o.Dir, "control-plane"), filepath.Join(deploy, "crds"))
 	if err != nil {
 		return err
 	}
 	defer env.Stop()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	cfg := env.Config
 	info("API server %s, up in %s; NodeAttestation CRDs, RBAC from %s, the example MachineConfigs and pools loaded",
 		cfg.Host, env.Took.Round(100*time.Millisecond), deploy)
@@ -172,10 +178,13 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 	step("Anyone on the network runs Ignition with the worker pointer config and no credentials")
 	var public []string
 	for deadline := time.Now().Add(time.Minute); ; {
-		cached, out, err := testenv.RunIgnitionFetch(ignition, mkdir(o.Dir, "ignition-public"), ptrFile, "")
+		cached, out, err := testenv.RunIgnitionFetchContext(ctx, ignition, mkdir(o.Dir, "ignition-public"), ptrFile, "")
 		if err == nil {
 			public = paths(cached)
 			break
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("ignition (public): %w\n%s", err, out)
@@ -210,7 +219,7 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 	}
 
 	step("Ignition runs on the machine: the agent's per-node pointer config takes precedence")
-	cached, out, err := testenv.RunIgnitionFetch(ignition, mkdir(o.Dir, "ignition-full"), ptrFile, sysDir)
+	cached, out, err := testenv.RunIgnitionFetchContext(ctx, ignition, mkdir(o.Dir, "ignition-full"), ptrFile, sysDir)
 	if err != nil {
 		return fmt.Errorf("ignition (full): %w\n%s", err, out)
 	}

@@ -89,6 +89,7 @@ func (m *Manufacturer) Provision(ctx context.Context, stateDir string, banks ...
 		"--config", filepath.Join(m.Dir, "swtpm_setup.conf"),
 		"--createek", "--create-ek-cert", "--create-platform-cert",
 		"--pcr-banks", pcrBanks, "--overwrite", "--write-ek-cert-files", certs)
+	cmd.SysProcAttr = procAttr()
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("swtpm_setup: %w\n%s", err, out)
 	}
@@ -158,6 +159,7 @@ func start(ctx context.Context, stateDir string, port int) (*TPM, error) {
 		"--flags", "not-need-init,startup-clear")
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	cmd.SysProcAttr = procAttr()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start swtpm: %w", err)
 	}

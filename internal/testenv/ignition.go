@@ -24,13 +24,19 @@ func IgnitionFetch(t testing.TB, pointerFile, systemDir string) (cached []byte, 
 // RunIgnitionFetch is IgnitionFetch for programs (the demo): bin is the
 // Ignition binary, dir an empty working directory.
 func RunIgnitionFetch(bin, dir, pointerFile, systemDir string) (cached []byte, output string, err error) {
+	return RunIgnitionFetchContext(context.Background(), bin, dir, pointerFile, systemDir)
+}
+
+// RunIgnitionFetchContext is RunIgnitionFetch that also ends (killing
+// Ignition) when ctx does.
+func RunIgnitionFetchContext(ctx context.Context, bin, dir, pointerFile, systemDir string) (cached []byte, output string, err error) {
 	if systemDir == "" {
 		systemDir = filepath.Join(dir, "system")
 		if err := os.Mkdir(systemDir, 0o700); err != nil {
 			return nil, "", err
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	cache := filepath.Join(dir, "ignition.json")
 	cmd := exec.CommandContext(ctx, bin, "-platform", "file", "-stage", "fetch",
