@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/bigconfig"
+	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -90,6 +92,10 @@ type Options struct {
 	// (default 1000 / 2000).
 	ClientQPS   float32
 	ClientBurst int
+	// APIProxy puts a TCP proxy (internal/faultproxy) between the API
+	// server and everyone else in the world (the server, the approver, the
+	// kubelets), so a test can make the API server unreachable.
+	APIProxy bool
 	// Log, if set, hears what the world does.
 	Log func(format string, args ...any)
 }
@@ -111,6 +117,8 @@ type World struct {
 	Server, Approver *Process
 	// CPDir holds the control plane's files (to find its processes).
 	CPDir string
+	// Proxy stands between the API server and the world (Options.APIProxy).
+	Proxy *faultproxy.Proxy
 
 	env      *clustertest.Env
 	vendor   *tpmtest.VendorCA
@@ -132,10 +140,11 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	if o.ClientQPS == 0 {
 		o.ClientQPS, o.ClientBurst = 1000, 2000
 	}
-	w = &World{o: o, fakes: tb, CPDir: mkdir(o.Dir, "cp")}
+	world := &World{o: o, fakes: tb, CPDir: mkdir(o.Dir, "cp")}
+	w = world
 	defer func() {
 		if err != nil {
-			w.Close()
+			world.Close()
 		}
 	}()
 	w.logf("starting etcd and kube-apiserver")
@@ -180,11 +189,24 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	if err := ex.CreateAll(ctx, c); err != nil {
 		return nil, err
 	}
+	// What the world's processes and kubelets dial: the API server, or the
+	// proxy in front of it.
+	reach := rest.CopyConfig(cfg)
+	if o.APIProxy {
+		u, err := url.Parse(cfg.Host)
+		if err != nil {
+			return nil, err
+		}
+		if w.Proxy, err = faultproxy.Start("127.0.0.1:0", u.Host); err != nil {
+			return nil, err
+		}
+		reach.Host = "https://" + w.Proxy.Addr()
+	}
 	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
-	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
+	if err := clustertest.WriteKubeconfig(reach, admin, ""); err != nil {
 		return nil, err
 	}
-	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
+	if err := clustertest.WriteKubeconfig(reach, approverKC, "nodeproof/nodeproof-approver"); err != nil {
 		return nil, err
 	}
 
@@ -214,7 +236,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	secure, plain := freePort(), freePort()
 	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
-		"--kubeconfig", admin, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
+		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
 		"--state-dir", state, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
 		"--gcp-audience-url", w.URL, "--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}, o.ServeArgs...)}
@@ -242,6 +264,9 @@ func (w *World) Close() {
 			p.Stop()
 		}
 	}
+	if w.Proxy != nil {
+		w.Proxy.Close()
+	}
 	if w.env != nil {
 		w.env.Stop()
 	}
@@ -261,9 +286,6 @@ func (w *World) WaitServing(timeout time.Duration) error {
 	}
 	return fmt.Errorf("fleet: the server does not serve the worker pool\n%s", w.Server.Tail())
 }
-
-// APIServerAddr is the API server's host:port.
-func (w *World) APIServerAddr() string { return strings.TrimPrefix(w.Config.Host, "https://") }
 
 func (w *World) path(p string) string { return filepath.Join(w.o.Root, p) }
 
