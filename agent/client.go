@@ -19,6 +19,7 @@ package agent
 import (
 	"bytes"
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -63,8 +64,15 @@ type Client struct {
 	Sleep func(ctx context.Context, d time.Duration) error
 	// Restarts bounds how often one attestation starts over from the
 	// challenge because its session expired while verify was being
-	// retried (0: DefaultRestarts; negative: never).
+	// retried, and how often AttestAndFetch attests again because its
+	// config token was spent by a delivery that never arrived (0:
+	// DefaultRestarts; negative: never).
 	Restarts int
+	// KubeletKey, if set, is the kubelet's private key: every verify then
+	// carries a proof that this node holds it (attest.SignKeyProof), which
+	// lets an AWS instance enrol again after a crash cost it its config
+	// token. Its public key must be the one the evidence binds.
+	KubeletKey crypto.Signer
 }
 
 // DefaultRestarts is Client.Restarts when unset.
@@ -145,6 +153,11 @@ func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeReque
 		if err != nil {
 			return nil, err
 		}
+		if c.KubeletKey != nil {
+			if err := c.prove(req.KubeletPublicKey, vreq); err != nil {
+				return nil, err
+			}
+		}
 		var vr api.VerifyResponse
 		attempts, err := c.post(ctx, api.PathVerify, vreq, &vr)
 		if err == nil {
@@ -156,6 +169,51 @@ func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeReque
 		}
 		c.progress("%s: the session expired while the server was not answering (%d attempts); starting over from the challenge (restart %d of %d)",
 			api.PathVerify, attempts, n+1, restarts)
+	}
+}
+
+// prove adds the kubelet key proof to vreq.
+func (c *Client) prove(bound []byte, vreq *api.VerifyRequest) error {
+	mine, err := x509.MarshalPKIXPublicKey(c.KubeletKey.Public())
+	if err != nil {
+		return fmt.Errorf("agent: kubelet key: %w", err)
+	}
+	if !bytes.Equal(mine, bound) {
+		return errors.New("agent: the kubelet key is not the one the evidence binds")
+	}
+	vreq.KubeletKeyProof, err = attest.SignKeyProof(c.KubeletKey, vreq.Session)
+	return err
+}
+
+// AttestAndFetch attests with ev and fetches the full config with the
+// config token. A config token is spent by the delivery that used it; if
+// the server died while sending the config, the retry finds the token
+// spent (TokenAlreadyUsed) and the node attests again for a new token, at
+// most Restarts times. (Go's transport itself retries a GET whose reused
+// connection was reset, so a spent token can come back on what looks
+// like the first try; the token is this node's alone, so the refusal
+// always means a delivery of it failed or was stolen, and attesting again
+// is right either way.) Any other refusal is final.
+func (c *Client) AttestAndFetch(ctx context.Context, ev Evidence, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, []byte, error) {
+	restarts := c.Restarts
+	if restarts == 0 {
+		restarts = DefaultRestarts
+	}
+	for n := 0; ; n++ {
+		vr, err := ev.Attest(ctx, c, pool, nodeName, kubeletPKIX)
+		if err != nil {
+			return nil, nil, err
+		}
+		full, err := c.FetchConfig(ctx, vr.Pool, vr.ConfigToken)
+		if err == nil {
+			return vr, full, nil
+		}
+		var r *Refused
+		if !errors.As(err, &r) || r.Refusal.Reason != api.ReasonTokenAlreadyUsed || n >= restarts {
+			return vr, nil, err
+		}
+		c.progress("%s: the config token was spent by a delivery that did not arrive here; attesting again (%d of %d)",
+			api.PathConfig+pool, n+1, restarts)
 	}
 }
 

@@ -27,37 +27,46 @@ const DefaultKubeletKeyPath = "/var/lib/kubelet/pki/kubelet-client.key.tmp"
 // 0600, atomically), and returns its public key as PKIX DER. A file that
 // exists but does not hold an ECDSA P-256 key is an error, not replaced.
 func KubeletKey(path string) ([]byte, error) {
+	_, pub, err := LoadKubeletKey(path)
+	return pub, err
+}
+
+// LoadKubeletKey is KubeletKey that also returns the private key, which
+// proves the node holds it (Client.KubeletKey).
+func LoadKubeletKey(path string) (*ecdsa.PrivateKey, []byte, error) {
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
 		block, _ := pem.Decode(b)
 		if block == nil || block.Type != "EC PRIVATE KEY" {
-			return nil, fmt.Errorf("agent: %s holds no EC PRIVATE KEY", path)
+			return nil, nil, fmt.Errorf("agent: %s holds no EC PRIVATE KEY", path)
 		}
 		k, err := x509.ParseECPrivateKey(block.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("agent: %s: %w", path, err)
+			return nil, nil, fmt.Errorf("agent: %s: %w", path, err)
 		}
 		if k.Curve != elliptic.P256() {
-			return nil, fmt.Errorf("agent: %s is not a P-256 key", path)
+			return nil, nil, fmt.Errorf("agent: %s is not a P-256 key", path)
 		}
-		return x509.MarshalPKIXPublicKey(&k.PublicKey)
+		pub, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+		return k, pub, err
 	case !errors.Is(err, os.ErrNotExist):
-		return nil, fmt.Errorf("agent: kubelet key: %w", err)
+		return nil, nil, fmt.Errorf("agent: kubelet key: %w", err)
 	}
 	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	der, err := x509.MarshalECPrivateKey(k)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("agent: kubelet key directory: %w", err)
+		return nil, nil, fmt.Errorf("agent: kubelet key directory: %w", err)
 	}
 	if err := fsutil.WriteFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-		return nil, fmt.Errorf("agent: write kubelet key: %w", err)
+		return nil, nil, fmt.Errorf("agent: write kubelet key: %w", err)
 	}
-	return x509.MarshalPKIXPublicKey(&k.PublicKey)
+	pub, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
+	return k, pub, err
 }

@@ -97,18 +97,22 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	c.Progress = func(format string, args ...any) { say(format, args...) }
-	pub, err := KubeletKey(cfg.KubeletKeyPath)
+	key, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
 	if err != nil {
 		return err
 	}
+	c.KubeletKey = key
 	say("kubelet key %s ready; attesting to %s for pool %s with %s evidence", cfg.KubeletKeyPath, cfg.Server, cfg.Pool, cfg.Evidence.Kind())
-	vr, err := cfg.Evidence.Attest(ctx, c, cfg.Pool, cfg.NodeName, pub)
-	if err != nil {
-		return refusal(say, "attestation", err)
+	attested := func(vr *api.VerifyResponse) {
+		say("attested: node %s, pool %s, NodeAttestation %s; config token valid until %s", vr.NodeName, vr.Pool, vr.Record, vr.Expires.UTC().Format("15:04:05Z"))
 	}
-	say("attested: node %s, pool %s, NodeAttestation %s; config token valid until %s", vr.NodeName, vr.Pool, vr.Record, vr.Expires.UTC().Format("15:04:05Z"))
 	switch cfg.Mode {
 	case ModePointer:
+		vr, err := cfg.Evidence.Attest(ctx, c, cfg.Pool, cfg.NodeName, pub)
+		if err != nil {
+			return refusal(say, "attestation", err)
+		}
+		attested(vr)
 		dir := cfg.IgnitionDir
 		if dir == "" {
 			dir = DefaultIgnitionDir
@@ -119,10 +123,15 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		say("wrote %s: Ignition will fetch the full config of pool %s with the config token", path, vr.Pool)
 	case ModeFetch:
-		full, err := c.FetchConfig(ctx, vr.Pool, vr.ConfigToken)
-		if err != nil {
+		vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
+		switch {
+		case vr == nil:
+			return refusal(say, "attestation", err)
+		case err != nil:
+			attested(vr)
 			return refusal(say, "config fetch", err)
 		}
+		attested(vr)
 		if cfg.ConfigOut != "" {
 			if err := os.MkdirAll(filepath.Dir(cfg.ConfigOut), 0o700); err != nil {
 				return err

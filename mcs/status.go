@@ -23,7 +23,7 @@ const (
 	ReasonTokenInvalid      attest.Reason = "TokenInvalid"
 	ReasonTokenExpired      attest.Reason = "TokenExpired"
 	ReasonTokenWrongPool    attest.Reason = "TokenForAnotherPool"
-	ReasonTokenUsed         attest.Reason = "TokenAlreadyUsed"
+	ReasonTokenUsed                       = api.ReasonTokenAlreadyUsed
 	ReasonTierDisabled      attest.Reason = "TierDisabled"
 	ReasonInsecurePort      attest.Reason = "InsecurePortRefused"
 	ReasonBodyTooLarge      attest.Reason = "BodyTooLarge"

@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/vincent-petithory/dataurl"
@@ -29,7 +30,6 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -49,8 +49,9 @@ type Machine struct {
 	// Config is the time from Start to the full config in hand.
 	Config time.Duration
 	// Attestations is how many attestations it took (more than one when a
-	// crash cost it its config token).
+	// crash cost it its session or its config token).
 	Attestations int
+	mu           sync.Mutex
 	NodeName     string
 	Record       string
 	ConfigToken  string
@@ -113,25 +114,19 @@ type ProvisionOptions struct {
 	// MinBackoff and MaxBackoff bound the agent's waits (default 200 ms
 	// and 2 s).
 	MinBackoff, MaxBackoff time.Duration
-	// MaxAttestations bounds how often a machine attests again after a
-	// crash cost it its session or config token (default 5).
-	MaxAttestations int
 }
 
-// Provision is one machine coming up: it attests, fetches its full
-// config, and submits its kubelet client CSR with the per-node bootstrap
-// token the config carried, as the agent (fetch mode) and the kubelet do.
-// Retries are the agent's: a 5xx or no answer is retried until ctx ends;
-// a config token spent by a delivery that never arrived (the server died
-// mid-answer) or a session that expired while the server was away means
-// attesting again. It returns when the CSR exists (Approvals says when it
-// is approved).
+// Provision is one machine coming up: it attests and fetches its full
+// config as the agent does in fetch mode (agent.Client.AttestAndFetch:
+// 5xx and no answer retried until ctx ends, a session expired meanwhile
+// or a config token spent by a delivery that never arrived mended by
+// attesting again, every verify proving the kubelet key), then submits
+// its kubelet client CSR with the per-node bootstrap token the config
+// carried, as the kubelet does. It returns when the CSR exists (Approvals
+// says when it is approved).
 func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) error {
 	if o.MinBackoff == 0 {
 		o.MinBackoff, o.MaxBackoff = 200*time.Millisecond, 2*time.Second
-	}
-	if o.MaxAttestations == 0 {
-		o.MaxAttestations = 5
 	}
 	m.Start = time.Now()
 	c, err := agent.NewClient(w.URL, w.Bundle)
@@ -139,40 +134,27 @@ func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) e
 		return err
 	}
 	c.MinBackoff, c.MaxBackoff = o.MinBackoff, o.MaxBackoff
+	c.KubeletKey = m.Key
 	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext
-	var full []byte
-	for {
-		m.Attestations++
-		vr, err := m.Evidence.Attest(ctx, c, "worker", m.Name, m.Pub)
-		if err == nil {
-			m.NodeName, m.Record, m.ConfigToken = vr.NodeName, vr.Record, vr.ConfigToken
-			if full, err = c.FetchConfig(ctx, vr.Pool, vr.ConfigToken); err == nil {
-				break
-			}
+	c.Progress = func(format string, args ...any) {
+		if strings.Contains(format, "attesting again") || strings.Contains(format, "starting over") {
+			m.mu.Lock()
+			m.Attestations++
+			m.mu.Unlock()
 		}
-		if !attestAgain(err) || m.Attestations >= o.MaxAttestations {
-			return fmt.Errorf("%s (attestation %d): %w", m.Name, m.Attestations, err)
-		}
+	}
+	m.Attestations = 1
+	vr, full, err := c.AttestAndFetch(ctx, m.Evidence, "worker", m.Name, m.Pub)
+	if vr != nil {
+		m.NodeName, m.Record, m.ConfigToken = vr.NodeName, vr.Record, vr.ConfigToken
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.Name, err)
 	}
 	m.Config = time.Since(m.Start)
 	return w.submitCSR(ctx, m, full, o)
-}
-
-// attestAgain reports whether a refusal is one a new attestation mends:
-// the session expired, or the config token was spent by a delivery that
-// was cut off (this machine's token is used nowhere else).
-func attestAgain(err error) bool {
-	var r *agent.Refused
-	if !errors.As(err, &r) {
-		return false
-	}
-	switch r.Refusal.Reason {
-	case attest.ReasonSessionExpired, attest.ReasonSessionReused, mcs.ReasonTokenUsed:
-		return true
-	}
-	return false
 }
 
 // submitCSR creates the kubelet's client CSR with the bootstrap
