@@ -29,7 +29,7 @@ commands:
   serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
   approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
   enroll     --reset KEY: clear a single-use marker (re-enrol a reinstalled cloud instance)
-  ca         create or renew the MCS CA and serving certificate in a state directory
+  ca         create, renew, show or rotate (ca rotate [--serving-only]) the MCS CA and serving certificate
   pointer    write an Ignition pointer config for a pool
   token      show or rotate the provisioning token (the token tier)
   keys       rotate the keyring that seals sessions and config tokens
@@ -102,15 +102,31 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	return Serve(ctx, c)
 }
 
+// cmdCA: nodeproof ca [show] | ca rotate [--serving-only]. Ensure runs
+// either way (creating on first use, rotating what is due); rotate forces
+// a CA rotation (cross-signed, the old CA kept in the bundle) or, with
+// --serving-only, a new serving certificate. A running server serves the
+// new certificate at its next handshake and the new bundle in its public
+// tier and user-data Secrets at its next input check.
 func cmdCA(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("ca", stderr)
 	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory (the CA lives in <state-dir>/certs)")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated")
 	bundle := fs.Bool("print-bundle", false, "print the CA bundle (PEM) to standard output")
-	if err := fs.Parse(args); err != nil {
+	servingOnly := fs.Bool("serving-only", false, "with rotate: a new serving certificate, the CA kept")
+	action, err := parseAction(fs, args, "ca")
+	if err != nil {
 		return err
 	}
-	st, err := certs.Ensure(filepath.Join(*dir, "certs"), certs.Options{Clock: time.Now, Hosts: splitList(*hosts)})
+	o := certs.Options{Clock: time.Now, Hosts: splitList(*hosts)}
+	switch action {
+	case "", "show":
+	case "rotate":
+		o.RotateCA, o.RotateServing = !*servingOnly, *servingOnly
+	default:
+		return fmt.Errorf("ca: unknown action %q (show or rotate)", action)
+	}
+	st, err := certs.Ensure(filepath.Join(*dir, "certs"), o)
 	if err != nil {
 		return err
 	}
@@ -184,18 +200,9 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("token", stderr)
 	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
 	grace := fs.Duration("grace", 24*time.Hour, "how long the previous token stays valid after a rotation")
-	if err := fs.Parse(args); err != nil {
+	action, err := parseAction(fs, args, "token")
+	if err != nil {
 		return err
-	}
-	action := fs.Arg(0)
-	// Flags may follow the action too (nodeproof token rotate --state-dir D).
-	if fs.NArg() > 1 {
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 {
-			return fmt.Errorf("token: unexpected arguments %q", fs.Args())
-		}
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return err
@@ -215,6 +222,24 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintln(stdout, p.Current())
 	return nil
+}
+
+// parseAction parses flags, an action word, and flags after it
+// (nodeproof token rotate --state-dir D).
+func parseAction(fs *flag.FlagSet, args []string, cmd string) (string, error) {
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	action := fs.Arg(0)
+	if fs.NArg() > 1 {
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return "", err
+		}
+		if fs.NArg() > 0 {
+			return "", fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args())
+		}
+	}
+	return action, nil
 }
 
 func cmdKeys(args []string, stdout, stderr io.Writer) error {

@@ -131,6 +131,15 @@ type Options struct {
 	// Required. A change reissues the serving certificate, never the CA.
 	Hosts []string
 
+	// RotateCA rotates the CA now, exactly as at 80% of its life: a new
+	// CA, cross-signed by the old one; the old one stays in the bundle
+	// until it expires, so pointer configs that trust it keep working.
+	// For rotations on demand (a suspected key leak, a drill). It implies
+	// a new serving certificate.
+	RotateCA bool
+	// RotateServing issues a new serving certificate now.
+	RotateServing bool
+
 	// testHookBeforeSwap, when set, runs after a new generation directory
 	// is complete and before "current" points to it; an error aborts
 	// Ensure there, as a crash would.
@@ -225,7 +234,7 @@ func Ensure(dir string, o Options) (*State, error) {
 		}
 	}
 	now := o.Clock()
-	next, changes, err := plan(cur, hosts, now)
+	next, changes, err := plan(cur, hosts, now, o.RotateCA, o.RotateServing)
 	if err != nil {
 		return nil, err
 	}
@@ -255,8 +264,9 @@ func Ensure(dir string, o Options) (*State, error) {
 	}, nil
 }
 
-// plan computes the next state from the current one (nil on first use).
-func plan(cur *material, hosts []string, now time.Time) (*material, []string, error) {
+// plan computes the next state from the current one (nil on first use);
+// rotateCA and rotateServing force those rotations.
+func plan(cur *material, hosts []string, now time.Time, rotateCA, rotateServing bool) (*material, []string, error) {
 	next := &material{}
 	var changes []string
 	caRotated := false
@@ -269,7 +279,11 @@ func plan(cur *material, hosts []string, now time.Time) (*material, []string, er
 		next.ca, next.caKey, next.caKeyPEM = ca, key, keyPEM
 		caRotated = true
 		changes = append(changes, fmt.Sprintf("created CA %q, valid until %s", ca.Subject.CommonName, ca.NotAfter.UTC().Format(time.RFC3339)))
-	case !now.Before(cur.ca.NotAfter) || pastRotation(cur.ca, now):
+	case rotateCA && cur.ca.Subject.CommonName == CACommonNamePrefix+"@"+strconv.FormatInt(now.Unix(), 10):
+		// CA names carry their creation second: two in one second would
+		// share a subject.
+		return nil, nil, fmt.Errorf("certs: the CA %q was made this second; rotate it again a second later", cur.ca.Subject.CommonName)
+	case !now.Before(cur.ca.NotAfter) || pastRotation(cur.ca, now) || rotateCA:
 		ca, key, keyPEM, err := newCA(now)
 		if err != nil {
 			return nil, nil, err
@@ -282,8 +296,12 @@ func plan(cur *material, hosts []string, now time.Time) (*material, []string, er
 				return nil, nil, err
 			}
 			next.cross = cross
-			changes = append(changes, fmt.Sprintf("rotated CA: %q is past %d%% of its lifetime; new CA %q, cross-signed by the old one until %s",
-				cur.ca.Subject.CommonName, RotatePercent, ca.Subject.CommonName, cross.NotAfter.UTC().Format(time.RFC3339)))
+			why := fmt.Sprintf("%q is past %d%% of its lifetime", cur.ca.Subject.CommonName, RotatePercent)
+			if !pastRotation(cur.ca, now) {
+				why = fmt.Sprintf("rotation of %q asked for", cur.ca.Subject.CommonName)
+			}
+			changes = append(changes, fmt.Sprintf("rotated CA: %s; new CA %q, cross-signed by the old one until %s",
+				why, ca.Subject.CommonName, cross.NotAfter.UTC().Format(time.RFC3339)))
 		} else {
 			changes = append(changes, fmt.Sprintf("rotated CA: %q has expired; new CA %q (pointer configs that trust only the old CA no longer work)",
 				cur.ca.Subject.CommonName, ca.Subject.CommonName))
@@ -332,6 +350,8 @@ func plan(cur *material, hosts []string, now time.Time) (*material, []string, er
 		reason = "it has expired"
 	case pastRotation(cur.leaf, now):
 		reason = fmt.Sprintf("it is past %d%% of its lifetime", RotatePercent)
+	case rotateServing:
+		reason = "rotation asked for"
 	}
 	if reason != "" {
 		leaf, key, keyPEM, err := newServing(next.ca, next.caKey, hosts, now)
