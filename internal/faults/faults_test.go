@@ -9,7 +9,11 @@
 package faults
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/http"
@@ -286,4 +290,136 @@ func probeFetch(t *testing.T, w *fleet.World, token string) string {
 		return "503 with Retry-After"
 	}
 	return fmt.Sprintf("%d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
+}
+
+// TestRotationUnderLoad: while 40 machines provision (over 8 s) and the
+// real Ignition fetches with pointer configs written before any rotation
+// (the old CA bundle; the old provisioning token, or a config token), the
+// CA is rotated, the serving certificate reissued, the provisioning token
+// rotated and the sealing key rotated twice: no machine fails.
+func TestRotationUnderLoad(t *testing.T) {
+	w := world(t, fleet.Options{ServeArgs: []string{"--reload-interval", "500ms"}})
+	ms, err := w.Machines("rotate", 24, 8, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	approvals := w.WatchApprovals(ctx)
+
+	// What machines created before the rotations hold: the CA bundle (in
+	// w.Bundle, which every fleet machine trusts), the provisioning token,
+	// and config tokens of machines attested now.
+	oldToken := strings.TrimSpace(run(t, "token", "show", "--state-dir", w.StateDir))
+	probes, err := w.Machines("ignition", 0, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pointers []string
+	for _, p := range probes {
+		c, err := agent.NewClient(w.URL, w.Bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vr, err := p.Evidence.Attest(ctx, c, "worker", p.Name, p.Pub)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pointers = append(pointers, pointerConfig(t, w, vr.ConfigToken))
+	}
+	pointers = append(pointers, pointerConfig(t, w, oldToken), pointerConfig(t, w, oldToken))
+
+	b := startBurst(ctx, w, ms, 8*time.Second)
+	ignition := make(chan string, len(pointers))
+	var iwg sync.WaitGroup
+	start := time.Now()
+	for i, p := range pointers {
+		iwg.Add(1)
+		go func() {
+			defer iwg.Done()
+			time.Sleep(time.Duration(i+1) * 1500 * time.Millisecond)
+			cached, out, err := testenv.RunIgnitionFetchContext(ctx, testenv.IgnitionBinary(t), t.TempDir(), p, "")
+			switch {
+			case err != nil:
+				ignition <- fmt.Sprintf("pointer %d: %v\n%s", i, err, out)
+			case !strings.Contains(string(cached), api.FirstBootFiles[0]):
+				ignition <- fmt.Sprintf("pointer %d: no full config", i)
+			}
+		}()
+	}
+	rotations := []struct {
+		at   time.Duration
+		args []string
+	}{
+		{time.Second, []string{"keys", "rotate", "--activate-after", "0"}},
+		{2 * time.Second, []string{"ca", "rotate", "--hosts", "127.0.0.1"}},
+		{3 * time.Second, []string{"token", "rotate"}},
+		{4500 * time.Millisecond, []string{"ca", "rotate", "--serving-only", "--hosts", "127.0.0.1"}},
+		{6 * time.Second, []string{"keys", "rotate", "--activate-after", "0"}},
+	}
+	for _, r := range rotations {
+		time.Sleep(time.Until(start.Add(r.at)))
+		out := run(t, append(r.args, "--state-dir", w.StateDir)...)
+		t.Logf("%s (%d of %d machines through): %s", strings.Join(r.args[:2], " "), b.finished.Load(), len(ms), strings.TrimSpace(out))
+	}
+	if newToken := strings.TrimSpace(run(t, "token", "show", "--state-dir", w.StateDir)); newToken == oldToken {
+		t.Fatal("the provisioning token did not rotate")
+	}
+	// The rotations took effect in the running server.
+	time.Sleep(time.Second) // its reload interval is 500 ms
+	bundle := []byte(run(t, "ca", "--print-bundle", "--hosts", "127.0.0.1", "--state-dir", w.StateDir))
+	active, _ := pem.Decode(bundle)
+	conn, err := tls.Dial("tcp", strings.TrimPrefix(w.URL, "https://"), &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := conn.ConnectionState().PeerCertificates
+	conn.Close()
+	if active == nil || len(chain) != 2 || !bytes.Equal(chain[0].RawIssuer, mustCert(t, active.Bytes).RawSubject) {
+		t.Fatalf("the server does not serve a certificate of the rotated CA (chain of %d)", len(chain))
+	}
+	for _, want := range []string{"sealing keys reloaded", "provisioning tokens reloaded"} {
+		if !strings.Contains(readFile(t, w.Server.Log), want) {
+			t.Fatalf("the server never logged %q", want)
+		}
+	}
+	iwg.Wait()
+	close(ignition)
+	failures := 0
+	for msg := range ignition {
+		failures++
+		t.Log(msg)
+	}
+	attacktable.Check(t, "faults", "rotation under load: the real Ignition with pointer configs written before the rotations (old CA bundle; old provisioning token or a config token)",
+		fmt.Sprintf("%d of %d fetched", len(pointers), len(pointers)), fmt.Sprintf("%d of %d fetched", len(pointers)-failures, len(pointers)))
+	settle(t, w, "CA, serving certificate, provisioning token and sealing key rotated mid-burst", ms, b.wait(), approvals)
+}
+
+// run runs the nodeproof binary and returns its output, failing the test
+// on a non-zero exit.
+func run(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(nodeproofBin, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodeproof %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func mustCert(t *testing.T, der []byte) *x509.Certificate {
+	t.Helper()
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -50,7 +50,8 @@ import (
 
 // Policy is the world's attestation policy: TPM machines trusted through
 // the fleet's vendor CA, GCP machines of the test project, AWS machines of
-// the test account named by instance ID.
+// the test account named by instance ID; the provisioning token (the
+// token tier) also fetches the worker config.
 const Policy = `apiVersion: nodeproof.io/v1alpha1
 kind: AttestationPolicy
 trust:
@@ -62,7 +63,7 @@ pools:
     tpm: {ekTrust: [ca:fleet-vendor], requireSecureBoot: true}
     gcp: {projects: [nodeproof-test]}
     aws: {accounts: ["123456789012"], nodeName: instanceID}
-    serve: {nodeNames: requested}
+    serve: {nodeNames: requested, token: true}
 `
 
 // TB is what the metadata fakes need of a test (testing.TB fits; a program
@@ -119,6 +120,9 @@ type World struct {
 	CPDir string
 	// Proxy stands between the API server and the world (Options.APIProxy).
 	Proxy *faultproxy.Proxy
+	// StateDir is the server's --state-dir (certificates, sealing keys,
+	// provisioning tokens).
+	StateDir string
 
 	env      *clustertest.Env
 	vendor   *tpmtest.VendorCA
@@ -233,6 +237,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	}
 
 	state := mkdir(o.Dir, "server")
+	w.StateDir = state
 	secure, plain := freePort(), freePort()
 	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
