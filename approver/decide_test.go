@@ -11,6 +11,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
@@ -248,8 +250,14 @@ func TestDecide(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if dec.Action != tc.wantAction || dec.Reason != tc.wantReason {
-				t.Fatalf("decision %s %s (%s), want %s %s", dec.Action, dec.Reason, dec.Message, tc.wantAction, tc.wantReason)
+			if tc.wantAction == Approve {
+				if dec.Action != tc.wantAction || dec.Reason != tc.wantReason {
+					t.Fatalf("decision %s %s (%s), want %s %s", dec.Action, dec.Reason, dec.Message, tc.wantAction, tc.wantReason)
+				}
+			} else {
+				// Every CSR not approved is an attack row: a CSR an attacker
+				// (or a confused kubelet) could submit.
+				attacktable.Check(t, "approver", "CSR: "+tc.name, fmt.Sprintf("%s %s", tc.wantAction, tc.wantReason), fmt.Sprintf("%s %s", dec.Action, dec.Reason))
 			}
 			if tc.wantRecord != "" && dec.Record != tc.wantRecord {
 				t.Errorf("record %q, want %q", dec.Record, tc.wantRecord)

@@ -150,10 +150,10 @@ func settle(t *testing.T, w *fleet.World, fault string, ms []*fleet.Machine, err
 	attacktable.Check(t, "faults", fault+": config tokens that work a second time", "0", fmt.Sprint(again))
 }
 
-// TestKillDuringBurst: 48 machines arrive within 2 s and fetch ~1 MB
+// TestFaultKillDuringBurst: 48 machines arrive within 2 s and fetch ~1 MB
 // configs; the server is killed with SIGKILL twice and the approver once
 // in the middle, each restarted half a second later.
-func TestKillDuringBurst(t *testing.T) {
+func TestFaultKillDuringBurst(t *testing.T) {
 	w := world(t, fleet.Options{GrowConfig: true})
 	ms, err := w.Machines("kill", 32, 8, 8)
 	if err != nil {
@@ -183,11 +183,11 @@ func TestKillDuringBurst(t *testing.T) {
 	settle(t, w, "kill -9 of the server (twice) and the approver mid-burst", ms, b.wait(), approvals)
 }
 
-// TestAPIServerOutage: the API server is unreachable for 30 s while 20
+// TestFaultAPIServerOutage: the API server is unreachable for 30 s while 20
 // machines provision and the real Ignition binary fetches a config: the
 // server answers 503 with Retry-After meanwhile; the agent and Ignition
 // retry; everything completes when the API server is back.
-func TestAPIServerOutage(t *testing.T) {
+func TestFaultAPIServerOutage(t *testing.T) {
 	w := world(t, fleet.Options{APIProxy: true})
 	ms, err := w.Machines("outage", 12, 4, 4)
 	if err != nil {
@@ -292,12 +292,12 @@ func probeFetch(t *testing.T, w *fleet.World, token string) string {
 	return fmt.Sprintf("%d, Retry-After %q", resp.StatusCode, resp.Header.Get("Retry-After"))
 }
 
-// TestRotationUnderLoad: while 40 machines provision (over 8 s) and the
+// TestFaultRotationUnderLoad: while 40 machines provision (over 8 s) and the
 // real Ignition fetches with pointer configs written before any rotation
 // (the old CA bundle; the old provisioning token, or a config token), the
 // CA is rotated, the serving certificate reissued, the provisioning token
 // rotated and the sealing key rotated twice: no machine fails.
-func TestRotationUnderLoad(t *testing.T) {
+func TestFaultRotationUnderLoad(t *testing.T) {
 	w := world(t, fleet.Options{ServeArgs: []string{"--reload-interval", "500ms"}})
 	ms, err := w.Machines("rotate", 24, 8, 8)
 	if err != nil {
