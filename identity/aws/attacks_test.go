@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -262,78 +261,3 @@ func nullField(doc []byte, field string) string {
 	}
 	return strings.Join(lines, "\n")
 }
-
-// TestLiveCheckAttacks: the EC2 API's refusals are InstanceNotRunning; an
-// EC2 API that cannot be asked is an error that is not a Denial.
-func TestLiveCheckAttacks(t *testing.T) {
-	f := newFixture(t)
-	d := doc()
-	ev := func() *aws.Evidence { return f.evidence(f.useast1, d, awstest.SignOptions{}) }
-	with := func(mod func(*awstest.Instance)) awstest.Instance {
-		in := instanceOf(d)
-		mod(&in)
-		return in
-	}
-	closed := httptest.NewServer(nil)
-	closed.Close()
-
-	for _, tc := range []struct {
-		name     string
-		instance *awstest.Instance // nil: not known to EC2
-		region   string            // of the EC2 client; "" means us-east-1
-		down     bool
-		url      string // overrides the fake's URL
-		vpcs     []string
-		tags     map[string]string
-		want     attest.Reason // "" means: an error that is not a Denial
-	}{
-		{name: "stopped instance", instance: ptr(with(func(i *awstest.Instance) { i.State = "stopped" })), want: attest.ReasonInstanceNotLive},
-		{name: "terminated instance", instance: ptr(with(func(i *awstest.Instance) { i.State = "terminated" })), want: attest.ReasonInstanceNotLive},
-		{name: "pending instance", instance: ptr(with(func(i *awstest.Instance) { i.State = "pending" })), want: attest.ReasonInstanceNotLive},
-		{name: "unknown instance", want: attest.ReasonInstanceNotLive},
-		{name: "wrong VPC", instance: ptr(instanceOf(d)), vpcs: []string{"vpc-2"}, want: attest.ReasonInstanceNotLive},
-		{name: "instance outside any VPC", instance: ptr(with(func(i *awstest.Instance) { i.VPCID = "" })), vpcs: []string{"vpc-1"}, want: attest.ReasonInstanceNotLive},
-		{name: "missing tag", instance: ptr(instanceOf(d)), tags: map[string]string{"nodeproof/pool": "worker"}, want: attest.ReasonInstanceNotLive},
-		{name: "wrong tag value", instance: ptr(instanceOf(d)), tags: map[string]string{"role": "master"}, want: attest.ReasonInstanceNotLive},
-		{name: "instance of another account", instance: ptr(with(func(i *awstest.Instance) { i.OwnerID = "999999999999" })), want: attest.ReasonInstanceNotLive},
-		{name: "instance in another zone", instance: ptr(with(func(i *awstest.Instance) { i.AvailabilityZone = "us-east-1b" })), want: attest.ReasonInstanceNotLive},
-		{name: "instance with another private IP", instance: ptr(with(func(i *awstest.Instance) { i.PrivateIP = "10.0.9.9" })), want: attest.ReasonInstanceNotLive},
-		{name: "checker for another region", instance: ptr(instanceOf(d)), region: "eu-west-1", want: attest.ReasonInstanceNotLive},
-		{name: "EC2 API down (503)", instance: ptr(instanceOf(d)), down: true},
-		{name: "EC2 API unreachable", instance: ptr(instanceOf(d)), url: closed.URL},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			api := awstest.NewEC2()
-			defer api.Close()
-			if tc.instance != nil {
-				api.Put(*tc.instance)
-			}
-			api.SetDown(tc.down)
-			region := tc.region
-			if region == "" {
-				region = "us-east-1"
-			}
-			client := api.Client(region)
-			if tc.url != "" {
-				client = awstest.EC2Client(tc.url, region)
-			}
-			v := f.verifier(func(o *aws.Options) {
-				o.Live = &aws.EC2LiveChecker{Client: client, VPCs: tc.vpcs, Tags: tc.tags}
-			})
-			claims, err := v.Verify(ctx, f.session(v), ev())
-			if err == nil {
-				t.Fatalf("accepted: %+v", claims.AWS)
-			}
-			got, isDenial := attest.ReasonOf(err)
-			if tc.want == "" {
-				if isDenial {
-					t.Fatalf("EC2 failure became a denial %q: %v", got, err)
-				}
-				return
-			}
-			attacktable.CheckRefusal(t, "AWS live check", tc.name, tc.want, err)
-		})
-	}
-}
-
-func ptr[T any](v T) *T { return &v }

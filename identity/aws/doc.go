@@ -31,9 +31,10 @@
 //     transaction as the enrollment record, so an instance enrolls once. If
 //     the attacker won, the real node is refused and the conflict is
 //     visible, not silent.
-//   - The live check (Options.Live, EC2LiveChecker): the instance must be
-//     running now, in the expected VPC, with the expected tags, so a document
-//     of a stopped or foreign instance is refused.
+//   - The live check (Options.Live; identity/aws/ec2live asks the EC2
+//     API): the instance must be running now, in the expected VPC, with the
+//     expected tags, so a document of a stopped or foreign instance is
+//     refused.
 //   - On the instances: IMDSv2 required and a PUT response hop limit of 1,
 //     so containers and other hosts cannot read the document.
 //   - Where the instance type has it, NitroTPM with the TPM evidence path

@@ -120,19 +120,4 @@ func reasonOf(err error) attest.Reason {
 	return r
 }
 
-// liveEC2 returns a fake EC2 API holding the default document's instance,
-// running, in vpc-1 with tag role=worker.
-func liveEC2(d awstest.Document) *awstest.EC2 {
-	return awstest.NewEC2(instanceOf(d))
-}
-
-func instanceOf(d awstest.Document) awstest.Instance {
-	return awstest.Instance{
-		OwnerID: d.AccountID, InstanceID: d.InstanceID, ImageID: d.ImageID, InstanceType: d.InstanceType,
-		State: "running", AvailabilityZone: d.AvailabilityZone, PrivateIP: d.PrivateIP,
-		PrivateDNSName: d.InstanceID + ".ec2.internal", VPCID: "vpc-1", SubnetID: "subnet-1",
-		Tags: map[string]string{"role": "worker", "kubernetes.io/cluster/demo": "owned"},
-	}
-}
-
 var ctx = context.Background()

@@ -34,8 +34,9 @@ type Options struct {
 	MaxDocumentAge time.Duration
 	// Live, when set, asks the EC2 API to confirm the instance (running, in
 	// the expected VPC, with the expected tags) before claims are returned,
-	// and supplies the instance's private DNS name. Nil skips the check and
-	// claims say LiveChecked false, which policy may refuse.
+	// and supplies the instance's private DNS name (identity/aws/ec2live).
+	// Nil skips the check and claims say LiveChecked false, which policy
+	// may refuse.
 	Live LiveChecker
 	// SessionTTL bounds the time between challenge and answer. Zero means
 	// five minutes; negative is refused.

@@ -46,9 +46,12 @@ func TestAgentImportsNoServerCode(t *testing.T) {
 		{name: "the server's CA", pkg: "github.com/nodeproof/nodeproof/mcs/certs"},
 		{name: "user-data Secrets", pkg: "github.com/nodeproof/nodeproof/mcs/userdata"},
 		{name: "rate limits", pkg: "github.com/nodeproof/nodeproof/mcs/limit"},
-		// The server's EC2 live check (identity/aws live.go); the agent
-		// only reads IMDS.
+		// The server's EC2 live check (identity/aws/ec2live) and what it
+		// calls EC2 with; the agent only reads IMDS.
+		{name: "the EC2 live check", pkg: "github.com/nodeproof/nodeproof/identity/aws/ec2live"},
 		{name: "the EC2 API client", pkg: "github.com/aws/aws-sdk-go-v2/service/ec2"},
+		{name: "the AWS SDK's configuration", pkg: "github.com/aws/aws-sdk-go-v2/config"},
+		{name: "the AWS SDK's credential providers", pkg: "github.com/aws/aws-sdk-go-v2/credentials"},
 	}
 	for _, f := range forbidden {
 		t.Run(f.name, func(t *testing.T) {

@@ -399,12 +399,8 @@ func TestAWSLiveCheckFlags(t *testing.T) {
 		if !c.known {
 			continue
 		}
-		in := awstest.Instance{
-			OwnerID: d.AccountID, InstanceID: d.InstanceID, ImageID: d.ImageID, InstanceType: d.InstanceType,
-			State: "running", AvailabilityZone: d.AvailabilityZone, PrivateIP: d.PrivateIP,
-			PrivateDNSName: d.InstanceID + ".ec2.internal", VPCID: "vpc-good", SubnetID: "subnet-1",
-			Tags: map[string]string{"role": "worker", "kubernetes.io/cluster/demo": "owned"},
-		}
+		in := awstest.InstanceOf(d)
+		in.VPCID = "vpc-good"
 		if c.edit != nil {
 			c.edit(&in)
 		}

@@ -32,6 +32,19 @@ type Instance struct {
 	Tags             map[string]string
 }
 
+// InstanceOf returns the instance d describes as EC2 reports it while it
+// runs: d's account, ID, image, type, zone and private IP, private DNS name
+// <instance ID>.ec2.internal, in vpc-1 and subnet-1, tagged role=worker and
+// kubernetes.io/cluster/demo=owned.
+func InstanceOf(d Document) Instance {
+	return Instance{
+		OwnerID: d.AccountID, InstanceID: d.InstanceID, ImageID: d.ImageID, InstanceType: d.InstanceType,
+		State: "running", AvailabilityZone: d.AvailabilityZone, PrivateIP: d.PrivateIP,
+		PrivateDNSName: d.InstanceID + ".ec2.internal", VPCID: "vpc-1", SubnetID: "subnet-1",
+		Tags: map[string]string{"role": "worker", "kubernetes.io/cluster/demo": "owned"},
+	}
+}
+
 // stateCodes are EC2's instance state codes.
 var stateCodes = map[string]int{
 	"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80,

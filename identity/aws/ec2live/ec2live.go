@@ -1,4 +1,11 @@
-package aws
+// Package ec2live is the server's optional EC2 live check of AWS evidence:
+// Checker implements identity/aws's LiveChecker (Options.Live) by asking the
+// EC2 API about the instance a verified document names, and NewClient
+// builds the EC2 client it calls with the AWS SDK's default credential
+// chain. It is its own package so that only the server links the EC2 API
+// client and the SDK's configuration and credential providers; the node
+// agent imports identity/aws to collect evidence and must not.
+package ec2live
 
 import (
 	"context"
@@ -6,23 +13,40 @@ import (
 	"fmt"
 	"slices"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/aws/smithy-go"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
-// LiveChecker confirms a verified document's instance with the EC2 API.
-type LiveChecker interface {
-	// Check confirms the instance with the EC2 API; returns the private DNS name it has.
-	//
-	// A refusal is an *attest.Denial (InstanceNotRunning); any other error
-	// means the API could not be asked and the caller should try again.
-	Check(ctx context.Context, c *attest.AWSClaims) (privateDNSName string, err error)
+var _ aws.LiveChecker = (*Checker)(nil)
+
+// NewClient returns a client calling EC2 in region with the AWS SDK's
+// default credential chain (config.LoadDefaultConfig), in its order: the
+// environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN),
+// the shared config and credentials files (AWS_PROFILE, AWS_CONFIG_FILE,
+// AWS_SHARED_CREDENTIALS_FILE), web identity (IRSA: AWS_ROLE_ARN and
+// AWS_WEB_IDENTITY_TOKEN_FILE), ECS container credentials, then the EC2
+// instance role. Credentials are resolved at the first live check, cached,
+// and refreshed before they expire. endpoint, when set, replaces the
+// region's EC2 endpoint.
+func NewClient(ctx context.Context, region, endpoint string) (*ec2.Client, error) {
+	cfg, err := config.LoadDefaultConfig(ctx, config.WithRegion(region))
+	if err != nil {
+		return nil, fmt.Errorf("ec2live: AWS SDK configuration: %w", err)
+	}
+	return ec2.NewFromConfig(cfg, func(o *ec2.Options) {
+		if endpoint != "" {
+			o.BaseEndpoint = awssdk.String(endpoint)
+		}
+	}), nil
 }
 
-// EC2LiveChecker is a LiveChecker that calls DescribeInstances for the
+// Checker is an aws.LiveChecker that calls DescribeInstances for the
 // instance ID, with the credentials and Region of Client. Its checks, each
 // refused with InstanceNotRunning:
 //   - Client's Region is the document's (one EC2 endpoint serves one Region);
@@ -37,7 +61,7 @@ type LiveChecker interface {
 // Errors that say the instance ID does not exist or is malformed are
 // refusals; every other API or transport error is returned as is (not a
 // Denial).
-type EC2LiveChecker struct {
+type Checker struct {
 	// Client calls EC2; required. It needs ec2:DescribeInstances.
 	Client *ec2.Client
 	// VPCs, when non-empty, are the VPC IDs an instance may be in.
@@ -46,13 +70,13 @@ type EC2LiveChecker struct {
 	Tags map[string]string
 }
 
-// Check implements LiveChecker.
-func (l *EC2LiveChecker) Check(ctx context.Context, c *attest.AWSClaims) (string, error) {
+// Check implements aws.LiveChecker.
+func (l *Checker) Check(ctx context.Context, c *attest.AWSClaims) (string, error) {
 	if l == nil || l.Client == nil {
-		return "", errors.New("aws: EC2LiveChecker has no Client")
+		return "", errors.New("ec2live: Checker has no Client")
 	}
 	if c == nil {
-		return "", errors.New("aws: live check without claims")
+		return "", errors.New("ec2live: live check without claims")
 	}
 	if r := l.Client.Options().Region; r != "" && r != c.Region {
 		return "", attest.Deny(attest.ReasonInstanceNotLive, "the EC2 live check serves region %s, the instance is in %s", r, c.Region)
@@ -66,7 +90,7 @@ func (l *EC2LiveChecker) Check(ctx context.Context, c *attest.AWSClaims) (string
 				return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not know instance %s: %s", c.InstanceID, ae.ErrorCode())
 			}
 		}
-		return "", fmt.Errorf("aws: DescribeInstances: %w", err)
+		return "", fmt.Errorf("ec2live: DescribeInstances: %w", err)
 	}
 	var (
 		found *types.Instance
