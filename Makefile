@@ -50,6 +50,10 @@ generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CR
 	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
 	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds
 
+.PHONY: attacks
+attacks: deps tools ## every attack and fault test, as one table: attack, expected outcome, result (fails if any is not as expected)
+	@hack/attacks.sh
+
 .PHONY: bench
 bench: tools ## 1,000 machines at once (TPM model, GCP, AWS): attest, fetch ~500 KB, CSR approved on a real API server; first run generates 1,000 RSA EK keys (~2 min, cached)
 	$(GO) run ./bench/scale $(BENCH_FLAGS)
