@@ -39,7 +39,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,12 +142,34 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 	}
 	approvals := w.WatchApprovals(ctx)
 
-	// The server's CPU profile over the burst.
+	// CPU profiles over the burst: the server's, the API server's, and
+	// this load generator's own.
+	secs := int(spread.Seconds()) + 15
 	profile := filepath.Join(os.TempDir(), "nodeproof-scale-server.pprof")
-	profiled := make(chan error, 1)
+	apiProfile := filepath.Join(os.TempDir(), "nodeproof-scale-apiserver.pprof")
+	loadProfile := filepath.Join(os.TempDir(), "nodeproof-scale-loadgen.pprof")
+	profiled, apiProfiled := make(chan error, 1), make(chan error, 1)
 	go func() {
-		profiled <- fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", debug, int(spread.Seconds())+15), profile)
+		profiled <- fetchProfile(fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", debug, secs), profile)
 	}()
+	go func() {
+		b, err := w.KC.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").Param("seconds", fmt.Sprint(secs)).DoRaw(ctx)
+		if err == nil {
+			err = os.WriteFile(apiProfile, b, 0o644)
+		}
+		apiProfiled <- err
+	}()
+	lf, err := os.Create(loadProfile)
+	if err != nil {
+		return "", false, err
+	}
+	if err := pprof.StartCPUProfile(lf); err != nil {
+		return "", false, err
+	}
+	calls0, err := apiCalls(ctx, w)
+	if err != nil {
+		return "", false, err
+	}
 	server, approver := w.Server.PID(), w.Approver.PID()
 	cpuS0, cpuA0 := proc.CPU(server), proc.CPU(approver)
 	apiPID, etcdPID := proc.Find("kube-apiserver", w.CPDir), proc.Find("etcd", w.CPDir)
@@ -177,6 +201,12 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 			}
 		}
 	}
+	pprof.StopCPUProfile()
+	lf.Close()
+	calls1, err := apiCalls(ctx, w)
+	if err != nil {
+		return "", false, err
+	}
 	cpuS, cpuA := proc.CPU(server)-cpuS0, proc.CPU(approver)-cpuA0
 	others := map[string]time.Duration{
 		"kube-apiserver": proc.CPU(apiPID) - cpuAPI0, "etcd": proc.CPU(etcdPID) - cpuEtcd0,
@@ -195,15 +225,89 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 		return "", false, err
 	}
 
-	var top string
-	if err := <-profiled; err != nil {
-		top = "server profile: " + err.Error()
-	} else if b, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=25", bin, profile).CombinedOutput(); err == nil {
-		top = "server CPU profile over the burst (" + profile + "):\n" + string(b)
-	}
+	top := profileTop("nodeproof serve", bin, profile, <-profiled) +
+		profileTop("kube-apiserver", "", apiProfile, <-apiProfiled) +
+		profileTop("load generator", "", loadProfile, nil)
 	r, failed := report(n, nGCP, nAWS, w.GrownBytes, spread, all, outs, cpuS, cpuA, proc.PeakRSS(server), proc.PeakRSS(approver),
 		audit, perAttest, floor)
-	return r + cpuSplit(all, cpuS, cpuA, others) + "\n" + top, failed, nil
+	return r + cpuSplit(all, cpuS, cpuA, others) + callsPerMachine(calls0, calls1, n) + "\n" + top, failed, nil
+}
+
+// profileTop is the top of a CPU profile over the burst (bin, when set,
+// symbolizes it), or why there is none.
+func profileTop(what, bin, file string, err error) string {
+	if err != nil {
+		return what + " profile: " + err.Error() + "\n"
+	}
+	args := []string{"tool", "pprof", "-top", "-nodecount=20"}
+	if bin != "" {
+		args = append(args, bin)
+	}
+	b, err := exec.Command("go", append(args, file)...).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("%s profile: %v\n%s", what, err, b)
+	}
+	return fmt.Sprintf("\n%s CPU profile over the burst (%s):\n%s", what, file, b)
+}
+
+// apiCalls reads the API server's request counters (apiserver_request_total),
+// summed per verb and resource.
+func apiCalls(ctx context.Context, w *fleet.World) (map[string]float64, error) {
+	b, err := w.KC.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") {
+			continue
+		}
+		labels, value, ok := strings.Cut(strings.TrimPrefix(line, "apiserver_request_total{"), "} ")
+		if !ok {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			continue
+		}
+		l := map[string]string{}
+		for _, kv := range strings.Split(labels, ",") {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				l[k] = strings.Trim(v, `"`)
+			}
+		}
+		res := l["resource"]
+		if l["subresource"] != "" {
+			res += "/" + l["subresource"]
+		}
+		out[l["verb"]+" "+res] += v
+	}
+	return out, nil
+}
+
+// callsPerMachine is the API calls the burst made, per machine, by verb
+// and resource (everything on the API server: the server, the approver,
+// the kubelets' CSRs and their watches, and this program's watch).
+func callsPerMachine(before, after map[string]float64, n int) string {
+	type row struct {
+		key string
+		per float64
+	}
+	var rows []row
+	total := 0.0
+	for k, v := range after {
+		if d := v - before[k]; d >= float64(n)/10 {
+			rows = append(rows, row{k, d / float64(n)})
+			total += d
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].per > rows[j].per })
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nAPI calls per machine, measured (apiserver_request_total; verbs with at least one call per ten machines): %.1f in all\n\n| verb resource | per machine |\n|---|---|\n", total/float64(n))
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %.2f |\n", r.key, r.per)
+	}
+	return b.String()
 }
 
 // cpuSplit shows where the machine's CPU went during the burst.
