@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"compress/gzip"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -114,6 +115,36 @@ func WriteFirstBootFiles(root string, full []byte) ([]string, error) {
 		return nil, errors.New("agent: the full config carries none of the first-boot files")
 	}
 	return wrote, nil
+}
+
+// ConfigFile returns the contents of the file at path in an Ignition 3.x
+// config (any 3.x spec, Ignition's own cache included), decoded from its
+// data: URL, gunzipped when the config says so.
+func ConfigFile(config []byte, path string) ([]byte, error) {
+	var c struct {
+		Storage struct {
+			Files []struct {
+				Path     string `json:"path"`
+				Contents struct {
+					Source      *string `json:"source"`
+					Compression *string `json:"compression"`
+				} `json:"contents"`
+			} `json:"files"`
+		} `json:"storage"`
+	}
+	if err := json.Unmarshal(config, &c); err != nil {
+		return nil, fmt.Errorf("agent: config: %w", err)
+	}
+	for _, f := range c.Storage.Files {
+		if f.Path == path && f.Contents.Source != nil {
+			data, err := decodeSource(*f.Contents.Source, f.Contents.Compression)
+			if err != nil {
+				return nil, fmt.Errorf("agent: %s: %w", path, err)
+			}
+			return data, nil
+		}
+	}
+	return nil, fmt.Errorf("agent: the config has no file %s", path)
 }
 
 func decodeSource(src string, compression *string) ([]byte, error) {

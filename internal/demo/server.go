@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/vincent-petithory/dataurl"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -77,7 +76,14 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	env, err := launchControlPlane(mkdir(o.Dir, "control-plane"), filepath.Join(deploy, "crds"))
+	// etcd and kube-apiserver die with the demo, however it dies.
+	prefix, err := dieWithParent()
+	if err != nil {
+		return err
+	}
+	env, err := clustertest.LaunchWith(mkdir(o.Dir, "control-plane"), clustertest.LaunchOptions{
+		CRDDirs: []string{filepath.Join(deploy, "crds")}, CommandPrefix: prefix,
+	})
 	if err != nil {
 		return err
 	}
@@ -319,28 +325,9 @@ func paths(cfg []byte) []string {
 // in the cached config and the key file, and waits for the decision.
 func kubeletCSR(ctx context.Context, admin kubernetes.Interface, cached []byte, keyFile, node string) (certv1.CertificateSigningRequestCondition, string, error) {
 	var none certv1.CertificateSigningRequestCondition
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(cached, &c); err != nil {
+	kubeconfig, err := agent.ConfigFile(cached, "/etc/kubernetes/kubeconfig")
+	if err != nil {
 		return none, "", err
-	}
-	var kubeconfig []byte
-	for _, f := range c.Storage.Files {
-		if f.Path == "/etc/kubernetes/kubeconfig" {
-			du, err := dataurl.DecodeString(f.Contents.Source)
-			if err != nil {
-				return none, "", err
-			}
-			kubeconfig = du.Data
-		}
 	}
 	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
 	if err != nil {

@@ -9,8 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/vincent-petithory/dataurl"
 	certv1 "k8s.io/api/certificates/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -163,7 +160,7 @@ func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) e
 // while the API server is unreachable or has not seen the new bootstrap
 // token yet.
 func (w *World) submitCSR(ctx context.Context, m *Machine, full []byte, o ProvisionOptions) error {
-	kubeconfig, err := KubeconfigOf(full)
+	kubeconfig, err := agent.ConfigFile(full, api.FirstBootFiles[0])
 	if err != nil {
 		return err
 	}
@@ -199,33 +196,6 @@ func (w *World) submitCSR(ctx context.Context, m *Machine, full []byte, o Provis
 		}
 		wait = min(wait*2, o.MaxBackoff)
 	}
-}
-
-// KubeconfigOf is the kubelet's bootstrap kubeconfig in a full config.
-func KubeconfigOf(full []byte) ([]byte, error) {
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(full, &c); err != nil {
-		return nil, err
-	}
-	for _, f := range c.Storage.Files {
-		if f.Path == api.FirstBootFiles[0] {
-			du, err := dataurl.DecodeString(f.Contents.Source)
-			if err != nil {
-				return nil, err
-			}
-			return du.Data, nil
-		}
-	}
-	return nil, errors.New("the full config has no kubeconfig")
 }
 
 // short trims an error for a report line.
