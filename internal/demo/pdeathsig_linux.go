@@ -2,27 +2,18 @@ package demo
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 )
 
-// dieWithParent writes dir/<name of bin>, a script that runs bin with a
-// parent-death signal (util-linux setpriv --pdeathsig KILL, kept across
-// exec): when the demo dies, however it dies, the kernel kills bin too.
-// Signals sent to the script's process reach bin itself (exec, same PID).
-func dieWithParent(dir, bin string) (string, error) {
+// dieWithParent is the command prefix (util-linux setpriv --pdeathsig KILL,
+// kept across exec) that gives the program after it a parent-death signal:
+// when the demo dies, however it dies, the kernel kills that program too.
+// setpriv execs it, so signals sent to its process reach the program itself
+// (same PID).
+func dieWithParent() ([]string, error) {
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		return "", fmt.Errorf("demo: setpriv (util-linux) makes the control plane die with the demo: %w", err)
+		return nil, fmt.Errorf("demo: setpriv (util-linux) makes the control plane die with the demo: %w", err)
 	}
-	script := fmt.Sprintf("#!/bin/sh\nexec %s --pdeathsig KILL -- %s \"$@\"\n", shellQuote(setpriv), shellQuote(bin))
-	path := filepath.Join(dir, filepath.Base(bin))
-	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
-		return "", fmt.Errorf("demo: %w", err)
-	}
-	return path, nil
+	return []string{setpriv, "--pdeathsig", "KILL", "--"}, nil
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -2,5 +2,6 @@
 
 package demo
 
-// dieWithParent: parent-death signals are Linux's; elsewhere bin runs as is.
-func dieWithParent(dir, bin string) (string, error) { return bin, nil }
+// dieWithParent: parent-death signals are Linux's; elsewhere programs run
+// as they are (no prefix).
+func dieWithParent() ([]string, error) { return nil, nil }

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -72,9 +73,29 @@ type Env struct {
 // Stop stops etcd and kube-apiserver.
 func (e *Env) Stop() error { return e.env.Stop() }
 
-// Launch is Start for programs (the demo): the control plane's files go
-// under dir, and the caller stops it.
+// Launch is Start for programs (the demo, internal/fleet): the control
+// plane's files go under dir, and the caller stops it.
 func Launch(dir string, crdDirs ...string) (*Env, error) {
+	return LaunchWith(dir, LaunchOptions{CRDDirs: crdDirs})
+}
+
+// LaunchOptions are LaunchWith's.
+type LaunchOptions struct {
+	// CRDDirs are more CRDs to install (files or directories, e.g.
+	// deploy/crds).
+	CRDDirs []string
+	// CommandPrefix, when set, runs etcd and kube-apiserver as this command
+	// followed by the binary and its arguments: e.g. setpriv --pdeathsig
+	// KILL --, so that they die with the program however it dies. envtest
+	// starts each binary by path, with arguments and process attributes of
+	// its own, so each runs through a script in dir/bin that execs the
+	// prefix; the prefix must exec the binary in turn (keeping the process
+	// ID), for envtest's signals to reach it.
+	CommandPrefix []string
+}
+
+// LaunchWith is Launch with options.
+func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 	// controller-runtime's informers log through its package logger, which
 	// warns with a stack trace when it was never set.
 	ctrllog.SetLogger(logr.Discard())
@@ -91,8 +112,21 @@ func Launch(dir string, crdDirs ...string) (*Env, error) {
 	if err := kubetest.CopyOpenShiftCRDs(crds); err != nil {
 		return nil, err
 	}
+	apiserver, etcd := filepath.Join(assets, "kube-apiserver"), filepath.Join(assets, "etcd")
+	if len(o.CommandPrefix) > 0 {
+		bin := filepath.Join(dir, "bin")
+		if err := os.Mkdir(bin, 0o700); err != nil {
+			return nil, fmt.Errorf("clustertest: %w", err)
+		}
+		if apiserver, err = wrap(bin, o.CommandPrefix, apiserver); err != nil {
+			return nil, err
+		}
+		if etcd, err = wrap(bin, o.CommandPrefix, etcd); err != nil {
+			return nil, err
+		}
+	}
 	out := new(tail)
-	api := &envtest.APIServer{Path: filepath.Join(assets, "kube-apiserver"), CertDir: certDir, Out: out, Err: out}
+	api := &envtest.APIServer{Path: apiserver, CertDir: certDir, Out: out, Err: out}
 	api.Configure().Set("enable-bootstrap-token-auth", "true")
 	no := false
 	env := &envtest.Environment{
@@ -100,9 +134,9 @@ func Launch(dir string, crdDirs ...string) (*Env, error) {
 		BinaryAssetsDirectory: assets,
 		ControlPlane: envtest.ControlPlane{
 			APIServer: api,
-			Etcd:      &envtest.Etcd{Path: filepath.Join(assets, "etcd"), DataDir: etcdDir, Out: out, Err: out},
+			Etcd:      &envtest.Etcd{Path: etcd, DataDir: etcdDir, Out: out, Err: out},
 		},
-		CRDDirectoryPaths:        append([]string{crds}, crdDirs...),
+		CRDDirectoryPaths:        append([]string{crds}, o.CRDDirs...),
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: kubetest.StartTimeout,
 		ControlPlaneStopTimeout:  30 * time.Second,
@@ -114,6 +148,21 @@ func Launch(dir string, crdDirs ...string) (*Env, error) {
 		return nil, fmt.Errorf("clustertest: starting envtest: %w\n--- output (tail) ---\n%s", err, out)
 	}
 	return &Env{Config: cfg, Took: time.Since(start), env: env}, nil
+}
+
+// wrap writes dir/<name of bin>, a shell script that execs prefix with bin
+// and the script's arguments, and returns its path.
+func wrap(dir string, prefix []string, bin string) (string, error) {
+	script := "#!/bin/sh\nexec"
+	for _, arg := range append(slices.Clone(prefix), bin) {
+		script += " '" + strings.ReplaceAll(arg, "'", `'\''`) + "'"
+	}
+	script += ` "$@"` + "\n"
+	path := filepath.Join(dir, filepath.Base(bin))
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil {
+		return "", fmt.Errorf("clustertest: %w", err)
+	}
+	return path, nil
 }
 
 // Examples are the objects of an MCO bootstrap directory, decoded.
