@@ -164,7 +164,9 @@ type ekFacts struct {
 //  2. If the EK's SHA-256 is in the inventory, it is trusted as
 //     "inventory" (and the inventory names the node).
 //  3. Otherwise an EK certificate is required; it is parsed with
-//     go-attestation's tolerant parser (NV header, trailing bytes), and its
+//     go-attestation's tolerant parser (NV header, trailing bytes), it
+//     must be an end-entity certificate (not a CA, no certificate-signing
+//     key usage: a vendor's root or intermediate is not an EK), and its
 //     public key must equal the EK public key byte for byte.
 //  4. The certificate must chain, at the verifier's clock, to the roots of
 //     one configured RootSet, through that set's intermediates or the
@@ -237,6 +239,9 @@ func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte
 	cert, err := goattest.ParseEKCertificate(ekCertDER)
 	if err != nil {
 		return nil, attest.Deny(attest.ReasonEKCertInvalid, "EK certificate does not parse: %v", err)
+	}
+	if cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign != 0 {
+		return nil, attest.Deny(attest.ReasonEKCertInvalid, "EK certificate %q is a CA certificate", cert.Subject)
 	}
 	certPub, err := x509.MarshalPKIXPublicKey(cert.PublicKey)
 	if err != nil || !attest.Equal(certPub, ekPublicDER) {

@@ -110,3 +110,54 @@ func TestLoadInventory(t *testing.T) {
 		})
 	}
 }
+
+// TestVendorCACertificateIsNotAnEK: a TPM vendor's own root or
+// intermediate (here Google's real EK CAs) chains to the vendor's root, but
+// it is a CA certificate, not an EK certificate; presented as one (with its
+// key as the EK) it is refused. Found by FuzzEKCertificate.
+func TestVendorCACertificateIsNotAnEK(t *testing.T) {
+	names, err := filepath.Glob("testdata/ekcerts/google/*")
+	if err != nil || len(names) != 5 {
+		t.Fatalf("Google EK CA certificates: %d, %v", len(names), err)
+	}
+	set := tpm.RootSet{Name: "google"}
+	var ders [][]byte
+	for _, n := range names {
+		der, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.CheckSignatureFrom(c) == nil {
+			set.Roots = append(set.Roots, c)
+		} else {
+			set.Intermediates = append(set.Intermediates, c)
+		}
+		ders = append(ders, der)
+	}
+	v, err := tpm.NewVerifier(tpm.Options{Roots: []tpm.RootSet{set}, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMachine(t, nil, nil)
+	req, err := m.collector.Request()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, der := range ders {
+		t.Run(filepath.Base(names[i]), func(t *testing.T) {
+			c, _ := x509.ParseCertificate(der)
+			pub, err := x509.MarshalPKIXPublicKey(c.PublicKey)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := *req
+			r.EKPublic, r.EKCertificate = pub, der
+			_, _, err = v.Challenge("worker", m.keySHA, &r)
+			wantReason(t, err, attest.ReasonEKCertInvalid)
+		})
+	}
+}
