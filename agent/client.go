@@ -50,6 +50,11 @@ func (r *Refused) Error() string {
 // is typically 0.5–2 MB).
 const maxResponse = 64 << 20
 
+// maxRetryAfter bounds the wait a Retry-After may ask for: a proxy or a
+// server asking for days (or for more seconds than a time.Duration holds)
+// must not park the node.
+const maxRetryAfter = 10 * time.Minute
+
 // Client talks to one server.
 type Client struct {
 	// BaseURL is https://host:22623.
@@ -244,9 +249,9 @@ func (c *Client) post(ctx context.Context, path string, v, out any) (int, error)
 }
 
 // retry runs try until it succeeds, is refused (4xx) or ctx ends, waiting
-// between attempts as the server asked (Retry-After, honoured even above
-// MaxBackoff) or with backoff (MinBackoff doubling to MaxBackoff), and
-// returns the number of attempts made.
+// between attempts as the server asked (Retry-After, up to maxRetryAfter,
+// honoured even above MaxBackoff) or with backoff (MinBackoff doubling to
+// MaxBackoff), and returns the number of attempts made.
 func (c *Client) retry(ctx context.Context, path string, try func() (time.Duration, error)) (int, error) {
 	backoff := c.MinBackoff
 	if backoff == 0 {
@@ -306,8 +311,7 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 	case resp.StatusCode == http.StatusOK:
 		return 0, json.Unmarshal(b, out)
 	case resp.StatusCode >= 500:
-		secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
-		return time.Duration(secs) * time.Second, fmt.Errorf("server not ready (%d)", resp.StatusCode)
+		return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d)", resp.StatusCode)
 	default:
 		r := &Refused{Status: resp.StatusCode}
 		if json.Unmarshal(b, &r.Refusal) != nil {
@@ -315,6 +319,19 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 		}
 		return 0, r
 	}
+}
+
+// retryAfter reads a Retry-After of delay-seconds: 0 when absent, not a
+// number or not positive, at most maxRetryAfter.
+func retryAfter(v string) time.Duration {
+	secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	switch {
+	case err != nil || secs <= 0:
+		return 0
+	case secs >= int64(maxRetryAfter/time.Second):
+		return maxRetryAfter
+	}
+	return time.Duration(secs) * time.Second
 }
 
 func (c *Client) progress(format string, args ...any) {

@@ -134,6 +134,8 @@ func TestRetry(t *testing.T) {
 			wantWaits: secs(2, 2), wantReqs: 3},
 		{name: "Retry-After above the cap is honoured", replies: []reply{serve503("90"), ok},
 			max: 30 * time.Second, wantWaits: secs(90), wantReqs: 2},
+		{name: "Retry-After of years, or beyond what a Duration holds, waits maxRetryAfter", replies: []reply{serve503("99999999999999"), serve503("3153600000"), ok},
+			wantWaits: []time.Duration{maxRetryAfter, maxRetryAfter}, wantReqs: 3},
 		{name: "Retry-After below the backoff waits the backoff", replies: []reply{serve503(""), serve503(""), serve503("1"), ok},
 			wantWaits: secs(1, 2, 4), wantReqs: 4},
 		{name: "503 without Retry-After: backoff doubles, capped at MaxBackoff",
