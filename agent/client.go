@@ -314,7 +314,7 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 		return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d)", resp.StatusCode)
 	default:
 		r := &Refused{Status: resp.StatusCode}
-		if json.Unmarshal(b, &r.Refusal) != nil {
+		if json.Unmarshal(b, &r.Refusal) != nil || r.Refusal.Reason == "" {
 			r.Refusal = api.Refusal{Reason: "Unknown", Detail: strings.TrimSpace(string(b))}
 		}
 		return 0, r

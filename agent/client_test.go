@@ -153,6 +153,8 @@ func TestRetry(t *testing.T) {
 			wantWaits: secs(3), wantReqs: 2, wantRefused: attest.ReasonEKUntrusted, wantStatus: 403},
 		{name: "a 4xx without a JSON body is still final", replies: []reply{{status: 404, body: "404 page not found"}, ok},
 			wantReqs: 1, wantRefused: "Unknown", wantStatus: 404},
+		{name: "a 4xx whose JSON names no reason is Unknown", replies: []reply{{status: 400, body: `{"detail":"x"}`}, ok},
+			wantReqs: 1, wantRefused: "Unknown", wantStatus: 400},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
