@@ -7,7 +7,10 @@ import (
 	"time"
 	"unicode/utf16"
 
+	"github.com/google/go-eventlog/tcg"
+
 	"github.com/nodeproof/nodeproof/attest"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 )
 
 // uefiVar encodes a UEFI_VARIABLE_DATA for seeds.
@@ -86,21 +89,79 @@ func FuzzParseUEFIVariable(f *testing.F) {
 	})
 }
 
-// FuzzBootState feeds arbitrary logs through parse, replay and extraction
-// with PCR values computed from the log itself, so replay succeeds and the
-// extraction code sees hostile event data.
+// FuzzBootState feeds logs through parse, replay and extraction with the
+// PCR values the log's own digests extend to (pcrsOf), so replay succeeds
+// and the extraction code sees hostile event data. Seeds: every real
+// firmware log in firmware-testdata. Properties: a refusal is
+// EventLogMalformed or EventLogReplayMismatch; the boot state counts the
+// replayed events, names only replayed PCRs 0-16 (sorted, once each), and
+// its derived fields agree with what they derive from.
 func FuzzBootState(f *testing.F) {
+	logs, err := firmwaretestdata.Logs()
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, l := range logs {
+		f.Add(l.Raw)
+	}
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		events, err := replayLog(raw, crypto.SHA256, map[int][]byte{})
+		quoted := pcrsOf(raw)
+		if quoted == nil {
+			quoted = map[int][]byte{0: make([]byte, 32), 7: make([]byte, 32)}
+		}
+		events, err := replayLog(raw, crypto.SHA256, quoted)
 		if err != nil {
-			if _, ok := attest.ReasonOf(err); !ok {
-				t.Fatalf("untyped error: %v", err)
-			}
+			wantReasonIn(t, err, attest.ReasonEventLogInvalid, attest.ReasonEventLogReplay)
 			return
 		}
-		_, _ = bootState(events, crypto.SHA256)
+		bs, err := bootState(events, crypto.SHA256)
+		if err != nil {
+			wantReasonIn(t, err, attest.ReasonEventLogInvalid)
+			return
+		}
+		checkBootState(t, bs, events)
 	})
+}
+
+func checkBootState(t *testing.T, bs attest.BootState, events []tcg.Event) {
+	t.Helper()
+	if bs.LogEvents != len(events) {
+		t.Fatalf("%d events counted, %d replayed", bs.LogEvents, len(events))
+	}
+	seen := map[int]bool{}
+	for _, e := range events {
+		seen[e.Index] = true
+	}
+	for i, p := range bs.ReplayedPCRs {
+		if p < 0 || p > lastSRTMPCR || !seen[p] || (i > 0 && bs.ReplayedPCRs[i-1] >= p) {
+			t.Fatalf("replayed PCRs %v", bs.ReplayedPCRs)
+		}
+	}
+	apps := 0
+	for _, e := range events {
+		if e.Index == 4 && e.Type == tcg.EFIBootServicesApplication {
+			apps++
+		}
+	}
+	named := []string{bs.Shim, bs.Bootloader, bs.Kernel}
+	for i, n := range named {
+		if (i < len(bs.BootApplications)) != (n != "") || (n != "" && n != bs.BootApplications[i]) {
+			t.Fatalf("shim/bootloader/kernel %q do not match boot applications %v", named, bs.BootApplications)
+		}
+	}
+	switch {
+	case len(bs.BootApplications) != apps:
+		t.Fatalf("%d boot applications for %d PCR 4 application events", len(bs.BootApplications), apps)
+	case bs.SecureBoot && !bs.SecureBootKnown:
+		t.Fatal("secure boot on but unknown")
+	case !bs.KernelCmdlineKnown && bs.KernelCmdline != "":
+		t.Fatal("a command line that is not known")
+	case len(bs.DBXSHA256s)%32 != 0 || len(bs.DBXSHA256s)/32 > bs.DBXEntries:
+		t.Fatalf("%d dbx entries, %d hash bytes", bs.DBXEntries, len(bs.DBXSHA256s))
+	case !bs.DBXKnown && (bs.DBXEntries != 0 || bs.DBX != ""):
+		t.Fatal("dbx not measured but described")
+	}
 }
 
 // FuzzVerifierInputs sends arbitrary bytes as every field of both messages;
