@@ -170,7 +170,8 @@ type ekFacts struct {
 //     public key must equal the EK public key byte for byte.
 //  4. The certificate must chain, at the verifier's clock, to the roots of
 //     one configured RootSet, through that set's intermediates or the
-//     intermediates the node sent. The TCG-mandated critical SAN is the
+//     intermediates the node sent, each of which must parse
+//     (EKCertificateInvalid) whether or not the chain needs it. The TCG-mandated critical SAN is the
 //     only unhandled critical extension tolerated; any extended key usage
 //     is accepted, as vendors differ.
 //
@@ -265,6 +266,16 @@ func (t *ekTrust) chain(cert *x509.Certificate, intermediatesDER [][]byte, now t
 	if err := checkCriticalExtensions(cert); err != nil {
 		return "", err
 	}
+	// The node's intermediates must parse whichever path decides, so that
+	// the outcome never depends on what the cache holds.
+	extra := make([]*x509.Certificate, 0, len(intermediatesDER))
+	for _, der := range intermediatesDER {
+		c, err := x509.ParseCertificate(der)
+		if err != nil {
+			return "", attest.Deny(attest.ReasonEKCertInvalid, "EK intermediate does not parse: %v", err)
+		}
+		extra = append(extra, c)
+	}
 	// Fast path: the issuer is a root or an intermediate already verified.
 	t.mu.RLock()
 	var hit *verifiedIssuer
@@ -283,14 +294,6 @@ func (t *ekTrust) chain(cert *x509.Certificate, intermediatesDER [][]byte, now t
 	}
 
 	// Slow path: a full chain build, then remember the verified issuers.
-	extra := make([]*x509.Certificate, 0, len(intermediatesDER))
-	for _, der := range intermediatesDER {
-		c, err := x509.ParseCertificate(der)
-		if err != nil {
-			return "", attest.Deny(attest.ReasonEKCertInvalid, "EK intermediate does not parse: %v", err)
-		}
-		extra = append(extra, c)
-	}
 	var lastErr error
 	for _, s := range t.sets {
 		roots, inter := x509.NewCertPool(), x509.NewCertPool()
