@@ -54,6 +54,10 @@ generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CR
 attacks: deps tools ## every attack and fault test, as one table: attack, expected outcome, result (fails if any is not as expected)
 	@hack/attacks.sh
 
+.PHONY: fuzz
+fuzz: ## every fuzz target (docs/fuzzing.md), one at a time, for FUZZTIME each (default 30s; FUZZ=regexp picks targets): one line per target with execs, new corpus entries, result
+	@hack/fuzz.sh
+
 .PHONY: bench
 bench: tools ## 1,000 machines at once (TPM model, GCP, AWS): attest, fetch ~500 KB, CSR approved on a real API server; first run generates 1,000 RSA EK keys (~2 min, cached)
 	$(GO) run ./bench/scale $(BENCH_FLAGS)
