@@ -92,18 +92,38 @@ func read(r io.Reader) ([]attacktable.Row, []string, error) {
 func render(rows []attacktable.Row, failed []string) string {
 	sort.SliceStable(rows, func(i, j int) bool { return rows[i].Area < rows[j].Area })
 	var b strings.Builder
-	b.WriteString("| area | attack | expected | result |\n|---|---|---|---|\n")
-	ok := 0
+	// A summary per area, then every row.
+	type tally struct{ n, ok int }
+	per := map[string]*tally{}
+	var areas []string
 	for _, r := range rows {
-		res := "refused as expected: " + r.Got
-		if r.OK {
-			ok++
-		} else {
-			res = "**FAILED**: got " + r.Got
+		t := per[r.Area]
+		if t == nil {
+			t = &tally{}
+			per[r.Area] = t
+			areas = append(areas, r.Area)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", esc(r.Area), esc(r.Attack), esc(r.Want), esc(res))
+		t.n++
+		if r.OK {
+			t.ok++
+		}
 	}
-	fmt.Fprintf(&b, "\n%d attacks, %d answered as expected, %d not.\n", len(rows), ok, len(rows)-ok)
+	b.WriteString("| area | rows | as expected |\n|---|---|---|\n")
+	total, ok := 0, 0
+	for _, a := range areas {
+		fmt.Fprintf(&b, "| %s | %d | %d |\n", esc(a), per[a].n, per[a].ok)
+		total, ok = total+per[a].n, ok+per[a].ok
+	}
+	fmt.Fprintf(&b, "| **all** | **%d** | **%d** |\n\n", total, ok)
+	b.WriteString("| area | attack or fault | expected | got | as expected |\n|---|---|---|---|---|\n")
+	for _, r := range rows {
+		res := "yes"
+		if !r.OK {
+			res = "**NO**"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", esc(r.Area), esc(r.Attack), esc(r.Want), esc(r.Got), res)
+	}
+	fmt.Fprintf(&b, "\n%d rows, %d as expected, %d not.\n", total, ok, total-ok)
 	if len(failed) > 0 {
 		fmt.Fprintf(&b, "Failed tests: %s\n", strings.Join(failed, ", "))
 	}
