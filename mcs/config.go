@@ -32,8 +32,9 @@ var poolName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 //     CredentialsRequired.
 //
 // The plain-HTTP port serves what serve.insecurePort allows: "public"
-// refuses any credentials (a token sent in clear is spent), "none" refuses
-// everything.
+// refuses a request carrying any credentials — any Authorization header,
+// any token parameter, used or not (a token sent in clear is spent) —
+// "none" refuses everything.
 func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, d *decision) {
 	pool := strings.TrimPrefix(r.URL.Path, "/config/")
 	if !poolName.MatchString(pool) {
@@ -49,7 +50,7 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 			s.refuse(w, d, deny(ReasonInsecurePort, "pool %s is not served on the plain-HTTP port", pool))
 			return
 		case "", "public":
-			if token != "" {
+			if token != "" || len(r.Header.Values("Authorization")) > 0 || r.URL.Query().Has("token") {
 				s.refuse(w, d, deny(ReasonInsecurePort, "credentials are not accepted over plain HTTP; use the TLS port"))
 				return
 			}

@@ -315,6 +315,8 @@ func TestTiers(t *testing.T) {
 		{"not a pool name", "GET", e.secure.URL + "/config/Worker_1", nil, 400, "", mcs.ReasonBadPath},
 		{"plain port, no credentials", "GET", e.plain.URL + "/config/worker", nil, 200, "public", ""},
 		{"plain port refuses credentials", "GET", e.plain.URL + "/config/worker", bearer(cur), 403, "", mcs.ReasonInsecurePort},
+		{"plain port refuses any Authorization", "GET", e.plain.URL + "/config/legacy", map[string]string{"Authorization": "Basic " + cur}, 403, "", mcs.ReasonInsecurePort},
+		{"plain port refuses a token beside another Authorization", "GET", e.plain.URL + "/config/worker?token=" + cur, map[string]string{"Authorization": "0"}, 403, "", mcs.ReasonInsecurePort},
 		{"plain port refuses attestation", "POST", e.plain.URL + api.PathChallenge, nil, 403, "", mcs.ReasonInsecurePort},
 		{"healthz", "GET", e.secure.URL + "/healthz", nil, 200, "", ""},
 		{"anything else", "GET", e.secure.URL + "/etc/passwd", nil, 404, "", mcs.ReasonNotFound},
