@@ -110,11 +110,12 @@ func FuzzServerAnswers(f *testing.F) {
 	})
 }
 
-// FuzzFirstBootFiles feeds WriteFirstBootFiles full configs (what the
-// server sends a node in mode 2), seeded with the full config rendered
-// from deploy/examples/bootstrap. Properties: it writes only
-// api.FirstBootFiles, under root, each at most maxFileSize, the bootstrap
-// kubeconfig last; nothing else appears under root.
+// FuzzFirstBootFiles feeds WriteFirstBootFiles and ConfigFile full
+// configs (what the server sends a node in mode 2), seeded with the full
+// config rendered from deploy/examples/bootstrap. Properties: it writes
+// only api.FirstBootFiles, under root, each at most maxFileSize, the
+// bootstrap kubeconfig last; nothing else appears under root; ConfigFile
+// never returns more than maxFileSize.
 func FuzzFirstBootFiles(f *testing.F) {
 	in, err := render.LoadBootstrapDir("../deploy/examples/bootstrap")
 	if err != nil {
@@ -166,6 +167,9 @@ func FuzzFirstBootFiles(f *testing.F) {
 		})
 		if werr != nil {
 			t.Fatal(werr)
+		}
+		if data, err := ConfigFile(cfg, kubeconfigPath); err == nil && len(data) > maxFileSize {
+			t.Fatalf("ConfigFile gave %d bytes", len(data))
 		}
 	})
 }
