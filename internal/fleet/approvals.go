@@ -70,23 +70,24 @@ func (a *Approvals) Denied(name string) (string, bool) {
 }
 
 // WaitAll waits until every machine with a CSR has it approved or denied,
-// or timeout; it returns how many were approved.
+// or timeout, and returns how many were approved. Call it once the
+// machines have finished provisioning: one without a CSR by then never
+// gets one.
 func (a *Approvals) WaitAll(ms []*Machine, timeout time.Duration) int {
 	deadline := time.Now().Add(timeout)
 	for {
-		approved, decided := 0, 0
+		approved, pending := 0, 0
 		for _, m := range ms {
 			if m.CSRName == "" {
 				continue
 			}
 			if _, ok := a.Approved(m.CSRName); ok {
 				approved++
-				decided++
-			} else if _, ok := a.Denied(m.CSRName); ok {
-				decided++
+			} else if _, ok := a.Denied(m.CSRName); !ok {
+				pending++
 			}
 		}
-		if decided == len(ms) || time.Now().After(deadline) {
+		if pending == 0 || time.Now().After(deadline) {
 			return approved
 		}
 		time.Sleep(20 * time.Millisecond)

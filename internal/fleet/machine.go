@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/feature/ec2/imds"
 	certv1 "k8s.io/api/certificates/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -24,7 +26,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -90,9 +91,14 @@ func (w *World) Machines(prefix string, nTPM, nGCP, nAWS int) ([]*Machine, error
 			if err != nil {
 				return nil, err
 			}
-			imds := awstest.NewIMDS(f)
-			w.fakes.Cleanup(imds.Close)
-			client := aws.NewIMDSClient(imds.URL)
+			fake := awstest.NewIMDS(f)
+			w.fakes.Cleanup(fake.Close)
+			// IMDSv2 only, as the agent's client; but the SDK's default
+			// timeouts (1 s dials, 3 attempts) are for a metadata service
+			// on the instance, not for fifty in a process that shares two
+			// cores with a thousand machines.
+			client := imds.New(imds.Options{Endpoint: fake.URL, EnableFallback: awssdk.FalseTernary,
+				HTTPClient: &http.Client{Timeout: time.Minute}})
 			m.Kind, m.Evidence = attest.KindAWS, agent.AWSEvidence{IMDS: client}
 		}
 		ms = append(ms, m)
