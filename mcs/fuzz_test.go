@@ -36,21 +36,8 @@ import (
 // panic, must answer with a status from its table, and every refusal must
 // carry a JSON body with a reason.
 func FuzzAttestRequests(f *testing.F) {
-	dir := f.TempDir()
 	clock := time.Now
-	pol, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		f.Fatal(err)
-	}
-	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, clock)
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer st.Close()
-	keys, err := seal.LoadOrCreate(filepath.Join(dir, "keys.json"), clock)
-	if err != nil {
-		f.Fatal(err)
-	}
+	_, pol, st, keys := fuzzState(f, clock)
 	v, err := tpm.NewVerifier(tpm.Options{Clock: clock})
 	if err != nil {
 		f.Fatal(err)
@@ -177,22 +164,9 @@ func (c *fuzzConfigs) last() (bool, *store.Record) {
 //   - the plain-HTTP port never serves a config to a request carrying a
 //     credential.
 func FuzzConfigRequest(f *testing.F) {
-	dir := f.TempDir()
 	now := time.Now()
 	clock := func() time.Time { return now }
-	pol, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		f.Fatal(err)
-	}
-	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, clock)
-	if err != nil {
-		f.Fatal(err)
-	}
-	defer st.Close()
-	keys, err := seal.LoadOrCreate(filepath.Join(dir, "keys.json"), clock)
-	if err != nil {
-		f.Fatal(err)
-	}
+	dir, pol, st, keys := fuzzState(f, clock)
 	prov, err := tokens.LoadProvisioning(filepath.Join(dir, "tokens.json"), time.Hour, clock)
 	if err != nil {
 		f.Fatal(err)
@@ -331,4 +305,26 @@ func FuzzConfigRequest(f *testing.F) {
 			t.Fatalf("full config of %q served without a valid credential: %q", pool, raw)
 		}
 	})
+}
+
+// fuzzState is what a fuzz target's server stands on: a directory, the
+// test policy, a fresh embedded store (closed when the target ends) and a
+// fresh keyring.
+func fuzzState(f *testing.F, clock func() time.Time) (string, *policy.Policy, *boltstore.Store, *seal.Keyring) {
+	f.Helper()
+	dir := f.TempDir()
+	pol, err := policy.Parse([]byte(testPolicy))
+	if err != nil {
+		f.Fatal(err)
+	}
+	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, clock)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { st.Close() })
+	keys, err := seal.LoadOrCreate(filepath.Join(dir, "keys.json"), clock)
+	if err != nil {
+		f.Fatal(err)
+	}
+	return dir, pol, st, keys
 }
