@@ -27,7 +27,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
@@ -50,17 +49,9 @@ type approverCluster struct {
 
 func startApproverCluster(t *testing.T) *approverCluster {
 	t.Helper()
-	cfg := clustertest.Start(t, "../../deploy/crds")
+	cfg, admin, c := testCluster(t)
 	ctx := context.Background()
-	admin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
 		t.Fatal(err)
 	}
 	kubetest.ApplyYAML(t, c, "../../deploy/approver/rbac.yaml")

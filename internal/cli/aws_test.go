@@ -20,7 +20,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
@@ -213,12 +212,8 @@ func TestAWSReenrolment(t *testing.T) {
 			return directoryMode, []string{"--state-dir", s.stateDir}
 		}, false},
 		{"kubernetes store", func(t *testing.T, s *awsSetup) ([]string, []string) {
-			cfg := clustertest.Start(t, "../../deploy/crds")
+			cfg, kc, _ := testCluster(t)
 			ctx := context.Background()
-			kc, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
 			if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
 			}

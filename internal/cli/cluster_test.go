@@ -69,16 +69,9 @@ func servedKubeconfig(t *testing.T, cached []byte) *rest.Config {
 // as system:bootstrap:<id> in the pool's group; the token tier carries the
 // shared node-bootstrapper kubeconfig, as the OpenShift MCS serves.
 func TestServeClusterMode(t *testing.T) {
-	cfg := clustertest.Start(t, "../../deploy/crds")
+	cfg, kc, c := testCluster(t)
+	var err error
 	ctx := context.Background()
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
 
 	dir := t.TempDir()
@@ -410,16 +403,8 @@ func pointerCA(t *testing.T, ptr []byte) []byte {
 // kept, the public tier carries it too, and Ignition booting from the
 // Secrets' pointer configs still fetches.
 func TestServeUserDataAsDeployed(t *testing.T) {
-	cfg := clustertest.Start(t, "../../deploy/crds")
+	cfg, kc, c := testCluster(t)
 	ctx := context.Background()
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc) // makes openshift-machine-config-operator
 	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
 		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

@@ -23,7 +23,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
@@ -34,7 +33,6 @@ import (
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
@@ -78,16 +76,8 @@ func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 // bootstrap token the config carried, is approved by `nodeproof approve`
 // running under its RBAC.
 func TestReplicasAndApprover(t *testing.T) {
-	cfg := clustertest.Start(t, "../../deploy/crds")
+	cfg, kc, c := testCluster(t)
 	ctx := context.Background()
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

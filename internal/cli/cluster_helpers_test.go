@@ -1,0 +1,28 @@
+package cli
+
+import (
+	"testing"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+)
+
+// testCluster starts a control plane with nodeproof's CRDs and returns its
+// admin config, a clientset and a controller-runtime client for it.
+func testCluster(t *testing.T) (*rest.Config, kubernetes.Interface, client.Client) {
+	t.Helper()
+	cfg := clustertest.Start(t, "../../deploy/crds")
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg, kc, c
+}
