@@ -78,6 +78,10 @@ type Client struct {
 	// lets an AWS instance enrol again after a crash cost it its config
 	// token. Its public key must be the one the evidence binds.
 	KubeletKey crypto.Signer
+	// Challenges counts the attestations this client has started (each a
+	// new challenge): more than one means a session expired or a config
+	// token was spent by a delivery that never arrived.
+	Challenges int
 }
 
 // DefaultRestarts is Client.Restarts when unset.
@@ -143,6 +147,7 @@ func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeReque
 		restarts = DefaultRestarts
 	}
 	for n := 0; ; n++ {
+		c.Challenges++
 		req, err := request()
 		if err != nil {
 			return nil, err

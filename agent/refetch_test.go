@@ -120,6 +120,9 @@ func TestAttestAndFetch(t *testing.T) {
 			if strings.Join(fs.fetched, " ") != strings.Join(tc.wantTokens, " ") {
 				t.Errorf("fetched with %v, want %v", fs.fetched, tc.wantTokens)
 			}
+			if c.Challenges != fs.sessions {
+				t.Errorf("Challenges = %d, the server opened %d sessions", c.Challenges, fs.sessions)
+			}
 			if fs.badProof != 0 || len(fs.seen) == 0 {
 				t.Errorf("%d of %d verifies without a valid kubelet key proof", fs.badProof, len(fs.seen))
 			}

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -49,7 +48,6 @@ type Machine struct {
 	// Attestations is how many attestations it took (more than one when a
 	// crash cost it its session or its config token).
 	Attestations int
-	mu           sync.Mutex
 	NodeName     string
 	Record       string
 	ConfigToken  string
@@ -141,15 +139,8 @@ func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) e
 	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext
-	c.Progress = func(format string, args ...any) {
-		if strings.Contains(format, "attesting again") || strings.Contains(format, "starting over") {
-			m.mu.Lock()
-			m.Attestations++
-			m.mu.Unlock()
-		}
-	}
-	m.Attestations = 1
 	vr, full, err := c.AttestAndFetch(ctx, m.Evidence, "worker", m.Name, m.Pub)
+	m.Attestations = c.Challenges
 	if vr != nil {
 		m.NodeName, m.Record, m.ConfigToken = vr.NodeName, vr.Record, vr.ConfigToken
 	}
