@@ -556,7 +556,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	}
 	_, err = agent.AWSEvidence{IMDS: imds.Client()}.Attest(ctx, thief, "worker", "", key)
 	attacktable.Check(t, "AWS (server)", "an identity document stolen from an enrolled instance, used from another host",
-		"403 "+string(attest.ReasonInstanceEnrolled), fetchRefusal(nil, err))
+		"403 "+string(attest.ReasonIdentityEnrolled), fetchRefusal(nil, err))
 
 	// Enrolling again needs proof of the kubelet key the enrolment bound:
 	// the instance itself can (after a crash cost it its config token), a
@@ -582,7 +582,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 		return postRaw(t, c, api.PathVerify, req).String()
 	}
 	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, no proof of the private key",
-		"403 "+string(attest.ReasonInstanceEnrolled), enrolAgain(thief, nil))
+		"403 "+string(attest.ReasonIdentityEnrolled), enrolAgain(thief, nil))
 	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, a proof made with another key",
 		"403 "+string(attest.ReasonKeyProof), enrolAgain(thief, thiefKey))
 	if got := enrolAgain(victim, victimKey); got != "200" {
@@ -608,7 +608,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	attacktable.Check(t, "AWS (server)", "a document stolen before its instance enrolled, used first from another host", "accepted once (documented residual risk)", got)
 	_, err = agent.AWSEvidence{IMDS: imds2.Client()}.Attest(ctx, victim, "worker", "", key)
 	attacktable.Check(t, "AWS (server)", "... the genuine instance then (sees the theft as a refusal on its console)",
-		"403 "+string(attest.ReasonInstanceEnrolled), fetchRefusal(nil, err))
+		"403 "+string(attest.ReasonIdentityEnrolled), fetchRefusal(nil, err))
 }
 
 // post sends v to path and decodes a 200 answer into out, failing the test

@@ -263,14 +263,14 @@ func TestAWSReenrolment(t *testing.T) {
 				t.Fatalf("node name %q, want the private DNS name", first.NodeName)
 			}
 			_, err = srv.attest(t, md)
-			wantRefused(t, "reinstalled, same document", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "reinstalled, same document", err, attest.ReasonIdentityEnrolled)
 
 			// Stopped and started: EC2 signs a new document with a new
 			// pendingTime, but the instance's marker still lives.
 			d.PendingTime = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 			md.SetFiles(s.instanceFiles(t, d))
 			_, err = srv.attest(t, md)
-			wantRefused(t, "stopped and started, marker live", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "stopped and started, marker live", err, attest.ReasonIdentityEnrolled)
 
 			reset(key)
 			again := srv.mustAttest(t, md, "after enroll --reset")
@@ -278,7 +278,7 @@ func TestAWSReenrolment(t *testing.T) {
 				t.Fatalf("re-enrolment: record %s node %s; first: record %s node %s", again.Record, again.NodeName, first.Record, first.NodeName)
 			}
 			_, err = srv.attest(t, md)
-			wantRefused(t, "again after the re-enrolment", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "again after the re-enrolment", err, attest.ReasonIdentityEnrolled)
 
 			// Reinstalled after the window: the document is too old, and
 			// --reset cannot change that.
