@@ -329,7 +329,7 @@ func TestAWSNodeNamePolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.NodeName != tc.want || rec.Identity != "aws:"+d.AccountID+"/"+d.InstanceID {
+			if rec.NodeName != tc.want || rec.Identity != "aws:"+d.AccountID+"/"+d.Region+"/"+d.InstanceID {
 				t.Fatalf("record names node %q, identity %q; want %q", rec.NodeName, rec.Identity, tc.want)
 			}
 		})
