@@ -242,12 +242,12 @@ func TestControllerOnAPIServer(t *testing.T) {
 	// kubelet's config.
 	attestNode := func(id, node string, key crypto.Signer, addresses ...string) *rest.Config {
 		t.Helper()
-		rec := &store.Record{ID: id, NodeName: node, Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, key),
+		rec := &store.Record{ID: id, NodeName: node, Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:" + node, KubeletKeySHA256: keyHash(t, key),
 			Addresses: addresses, Summary: "tpm test", CreatedAt: time.Now(), Expires: time.Now().Add(time.Hour)}
 		if err := tokens.Issue(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
-		if err := st.CreateRecord(ctx, rec); err != nil {
+		if err := st.Enrol(ctx, rec, store.EnrolOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		kubeconfig, err := tokens.Kubeconfig(ctx, rec)

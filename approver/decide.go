@@ -39,6 +39,10 @@ const (
 	ReasonRecordConsumed    Reason = "AttestationAlreadyUsed"
 	ReasonRequesterMismatch Reason = "RequesterMismatch"
 	ReasonSANNotAttested    Reason = "SANNotAttested"
+	// ReasonNameTaken: the CSR's key was attested, but by an identity
+	// that does not own the node name (another machine's binding, or a
+	// name released since): attest.ReasonNodeNameTaken.
+	ReasonNameTaken = Reason(attest.ReasonNodeNameTaken)
 	// ReasonNoAddresses: the node's record attested no address of a kind
 	// the serving CSR asks for (GCP evidence attests no IP address; a TPM
 	// trusted through a vendor CA with no inventory entry no address at
@@ -95,14 +99,24 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // the record consumed by this CSR and approves again (idempotent). An
 // error is a store failure: retry later.
 //
+// Every decision rests on the node name's binding (store.Binding): the
+// identity that enrolled with the name first owns it, and only records of
+// that identity count — for a client CSR, only records that bound the
+// binding's kubelet key (the enrolment's), never just the newest record
+// for the name.
+//
 // A kubelet client CSR (after recognize's shape checks) is approved only
-// when an unexpired record for the CN's node name carries the SHA-256 of
+// when an unexpired record for the CN's node name, of the identity that
+// owns the name and with the binding's kubelet key, carries the SHA-256 of
 // exactly this CSR's public key and was not consumed by another CSR, and,
 // when that record names a bootstrap token, the requester is
 // system:bootstrap:<token id>. Otherwise:
 //   - no record for the name: NoAttestation; only expired ones:
 //     AttestationExpired (left pending, or denied with DenyUnattested);
 //   - unexpired records, none with this key: KubeletKeyNotAttested (denied);
+//   - records with this key, none of the owning identity's enrolment (a
+//     machine whose name was released, or no binding at all):
+//     NodeNameTaken (denied);
 //   - records with this key, all consumed by other CSRs:
 //     AttestationAlreadyUsed (denied);
 //   - the record's token user is not the requester: RequesterMismatch
@@ -110,11 +124,11 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 //
 // A kubelet serving CSR (after recognize's shape checks, which include
 // that the requester is the node itself) is decided on the newest record
-// for the node, expired or consumed ones included (the serving certificate
-// comes after the client certificate the record approved, and is renewed
-// while the node lives):
-//   - no record for the name: NoAttestation (left pending, or denied with
-//     DenyUnattested);
+// of the identity that owns the node name, expired or consumed ones
+// included (the serving certificate comes after the client certificate
+// the record approved, and is renewed while the node lives):
+//   - no binding, or no record of its identity: NoAttestation (left
+//     pending, or denied with DenyUnattested);
 //   - the CSR has DNS SANs and the record attested no DNS name, or IP SANs
 //     and the record attested no IP address (GCP evidence attests names,
 //     never IPs; TPM evidence through a vendor CA attests no address, an
@@ -140,14 +154,32 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		}
 		return d.unattested(Decision{Reason: reason, Message: msg}), nil
 	}
+	b, err := d.Store.Binding(ctx, k.nodeName)
+	if errors.Is(err, store.ErrNotFound) {
+		b = nil
+	} else if err != nil {
+		return Decision{}, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
+	}
 	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
 	if err != nil {
 		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
 	}
 	if k.signer == SignerKubeletServing {
-		return d.serving(k, recs), nil
+		var owned []*store.Record
+		for _, r := range recs {
+			if b != nil && r.Identity == b.Identity {
+				owned = append(owned, r)
+			}
+		}
+		return d.serving(k, owned), nil
 	}
-	return d.client(ctx, csr, k, recs)
+	return d.client(ctx, csr, k, b, recs)
+}
+
+// enrolled reports whether r is a record of b's enrolment: its identity,
+// its kubelet key.
+func enrolled(b *store.Binding, r *store.Record) bool {
+	return b != nil && r.Identity == b.Identity && attest.Equal(r.KubeletKeySHA256, b.KubeletKeySHA256)
 }
 
 func (d *Decider) unattested(dec Decision) Decision {
@@ -158,16 +190,20 @@ func (d *Decider) unattested(dec Decision) Decision {
 	return dec
 }
 
-func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequest, k *kubeletCSR, recs []*store.Record) (Decision, error) {
+func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequest, k *kubeletCSR, b *store.Binding, recs []*store.Record) (Decision, error) {
 	now := d.Clock()
 	ref := csrRef(csr)
 	base := Decision{NodeName: k.nodeName}
-	var live, matching []*store.Record
+	var live, matching, foreign []*store.Record
 	for _, r := range recs {
 		if now.Before(r.Expires) {
 			live = append(live, r)
 			if attest.Equal(r.KubeletKeySHA256, k.keySHA256) {
-				matching = append(matching, r)
+				if enrolled(b, r) {
+					matching = append(matching, r)
+				} else {
+					foreign = append(foreign, r)
+				}
 			}
 		}
 	}
@@ -178,6 +214,15 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 	case len(live) == 0:
 		base.Reason, base.Message = ReasonRecordExpired, fmt.Sprintf("the %d NodeAttestation record(s) for node %s expired", len(recs), k.nodeName)
 		return d.unattested(base), nil
+	case len(matching) == 0 && len(foreign) > 0:
+		owner := "no identity (released)"
+		if b != nil {
+			owner = b.Identity
+		}
+		base.Action, base.Reason, base.Record = Deny, ReasonNameTaken, foreign[0].ID
+		base.Message = fmt.Sprintf("this CSR's key was attested by %s (NodeAttestation %s), which does not own node %s: it is bound to %s",
+			foreign[0].Identity, foreign[0].ID, k.nodeName, owner)
+		return base, nil
 	case len(matching) == 0:
 		base.Action, base.Reason = Deny, ReasonKeyMismatch
 		base.Message = fmt.Sprintf("node %s attested another kubelet key (%d record(s)); this CSR's key was not bound by any evidence", k.nodeName, len(live))

@@ -119,7 +119,10 @@ func TestDecide(t *testing.T) {
 		if r.Expires.IsZero() {
 			r.Expires = now.Add(time.Hour)
 		}
-		if err := st.CreateRecord(ctx, r); err != nil {
+		if r.Identity == "" {
+			r.Identity = "tpm-ek:" + r.NodeName
+		}
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		return r
@@ -148,7 +151,32 @@ func TestDecide(t *testing.T) {
 	// through its vendor CA, no inventory entry) with none: the newest decides.
 	put(&store.Record{ID: "rec-w6-old", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)),
 		Addresses: []string{"10.0.0.6"}, CreatedAt: now.Add(-30 * time.Minute)})
-	put(&store.Record{ID: "rec-w6", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t))})
+	if err := st.Enrol(ctx, &store.Record{ID: "rec-w6", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:worker-6",
+		KubeletKeySHA256: keyHash(t, mustKey(t)), CreatedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{Again: true, ReplaceKey: true}); err != nil {
+		t.Fatal(err)
+	}
+	// master-0: enrolled by machine A, released, enrolled by machine B
+	// (whose record is older than A's last one, so "the newest record"
+	// would be A's); gone-1: enrolled by machine C, released.
+	kA, kB, kC := mustKey(t), mustKey(t), mustKey(t)
+	put(&store.Record{ID: "rec-m0-b", NodeName: "master-0", Pool: "master", Kind: attest.KindTPM, Identity: "tpm-ek:B", KubeletKeySHA256: keyHash(t, kB),
+		Addresses: []string{"10.0.0.20"}, CreatedAt: now.Add(-50 * time.Minute)})
+	if _, err := st.Release(ctx, "master-0"); err != nil {
+		t.Fatal(err)
+	}
+	put(&store.Record{ID: "rec-m0-a", NodeName: "master-0", Pool: "master", Kind: attest.KindTPM, Identity: "tpm-ek:A", KubeletKeySHA256: keyHash(t, kA),
+		Addresses: []string{"10.0.0.10"}, CreatedAt: now.Add(-10 * time.Minute)})
+	if _, err := st.Release(ctx, "master-0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Enrol(ctx, &store.Record{ID: "rec-m0-b2", NodeName: "master-0", Pool: "master", Kind: attest.KindTPM, Identity: "tpm-ek:B",
+		KubeletKeySHA256: keyHash(t, kB), Addresses: []string{"10.0.0.20"}, CreatedAt: now.Add(-40 * time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	put(&store.Record{ID: "rec-gone", NodeName: "gone-1", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:C", KubeletKeySHA256: keyHash(t, kC)})
+	if _, err := st.Release(ctx, "gone-1"); err != nil {
+		t.Fatal(err)
+	}
 	// A GCP record as identity/gcp now writes it: the instance name and its
 	// zonal internal DNS name.
 	put(&store.Record{ID: "rec-gcp", NodeName: "gke-1", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, mustKey(t)),
@@ -241,6 +269,18 @@ func TestDecide(t *testing.T) {
 			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-gcp"},
 		{name: "serving, GCP node with an IP SAN: GCP evidence attests no IP, left to another approver", csr: servingCSR(t, "srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
 			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-gcp"},
+		{name: "the key of a machine whose name was released and taken by another", csr: clientCSR(t, "csr-m0-a", "master-0", kA, "u"),
+			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-m0-a"},
+		{name: "the key of a machine whose name was released", csr: clientCSR(t, "csr-gone", "gone-1", kC, "u"),
+			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-gone"},
+		{name: "the owner of a name taken over approves", csr: clientCSR(t, "csr-m0-b", "master-0", kB, "u"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2", wantConsume: "rec-m0-b2"},
+		{name: "serving, the addresses of the newest record, not the owner's", csr: servingCSR(t, "srv-m0-a", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}),
+			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-m0-b2"},
+		{name: "serving, the owner's addresses", csr: servingCSR(t, "srv-m0-b", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
+		{name: "serving, a released name", csr: servingCSR(t, "srv-gone", "gone-1", nil, []net.IP{net.ParseIP("10.0.0.30")}), deny: true,
+			wantAction: Deny, wantReason: ReasonNoAttestation},
 		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: servingCSR(t, "srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
 	} {
@@ -284,8 +324,8 @@ func TestDecideRace(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	k := mustKey(t)
-	if err := st.CreateRecord(ctx, &store.Record{ID: "rec", NodeName: "n", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k),
-		CreatedAt: now, Expires: now.Add(time.Hour)}); err != nil {
+	if err := st.Enrol(ctx, &store.Record{ID: "rec", NodeName: "n", Kind: attest.KindTPM, Identity: "tpm-ek:n", KubeletKeySHA256: keyHash(t, k),
+		CreatedAt: now, Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	d := &Decider{Store: st, Clock: clock}

@@ -88,8 +88,11 @@ type Session struct {
 // passed. Policy decides what they may have; nothing here is a decision.
 type Claims struct {
 	Kind Kind `json:"kind"`
-	// Identity is a stable identifier of the machine for this kind of
-	// evidence: "tpm-ek:<sha256 of EK PKIX DER>" or a cloud instance ID.
+	// Identity is a stable, globally unique identifier of the machine for
+	// this kind of evidence: "tpm-ek:<sha256 of EK PKIX DER>",
+	// "gcp:<project number>/<zone>/<instance id>" or
+	// "aws:<account>/<region>/<instance id>". A node name is bound to the
+	// first identity that enrolled with it (store.Binding).
 	Identity string `json:"identity"`
 	// NodeName is the node name the evidence itself establishes (TPM
 	// inventory, cloud instance name); empty when the evidence names none.
@@ -255,8 +258,17 @@ const (
 	// document or signature that does not parse (DocumentMalformed).
 	ReasonDocSubstituted   Reason = "DocumentSubstituted"
 	ReasonDocTooOld        Reason = "DocumentTooOld"
-	ReasonInstanceEnrolled Reason = "InstanceAlreadyEnrolled"
 	ReasonInstanceNotLive  Reason = "InstanceNotRunning"
+	// Enrolment: who owns a node name (mcs, store.Binding).
+	//
+	// ReasonNodeNameTaken: the node name is bound to another identity
+	// (the first one that enrolled with it) until an operator releases it.
+	ReasonNodeNameTaken Reason = "NodeNameTaken"
+	// ReasonIdentityEnrolled: the identity already enrolled (under this
+	// or another name) and the request may not enrol it again: no proof of
+	// the kubelet key the enrolment bound, no release, and a pool that
+	// does not re-enrol always.
+	ReasonIdentityEnrolled Reason = "IdentityAlreadyEnrolled"
 	// Policy (authorization).
 	ReasonPolicyProject     Reason = "ProjectNotAllowed"
 	ReasonPolicyZone        Reason = "ZoneNotAllowed"

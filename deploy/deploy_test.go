@@ -147,7 +147,7 @@ func TestKustomizeRender(t *testing.T) {
 	t.Run("base", func(t *testing.T) {
 		objs := index(render(t, "base"))
 		mustHave(t, objs, "Namespace", "", "nodeproof")
-		for _, crd := range []string{"nodeattestations.nodeproof.io", "attestationmarkers.nodeproof.io"} {
+		for _, crd := range []string{"nodeattestations.nodeproof.io", "attestationmarkers.nodeproof.io", "nodebindings.nodeproof.io"} {
 			mustHave(t, objs, "CustomResourceDefinition", "", crd)
 		}
 
@@ -562,6 +562,11 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"create a marker", "create", npGroup, "attestationmarkers", ns, "", false},
 		{"get a marker", "get", npGroup, "attestationmarkers", ns, "", false},
 		{"delete a marker", "delete", npGroup, "attestationmarkers", ns, "", false},
+		// Bindings: which identity owns a node name (read only).
+		{"get a binding", "get", npGroup, "nodebindings", ns, "", true},
+		{"create a binding", "create", npGroup, "nodebindings", ns, "", false},
+		{"update a binding", "update", npGroup, "nodebindings", ns, "", false},
+		{"delete a binding", "delete", npGroup, "nodebindings", ns, "", false},
 		{"read Secrets", "get", "", "secrets", ns, "", false},
 	} {
 		if got := can(tc.verb, tc.group, tc.resource, tc.ns, tc.resourceName); got != tc.want {

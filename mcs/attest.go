@@ -12,10 +12,10 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
-	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -166,14 +166,15 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // Checks: the body; the session opens (SessionInvalid: forged, tampered, or
 // sealed by keys this server no longer has); the proof of possession of
 // the session's kubelet key, when sent (KubeletKeyProofInvalid); the
-// kind's verifier (every
-// check in its doc comment; expiry included); policy for the session's
-// pool; a node name (from the evidence, or requested when the pool allows
-// it: NodeNameNotEstablished); the identity's rate (RateLimited). In
-// cluster mode the node's bootstrap token is issued next. Then, in one
-// durable store transaction, the NodeAttestation record is written and the
-// session marked used. Only then is the config token returned. No refusal
-// writes anything.
+// kind's verifier (every check in its doc comment; expiry included);
+// policy for the session's pool; a node name (from the evidence, or
+// requested when the pool allows it: NodeNameNotEstablished); the
+// identity's rate (RateLimited). In cluster mode the node's bootstrap
+// token is issued next. Then, in one durable store write (store.Enrol),
+// the NodeAttestation record is written, the session marked used, and the
+// node name bound to the identity; enrol gives the rules of who may enrol
+// (NodeNameTaken, IdentityAlreadyEnrolled). Only then is the config token
+// returned. No refusal writes anything.
 //
 // The record's ID and the config token's single-use ID are derived from
 // the session's nonce, so the same session answered again — the node
@@ -182,9 +183,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // same record with that same single-use ID, as long as that config has not
 // been delivered: a session still yields at most one config. Once it was
 // delivered, the session answered again is refused (SessionReused), as is
-// one whose marker is set without a record of its own; an AWS instance
-// enrolled by another session is refused (InstanceAlreadyEnrolled) unless
-// this request proved it holds the kubelet key that enrolment bound.
+// one whose marker is set without a record of its own.
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	var req api.VerifyRequest
 	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
@@ -274,13 +273,8 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		}
 	}
 	once := []store.Once{{Key: "session/" + hex.EncodeToString(sess.Nonce), Expires: sess.Expires}}
-	if claims.AWS != nil {
-		// Trust on first use: one enrolment per instance while its
-		// document can be accepted at all.
-		once = append(once, store.Once{Key: aws.OnceKey(claims.AWS), Expires: s.o.AWS.AcceptedUntil(claims.AWS)})
-	}
 	tokenID := derivedID(configTokenLabel, sess.Nonce)
-	if rec, err = s.writeRecord(r.Context(), rec, once, tokenID, claims, proven); err != nil {
+	if rec, err = s.enrol(r.Context(), rec, once, tokenID, proven); err != nil {
 		s.refuse(w, d, err)
 		return
 	}
@@ -296,16 +290,26 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
 }
 
-// writeRecord writes rec with its single-use markers and returns the record
-// the answer names: rec, or the record an earlier answer to the same
-// session wrote (answeredBefore). An AWS instance already enrolled is
-// enrolled again only by a request that proved it holds the kubelet key
-// that enrolment bound (the instance itself, attesting again after a
-// crash cost it its config token); otherwise InstanceAlreadyEnrolled. On
-// any error, the bootstrap token issued for rec is revoked.
-func (s *Server) writeRecord(ctx context.Context, rec *store.Record, once []store.Once, tokenID string, claims *attest.Claims, proven bool) (*store.Record, error) {
-	err := s.o.Store.CreateRecord(ctx, rec, once...)
-	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) {
+// enrol writes rec with its single-use markers as an enrolment of its
+// identity under its node name (store.Enrol) and returns the record the
+// answer names: rec, or the record an earlier answer to the same session
+// wrote (answeredBefore). The rules, in one place (docs/protocol.md,
+// "Who owns a node name"):
+//   - a node name is owned by the first identity that enrolled with it:
+//     another identity is refused NodeNameTaken until an operator releases
+//     the name (nodeproof release NODE);
+//   - an identity enrols once, under one name: enrolling again is allowed
+//     only with a proof of possession of the kubelet key its enrolment
+//     bound (the machine itself, after a crash or a lost answer cost it
+//     its config), or with any key in a pool that re-enrols always
+//     (policy reenrol: always); otherwise IdentityAlreadyEnrolled, and
+//     under another name always IdentityAlreadyEnrolled;
+//   - a refusal writes nothing (but an Event for the operator).
+//
+// On any error, the bootstrap token issued for rec is revoked.
+func (s *Server) enrol(ctx context.Context, rec *store.Record, once []store.Once, tokenID string, proven bool) (*store.Record, error) {
+	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{}, once...)
+	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrIdentityEnrolled) {
 		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID)
 		switch {
 		case perr != nil:
@@ -316,14 +320,8 @@ func (s *Server) writeRecord(ctx context.Context, rec *store.Record, once []stor
 			s.revokeUnwritten(ctx, rec)
 			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", rec.NodeName, "record", prev.ID)
 			return prev, nil
-		case claims.AWS != nil && errors.Is(err, store.ErrUsed) && proven && s.enrolledWithKey(ctx, rec):
-			// The instance marker stays with its first record; this
-			// record takes only its own session's marker.
-			if err = s.o.Store.CreateRecord(ctx, rec, once[0]); err == nil {
-				s.o.Log.Info("AWS instance enrolled again with the kubelet key its enrolment bound (possession proven)",
-					"node", rec.NodeName, "instance", claims.AWS.InstanceID, "record", rec.ID)
-				return rec, nil
-			}
+		case errors.Is(err, store.ErrIdentityEnrolled):
+			err = s.enrolAgain(ctx, rec, once, proven)
 		}
 	}
 	if err == nil {
@@ -331,29 +329,77 @@ func (s *Server) writeRecord(ctx context.Context, rec *store.Record, once []stor
 	}
 	s.revokeUnwritten(ctx, rec)
 	switch {
-	case errors.Is(err, store.ErrUsed) && claims.AWS != nil:
-		return nil, deny(attest.ReasonInstanceEnrolled, "instance %s of account %s already enrolled with this document (trust on first use); re-enrol a reinstalled instance with: nodeproof enroll --reset %s",
-			claims.AWS.InstanceID, claims.AWS.AccountID, aws.OnceKey(claims.AWS))
+	case errors.Is(err, store.ErrNameTaken):
+		owner := "another identity"
+		if b, berr := s.o.Store.Binding(ctx, rec.NodeName); berr == nil {
+			owner = fmt.Sprintf("%s (%s evidence, enrolled %s)", b.Identity, b.Kind, b.CreatedAt.UTC().Format(time.RFC3339))
+		}
+		s.event(rec.NodeName, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s asked for node %s, which is bound to %s; refused. Release the name to give it to another machine: nodeproof release %s",
+			rec.Identity, rec.NodeName, owner, rec.NodeName))
+		return nil, deny(attest.ReasonNodeNameTaken, "node %s belongs to another machine (the identity that enrolled with it first); an operator can release it: nodeproof release %s", rec.NodeName, rec.NodeName)
 	case errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists):
 		return nil, deny(attest.ReasonSessionReused, "this session was already answered")
 	}
 	return nil, err
 }
 
-// enrolledWithKey reports whether an earlier record of rec's node came
-// from the same evidence identity (an AWS instance) and bound the same
-// kubelet key.
-func (s *Server) enrolledWithKey(ctx context.Context, rec *store.Record) bool {
-	recs, err := s.o.Store.RecordsForNode(ctx, rec.NodeName)
-	if err != nil {
-		return false
+// enrolAgain decides whether rec's identity, already enrolled, may enrol
+// again (see enrol) and, if so, writes it. A refusal is a Denial; it
+// writes nothing but an Event.
+func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, once []store.Once, proven bool) error {
+	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
+	if errors.Is(err, store.ErrNotFound) {
+		// Released, or an enrolment still completing: the machine retries.
+		return later(time.Second, deny(ReasonUnavailable, "this identity's enrolment changed meanwhile; retry"))
+	} else if err != nil {
+		return err
 	}
-	for _, r := range recs {
-		if r.Kind == rec.Kind && r.Identity == rec.Identity && attest.Equal(r.KubeletKeySHA256, rec.KubeletKeySHA256) {
-			return true
-		}
+	refuse := func(why string) error {
+		s.event(b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",
+			rec.Identity, b.NodeName, b.CreatedAt.UTC().Format(time.RFC3339), rec.NodeName, keyState(b, rec, proven), why, b.NodeName))
+		return deny(attest.ReasonIdentityEnrolled, "this machine already enrolled as node %s; %s. An operator can release it: nodeproof release %s", b.NodeName, why, b.NodeName)
 	}
-	return false
+	var o store.EnrolOptions
+	switch {
+	case b.NodeName != rec.NodeName:
+		return refuse("an identity enrols under one node name")
+	case proven && attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
+		o = store.EnrolOptions{Again: true}
+	case s.o.Policy.ReenrolsAlways(rec.Pool):
+		o = store.EnrolOptions{Again: true, ReplaceKey: true}
+	case attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
+		return refuse("enrolling again needs a proof of possession of the kubelet key the enrolment bound")
+	default:
+		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)")
+	}
+	if err := s.o.Store.Enrol(ctx, rec, o, once...); err != nil {
+		return err
+	}
+	msg := fmt.Sprintf("%s enrolled again as node %s with the kubelet key its enrolment bound (possession proven), record %s", rec.Identity, rec.NodeName, rec.ID)
+	if o.ReplaceKey {
+		msg = fmt.Sprintf("%s enrolled again as node %s with a new kubelet key (the pool re-enrols always), record %s", rec.Identity, rec.NodeName, rec.ID)
+	}
+	s.event(rec.NodeName, false, "Reenrolled", msg)
+	s.o.Log.Info(msg, "node", rec.NodeName, "record", rec.ID)
+	return nil
+}
+
+// keyState describes the kubelet key of an enrolment attempt for an Event.
+func keyState(b *store.Binding, rec *store.Record, proven bool) string {
+	switch {
+	case !attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
+		return "a new kubelet key"
+	case proven:
+		return "the enrolled kubelet key, proven"
+	}
+	return "the enrolled kubelet key's hash and no proof of possession"
+}
+
+// event publishes an enrolment decision about nodeName (Options.Events).
+func (s *Server) event(nodeName string, warning bool, reason attest.Reason, msg string) {
+	if s.o.Events != nil {
+		s.o.Events.Event(nodeName, warning, string(reason), msg)
+	}
 }
 
 // answeredBefore returns the record an earlier answer to the same session

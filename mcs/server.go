@@ -63,6 +63,14 @@ type BootstrapTokens interface {
 	Revoke(ctx context.Context, rec *store.Record) error
 }
 
+// EnrolmentEvents publishes enrolment decisions about a node name
+// (store/kubestore.BindingEvents).
+type EnrolmentEvents interface {
+	// Event reports a decision about nodeName: a warning for a refusal.
+	// It must not block (events are best effort).
+	Event(nodeName string, warning bool, reason, message string)
+}
+
 // Errors a Configs returns.
 var (
 	ErrUnknownPool = errors.New("unknown pool")
@@ -86,10 +94,12 @@ type Options struct {
 	TPM *tpm.Verifier
 	// GCP verifies GCP instance identity tokens; nil refuses them.
 	GCP *gcp.Verifier
-	// AWS verifies EC2 instance identity documents; nil refuses them. An
-	// instance enrols once per document window (aws.OnceKey, written with
-	// the record).
+	// AWS verifies EC2 instance identity documents; nil refuses them.
 	AWS *aws.Verifier
+	// Events, when set, receives the enrolment decisions an operator must
+	// see — a node name taken, an identity refused or enrolled again — as
+	// Kubernetes Events on the node's NodeBinding; nil: the log only.
+	Events EnrolmentEvents
 	// Bootstrap, when set (cluster mode), gives each attested node its own
 	// short-lived Kubernetes bootstrap token: Issue runs before the record
 	// is written and sets Record.BootstrapTokenID.

@@ -396,9 +396,10 @@ func TestAttestedFetch(t *testing.T) {
 		t.Fatal("a token or session was logged")
 	}
 
-	// A token that expired before use.
-	ch2, _ := e.challenge(m, "worker", "worker-7")
-	vr2, r := e.verify(e.verifyBody(m, ch2))
+	// A token that expired before use (another machine: this one enrolled).
+	m2 := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
+	ch2, _ := e.challenge(m2, "worker", "worker-8")
+	vr2, r := e.verify(e.verifyBody(m2, ch2))
 	if vr2 == nil {
 		t.Fatalf("second attestation refused: %s", r.body)
 	}

@@ -1,7 +1,8 @@
 // Package store keeps what nodeproof's server replicas and the CSR approver
 // share: NodeAttestation records (what a successful attestation
-// established, including the kubelet key it bound) and single-use markers
-// (a challenge answered, a config token spent, an instance ID enrolled).
+// established, including the kubelet key it bound), single-use markers
+// (a challenge answered, a config token spent), and node bindings (which
+// evidence identity owns a node name: the identity that enrolled first).
 //
 // Backends: store/boltstore (embedded, on disk, for one host) and the
 // Kubernetes backend (CRDs; with the approver). Both guarantee that a write
@@ -28,7 +29,16 @@ var (
 	ErrConsumed = errors.New("record already consumed")
 	// ErrExists: a record with that ID exists.
 	ErrExists = errors.New("record exists")
+	// ErrNameTaken: the node name is bound to another identity.
+	ErrNameTaken = errors.New("node name bound to another identity")
+	// ErrIdentityEnrolled: the identity is already enrolled (under
+	// another node name, or with another kubelet key).
+	ErrIdentityEnrolled = errors.New("identity already enrolled")
 )
+
+// Never is the expiry of what does not expire (a binding's identity
+// marker).
+var Never = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // Record is a NodeAttestation.
 type Record struct {
@@ -61,6 +71,40 @@ type Record struct {
 	ConsumedBy string     `json:"consumedBy,omitempty"`
 }
 
+// Binding is the ownership of a node name by the evidence identity that
+// enrolled with it first. While it exists no other identity gets a record
+// (and so a config or a kubelet certificate) for the name, and the identity
+// is enrolled under no other name; only its kubelet key is approved.
+// Bindings do not expire: an operator releases them (Release).
+type Binding struct {
+	// NodeName is the bound name.
+	NodeName string `json:"nodeName"`
+	// Pool, Kind and Identity are the owning enrolment's.
+	Pool     string      `json:"pool"`
+	Kind     attest.Kind `json:"kind"`
+	Identity string      `json:"identity"`
+	// KubeletKeySHA256 is the kubelet key the enrolment bound: re-enrolling
+	// needs a proof of its possession, and the approver approves client
+	// certificates for no other key.
+	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
+	// RecordID is the record of the enrolment that made the binding or
+	// last enrolled under it again.
+	RecordID string `json:"recordID"`
+	// CreatedAt is when the identity first enrolled under the name.
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// EnrolOptions say what kind of enrolment Enrol writes.
+type EnrolOptions struct {
+	// Again enrols an identity already bound to the record's node name
+	// once more: the binding is kept (its record ID updated). Without
+	// ReplaceKey the record must bind the binding's kubelet key.
+	Again bool
+	// ReplaceKey, with Again, binds the record's kubelet key in place of
+	// the binding's (a pool that re-enrols reinstalled machines always).
+	ReplaceKey bool
+}
+
 // Once is a single-use marker: Key may be set once until Expires.
 type Once struct {
 	Key     string
@@ -69,6 +113,27 @@ type Once struct {
 
 // Store is the shared state. Implementations are safe for concurrent use.
 type Store interface {
+	// Enrol stores r as an enrolment of r.Identity under r.NodeName,
+	// with its markers, and binds the name to the identity:
+	//   - first enrolment (o.Again false): the name must be unbound
+	//     (ErrNameTaken if another identity holds it) and the identity
+	//     bound to no name (ErrIdentityEnrolled); the binding is created;
+	//   - again (o.Again): the name must be bound to r.Identity
+	//     (ErrNameTaken if to another; a binding released meanwhile is
+	//     enrolled as a first one) with r's kubelet key unless
+	//     o.ReplaceKey (ErrIdentityEnrolled); the binding is updated.
+	// Completing a call that was cut off (a crash) with the same record
+	// succeeds. On any error nothing this call wrote is kept, except where
+	// the outcome of a write is unknown; then, as with CreateRecord, the
+	// markers stay (the safe direction).
+	Enrol(ctx context.Context, r *Record, o EnrolOptions, once ...Once) error
+	// Binding returns the binding of a node name (ErrNotFound).
+	Binding(ctx context.Context, nodeName string) (*Binding, error)
+	// BindingOf returns the binding an identity holds (ErrNotFound).
+	BindingOf(ctx context.Context, identity string) (*Binding, error)
+	// Release deletes the binding of a node name and returns it, so the
+	// name may be taken and the identity enrol again (ErrNotFound).
+	Release(ctx context.Context, nodeName string) (*Binding, error)
 	// CreateRecord stores r and, in the same atomic and durable write, sets
 	// every marker in once (a session answered; an instance enrolled). If
 	// any is already set it returns ErrUsed and stores nothing; an existing
@@ -79,7 +144,9 @@ type Store interface {
 	// GetRecord returns a record by ID (ErrNotFound).
 	GetRecord(ctx context.Context, id string) (*Record, error)
 	// RecordsForNode returns the records for a node name, newest first,
-	// expired ones included (callers decide).
+	// expired ones included (callers decide). It reads an index, page by
+	// page, with no upper bound: only the identity that owns the name can
+	// add records for it (Enrol), so no third party can grow the list.
 	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
 	// ConsumeRecord marks a record as having approved the CSR by;
 	// ErrConsumed if it already did, ErrNotFound if there is none.

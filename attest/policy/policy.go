@@ -36,6 +36,7 @@
 //	      insecurePort: public       # what port 22624 serves: public, none, all
 //	      fullWithoutCredentials: false  # the OpenShift MCS's behaviour; migration only
 //	      nodeNames: evidence        # or requested
+//	    reenrol: afterRelease        # or always (see Pool.Reenrol)
 package policy
 
 import (
@@ -100,6 +101,30 @@ type Pool struct {
 	// Serve says what the Machine Config Server releases for this pool and
 	// on what credentials.
 	Serve Serve `yaml:"serve"`
+	// Reenrol says when an identity (an EK, a cloud instance) that already
+	// enrolled may enrol again — get a config and a first kubelet
+	// certificate once more — with a new kubelet key. "afterRelease"
+	// (the default): only after an operator released its node
+	// (`nodeproof release NODE`); enrolling again with the kubelet key the
+	// enrolment bound, proven, is always allowed (a machine retrying after
+	// a crash). "always": any enrolment of the identity with a fresh key
+	// replaces the binding's key — a reinstalled machine re-enrols without
+	// an operator, and so does anything that can make the identity's
+	// evidence: a workload that reaches the cloud metadata server, a
+	// privileged pod with the TPM device. See docs/security.md.
+	Reenrol string `yaml:"reenrol"`
+}
+
+// Re-enrolment choices (Pool.Reenrol).
+const (
+	ReenrolAfterRelease = "afterRelease"
+	ReenrolAlways       = "always"
+)
+
+// ReenrolsAlways reports whether pool re-enrols an enrolled identity with
+// a new kubelet key without a release.
+func (p *Policy) ReenrolsAlways(pool string) bool {
+	return p.Pools[pool].Reenrol == ReenrolAlways
 }
 
 // Serve is a pool's release policy (DESIGN.md, "Tiers").
@@ -180,8 +205,9 @@ type GCPPolicy struct {
 	// Zones are allowed zones (e.g. us-central1-a).
 	Zones []string `yaml:"zones"`
 	// MaxInstanceAge refuses instances created longer ago (a machine being
-	// provisioned is minutes old; an old one asking for a bootstrap config
-	// is suspicious). Zero: no limit.
+	// provisioned is minutes old; a token minted months later comes from
+	// something running on the instance, not from its first boot). Unset:
+	// DefaultGCPMaxInstanceAge, as long as an AWS document is accepted.
 	MaxInstanceAge Duration `yaml:"maxInstanceAge"`
 }
 
@@ -200,6 +226,10 @@ type AWSPolicy struct {
 	// name nodes) or "instanceID". Never the name the machine asks for.
 	NodeName string `yaml:"nodeName"`
 }
+
+// DefaultGCPMaxInstanceAge is GCPPolicy.MaxInstanceAge when unset: the
+// same first-boot window as the AWS document age (identity/aws).
+const DefaultGCPMaxInstanceAge = time.Hour
 
 // AWS node name choices.
 const (
@@ -336,6 +366,11 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	default:
 		return fmt.Errorf("aws.nodeName %q is not %s or %s", pool.AWS.NodeName, AWSNodeNamePrivateDNS, AWSNodeNameInstanceID)
 	}
+	switch pool.Reenrol {
+	case "", ReenrolAfterRelease, ReenrolAlways:
+	default:
+		return fmt.Errorf("reenrol %q is not %s or %s", pool.Reenrol, ReenrolAfterRelease, ReenrolAlways)
+	}
 	switch pool.Serve.NodeNames {
 	case "", "evidence", "requested":
 	default:
@@ -429,7 +464,8 @@ func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 
 // evaluateGCP checks the project (ProjectNotAllowed), the zone
 // (ZoneNotAllowed) and the instance's age at verification time
-// (InstanceTooOld).
+// (InstanceTooOld: more than maxInstanceAge, DefaultGCPMaxInstanceAge when
+// unset, after the instance was created).
 func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time) error {
 	if len(g.Projects) > 0 && !slices.Contains(g.Projects, c.ProjectID) {
 		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
@@ -437,8 +473,12 @@ func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time) error {
 	if len(g.Zones) > 0 && !slices.Contains(g.Zones, c.Zone) {
 		return attest.Deny(attest.ReasonPolicyZone, "zone %s is not allowed", c.Zone)
 	}
-	if g.MaxInstanceAge.Duration > 0 && at.Sub(c.InstanceCreated) > g.MaxInstanceAge.Duration {
-		return attest.Deny(attest.ReasonPolicyInstanceAge, "instance created %s, more than %s ago", c.InstanceCreated.UTC().Format(time.RFC3339), g.MaxInstanceAge.Duration)
+	maxAge := g.MaxInstanceAge.Duration
+	if maxAge == 0 {
+		maxAge = DefaultGCPMaxInstanceAge
+	}
+	if at.Sub(c.InstanceCreated) > maxAge {
+		return attest.Deny(attest.ReasonPolicyInstanceAge, "instance created %s, more than %s ago: first-boot evidence is accepted only within maxInstanceAge of the instance's creation", c.InstanceCreated.UTC().Format(time.RFC3339), maxAge)
 	}
 	return nil
 }

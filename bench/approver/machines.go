@@ -110,8 +110,9 @@ func (f *fleet) machine(ctx context.Context, node string) (*machine, error) {
 	m.csrName = digestedName(der, subject, kubeletUsages)
 
 	// What the server does after an attestation verified: the node's
-	// bootstrap token, then the record with the session marker, then the
-	// kubeconfig served in the node's config.
+	// bootstrap token, then the enrolment (the record with the session
+	// marker, and the node name's binding), then the kubeconfig served in
+	// the node's config.
 	var cfg *rest.Config
 	if f.tokens != nil {
 		if err := f.tokens.Issue(ctx, rec); err != nil {
@@ -119,7 +120,7 @@ func (f *fleet) machine(ctx context.Context, node string) (*machine, error) {
 		}
 	}
 	session := store.Once{Key: "session/" + randomHex(32), Expires: now.Add(10 * time.Minute)}
-	if err := f.server.CreateRecord(ctx, rec, session); err != nil {
+	if err := f.server.Enrol(ctx, rec, store.EnrolOptions{}, session); err != nil {
 		return nil, err
 	}
 	if f.tokens != nil {

@@ -369,6 +369,7 @@ func attestCost(ctx context.Context, w *fleet.World, k, pid int) (time.Duration,
 	cpu0 := proc.CPU(pid)
 	var wg sync.WaitGroup
 	var failed atomic.Int64
+	var firstErr atomic.Pointer[error]
 	sem := make(chan struct{}, 8)
 	for i, m := range ms {
 		wg.Add(1)
@@ -377,12 +378,13 @@ func attestCost(ctx context.Context, w *fleet.World, k, pid int) (time.Duration,
 			defer func() { <-sem; wg.Done() }()
 			if _, err := c.AttestTPM(ctx, "worker", fmt.Sprintf("cost-%04d", i), m, pub); err != nil {
 				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
 			}
 		}()
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		return 0, 0, fmt.Errorf("%d of %d cost-run attestations failed", n, k)
+		return 0, 0, fmt.Errorf("%d of %d cost-run attestations failed, the first: %w", n, k, *firstErr.Load())
 	}
 	perAttest := (proc.CPU(pid) - cpu0) / time.Duration(k)
 

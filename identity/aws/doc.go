@@ -27,10 +27,12 @@
 //
 //   - A short Options.MaxDocumentAge (default one hour after pendingTime): a
 //     document is useless to anyone once its instance has been up longer.
-//   - One use per instance: the server stores OnceKey(claims) in the same
-//     transaction as the enrollment record, so an instance enrolls once. If
-//     the attacker won, the real node is refused and the conflict is
-//     visible, not silent.
+//   - One enrolment per instance: the server binds the instance's identity
+//     (aws:<account>/<region>/<instance id>) to its node name in the same
+//     write as the enrolment record (mcs, store.Enrol), so an instance
+//     enrols once; enrolling again needs a proof of the kubelet key that
+//     enrolment bound. If the attacker won, the real node is refused and
+//     the conflict is visible (an Event), not silent.
 //   - The live check (Options.Live; identity/aws/ec2live asks the EC2
 //     API): the instance must be running now, in the expected VPC, with the
 //     expected tags, so a document of a stopped or foreign instance is
@@ -44,19 +46,14 @@
 // # Re-enrolling a reinstalled instance
 //
 // An instance reinstalled in place (a new root volume, a reinstalled OS, a
-// reboot) keeps its document: the same instance ID and pendingTime. Its
-// one-use marker (OnceKey, living until AcceptedUntil: pendingTime +
-// MaxDocumentAge) refuses it with InstanceAlreadyEnrolled.
+// reboot) keeps its identity, and its new kubelet key is refused with
+// IdentityAlreadyEnrolled (docs/protocol.md, "Who owns a node name").
 //
-//   - Within the window (the document not yet too old): clear the marker
-//     with `nodeproof enroll --reset aws-instance/<account>/<instance-id>`
-//     (the refusal names it); the instance then enrols once more.
-//   - After the window the document itself is refused (DocumentTooOld)
-//     whatever the store holds, so --reset cannot help. Stop and start the
-//     instance (a reboot is not enough): EC2 then signs a new document with
-//     a new pendingTime, which enrols. The old marker has lapsed by then;
-//     if the instance was stopped and started while it still lived, run
-//     --reset as well (clearing a lapsed marker is harmless).
+//   - Release its node (`nodeproof release NODE`; the refusal names it);
+//     the instance then enrols once more, with its new key.
+//   - After MaxDocumentAge the document itself is refused (DocumentTooOld)
+//     whatever the store holds. Stop and start the instance (a reboot is
+//     not enough): EC2 then signs a new document with a new pendingTime.
 //
 // Account and Region allow-lists, and whether a live check is required,
 // are policy's (attest/policy); one use per instance is the store's.

@@ -169,7 +169,7 @@ func FuzzVerify(f *testing.F) {
 			}
 			return
 		}
-		if claims.AWS.Region != "us-east-1" || claims.Identity != "aws:"+claims.AWS.AccountID+"/"+claims.AWS.InstanceID {
+		if claims.AWS.Region != "us-east-1" || claims.Identity != "aws:"+claims.AWS.AccountID+"/us-east-1/"+claims.AWS.InstanceID {
 			t.Fatalf("accepted odd claims %+v", claims)
 		}
 		p7, err := pkcs7.Parse(der)

@@ -187,8 +187,8 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	}
 
 	if now.Sub(doc.PendingTime) > v.maxAge {
-		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago; a reinstalled instance keeps its document: stop and start it (EC2 signs a new one, with a new pendingTime) and attest again, and if that is refused as InstanceAlreadyEnrolled, run nodeproof enroll --reset %s",
-			doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge, OnceKey(&attest.AWSClaims{AccountID: doc.AccountID, InstanceID: doc.InstanceID}))
+		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago; a reinstalled instance keeps its document: stop and start it (EC2 signs a new one, with a new pendingTime) and attest again, and if that is refused as IdentityAlreadyEnrolled, release its node first (nodeproof release NODE)",
+			doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge)
 	}
 	if doc.PendingTime.Sub(now) > maxFutureSkew {
 		return nil, attest.Deny(attest.ReasonDocTooOld, "pendingTime %s is in the future", doc.PendingTime.UTC().Format(time.RFC3339))
@@ -219,7 +219,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	}
 	return &attest.Claims{
 		Kind:             attest.KindAWS,
-		Identity:         "aws:" + doc.AccountID + "/" + doc.InstanceID,
+		Identity:         "aws:" + doc.AccountID + "/" + doc.Region + "/" + doc.InstanceID,
 		NodeName:         ac.PrivateDNSName,
 		Addresses:        addrs,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
@@ -257,22 +257,6 @@ func (v *Verifier) verifyDocument(ev *Evidence, now time.Time) (*document, error
 		return nil, attest.Deny(attest.ReasonDocSubstituted, "evidence document differs from the signed document (only the signed one is read; a different one is refused)")
 	}
 	return doc, nil
-}
-
-// OnceKey is the single-use marker of an instance (trust on first use): the
-// server stores it in the same transaction as the record, so one instance
-// enrolls once however many times its document is presented.
-func OnceKey(c *attest.AWSClaims) string {
-	return "aws-instance/" + c.AccountID + "/" + c.InstanceID
-}
-
-// AcceptedUntil is when documents of this instance start being refused as
-// too old (pendingTime + MaxDocumentAge): how long the OnceKey marker must
-// live. After that the document itself is refused, so the marker has
-// nothing left to guard, and a stopped and started instance (a new
-// pendingTime) can enrol again.
-func (v *Verifier) AcceptedUntil(c *attest.AWSClaims) time.Time {
-	return c.PendingTime.Add(v.maxAge)
 }
 
 // PrivateDNSName returns the private DNS name EC2 gives an instance by IP

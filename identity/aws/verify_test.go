@@ -8,7 +8,6 @@ import (
 	"errors"
 	"os"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -83,13 +82,10 @@ func TestRoundTrip(t *testing.T) {
 			if *claims.AWS != *want {
 				t.Errorf("AWS claims\n got %+v\nwant %+v", *claims.AWS, *want)
 			}
-			if claims.Kind != attest.KindAWS || claims.Identity != "aws:123456789012/i-1234567890abcdef0" ||
+			if claims.Kind != attest.KindAWS || claims.Identity != "aws:123456789012/"+claims.AWS.Region+"/i-1234567890abcdef0" ||
 				claims.NodeName != tc.wantDNS || !slices.Equal(claims.Addresses, []string{"10.0.1.2", tc.wantDNS}) ||
 				!bytes.Equal(claims.KubeletKeySHA256, f.keyHash) || !claims.VerifiedAt.Equal(now) {
 				t.Errorf("claims %+v", claims)
-			}
-			if k := aws.OnceKey(claims.AWS); k != "aws-instance/123456789012/i-1234567890abcdef0" {
-				t.Errorf("OnceKey = %q", k)
 			}
 		})
 	}
@@ -305,15 +301,5 @@ func TestOptions(t *testing.T) {
 	v := f.verifier(nil)
 	if _, _, err := v.Challenge("worker", []byte("short"), nil); reasonOf(err) != attest.ReasonMalformed {
 		t.Errorf("Challenge with a short key hash: %v", err)
-	}
-}
-
-func TestOnceKey(t *testing.T) {
-	got := aws.OnceKey(&attest.AWSClaims{AccountID: "111122223333", InstanceID: "i-0123456789abcdef0"})
-	if got != "aws-instance/111122223333/i-0123456789abcdef0" {
-		t.Fatal(got)
-	}
-	if strings.Contains(got, " ") {
-		t.Fatal("space in key")
 	}
 }

@@ -54,7 +54,7 @@ func FuzzVerifyClaims(f *testing.F) {
 		}
 		if c.Kind != attest.KindGCP || c.GCP == nil || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
 			!isLabel(c.NodeName) || c.NodeName != c.GCP.InstanceName || !isLabel(c.GCP.Zone) || !isProjectID(c.GCP.ProjectID) ||
-			c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.InstanceID || strings.Count(c.Identity, "/") != 1 {
+			c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.Zone+"/"+c.GCP.InstanceID || strings.Count(c.Identity, "/") != 2 {
 			t.Fatalf("bad claims: %+v", c)
 		}
 	})

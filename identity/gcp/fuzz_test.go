@@ -45,7 +45,7 @@ func checkOutcome(t *testing.T, sess *attest.Session, c *attest.Claims, err erro
 	}
 	if c == nil || c.GCP == nil || c.Kind != attest.KindGCP || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
 		c.NodeName == "" || c.NodeName != c.GCP.InstanceName || strings.ContainsAny(c.NodeName, "./ ") ||
-		c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.InstanceID {
+		c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.Zone+"/"+c.GCP.InstanceID {
 		t.Fatalf("bad claims: %+v", c)
 	}
 }

@@ -228,7 +228,7 @@ func (v *Verifier) claims(payload []byte, sess *attest.Session, now time.Time) (
 	}
 	return &attest.Claims{
 		Kind:             attest.KindGCP,
-		Identity:         "gcp:" + g.ProjectNumber + "/" + g.InstanceID,
+		Identity:         "gcp:" + g.ProjectNumber + "/" + g.Zone + "/" + g.InstanceID,
 		NodeName:         g.InstanceName,
 		Addresses:        addresses(g),
 		KubeletKeySHA256: append([]byte(nil), sess.KubeletKeySHA256...),

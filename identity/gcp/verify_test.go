@@ -145,7 +145,7 @@ func collect(t *testing.T, srv *gcptest.Server, audience string) *gcp.Evidence {
 func checkClaims(t *testing.T, e *env, c *attest.Claims) {
 	t.Helper()
 	inst := e.srv.Instance()
-	if c.Kind != attest.KindGCP || c.Identity != "gcp:123456789012/"+inst.InstanceID || c.NodeName != inst.InstanceName ||
+	if c.Kind != attest.KindGCP || c.Identity != "gcp:123456789012/"+inst.Zone+"/"+inst.InstanceID || c.NodeName != inst.InstanceName ||
 		!bytes.Equal(c.KubeletKeySHA256, e.sess.KubeletKeySHA256) || !c.VerifiedAt.Equal(e.clk.now) {
 		t.Fatalf("claims = %+v", c)
 	}

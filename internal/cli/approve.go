@@ -191,34 +191,3 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		}
 	})
 }
-
-// cmdEnroll clears a single-use marker, so that an instance enrolled once
-// (AWS: aws-instance/<account>/<instance id>) may attest again after a
-// reinstall. The embedded store cannot be opened while the server runs
-// (bbolt locks its file): stop the server, or use the kubernetes store.
-func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("enroll", stderr)
-	reset := fs.String("reset", "", "the marker to clear, e.g. aws-instance/123456789012/i-0123456789abcdef0 (the server's refusal names it)")
-	var c ServeConfig
-	fs.StringVar(&c.Store, "store", "embedded", "embedded or kubernetes")
-	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "embedded store: the server's state directory")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes store: kubeconfig (default: in-cluster)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *reset == "" {
-		return errors.New("enroll: --reset KEY is required")
-	}
-	c.Clock = time.Now
-	st, err := c.openStoreTimeout(c.Store == "kubernetes", time.Second)
-	if err != nil {
-		return fmt.Errorf("enroll: open the store (with the embedded store, stop the server first): %w", err)
-	}
-	defer st.Close()
-	if err := st.ReleaseOnce(ctx, *reset); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "cleared %s: the instance may attest once more\n", *reset)
-	return nil
-}

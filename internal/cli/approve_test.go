@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -131,9 +132,16 @@ func (a *approverCluster) create(t *testing.T, s csrSpec) {
 			t.Fatal(err)
 		}
 		sum := sha256.Sum256(pub)
-		if err := a.st.CreateRecord(ctx, &store.Record{ID: s.record, NodeName: s.node, Pool: "worker", Kind: attest.KindTPM,
+		// What the server writes: an enrolment of the node's identity (a
+		// later record for the same node is that identity's again).
+		rec := &store.Record{ID: s.record, NodeName: s.node, Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:" + s.node,
 			KubeletKeySHA256: sum[:], Addresses: s.addresses, Summary: "test",
-			CreatedAt: time.Now(), Expires: time.Now().Add(time.Hour)}); err != nil {
+			CreatedAt: time.Now(), Expires: time.Now().Add(time.Hour)}
+		err = a.st.Enrol(ctx, rec, store.EnrolOptions{})
+		if errors.Is(err, store.ErrIdentityEnrolled) {
+			err = a.st.Enrol(ctx, rec, store.EnrolOptions{Again: true, ReplaceKey: true})
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp"
+	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -434,6 +435,7 @@ func (e *attackEnv) honestMachine(t *testing.T, kind, src string) string {
 	case "aws":
 		doc := awstest.NewDocument("us-east-1", time.Now().Add(-time.Minute))
 		doc.InstanceID = fmt.Sprintf("i-0%016x", sha256.Sum256([]byte(src)))[:19]
+		doc.PrivateIP = "10.0.2." + src[strings.LastIndex(src, ".")+1:] // its own node name
 		files, err := e.awsRegion.Files(doc)
 		if err != nil {
 			return err.Error()
@@ -526,7 +528,12 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	}
 	victim, thief := e.client(t, "127.0.0.8"), e.client(t, "127.0.0.9")
 
-	// GCP: the victim's token for its session, used in the thief's.
+	// GCP: the victim's token for its session, used in the thief's. The
+	// victim is an instance of its own (an instance enrols once, and the
+	// flood's honest machine was the default one).
+	inst := gcptest.DefaultInstance(time.Now())
+	inst.InstanceName, inst.InstanceID = "victim-0", "4567890123456789099"
+	e.gce.SetInstance(inst)
 	var vch, tch api.ChallengeResponse
 	post(t, victim, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, GCP: &gcp.ChallengeRequest{}}, &vch)
 	post(t, thief, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, GCP: &gcp.ChallengeRequest{}}, &tch)
@@ -544,7 +551,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	// AWS: the victim enrols; the thief uses the same document from
 	// another host.
 	doc := awstest.NewDocument("us-east-1", time.Now().Add(-2*time.Minute))
-	doc.InstanceID = "i-0a1b2c3d4e5f60001"
+	doc.InstanceID, doc.PrivateIP = "i-0a1b2c3d4e5f60001", "10.0.3.1"
 	files, err := e.awsRegion.Files(doc)
 	if err != nil {
 		t.Fatal(err)
@@ -556,7 +563,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	}
 	_, err = agent.AWSEvidence{IMDS: imds.Client()}.Attest(ctx, thief, "worker", "", key)
 	attacktable.Check(t, "AWS (server)", "an identity document stolen from an enrolled instance, used from another host",
-		"403 "+string(attest.ReasonInstanceEnrolled), fetchRefusal(nil, err))
+		"403 "+string(attest.ReasonIdentityEnrolled), fetchRefusal(nil, err))
 
 	// Enrolling again needs proof of the kubelet key the enrolment bound:
 	// the instance itself can (after a crash cost it its config token), a
@@ -582,7 +589,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 		return postRaw(t, c, api.PathVerify, req).String()
 	}
 	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, no proof of the private key",
-		"403 "+string(attest.ReasonInstanceEnrolled), enrolAgain(thief, nil))
+		"403 "+string(attest.ReasonIdentityEnrolled), enrolAgain(thief, nil))
 	attacktable.Check(t, "AWS (server)", "a stolen document with the enrolled kubelet public key bound, a proof made with another key",
 		"403 "+string(attest.ReasonKeyProof), enrolAgain(thief, thiefKey))
 	if got := enrolAgain(victim, victimKey); got != "200" {
@@ -593,7 +600,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	// its instance enrolled is accepted once (the age window and the EC2
 	// live check narrow it; TPM evidence on NitroTPM closes it).
 	doc2 := awstest.NewDocument("us-east-1", time.Now().Add(-2*time.Minute))
-	doc2.InstanceID = "i-0a1b2c3d4e5f60002"
+	doc2.InstanceID, doc2.PrivateIP = "i-0a1b2c3d4e5f60002", "10.0.3.2"
 	files2, err := e.awsRegion.Files(doc2)
 	if err != nil {
 		t.Fatal(err)
@@ -608,7 +615,7 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	attacktable.Check(t, "AWS (server)", "a document stolen before its instance enrolled, used first from another host", "accepted once (documented residual risk)", got)
 	_, err = agent.AWSEvidence{IMDS: imds2.Client()}.Attest(ctx, victim, "worker", "", key)
 	attacktable.Check(t, "AWS (server)", "... the genuine instance then (sees the theft as a refusal on its console)",
-		"403 "+string(attest.ReasonInstanceEnrolled), fetchRefusal(nil, err))
+		"403 "+string(attest.ReasonIdentityEnrolled), fetchRefusal(nil, err))
 }
 
 // post sends v to path and decodes a 200 answer into out, failing the test

@@ -23,7 +23,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -185,20 +184,20 @@ func (s *awsSetup) instanceFiles(t *testing.T, d awstest.Document) awstest.Files
 }
 
 // TestAWSReenrolment runs the re-enrolment cycle of a reinstalled EC2
-// instance through `nodeproof serve` and `nodeproof enroll --reset`, with
-// the embedded store (the server stopped for the reset) and the Kubernetes
-// store (a real API server; the reset while the server runs):
+// instance through `nodeproof serve` and `nodeproof enroll --reset NODE`
+// (the same as `nodeproof release NODE`), with the embedded store (the
+// server stopped for the reset) and the Kubernetes store (a real API
+// server; the reset while the server runs):
 //   - a document swapped beside a valid signature is DocumentSubstituted,
 //     and writes nothing (the instance then enrols);
-//   - the same document again (the reinstalled instance) is
-//     InstanceAlreadyEnrolled, and so is a new document of the same
-//     instance (stopped and started: a new pendingTime) while its marker
-//     lives;
-//   - after `enroll --reset <marker>` the instance enrols again, with a
-//     new record, once: a further attempt is InstanceAlreadyEnrolled;
-//   - a document older than the age window is DocumentTooOld, and
-//     --reset does not change that; the instance stopped and started (a
-//     new document, a new pendingTime) enrols.
+//   - the same document again (the reinstalled instance, a new kubelet
+//     key) is IdentityAlreadyEnrolled, and so is a new document of the
+//     same instance (stopped and started: a new pendingTime);
+//   - after `enroll --reset NODE` the instance enrols again, with a new
+//     record, once: a further attempt is IdentityAlreadyEnrolled;
+//   - a document older than the age window is DocumentTooOld; the
+//     instance stopped and started (a new document, a new pendingTime)
+//     enrols.
 func TestAWSReenrolment(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -243,7 +242,6 @@ func TestAWSReenrolment(t *testing.T) {
 			}
 
 			d := awstest.NewDocument("us-east-1", time.Now().Add(-10*time.Minute))
-			key := aws.OnceKey(&attest.AWSClaims{AccountID: d.AccountID, InstanceID: d.InstanceID})
 			genuine := s.instanceFiles(t, d)
 			md := awstest.NewIMDS(genuine)
 			defer md.Close()
@@ -263,22 +261,22 @@ func TestAWSReenrolment(t *testing.T) {
 				t.Fatalf("node name %q, want the private DNS name", first.NodeName)
 			}
 			_, err = srv.attest(t, md)
-			wantRefused(t, "reinstalled, same document", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "reinstalled, same document", err, attest.ReasonIdentityEnrolled)
 
 			// Stopped and started: EC2 signs a new document with a new
 			// pendingTime, but the instance's marker still lives.
 			d.PendingTime = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 			md.SetFiles(s.instanceFiles(t, d))
 			_, err = srv.attest(t, md)
-			wantRefused(t, "stopped and started, marker live", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "stopped and started", err, attest.ReasonIdentityEnrolled)
 
-			reset(key)
+			reset(first.NodeName)
 			again := srv.mustAttest(t, md, "after enroll --reset")
 			if again.Record == first.Record || again.NodeName != first.NodeName {
 				t.Fatalf("re-enrolment: record %s node %s; first: record %s node %s", again.Record, again.NodeName, first.Record, first.NodeName)
 			}
 			_, err = srv.attest(t, md)
-			wantRefused(t, "again after the re-enrolment", err, attest.ReasonInstanceEnrolled)
+			wantRefused(t, "again after the re-enrolment", err, attest.ReasonIdentityEnrolled)
 
 			// Reinstalled after the window: the document is too old, and
 			// --reset cannot change that.
@@ -287,9 +285,6 @@ func TestAWSReenrolment(t *testing.T) {
 			md.SetFiles(s.instanceFiles(t, late))
 			_, err = srv.attest(t, md)
 			wantRefused(t, "document past the age window", err, attest.ReasonDocTooOld)
-			reset(aws.OnceKey(&attest.AWSClaims{AccountID: late.AccountID, InstanceID: late.InstanceID}))
-			_, err = srv.attest(t, md)
-			wantRefused(t, "document past the age window, after --reset", err, attest.ReasonDocTooOld)
 			// Stopped and started: a new pendingTime, and it enrols.
 			late.PendingTime = time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
 			md.SetFiles(s.instanceFiles(t, late))
@@ -334,7 +329,7 @@ func TestAWSNodeNamePolicy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.NodeName != tc.want || rec.Identity != "aws:"+d.AccountID+"/"+d.InstanceID {
+			if rec.NodeName != tc.want || rec.Identity != "aws:"+d.AccountID+"/"+d.Region+"/"+d.InstanceID {
 				t.Fatalf("record names node %q, identity %q; want %q", rec.NodeName, rec.Identity, tc.want)
 			}
 		})

@@ -28,7 +28,8 @@ const usage = `usage: nodeproof <command> [flags]
 commands:
   serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
   approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
-  enroll     --reset KEY: clear a single-use marker (re-enrol a reinstalled cloud instance)
+  release    NODE: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol
+  enroll     --reset NODE: the same as release NODE (--reset KEY clears a single-use marker)
   ca         create, renew, show or rotate (ca rotate [--serving-only]) the MCS CA and serving certificate
   pointer    write an Ignition pointer config for a pool
   token      show or rotate the provisioning token (the token tier)
@@ -53,6 +54,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdApprove(ctx, args[1:], stderr)
 	case "enroll":
 		err = cmdEnroll(ctx, args[1:], stdout, stderr)
+	case "release":
+		err = cmdRelease(ctx, args[1:], stdout, stderr)
 	case "ca":
 		err = cmdCA(args[1:], stdout, stderr)
 	case "pointer":

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/identity/aws"
@@ -50,24 +52,44 @@ func (c ServeConfig) openStore(clusterMode bool) (store.Store, error) {
 	return c.openStoreTimeout(clusterMode, 10*time.Second)
 }
 
+// storeKind is the store --store names, by default the embedded one
+// except in cluster mode.
+func (c ServeConfig) storeKind(clusterMode bool) string {
+	if c.Store != "" {
+		return c.Store
+	}
+	if clusterMode {
+		return "kubernetes"
+	}
+	return "embedded"
+}
+
+// storeNamespace is the Kubernetes store's namespace.
+func (c ServeConfig) storeNamespace() string { return orDefault(c.StoreNamespace, "nodeproof") }
+
+// kubeClient is a clientset on the store's API server connection (for
+// Events), or nil with the embedded store.
+func (c ServeConfig) kubeClient(clusterMode bool) (kubernetes.Interface, error) {
+	if c.storeKind(clusterMode) != "kubernetes" {
+		return nil, nil
+	}
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c.limits(cfg)
+	return kubernetes.NewForConfig(cfg)
+}
+
 // openStoreTimeout is openStore waiting at most lock for the embedded
 // store's file lock.
 func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (store.Store, error) {
-	kind := c.Store
-	if kind == "" {
-		kind = "embedded"
-		if clusterMode {
-			kind = "kubernetes"
-		}
-	}
+	kind := c.storeKind(clusterMode)
 	switch kind {
 	case "embedded":
 		return boltstore.Open(filepath.Join(c.StateDir, "state.db"), lock, c.Clock)
 	case "kubernetes":
-		ns := c.StoreNamespace
-		if ns == "" {
-			ns = "nodeproof"
-		}
+		ns := c.storeNamespace()
 		cfg, err := restConfig(c.Kubeconfig)
 		if err != nil {
 			return nil, err

@@ -395,7 +395,7 @@ func TestIgnitionWithAWSIdentity(t *testing.T) {
 	// The document again (a stolen copy, or the same machine): refused.
 	_, err = ev.Attest(context.Background(), c, "worker", "", kubelet)
 	var refused *agent.Refused
-	if !errors.As(err, &refused) || refused.Refusal.Reason != attest.ReasonInstanceEnrolled {
+	if !errors.As(err, &refused) || refused.Refusal.Reason != attest.ReasonIdentityEnrolled {
 		t.Fatalf("second enrolment: %v", err)
 	}
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // ServeConfig is everything `nodeproof serve` needs; flags fill it.
@@ -217,6 +218,14 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	defer st.Close()
+	var events mcs.EnrolmentEvents
+	if kc, err := c.kubeClient(clusterMode); err != nil {
+		return err
+	} else if kc != nil {
+		be := kubestore.NewBindingEvents(kc, c.storeNamespace(), "nodeproof-server")
+		defer be.Close()
+		events = be
+	}
 	keys, err := seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock)
 	if err != nil {
 		return err
@@ -255,7 +264,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	srv, err := mcs.New(mcs.Options{
 		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier, AWS: awsVerifier,
-		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Limits: limits, Clock: c.Clock, Log: c.Log,
+		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Limits: limits, Clock: c.Clock, Log: c.Log, Events: events,
 	})
 	if err != nil {
 		return err

@@ -124,7 +124,11 @@ type World struct {
 	// provisioning tokens).
 	StateDir string
 
-	env      *clustertest.Env
+	env *clustertest.Env
+	// ekMu guards ekUsed, how many cached EK keys TPMMachines handed out:
+	// each EK is one identity, which enrols once.
+	ekMu     sync.Mutex
+	ekUsed   int
 	vendor   *tpmtest.VendorCA
 	rootsDir string
 	gceKey   gcptest.Key
@@ -306,16 +310,21 @@ func (w *World) Vendor() (*tpmtest.VendorCA, string) { return w.vendor, w.rootsD
 
 // TPMMachines makes n software TPMs of the world's vendor, booted from a
 // real RHEL 8 event log (EK keys cached across runs: generating RSA keys
-// is the slow part).
+// is the slow part). Every call's machines have EKs no earlier call's
+// had: an EK is an identity, and an identity enrols once.
 func (w *World) TPMMachines(n int) ([]*simtpm.Machine, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	keys, err := simtpm.EKKeys(n)
+	w.ekMu.Lock()
+	first := w.ekUsed
+	w.ekUsed += n
+	w.ekMu.Unlock()
+	keys, err := simtpm.EKKeys(first + n)
 	if err != nil {
 		return nil, err
 	}
-	return simtpm.NewMachines(w.vendor, firmwaretestdata.MustLog("rhel8-uefi"), keys, nil)
+	return simtpm.NewMachines(w.vendor, firmwaretestdata.MustLog("rhel8-uefi"), keys[first:], nil)
 }
 
 // Process is a nodeproof command running as a process, which tests stop,

@@ -6,6 +6,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,9 +19,11 @@ import (
 )
 
 var (
-	bucketRecords = []byte("records") // id -> Record JSON
-	bucketNodes   = []byte("nodes")   // nodeName \x00 id -> nil
-	bucketOnce    = []byte("once")    // key -> expiry (RFC 3339)
+	bucketRecords = []byte("records")    // id -> Record JSON
+	bucketNodes   = []byte("nodes")      // nodeName \x00 id -> nil
+	bucketOnce    = []byte("once")       // key -> expiry (RFC 3339)
+	bucketBinds   = []byte("bindings")   // nodeName -> Binding JSON
+	bucketIDs     = []byte("identities") // identity -> nodeName
 )
 
 // Store is a bbolt-backed store.Store.
@@ -43,7 +46,7 @@ func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, e
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce} {
+		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -81,31 +84,148 @@ func (s *Store) CreateRecord(ctx context.Context, r *store.Record, once ...store
 	if err != nil {
 		return err
 	}
+	return s.db.Update(func(tx *bolt.Tx) error { return s.createRecord(tx, r, data, once) })
+}
+
+// createRecord is CreateRecord inside tx.
+func (s *Store) createRecord(tx *bolt.Tx, r *store.Record, data []byte, once []store.Once) error {
+	ob := tx.Bucket(bucketOnce)
+	now := s.clock()
+	for _, o := range once {
+		if onceSet(ob, o.Key, now) {
+			return store.ErrUsed
+		}
+	}
+	rb := tx.Bucket(bucketRecords)
+	if rb.Get([]byte(r.ID)) != nil {
+		return store.ErrExists
+	}
+	if err := rb.Put([]byte(r.ID), data); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketNodes).Put(nodeKey(r.NodeName, r.ID), nil); err != nil {
+		return err
+	}
+	for _, o := range once {
+		if err := ob.Put([]byte(o.Key), []byte(o.Expires.UTC().Format(time.RFC3339Nano))); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Enrol implements store.Store: the binding, its identity index, the
+// record and its markers in one transaction.
+func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		ob := tx.Bucket(bucketOnce)
-		now := s.clock()
-		for _, o := range once {
-			if onceSet(ob, o.Key, now) {
-				return store.ErrUsed
-			}
-		}
-		rb := tx.Bucket(bucketRecords)
-		if rb.Get([]byte(r.ID)) != nil {
-			return store.ErrExists
-		}
-		if err := rb.Put([]byte(r.ID), data); err != nil {
+		bb, ib := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs)
+		b, err := getBinding(bb, r.NodeName)
+		if err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketNodes).Put(nodeKey(r.NodeName, r.ID), nil); err != nil {
+		switch {
+		case b != nil && b.Identity != r.Identity:
+			return store.ErrNameTaken
+		case b != nil && b.RecordID == r.ID:
+			// The same enrolment again: the record decides (ErrExists).
+			return s.createRecord(tx, r, data, once)
+		case b == nil:
+			if ib.Get([]byte(r.Identity)) != nil {
+				return store.ErrIdentityEnrolled
+			}
+			b = &store.Binding{NodeName: r.NodeName, Pool: r.Pool, Kind: r.Kind, Identity: r.Identity,
+				KubeletKeySHA256: r.KubeletKeySHA256, CreatedAt: r.CreatedAt}
+		case !o.Again:
+			return store.ErrIdentityEnrolled
+		case !o.ReplaceKey && !bytes.Equal(b.KubeletKeySHA256, r.KubeletKeySHA256):
+			return store.ErrIdentityEnrolled
+		default:
+			b.Pool, b.KubeletKeySHA256 = r.Pool, r.KubeletKeySHA256
+		}
+		b.RecordID = r.ID
+		bd, err := json.Marshal(b)
+		if err != nil {
 			return err
 		}
-		for _, o := range once {
-			if err := ob.Put([]byte(o.Key), []byte(o.Expires.UTC().Format(time.RFC3339Nano))); err != nil {
-				return err
-			}
+		if err := bb.Put([]byte(r.NodeName), bd); err != nil {
+			return err
 		}
-		return nil
+		if err := ib.Put([]byte(r.Identity), []byte(r.NodeName)); err != nil {
+			return err
+		}
+		return s.createRecord(tx, r, data, once)
 	})
+}
+
+func getBinding(bb *bolt.Bucket, nodeName string) (*store.Binding, error) {
+	v := bb.Get([]byte(nodeName))
+	if v == nil {
+		return nil, nil
+	}
+	b := new(store.Binding)
+	if err := json.Unmarshal(v, b); err != nil {
+		return nil, fmt.Errorf("binding of %s: %w", nodeName, err)
+	}
+	return b, nil
+}
+
+// Binding implements store.Store.
+func (s *Store) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	var b *store.Binding
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		b, err = getBinding(tx.Bucket(bucketBinds), nodeName)
+		return err
+	})
+	if err == nil && b == nil {
+		err = store.ErrNotFound
+	}
+	return b, err
+}
+
+// BindingOf implements store.Store.
+func (s *Store) BindingOf(ctx context.Context, identity string) (*store.Binding, error) {
+	var b *store.Binding
+	err := s.db.View(func(tx *bolt.Tx) error {
+		name := tx.Bucket(bucketIDs).Get([]byte(identity))
+		if name == nil {
+			return nil
+		}
+		var err error
+		b, err = getBinding(tx.Bucket(bucketBinds), string(name))
+		return err
+	})
+	if err == nil && (b == nil || b.Identity != identity) {
+		return nil, store.ErrNotFound
+	}
+	return b, err
+}
+
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, nodeName string) (*store.Binding, error) {
+	var b *store.Binding
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		bb := tx.Bucket(bucketBinds)
+		var err error
+		if b, err = getBinding(bb, nodeName); err != nil || b == nil {
+			return err
+		}
+		if err := bb.Delete([]byte(nodeName)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketIDs).Delete([]byte(b.Identity))
+	})
+	if err == nil && b == nil {
+		err = store.ErrNotFound
+	}
+	return b, err
 }
 
 // GetRecord implements store.Store.

@@ -36,14 +36,31 @@
 // # Names
 //
 // A record's object name is its ID, which must be a DNS label (IDs are 24
-// hex digits). RecordsForNode lists with the field selector spec.nodeName
-// (the CRD declares it a selectable field), so the API server filters.
+// hex digits). RecordsForNode lists with the label selector
+// nodeproof.io/node=<hash of the name> (v1alpha1.NodeLabel), so the API
+// server filters, and checks spec.nodeName itself.
+//
+// # Bindings
+//
+// A node name's binding (store.Enrol) is a NodeBinding named by the node
+// name: the API server's uniqueness of names decides which of two
+// identities holds it. That an identity holds at most one name is an
+// AttestationMarker with the key "enrolled/<identity>" (IdentityMarkerKey)
+// that never expires. Enrol sets that marker first, then creates the
+// binding, then the record with its markers (as CreateRecord), and undoes
+// what it created when a later step is refused. A call cut off by a crash
+// leaves the marker (and perhaps the binding) naming its record ID: the same
+// enrolment retried completes them. An identity marker that names no
+// binding and is older than OrphanAge was left by a call that can no longer
+// complete (every call is bounded by DefaultTimeout): the next enrolment of
+// the identity replaces it. Enrolling again updates the binding with the
+// resourceVersion it read, after the record exists.
 //
 // # Bounds
 //
 // Every call runs under the caller's context, and under DefaultTimeout when
-// that context has no deadline; lists are paged (PageSize objects a page),
-// and RecordsForNode refuses more than MaxRecordsPerNode records for a node.
+// that context has no deadline (Enrol: never longer); lists are paged
+// (PageSize objects a page).
 // The CRDs bound every field (a marker key is at most 1024 bytes, a summary
 // 4096, at most 32 addresses), so no object can grow without limit.
 //
@@ -77,29 +94,27 @@ const (
 	DefaultTimeout = 30 * time.Second
 	// PageSize is the limit of one list request.
 	PageSize = 500
-	// MaxRecordsPerNode is the most records RecordsForNode returns; more is
-	// an error (a node that attested that often is being abused, and
-	// returning only some could hide the newest).
-	MaxRecordsPerNode = 1000
+	// OrphanAge is how old an identity marker without a binding must be
+	// before an enrolment replaces it (see Bindings).
+	OrphanAge = 2 * DefaultTimeout
 	// cleanupTimeout bounds undoing a failed CreateRecord, which runs even
 	// when the caller's context is done.
 	cleanupTimeout = 10 * time.Second
 	// maxAttempts bounds retries after a conflict (an expired marker replaced
 	// concurrently; a record's status updated concurrently).
 	maxAttempts = 5
-	// nodeNameField is the CRD's selectable field.
-	nodeNameField = "spec.nodeName"
 )
+
+// IdentityMarkerKey is the key of the marker that an identity is enrolled.
+func IdentityMarkerKey(identity string) string { return "enrolled/" + identity }
 
 // Store is a store.Store on the Kubernetes API.
 type Store struct {
 	c     client.Client
 	ns    string
 	clock func() time.Time
-	// pageSize and maxPerNode are PageSize and MaxRecordsPerNode (tests
-	// lower them).
-	pageSize   int64
-	maxPerNode int
+	// pageSize is PageSize (tests lower it).
+	pageSize int64
 }
 
 var _ store.Store = (*Store)(nil)
@@ -119,12 +134,12 @@ func New(c client.Client, namespace string, clock func() time.Time) (*Store, err
 	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("kubestore: namespace %q: %v", namespace, errs)
 	}
-	for _, obj := range []runtime.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}} {
+	for _, obj := range []runtime.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}, &v1alpha1.NodeBinding{}} {
 		if _, _, err := c.Scheme().ObjectKinds(obj); err != nil {
 			return nil, fmt.Errorf("kubestore: the client's scheme lacks %s (v1alpha1.AddToScheme): %w", v1alpha1.GroupVersion, err)
 		}
 	}
-	return &Store{c: c, ns: namespace, clock: clock, pageSize: PageSize, maxPerNode: MaxRecordsPerNode}, nil
+	return &Store{c: c, ns: namespace, clock: clock, pageSize: PageSize}, nil
 }
 
 // NewClient returns a client that reads and writes the API server directly
@@ -327,7 +342,7 @@ func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.R
 	ctx, cancel := bound(ctx)
 	defer cancel()
 	var out []*store.Record
-	err := s.eachPage(ctx, &v1alpha1.NodeAttestationList{}, []client.ListOption{client.MatchingFields{nodeNameField: nodeName}},
+	err := s.eachPage(ctx, &v1alpha1.NodeAttestationList{}, []client.ListOption{client.MatchingLabels{v1alpha1.NodeLabel: v1alpha1.LabelValue(nodeName)}},
 		func(l client.ObjectList) error {
 			for i := range l.(*v1alpha1.NodeAttestationList).Items {
 				obj := &l.(*v1alpha1.NodeAttestationList).Items[i]
@@ -337,9 +352,6 @@ func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.R
 				r, err := fromObject(obj)
 				if err != nil {
 					return err
-				}
-				if len(out) == s.maxPerNode {
-					return fmt.Errorf("kubestore: node %s has more than %d records", nodeName, s.maxPerNode)
 				}
 				out = append(out, r)
 			}
@@ -510,7 +522,7 @@ func (s *Store) toObject(r *store.Record) (*v1alpha1.NodeAttestation, error) {
 		return nil, fmt.Errorf("kubestore: record %s: createdAt and expires are required", r.ID)
 	}
 	obj := &v1alpha1.NodeAttestation{
-		ObjectMeta: metav1.ObjectMeta{Name: r.ID, Namespace: s.ns},
+		ObjectMeta: metav1.ObjectMeta{Name: r.ID, Namespace: s.ns, Labels: map[string]string{v1alpha1.NodeLabel: v1alpha1.LabelValue(r.NodeName)}},
 		Spec: v1alpha1.NodeAttestationSpec{
 			NodeName:         r.NodeName,
 			Pool:             r.Pool,

@@ -3,7 +3,8 @@
 // run (store/boltstore, store/kubestore), so the backends cannot drift apart
 // in what the MCS and the approver rely on: all-or-nothing CreateRecord,
 // markers that stop counting when they expire, newest-first RecordsForNode,
-// single consumption, GC — and the same under concurrent callers.
+// single consumption, GC, node bindings (one identity per name, one name
+// per identity, until released) — and the same under concurrent callers.
 //
 // Times in the suite are whole seconds, so a backend that keeps times to the
 // microsecond (kubestore) round-trips them exactly.
@@ -207,6 +208,50 @@ func oneWins(t *testing.T, errs []error, want error) int {
 		t.Fatalf("no caller succeeded: %v", errs)
 	}
 	return winner
+}
+
+// enrolment returns a record of identity for node, whose kubelet key is
+// named by key.
+func enrolment(id int, node, identity, key string) *store.Record {
+	r := Record(ID(id), node, T0)
+	r.Identity = identity
+	k := sha256.Sum256([]byte(key))
+	r.KubeletKeySHA256 = k[:]
+	return r
+}
+
+func (e *env) enrol(t *testing.T, r *store.Record, o store.EnrolOptions, once ...store.Once) {
+	t.Helper()
+	is(t, "Enrol "+r.ID, e.s.Enrol(e.ctx, r, o, once...), nil)
+}
+
+// bound checks that node is bound to r's identity and key, with r's record.
+func (e *env) bound(t *testing.T, r *store.Record) {
+	t.Helper()
+	for what, get := range map[string]func() (*store.Binding, error){
+		"Binding":   func() (*store.Binding, error) { return e.s.Binding(e.ctx, r.NodeName) },
+		"BindingOf": func() (*store.Binding, error) { return e.s.BindingOf(e.ctx, r.Identity) },
+	} {
+		b, err := get()
+		if err != nil {
+			t.Fatalf("%s of %s/%s: %v", what, r.NodeName, r.Identity, err)
+		}
+		if b.NodeName != r.NodeName || b.Identity != r.Identity || b.Kind != r.Kind || b.Pool != r.Pool ||
+			!slices.Equal(b.KubeletKeySHA256, r.KubeletKeySHA256) || b.RecordID != r.ID {
+			t.Fatalf("%s = %+v; want node %s, identity %s, record %s and its key", what, b, r.NodeName, r.Identity, r.ID)
+		}
+	}
+}
+
+// unbound checks that neither the name nor the identity is bound.
+func (e *env) unbound(t *testing.T, node, identity string) {
+	t.Helper()
+	if _, err := e.s.Binding(e.ctx, node); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Binding %s: %v, want ErrNotFound", node, err)
+	}
+	if _, err := e.s.BindingOf(e.ctx, identity); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("BindingOf %s: %v, want ErrNotFound", identity, err)
+	}
 }
 
 var cases = []struct {
@@ -448,5 +493,171 @@ var cases = []struct {
 		errs := race(func(int) error { return e.s.UseOnce(e.ctx, "token/1", T0.Add(time.Hour)) })
 		oneWins(t, errs, store.ErrUsed)
 		e.set(t, "token/1")
+	}},
+	{"enrolment binds the name to the identity; another identity is ErrNameTaken and writes nothing", func(t *testing.T, e *env) {
+		a := enrolment(1, "master-0", "tpm-ek:aaa", "key-a")
+		e.unbound(t, "master-0", a.Identity)
+		e.enrol(t, a, store.EnrolOptions{}, once("session/1", T0.Add(time.Minute)))
+		e.bound(t, a)
+		if d := Equal(e.get(t, a.ID), a); d != "" {
+			t.Fatalf("the enrolment's record: %s", d)
+		}
+		for _, o := range []store.EnrolOptions{{}, {Again: true}, {Again: true, ReplaceKey: true}} {
+			b := enrolment(2, "master-0", "tpm-ek:bbb", "key-b")
+			is(t, fmt.Sprintf("Enrol of a taken name %+v", o), e.s.Enrol(e.ctx, b, o, once("session/2", T0.Add(time.Minute))), store.ErrNameTaken)
+			e.absent(t, b.ID)
+			e.unset(t, "session/2")
+			is(t, "ReleaseOnce", e.s.ReleaseOnce(e.ctx, "session/2"), nil)
+			if _, err := e.s.BindingOf(e.ctx, b.Identity); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("the refused identity is bound: %v", err)
+			}
+		}
+		e.bound(t, a)
+	}},
+	{"an enrolled identity is ErrIdentityEnrolled under another name, or again unless asked", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "gcp:1/us-a/7", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		for _, tc := range []struct {
+			name string
+			r    *store.Record
+			o    store.EnrolOptions
+		}{
+			{"another name", enrolment(2, "worker-2", a.Identity, "key-a"), store.EnrolOptions{}},
+			{"another name, again", enrolment(3, "worker-2", a.Identity, "key-a"), store.EnrolOptions{Again: true}},
+			{"the same name, not again", enrolment(4, "worker-1", a.Identity, "key-a"), store.EnrolOptions{}},
+			{"the same name again with another key", enrolment(5, "worker-1", a.Identity, "key-x"), store.EnrolOptions{Again: true}},
+		} {
+			err := e.s.Enrol(e.ctx, tc.r, tc.o, once("session/"+tc.r.ID, T0.Add(time.Minute)))
+			is(t, "Enrol: "+tc.name, err, store.ErrIdentityEnrolled)
+			e.absent(t, tc.r.ID)
+			e.unset(t, "session/"+tc.r.ID)
+		}
+		if _, err := e.s.Binding(e.ctx, "worker-2"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("worker-2 was bound: %v", err)
+		}
+		e.bound(t, a)
+	}},
+	{"enrolling again keeps the binding: the same key, or another with ReplaceKey", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "aws:1/r/i-1", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		again := enrolment(2, "worker-1", a.Identity, "key-a")
+		e.enrol(t, again, store.EnrolOptions{Again: true}, once("session/2", T0.Add(time.Minute)))
+		e.bound(t, again)
+		e.set(t, "session/2")
+		re := enrolment(3, "worker-1", a.Identity, "key-new")
+		e.enrol(t, re, store.EnrolOptions{Again: true, ReplaceKey: true})
+		e.bound(t, re)
+		b, _ := e.s.Binding(e.ctx, "worker-1")
+		if !b.CreatedAt.Equal(a.CreatedAt) {
+			t.Fatalf("the binding's creation moved: %v, want %v", b.CreatedAt, a.CreatedAt)
+		}
+		if rs, err := e.s.RecordsForNode(e.ctx, "worker-1"); err != nil || len(rs) != 3 {
+			t.Fatalf("RecordsForNode = %v, %v; want the three enrolments", ids(rs), err)
+		}
+	}},
+	{"enrolling again after a release is a first enrolment", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		if _, err := e.s.Release(e.ctx, "worker-1"); err != nil {
+			t.Fatal(err)
+		}
+		b := enrolment(2, "worker-1", a.Identity, "key-b")
+		e.enrol(t, b, store.EnrolOptions{Again: true})
+		e.bound(t, b)
+	}},
+	{"release frees the name for another identity and the identity for another name", func(t *testing.T, e *env) {
+		a := enrolment(1, "master-0", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		got, err := e.s.Release(e.ctx, "master-0")
+		if err != nil || got.Identity != a.Identity || got.RecordID != a.ID {
+			t.Fatalf("Release = %+v, %v; want the binding of %s", got, err, a.Identity)
+		}
+		e.unbound(t, "master-0", a.Identity)
+		if _, err := e.s.Release(e.ctx, "master-0"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Release again: %v, want ErrNotFound", err)
+		}
+		b := enrolment(2, "master-0", "tpm-ek:bbb", "key-b")
+		e.enrol(t, b, store.EnrolOptions{})
+		e.bound(t, b)
+		c := enrolment(3, "master-1", a.Identity, "key-c")
+		e.enrol(t, c, store.EnrolOptions{})
+		e.bound(t, c)
+		e.get(t, a.ID) // records stay until they expire
+	}},
+	{"the same enrolment again is ErrUsed or ErrExists and changes nothing", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{}, once("session/1", T0.Add(time.Minute)))
+		err := e.s.Enrol(e.ctx, enrolment(1, "worker-1", a.Identity, "key-a"), store.EnrolOptions{}, once("session/1", T0.Add(time.Minute)))
+		if !errors.Is(err, store.ErrUsed) && !errors.Is(err, store.ErrExists) {
+			t.Fatalf("the same Enrol again: %v, want ErrUsed or ErrExists", err)
+		}
+		e.bound(t, a)
+		e.set(t, "session/1")
+	}},
+	{"an enrolment with a used marker binds nothing", func(t *testing.T, e *env) {
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "session/1", T0.Add(time.Minute)), nil)
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		is(t, "Enrol with a used marker", e.s.Enrol(e.ctx, a, store.EnrolOptions{}, once("session/1", T0.Add(time.Minute))), store.ErrUsed)
+		e.absent(t, a.ID)
+		e.unbound(t, "worker-1", a.Identity)
+		e.enrol(t, enrolment(2, "worker-1", a.Identity, "key-a"), store.EnrolOptions{}) // nothing left in the way
+	}},
+	{"bindings outlive GC", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		if _, err := e.s.GC(e.ctx, T0.Add(1000*time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+		e.absent(t, a.ID)
+		b, err := e.s.Binding(e.ctx, "worker-1")
+		if err != nil || b.Identity != a.Identity {
+			t.Fatalf("binding after GC: %+v, %v", b, err)
+		}
+		is(t, "Enrol of the GC'd identity under another name", e.s.Enrol(e.ctx, enrolment(2, "worker-2", a.Identity, "key-a"), store.EnrolOptions{}), store.ErrIdentityEnrolled)
+	}},
+	{"concurrent enrolments of one name by many identities: exactly one wins", func(t *testing.T, e *env) {
+		errs := race(func(i int) error {
+			return e.s.Enrol(e.ctx, enrolment(i, "master-0", fmt.Sprintf("tpm-ek:%d", i), fmt.Sprint("key-", i)), store.EnrolOptions{},
+				once(fmt.Sprintf("session/%d", i), T0.Add(time.Minute)))
+		})
+		w := oneWins(t, errs, store.ErrNameTaken)
+		e.bound(t, enrolment(w, "master-0", fmt.Sprintf("tpm-ek:%d", w), fmt.Sprint("key-", w)))
+		for i := range Concurrency {
+			if i != w {
+				e.absent(t, ID(i))
+				e.unset(t, fmt.Sprintf("session/%d", i))
+				e.unbound(t, "nobody", fmt.Sprintf("tpm-ek:%d", i))
+			}
+		}
+	}},
+	{"concurrent enrolments of one identity under many names: exactly one wins", func(t *testing.T, e *env) {
+		errs := race(func(i int) error {
+			return e.s.Enrol(e.ctx, enrolment(i, fmt.Sprintf("node-%d", i), "tpm-ek:one", "key"), store.EnrolOptions{},
+				once(fmt.Sprintf("session/%d", i), T0.Add(time.Minute)))
+		})
+		w := oneWins(t, errs, store.ErrIdentityEnrolled)
+		e.bound(t, enrolment(w, fmt.Sprintf("node-%d", w), "tpm-ek:one", "key"))
+		for i := range Concurrency {
+			if i != w {
+				e.absent(t, ID(i))
+				e.unset(t, fmt.Sprintf("session/%d", i))
+				if _, err := e.s.Binding(e.ctx, fmt.Sprintf("node-%d", i)); !errors.Is(err, store.ErrNotFound) {
+					t.Fatalf("node-%d bound by a loser: %v", i, err)
+				}
+			}
+		}
+	}},
+	{"unknown names and identities are ErrNotFound", func(t *testing.T, e *env) {
+		for _, n := range []string{"worker-9", "", "Not_A_Name"} {
+			if _, err := e.s.Binding(e.ctx, n); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("Binding %q: %v", n, err)
+			}
+			if _, err := e.s.Release(e.ctx, n); !errors.Is(err, store.ErrNotFound) {
+				t.Fatalf("Release %q: %v", n, err)
+			}
+		}
+		if _, err := e.s.BindingOf(e.ctx, "tpm-ek:nobody"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("BindingOf: %v", err)
+		}
 	}},
 }

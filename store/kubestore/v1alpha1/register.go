@@ -19,6 +19,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 	s.AddKnownTypes(GroupVersion,
 		&NodeAttestation{}, &NodeAttestationList{},
 		&AttestationMarker{}, &AttestationMarkerList{},
+		&NodeBinding{}, &NodeBindingList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

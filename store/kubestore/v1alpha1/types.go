@@ -174,3 +174,95 @@ func MarkerName(key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:])
 }
+
+// NodeBinding is the ownership of a node name by the evidence identity
+// that enrolled with it first (store.Binding). Its name is the node name,
+// so the API server's uniqueness of names decides which of two identities
+// racing for a name holds it. While it exists, no other identity gets a
+// NodeAttestation for the name, and the approver approves client
+// certificates for the name only with the binding's kubelet key. An
+// operator releases the name by deleting the object (`nodeproof release
+// NODE`). The label nodeproof.io/identity (IdentityLabel) indexes it by
+// identity.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
+// +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=".spec.pool"
+// +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=".spec.identity"
+// +kubebuilder:printcolumn:name="Record",type=string,JSONPath=".spec.recordID",priority=1
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name == self.spec.nodeName",message="the name is the node name"
+type NodeBinding struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self.nodeName == oldSelf.nodeName && self.identity == oldSelf.identity && self.kind == oldSelf.kind",message="a binding's node name, identity and kind are immutable: delete it to release the name"
+	Spec NodeBindingSpec `json:"spec"`
+}
+
+// NodeBindingSpec is a store.Binding.
+type NodeBindingSpec struct {
+	// NodeName is the bound node name (and the object's name).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	NodeName string `json:"nodeName"`
+	// Pool is the pool of the enrolment.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Pool string `json:"pool"`
+	// Kind is the kind of evidence of the owning identity.
+	// +required
+	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	Kind string `json:"kind"`
+	// Identity is the owning evidence identity (an EK hash, a cloud
+	// instance).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Identity string `json:"identity"`
+	// KubeletKeySHA256 is the kubelet key the enrolment bound, as 64
+	// lower-case hex digits.
+	// +required
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]{64}$`
+	KubeletKeySHA256 string `json:"kubeletKeySHA256"`
+	// RecordID names the NodeAttestation of the enrolment that made the
+	// binding or last enrolled under it again.
+	// +required
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	RecordID string `json:"recordID"`
+	// CreatedAt is when the identity first enrolled under the name.
+	// +required
+	CreatedAt metav1.MicroTime `json:"createdAt"`
+}
+
+// NodeBindingList is a list of NodeBindings.
+//
+// +kubebuilder:object:root=true
+type NodeBindingList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeBinding `json:"items"`
+}
+
+// Labels that index objects for label selectors (a label value holds at
+// most 63 characters, so long values are hashed: LabelValue).
+const (
+	// IdentityLabel indexes NodeBindings by identity.
+	IdentityLabel = "nodeproof.io/identity"
+	// NodeLabel indexes NodeAttestations by node name.
+	NodeLabel = "nodeproof.io/node"
+)
+
+// LabelValue is the label value indexing s: 56 hex digits of its SHA-256
+// (224 bits; readers compare the spec field itself, never trusting a
+// selector alone).
+func LabelValue(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:28])
+}

@@ -1,0 +1,274 @@
+package kubestore
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
+)
+
+// Enrol implements store.Store; see the package documentation (Bindings)
+// for the order of its writes.
+func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
+	if _, err := s.toObject(r); err != nil {
+		return err
+	}
+	if r.Identity == "" {
+		return fmt.Errorf("kubestore: record %s: an enrolment needs an identity", r.ID)
+	}
+	// Never longer than DefaultTimeout, whatever the caller's deadline:
+	// OrphanAge rests on it.
+	ctx, cancel := context.WithTimeout(ctx, DefaultTimeout)
+	defer cancel()
+	if o.Again {
+		b, err := s.getBinding(ctx, r.NodeName)
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			// Released meanwhile: a first enrolment.
+		case err != nil:
+			return err
+		default:
+			return s.enrolAgain(ctx, b, r, o, once)
+		}
+	}
+	return s.enrolFirst(ctx, r, once)
+}
+
+func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.Once) error {
+	var undo []client.Object
+	undoAll := func(err error) error {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		var errs []error
+		for _, obj := range undo {
+			uid := obj.GetUID()
+			if derr := s.c.Delete(cctx, obj, client.Preconditions{UID: &uid}); derr != nil && !apierrors.IsNotFound(derr) {
+				errs = append(errs, derr)
+			}
+		}
+		if uerr := errors.Join(errs...); uerr != nil {
+			return fmt.Errorf("%w (and undoing this enrolment: %w)", err, uerr)
+		}
+		return err
+	}
+
+	m, isNew, err := s.setIdentityMarker(ctx, r)
+	if err != nil {
+		return err
+	}
+	if isNew {
+		undo = append(undo, m)
+	}
+	b := s.bindingObject(r)
+	err = s.c.Create(ctx, b)
+	switch {
+	case err == nil:
+		undo = append(undo, b)
+	case apierrors.IsAlreadyExists(err):
+		old, gerr := s.getBinding(ctx, r.NodeName)
+		switch {
+		case errors.Is(gerr, store.ErrNotFound):
+			// Released between our create and our read: let the caller
+			// try again.
+			return undoAll(fmt.Errorf("kubestore: binding of %s: changed while enrolling: %w", r.NodeName, store.ErrIdentityEnrolled))
+		case gerr != nil:
+			return undoAll(gerr)
+		case old.Spec.Identity != r.Identity:
+			return undoAll(fmt.Errorf("kubestore: node %s is bound to %s: %w", r.NodeName, old.Spec.Identity, store.ErrNameTaken))
+		case old.Spec.RecordID != r.ID:
+			return undoAll(fmt.Errorf("kubestore: %s is enrolled as %s: %w", r.Identity, r.NodeName, store.ErrIdentityEnrolled))
+		}
+		// The binding of this same enrolment, by a call that was cut off.
+	default:
+		if !definite(err) {
+			return fmt.Errorf("kubestore: create binding %s: %w", r.NodeName, err)
+		}
+		return undoAll(fmt.Errorf("kubestore: create binding %s: %w", r.NodeName, err))
+	}
+	if err := s.CreateRecord(ctx, r, once...); err != nil {
+		if !errors.Is(err, store.ErrUsed) && !errors.Is(err, store.ErrExists) && !definite(err) {
+			return err // the record may exist: keep the binding (the safe direction)
+		}
+		// Refused (a replayed session; the same enrolment, completed
+		// before, when undo is empty): undo what this call created.
+		return undoAll(err)
+	}
+	return nil
+}
+
+// setIdentityMarker sets r.Identity's enrolment marker for r's record, or
+// finds it set for r's record by an earlier, cut-off call (not isNew). A
+// marker set for another record is ErrIdentityEnrolled, unless it is an
+// orphan (no binding of the identity, older than OrphanAge): then it is
+// replaced.
+func (s *Store) setIdentityMarker(ctx context.Context, r *store.Record) (*v1alpha1.AttestationMarker, bool, error) {
+	key := IdentityMarkerKey(r.Identity)
+	m, isNew, err := s.setMarker(ctx, key, store.Never, r.ID)
+	if !errors.Is(err, store.ErrUsed) {
+		return m, isNew, err
+	}
+	var old v1alpha1.AttestationMarker
+	if gerr := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: v1alpha1.MarkerName(key)}, &old); gerr != nil {
+		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+	}
+	if _, berr := s.BindingOf(ctx, r.Identity); !errors.Is(berr, store.ErrNotFound) || s.clock().Sub(old.CreationTimestamp.Time) < OrphanAge {
+		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+	}
+	if err := s.deleteMarker(ctx, &old); err != nil && !apierrors.IsConflict(err) {
+		return nil, false, fmt.Errorf("kubestore: replace orphaned marker of %s: %w", r.Identity, err)
+	}
+	m, isNew, err = s.setMarker(ctx, key, store.Never, r.ID)
+	if errors.Is(err, store.ErrUsed) {
+		err = fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+	}
+	return m, isNew, err
+}
+
+// enrolAgain writes the record, then points the binding b at it (and at
+// its key, with o.ReplaceKey), updating with the resourceVersion it read.
+func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *store.Record, o store.EnrolOptions, once []store.Once) error {
+	key := hex.EncodeToString(r.KubeletKeySHA256)
+	check := func(b *v1alpha1.NodeBinding) error {
+		switch {
+		case b.Spec.Identity != r.Identity:
+			return fmt.Errorf("kubestore: node %s is bound to %s: %w", r.NodeName, b.Spec.Identity, store.ErrNameTaken)
+		case !o.ReplaceKey && b.Spec.KubeletKeySHA256 != key:
+			return fmt.Errorf("kubestore: %s enrolled %s with another kubelet key: %w", r.Identity, r.NodeName, store.ErrIdentityEnrolled)
+		}
+		return nil
+	}
+	if err := check(b); err != nil {
+		return err
+	}
+	if err := s.CreateRecord(ctx, r, once...); err != nil {
+		return err
+	}
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		if b.Spec.RecordID == r.ID && b.Spec.KubeletKeySHA256 == key {
+			return nil
+		}
+		b.Spec.RecordID, b.Spec.KubeletKeySHA256, b.Spec.Pool = r.ID, key, r.Pool
+		err := s.c.Update(ctx, b)
+		switch {
+		case err == nil:
+			return nil
+		case apierrors.IsConflict(err):
+		default:
+			return fmt.Errorf("kubestore: update binding %s: %w", r.NodeName, err)
+		}
+		if b, err = s.getBinding(ctx, r.NodeName); err != nil {
+			return err
+		}
+		if err := check(b); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("kubestore: update binding %s: still contended after %d attempts", r.NodeName, maxAttempts)
+}
+
+func (s *Store) bindingObject(r *store.Record) *v1alpha1.NodeBinding {
+	return &v1alpha1.NodeBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: r.NodeName, Namespace: s.ns, Labels: map[string]string{v1alpha1.IdentityLabel: v1alpha1.LabelValue(r.Identity)}},
+		Spec: v1alpha1.NodeBindingSpec{
+			NodeName: r.NodeName, Pool: r.Pool, Kind: string(r.Kind), Identity: r.Identity,
+			KubeletKeySHA256: hex.EncodeToString(r.KubeletKeySHA256), RecordID: r.ID,
+			CreatedAt: metav1.NewMicroTime(r.CreatedAt.UTC()),
+		},
+	}
+}
+
+func (s *Store) getBinding(ctx context.Context, nodeName string) (*v1alpha1.NodeBinding, error) {
+	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
+	}
+	var b v1alpha1.NodeBinding
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: nodeName}, &b); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
+		}
+		return nil, fmt.Errorf("kubestore: get binding %s: %w", nodeName, err)
+	}
+	return &b, nil
+}
+
+// Binding implements store.Store.
+func (s *Store) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	b, err := s.getBinding(ctx, nodeName)
+	if err != nil {
+		return nil, err
+	}
+	return fromBinding(b)
+}
+
+// BindingOf implements store.Store: a list by the identity label, checked
+// against spec.identity.
+func (s *Store) BindingOf(ctx context.Context, identity string) (*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	var found *v1alpha1.NodeBinding
+	err := s.eachPage(ctx, &v1alpha1.NodeBindingList{}, []client.ListOption{client.MatchingLabels{v1alpha1.IdentityLabel: v1alpha1.LabelValue(identity)}},
+		func(l client.ObjectList) error {
+			for i := range l.(*v1alpha1.NodeBindingList).Items {
+				b := &l.(*v1alpha1.NodeBindingList).Items[i]
+				if b.Spec.Identity == identity && found == nil {
+					found = b.DeepCopy()
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	if found == nil {
+		return nil, fmt.Errorf("kubestore: binding of %s: %w", identity, store.ErrNotFound)
+	}
+	return fromBinding(found)
+}
+
+// Release implements store.Store: it deletes the binding (the exact object
+// it read) and then the identity's marker.
+func (s *Store) Release(ctx context.Context, nodeName string) (*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	b, err := s.getBinding(ctx, nodeName)
+	if err != nil {
+		return nil, err
+	}
+	out, err := fromBinding(b)
+	if err != nil {
+		return nil, err
+	}
+	uid := b.UID
+	if err := s.c.Delete(ctx, b, client.Preconditions{UID: &uid}); err != nil {
+		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
+			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
+		}
+		return nil, fmt.Errorf("kubestore: delete binding %s: %w", nodeName, err)
+	}
+	if err := s.ReleaseOnce(ctx, IdentityMarkerKey(b.Spec.Identity)); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
+	key, err := hex.DecodeString(b.Spec.KubeletKeySHA256)
+	if err != nil || len(key) != 32 {
+		return nil, fmt.Errorf("kubestore: binding %s: kubeletKeySHA256 is not 32 bytes of hex", b.Name)
+	}
+	return &store.Binding{
+		NodeName: b.Spec.NodeName, Pool: b.Spec.Pool, Kind: attest.Kind(b.Spec.Kind), Identity: b.Spec.Identity,
+		KubeletKeySHA256: key, RecordID: b.Spec.RecordID, CreatedAt: b.Spec.CreatedAt.UTC(),
+	}, nil
+}
