@@ -269,6 +269,18 @@ const (
 	// the kubelet key the enrolment bound, no release, and a pool that
 	// does not re-enrol always.
 	ReasonIdentityEnrolled Reason = "IdentityAlreadyEnrolled"
+	// Lifetime: a node's attestations after its enrolment.
+	//
+	// ReasonRevoked: an operator revoked the identity (nodeproof revoke).
+	ReasonRevoked Reason = "Revoked"
+	// ReasonAttestationFailed: the node's latest attestation was refused.
+	ReasonAttestationFailed Reason = "AttestationFailed"
+	// ReasonAttestationStale: the node has not passed an attestation
+	// within its pool's freshness window.
+	ReasonAttestationStale Reason = "AttestationStale"
+	// ReasonNotEnrolled: a re-attestation by an identity that owns no node
+	// name (never enrolled, or released).
+	ReasonNotEnrolled Reason = "NotEnrolled"
 	// Policy (authorization).
 	ReasonPolicyProject     Reason = "ProjectNotAllowed"
 	ReasonPolicyZone        Reason = "ZoneNotAllowed"
