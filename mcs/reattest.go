@@ -74,7 +74,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 	var claimsJSON []byte
 	if claims != nil {
 		summary = summarize(claims)
-		claimsJSON, _ = json.Marshal(claims)
+		claimsJSON, _ = json.Marshal(recorded(claims))
 	}
 	b, err := s.o.Store.UpdateStatus(ctx, node, identity, func(b *store.Binding) error {
 		refusal = verr
@@ -130,6 +130,19 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 	life := s.o.Policy.LifetimeOf(b.Pool)
 	writeJSON(w, d, &api.VerifyResponse{NodeName: node, Pool: b.Pool, Reattest: &api.ReattestResult{
 		Boots: b.Status.Boots, IntervalSeconds: int64(life.Interval.Duration / time.Second)}})
+}
+
+// recorded is claims as a binding's status keeps them: without the dbx's
+// hash entries (hundreds of 32-byte hashes per node; their count stays),
+// so that a status stays a few kilobytes.
+func recorded(c *attest.Claims) *attest.Claims {
+	if c.TPM == nil || len(c.TPM.Boot.DBXSHA256s) == 0 {
+		return c
+	}
+	cp, tp := *c, *c.TPM
+	tp.Boot.DBXSHA256s = nil
+	cp.TPM = &tp
+	return &cp
 }
 
 func truncate(s string, n int) string {
