@@ -13,6 +13,9 @@ import (
 	"github.com/nodeproof/nodeproof/store"
 )
 
+// errReplayed stops a status update for a replayed session.
+var errReplayed = errors.New("replayed session")
+
 // ReasonTPMClockRollback: a TPM's reset count went back since the node's
 // last attestation (a TPM2_Clear, or evidence that is not this TPM's
 // boots in order): recorded as the node's failure.
@@ -36,6 +39,9 @@ const ReasonTPMClockRollback attest.Reason = "TPMClockRollback"
 //   - the claims pass the policy of the binding's pool — the pool the
 //     node enrolled in, whatever pool the session named — without the
 //     first-boot window of cloud evidence (EvaluateReattestation);
+//   - the session was issued after the last attempt's (SessionReused: a
+//     captured answer replayed, or an old session answered late; nothing
+//     is written);
 //   - a TPM's reset count did not go back (TPMClockRollback).
 //
 // Every outcome past the binding check is written to the binding's status
@@ -76,8 +82,15 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		summary = summarize(claims)
 		claimsJSON, _ = json.Marshal(recorded(claims))
 	}
+	replayed := false
 	b, err := s.o.Store.UpdateStatus(ctx, node, identity, func(b *store.Binding) error {
 		refusal = verr
+		// Sessions are answered in the order they were issued: an older
+		// one, or the same one again, is a replay. It changes nothing.
+		if !sess.IssuedAt.After(b.Status.SessionIssuedAt) {
+			replayed = true
+			return errReplayed
+		}
 		switch {
 		case b.Revoked != nil:
 			refusal = deny(attest.ReasonRevoked, "node %s was revoked at %s: %s", node, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
@@ -95,7 +108,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 			}
 			st.ResetCount, st.RestartCount = int64(claims.TPM.ResetCount), int64(claims.TPM.RestartCount)
 		}
-		st.LastAttempt, st.Summary, st.Claims = now, summary, claimsJSON
+		st.LastAttempt, st.Summary, st.Claims, st.SessionIssuedAt = now, summary, claimsJSON, sess.IssuedAt
 		st.Passed, st.Reason, st.Message = refusal == nil, "", ""
 		if refusal == nil {
 			st.LastSuccess = now
@@ -106,6 +119,9 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		return nil
 	})
 	switch {
+	case replayed:
+		s.refuse(w, d, deny(attest.ReasonSessionReused, "this session, or a later one, was already answered"))
+		return
 	case errors.Is(err, store.ErrNotFound):
 		s.refuse(w, d, deny(attest.ReasonNotEnrolled, "node %s is bound to no machine: enrol first", node))
 		return

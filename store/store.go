@@ -126,6 +126,10 @@ type AttestationStatus struct {
 	Boots        int64 `json:"boots"`
 	ResetCount   int64 `json:"resetCount,omitempty"`
 	RestartCount int64 `json:"restartCount,omitempty"`
+	// SessionIssuedAt is when the session of the last attempt was issued:
+	// a re-attestation answering an older session (or the same one again)
+	// is refused, so a captured answer cannot be replayed to refresh it.
+	SessionIssuedAt time.Time `json:"sessionIssuedAt"`
 	// Summary is the last attempt's evidence in one line; Claims its
 	// claims as JSON (for `nodeproof policy check --against-records`).
 	Summary string `json:"summary,omitempty"`

@@ -300,6 +300,9 @@ func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 	if st.LastSuccess != nil {
 		out.LastSuccess = st.LastSuccess.UTC()
 	}
+	if st.SessionIssuedAt != nil {
+		out.SessionIssuedAt = st.SessionIssuedAt.UTC()
+	}
 	if st.Claims != "" {
 		out.Claims = []byte(st.Claims)
 	}
@@ -318,6 +321,10 @@ func toStatus(st store.AttestationStatus) v1alpha1.NodeBindingStatus {
 	if !st.LastSuccess.IsZero() {
 		t := metav1.NewMicroTime(st.LastSuccess.UTC())
 		out.LastSuccess = &t
+	}
+	if !st.SessionIssuedAt.IsZero() {
+		t := metav1.NewMicroTime(st.SessionIssuedAt.UTC())
+		out.SessionIssuedAt = &t
 	}
 	return out
 }

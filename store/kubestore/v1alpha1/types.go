@@ -252,6 +252,9 @@ type NodeBindingStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	RestartCount int64 `json:"restartCount,omitempty"`
+	// SessionIssuedAt is when the last attempt's session was issued.
+	// +optional
+	SessionIssuedAt *metav1.MicroTime `json:"sessionIssuedAt,omitempty"`
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Summary string `json:"summary,omitempty"`
