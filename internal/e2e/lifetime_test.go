@@ -238,14 +238,14 @@ func refusalOf(out string, code int) string {
 	return line[strings.LastIndex(line, " ")+1:]
 }
 
-// TestNodeLifetime follows one machine through its life on a real API
+// TestNodeLifetimeAttacks follows one machine through its life on a real API
 // server, with the real server, approver (and its node controller) and
 // agent binaries and a swtpm: enrolment and first certificate; a reboot
 // with Secure Boot off (tainted, renewal denied); a clean reboot
 // (untainted, renewal approved); another TPM claiming its name; a replayed
 // and a hand-edited status; revocation (NoExecute, everything refused);
 // release (a new machine takes the name).
-func TestNodeLifetime(t *testing.T) {
+func TestNodeLifetimeAttacks(t *testing.T) {
 	w := start(t)
 	w.nodesMayRenew(t)
 	const node = "life-1"
