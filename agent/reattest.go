@@ -181,4 +181,3 @@ func SaveReattestState(path string, st ReattestState) error {
 	}
 	return fsutil.WriteFileAtomic(path, b, 0o600)
 }
-

@@ -298,9 +298,9 @@ const (
 	// ReasonDocSubstituted: an AWS document sent beside a valid signature
 	// is not the signed one (the substitution attack), as opposed to a
 	// document or signature that does not parse (DocumentMalformed).
-	ReasonDocSubstituted   Reason = "DocumentSubstituted"
-	ReasonDocTooOld        Reason = "DocumentTooOld"
-	ReasonInstanceNotLive  Reason = "InstanceNotRunning"
+	ReasonDocSubstituted  Reason = "DocumentSubstituted"
+	ReasonDocTooOld       Reason = "DocumentTooOld"
+	ReasonInstanceNotLive Reason = "InstanceNotRunning"
 	// Enrolment: who owns a node name (mcs, store.Binding).
 	//
 	// ReasonNodeNameTaken: the node name is bound to another identity

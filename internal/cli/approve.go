@@ -44,10 +44,10 @@ type ApproveConfig struct {
 	Policy string
 	// Nodes runs the node controller (the Attested condition and the
 	// nodeproof.io/unattested taint) beside the CSR controller.
-	Nodes bool
-	Workers        int
-	PerNodeRate    float64
-	PerNodeBurst   int
+	Nodes        bool
+	Workers      int
+	PerNodeRate  float64
+	PerNodeBurst int
 	// QPS and Burst bound the approver's API calls (client-go's defaults,
 	// 5 and 10, would hold a scale-up of hundreds of nodes to a few CSRs a
 	// second: a decision takes three or four calls).

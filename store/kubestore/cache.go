@@ -79,4 +79,3 @@ func (b *BindingCache) OnChange(ctx context.Context, fn func(nodeName string)) e
 	})
 	return err
 }
-
