@@ -82,6 +82,9 @@ type Client struct {
 	// new challenge): more than one means a session expired or a config
 	// token was spent by a delivery that never arrived.
 	Challenges int
+	// Purpose, if set, is what every attestation is for (the challenge's
+	// purpose): attest.PurposeReattest for a node that enrolled.
+	Purpose attest.Purpose
 }
 
 // DefaultRestarts is Client.Restarts when unset.
@@ -152,6 +155,7 @@ func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeReque
 		if err != nil {
 			return nil, err
 		}
+		req.Purpose = c.Purpose
 		if _, err := attest.KeySHA256(req.KubeletPublicKey); err != nil {
 			return nil, err
 		}

@@ -85,6 +85,21 @@ type Decider struct {
 	// addresses, a CSR that is not what a kubelet sends), instead of
 	// leaving them pending for another approver.
 	DenyUnattested bool
+	// StaleAfter is how long a node's last passed attestation stays fresh
+	// in its pool (policy lifetime.staleAfter); nil means
+	// DefaultStaleAfter for every pool.
+	StaleAfter func(pool string) time.Duration
+}
+
+// DefaultStaleAfter is the freshness window when no policy says: three
+// times the default re-attestation interval.
+const DefaultStaleAfter = 3 * time.Hour
+
+func (d *Decider) staleAfter(pool string) time.Duration {
+	if d.StaleAfter == nil {
+		return DefaultStaleAfter
+	}
+	return d.StaleAfter(pool)
 }
 
 // csrRef names a CSR in a record's ConsumedBy: name and UID, so a CSR
@@ -105,7 +120,14 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // binding's kubelet key (the enrolment's), never just the newest record
 // for the name.
 //
-// A kubelet client CSR (after recognize's shape checks) is approved only
+// A CSR the node makes itself (requester system:node:NAME: a client
+// certificate's renewal, any serving certificate) is denied while the
+// node is not attested (store.Binding.Attested, with StaleAfter of the
+// binding's pool): Revoked, AttestationFailed (its latest attestation was
+// refused) or AttestationStale (none passed within the window). A client
+// renewal of an attested node is approved (renewal).
+//
+// A first kubelet client CSR (after recognize's shape checks) is approved only
 // when an unexpired record for the CN's node name, of the identity that
 // owns the name and with the binding's kubelet key, carries the SHA-256 of
 // exactly this CSR's public key and was not consumed by another CSR, and,
@@ -164,6 +186,17 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 	if err != nil {
 		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
 	}
+	if b != nil {
+		// Every CSR the node makes itself — a client certificate's renewal,
+		// a serving certificate — needs its attestation fresh.
+		if ok, why, last := b.Attested(d.Clock(), d.staleAfter(b.Pool)); !ok && k.requester == NodeUserPrefix+k.nodeName {
+			return Decision{Action: Deny, Reason: Reason(why), NodeName: k.nodeName, Record: b.RecordID,
+				Message: fmt.Sprintf("node %s is not attested (%s since %s): nodeproof approves its certificates again once it passes a re-attestation", k.nodeName, why, last.UTC().Format(time.RFC3339))}, nil
+		}
+	}
+	if k.signer == SignerKubeletClient && k.requester == NodeUserPrefix+k.nodeName {
+		return d.renewal(k, b), nil
+	}
 	if k.signer == SignerKubeletServing {
 		var owned []*store.Record
 		for _, r := range recs {
@@ -174,6 +207,26 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		return d.serving(k, owned), nil
 	}
 	return d.client(ctx, csr, k, b, recs)
+}
+
+// renewal decides a kubelet client CSR that the node itself makes (its
+// certificate manager renewing the client certificate with a new key): it
+// is approved when the node's identity owns the name and its attestation
+// is fresh (checked by the caller: Revoked, AttestationFailed,
+// AttestationStale otherwise). The new key is the kubelet's, made inside
+// its certificate manager, and no evidence binds it; the request is
+// authenticated by the node's current client certificate, whose key the
+// first one bound (docs/lifetime.md).
+func (d *Decider) renewal(k *kubeletCSR, b *store.Binding) Decision {
+	base := Decision{NodeName: k.nodeName}
+	if b == nil {
+		base.Reason, base.Message = ReasonNoAttestation, "node "+k.nodeName+" is bound to no attested identity"
+		return d.unattested(base)
+	}
+	base.Action, base.Record = Approve, b.RecordID
+	base.Reason = Reason(ReasonAttestedPrefix + strings.ToUpper(string(b.Kind)))
+	base.Message = fmt.Sprintf("nodeproof: renewal by node %s, whose %s attestation is fresh (%s)", k.nodeName, b.Kind, b.Identity)
+	return base
 }
 
 // enrolled reports whether r is a record of b's enrolment: its identity,

@@ -177,6 +177,34 @@ func TestDecide(t *testing.T) {
 	if _, err := st.Release(ctx, "gone-1"); err != nil {
 		t.Fatal(err)
 	}
+	// Nodes renewing: fresh, enrolled long ago and never since, failing
+	// their last re-attestation, revoked, passing again after a failure.
+	for _, n := range []struct {
+		node     string
+		enrolled time.Time
+		status   *store.AttestationStatus
+		revoke   bool
+	}{
+		{"life-fresh", now.Add(-time.Minute), nil, false},
+		{"life-stale", now.Add(-4 * time.Hour), nil, false},
+		{"life-failed", now.Add(-2 * time.Hour), &store.AttestationStatus{LastAttempt: now.Add(-time.Minute), LastSuccess: now.Add(-time.Hour), Reason: "SecureBootDisabled"}, false},
+		{"life-revoked", now.Add(-time.Minute), nil, true},
+		{"life-passed", now.Add(-5 * time.Hour), &store.AttestationStatus{LastAttempt: now.Add(-time.Minute), LastSuccess: now.Add(-time.Minute), Passed: true}, false},
+	} {
+		put(&store.Record{ID: "rec-" + n.node, NodeName: n.node, Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)),
+			Addresses: []string{"10.0.9.9"}, CreatedAt: n.enrolled, Expires: n.enrolled.Add(time.Hour)})
+		if n.status != nil {
+			if _, err := st.UpdateStatus(ctx, n.node, "tpm-ek:"+n.node, func(b *store.Binding) error { b.Status = *n.status; return nil }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if n.revoke {
+			if _, err := st.Revoke(ctx, n.node, "stolen", now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	renewal := func(name, node string) csrSpec { return clientCSR(t, name, node, mustKey(t), NodeUserPrefix+node) }
 	// A GCP record as identity/gcp now writes it: the instance name and its
 	// zonal internal DNS name.
 	put(&store.Record{ID: "rec-gcp", NodeName: "gke-1", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, mustKey(t)),
@@ -281,6 +309,24 @@ func TestDecide(t *testing.T) {
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
 		{name: "serving, a released name", csr: servingCSR(t, "srv-gone", "gone-1", nil, []net.IP{net.ParseIP("10.0.0.30")}), deny: true,
 			wantAction: Deny, wantReason: ReasonNoAttestation},
+		{name: "renewal by a freshly attested node", csr: renewal("renew-1", "life-fresh"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-life-fresh"},
+		{name: "renewal by a node that passed a re-attestation after its enrolment went stale", csr: renewal("renew-2", "life-passed"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM"},
+		{name: "renewal by a node not attested since its enrolment 4 h ago", csr: renewal("renew-3", "life-stale"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
+		{name: "renewal by a node whose last re-attestation failed", csr: renewal("renew-4", "life-failed"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+		{name: "renewal by a revoked node", csr: renewal("renew-5", "life-revoked"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+		{name: "renewal for a node name no identity owns", csr: renewal("renew-6", "stranger"), deny: true,
+			wantAction: Deny, wantReason: ReasonNoAttestation},
+		{name: "serving, a node whose last re-attestation failed", csr: servingCSR(t, "srv-life-1", "life-failed", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+		{name: "serving, a revoked node", csr: servingCSR(t, "srv-life-2", "life-revoked", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+		{name: "serving, a stale node", csr: servingCSR(t, "srv-life-3", "life-stale", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
 		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: servingCSR(t, "srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
 	} {

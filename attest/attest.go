@@ -72,6 +72,10 @@ func Equal(a, b []byte) bool {
 type Session struct {
 	Kind Kind   `json:"kind"`
 	Pool string `json:"pool"`
+	// Purpose is what the attestation is for: PurposeEnrol (the default:
+	// it releases a config) or PurposeReattest (a node that enrolled,
+	// proving itself again: it releases nothing).
+	Purpose Purpose `json:"purpose,omitempty"`
 	// Nonce is the server's fresh random value for this session.
 	Nonce []byte `json:"nonce"`
 	// KubeletKeySHA256 is the hash of the kubelet public key the node bound.
@@ -83,6 +87,37 @@ type Session struct {
 	// the EK facts already checked).
 	State []byte `json:"state,omitempty"`
 }
+
+// Purpose is what an attestation is for.
+type Purpose string
+
+// Purposes.
+const (
+	// PurposeEnrol: the first attestation of an identity (or its
+	// re-enrolment), which releases a config and leads to the node's first
+	// kubelet certificate. The empty Purpose means it.
+	PurposeEnrol Purpose = "enrol"
+	// PurposeReattest: an enrolled node attesting again, at every boot and
+	// on a timer; it releases nothing and updates the node's status.
+	PurposeReattest Purpose = "reattest"
+)
+
+// Reattest reports whether s is a re-attestation.
+func (s *Session) Reattest() bool { return s.Purpose == PurposeReattest }
+
+// Identified is a refusal of evidence whose identity was proven before
+// the refusal: the evidence's content (a boot state) was refused, not its
+// authenticity. A re-attestation records it as the identity's failure;
+// anything else treats it as the Denial it wraps.
+type Identified struct {
+	// Identity is the proven identity (Claims.Identity's form).
+	Identity string
+	// Err wraps the *Denial.
+	Err error
+}
+
+func (e *Identified) Error() string { return e.Err.Error() }
+func (e *Identified) Unwrap() error { return e.Err }
 
 // Claims are the facts a verifier vouches for after every one of its checks
 // passed. Policy decides what they may have; nothing here is a decision.
@@ -161,6 +196,13 @@ type TPMClaims struct {
 	PCRBank string `json:"pcrBank"`
 	// PCRs are the quoted PCR values, hex, by index.
 	PCRs map[int]string `json:"pcrs"`
+	// ResetCount, RestartCount and Clock are the quote's TPMS_CLOCK_INFO:
+	// the TPM resets (boots) and restarts (resumes) it has seen, and its
+	// clock in milliseconds. They tell a re-attestation's boot apart from
+	// the last one's.
+	ResetCount   uint32 `json:"resetCount"`
+	RestartCount uint32 `json:"restartCount"`
+	Clock        uint64 `json:"clock"`
 	// Boot is what the replayed event log says about the boot.
 	Boot BootState `json:"boot"`
 }
@@ -256,9 +298,9 @@ const (
 	// ReasonDocSubstituted: an AWS document sent beside a valid signature
 	// is not the signed one (the substitution attack), as opposed to a
 	// document or signature that does not parse (DocumentMalformed).
-	ReasonDocSubstituted   Reason = "DocumentSubstituted"
-	ReasonDocTooOld        Reason = "DocumentTooOld"
-	ReasonInstanceNotLive  Reason = "InstanceNotRunning"
+	ReasonDocSubstituted  Reason = "DocumentSubstituted"
+	ReasonDocTooOld       Reason = "DocumentTooOld"
+	ReasonInstanceNotLive Reason = "InstanceNotRunning"
 	// Enrolment: who owns a node name (mcs, store.Binding).
 	//
 	// ReasonNodeNameTaken: the node name is bound to another identity
@@ -269,6 +311,18 @@ const (
 	// the kubelet key the enrolment bound, no release, and a pool that
 	// does not re-enrol always.
 	ReasonIdentityEnrolled Reason = "IdentityAlreadyEnrolled"
+	// Lifetime: a node's attestations after its enrolment.
+	//
+	// ReasonRevoked: an operator revoked the identity (nodeproof revoke).
+	ReasonRevoked Reason = "Revoked"
+	// ReasonAttestationFailed: the node's latest attestation was refused.
+	ReasonAttestationFailed Reason = "AttestationFailed"
+	// ReasonAttestationStale: the node has not passed an attestation
+	// within its pool's freshness window.
+	ReasonAttestationStale Reason = "AttestationStale"
+	// ReasonNotEnrolled: a re-attestation by an identity that owns no node
+	// name (never enrolled, or released).
+	ReasonNotEnrolled Reason = "NotEnrolled"
 	// Policy (authorization).
 	ReasonPolicyProject     Reason = "ProjectNotAllowed"
 	ReasonPolicyZone        Reason = "ZoneNotAllowed"

@@ -564,6 +564,14 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"delete a marker", "delete", npGroup, "attestationmarkers", ns, "", false},
 		// Bindings: which identity owns a node name (read only).
 		{"get a binding", "get", npGroup, "nodebindings", ns, "", true},
+		{"watch bindings", "watch", npGroup, "nodebindings", ns, "", true},
+		{"update a binding's status", "update", npGroup, "nodebindings/status", ns, "", false},
+		// Nodes: the Attested condition and the unattested taint, no more.
+		{"patch a node", "patch", "", "nodes", "", "", true},
+		{"patch a node's status", "patch", "", "nodes/status", "", "", true},
+		{"update a node", "update", "", "nodes", "", "", false},
+		{"delete a node", "delete", "", "nodes", "", "", false},
+		{"create a node", "create", "", "nodes", "", "", false},
 		{"create a binding", "create", npGroup, "nodebindings", ns, "", false},
 		{"update a binding", "update", npGroup, "nodebindings", ns, "", false},
 		{"delete a binding", "delete", npGroup, "nodebindings", ns, "", false},

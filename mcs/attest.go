@@ -109,6 +109,17 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, deny(ReasonMalformedRequest, "nodeName is not a DNS name"))
 		return
 	}
+	switch req.Purpose {
+	case "", attest.PurposeEnrol:
+	case attest.PurposeReattest:
+		if req.NodeName == "" {
+			s.refuse(w, d, deny(ReasonMalformedRequest, "a re-attestation names its node (nodeName)"))
+			return
+		}
+	default:
+		s.refuse(w, d, deny(ReasonMalformedRequest, "purpose %q is not enrol or reattest", req.Purpose))
+		return
+	}
 	keySHA, err := attest.KeySHA256(req.KubeletPublicKey)
 	if err != nil {
 		s.refuse(w, d, err)
@@ -148,6 +159,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
+	sess.Purpose = req.Purpose
 	b, err := json.Marshal(sealedSession{Session: *sess, NodeName: req.NodeName, KubeletPublicKey: req.KubeletPublicKey})
 	if err != nil {
 		s.refuse(w, d, err)
@@ -235,6 +247,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	default:
 		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
 	}
+	if sess.Reattest() {
+		s.reattest(w, r.Context(), d, &ss, claims, err)
+		return
+	}
 	if err != nil {
 		s.refuse(w, d, err)
 		return
@@ -243,13 +259,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, err)
 		return
 	}
-	node := claims.NodeName
-	if claims.AWS != nil && s.o.Policy.Pools[sess.Pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
-		node = claims.AWS.InstanceID
-	}
-	if node == "" && s.o.Policy.ServeFor(sess.Pool).NodeNames == "requested" {
-		node = ss.NodeName
-	}
+	node := s.nodeName(sess.Pool, claims, ss.NodeName)
 	if node == "" {
 		s.refuse(w, d, deny(attest.ReasonPolicyNodeNameMissing, "the evidence names no node and pool %s takes no requested names", sess.Pool))
 		return
@@ -288,6 +298,21 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
+}
+
+// nodeName is the node name an attestation for pool establishes: the
+// evidence's (the TPM inventory's, the cloud instance's; for AWS per the
+// pool's aws.nodeName), else the requested one when the pool takes
+// requested names; "" when there is none.
+func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) string {
+	node := claims.NodeName
+	if claims.AWS != nil && s.o.Policy.Pools[pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
+		node = claims.AWS.InstanceID
+	}
+	if node == "" && s.o.Policy.ServeFor(pool).NodeNames == "requested" {
+		node = requested
+	}
+	return node
 }
 
 // enrol writes rec with its single-use markers as an enrolment of its
@@ -353,6 +378,9 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, once []store
 		return later(time.Second, deny(ReasonUnavailable, "this identity's enrolment changed meanwhile; retry"))
 	} else if err != nil {
 		return err
+	}
+	if b.Revoked != nil {
+		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked at %s: %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
 	}
 	refuse := func(why string) error {
 		s.event(b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",

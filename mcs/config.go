@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -125,6 +126,21 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		} else {
 			s.refuse(w, d, err)
 		}
+		return
+	}
+	// The enrolment must still stand: not revoked, not released since.
+	switch b, err := s.o.Store.Binding(ctx, rec.NodeName); {
+	case errors.Is(err, store.ErrNotFound):
+		s.refuse(w, d, deny(attest.ReasonNotEnrolled, "node %s was released after this token was issued; attest again", rec.NodeName))
+		return
+	case err != nil:
+		s.refuse(w, d, err)
+		return
+	case b.Identity != rec.Identity:
+		s.refuse(w, d, deny(attest.ReasonNodeNameTaken, "node %s belongs to another identity now", rec.NodeName))
+		return
+	case b.Revoked != nil:
+		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked: %s", rec.NodeName, b.Revoked.Reason))
 		return
 	}
 	once := configTokenOnce(ct.ID)

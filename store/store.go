@@ -90,8 +90,72 @@ type Binding struct {
 	// RecordID is the record of the enrolment that made the binding or
 	// last enrolled under it again.
 	RecordID string `json:"recordID"`
-	// CreatedAt is when the identity first enrolled under the name.
-	CreatedAt time.Time `json:"createdAt"`
+	// CreatedAt is when the identity first enrolled under the name;
+	// EnrolledAt when it last did (enrolling again moves it).
+	CreatedAt  time.Time `json:"createdAt"`
+	EnrolledAt time.Time `json:"enrolledAt"`
+	// Revoked, when set, refuses the identity everything — attestations,
+	// configs, certificates — until an operator releases the name.
+	Revoked *Revocation `json:"revoked,omitempty"`
+	// Status is what the node's attestations after its enrolment
+	// established (re-attestations); see Attested.
+	Status AttestationStatus `json:"status"`
+}
+
+// Revocation is an operator's refusal of an identity.
+type Revocation struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// AttestationStatus is the outcome of a node's latest attestation after
+// its enrolment. The zero value: none yet (the enrolment is the last one).
+type AttestationStatus struct {
+	// LastAttempt is when the identity last attested, passed or not.
+	LastAttempt time.Time `json:"lastAttempt"`
+	// LastSuccess is when it last passed.
+	LastSuccess time.Time `json:"lastSuccess"`
+	// Passed is the last attempt's outcome; Reason (an attest.Reason) and
+	// Message say why it failed.
+	Passed  bool   `json:"passed"`
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Boots counts the boots seen since enrolment (a TPM's reset count
+	// changing between attestations); ResetCount and RestartCount are the
+	// last quote's (TPMS_CLOCK_INFO), when the evidence is a TPM's.
+	Boots        int64 `json:"boots"`
+	ResetCount   int64 `json:"resetCount,omitempty"`
+	RestartCount int64 `json:"restartCount,omitempty"`
+	// SessionIssuedAt is when the session of the last attempt was issued:
+	// a re-attestation answering an older session (or the same one again)
+	// is refused, so a captured answer cannot be replayed to refresh it.
+	SessionIssuedAt time.Time `json:"sessionIssuedAt"`
+	// Summary is the last attempt's evidence in one line; Claims its
+	// claims as JSON (for `nodeproof policy check --against-records`).
+	Summary string `json:"summary,omitempty"`
+	Claims  []byte `json:"claims,omitempty"`
+}
+
+// Attested says whether a binding's node is attested at now, given how
+// long an attestation stays fresh: not revoked, and its latest attestation
+// — a later re-attestation, or else the enrolment — passed no longer than
+// fresh ago. It returns the reason when not: "Revoked",
+// attest.ReasonAttestationFailed's or attest.ReasonAttestationStale's.
+func (b *Binding) Attested(now time.Time, fresh time.Duration) (ok bool, reason attest.Reason, last time.Time) {
+	if b.Revoked != nil {
+		return false, attest.ReasonRevoked, b.Revoked.At
+	}
+	last = b.EnrolledAt
+	if b.Status.LastAttempt.After(b.EnrolledAt) {
+		if !b.Status.Passed {
+			return false, attest.ReasonAttestationFailed, b.Status.LastAttempt
+		}
+		last = b.Status.LastSuccess
+	}
+	if now.Sub(last) > fresh {
+		return false, attest.ReasonAttestationStale, last
+	}
+	return true, "", last
 }
 
 // EnrolOptions say what kind of enrolment Enrol writes.
@@ -134,6 +198,17 @@ type Store interface {
 	// Release deletes the binding of a node name and returns it, so the
 	// name may be taken and the identity enrol again (ErrNotFound).
 	Release(ctx context.Context, nodeName string) (*Binding, error)
+	// Bindings lists every binding, page by page.
+	Bindings(ctx context.Context) ([]*Binding, error)
+	// UpdateStatus changes the attestation status of nodeName's binding,
+	// which must be identity's (ErrNameTaken otherwise, ErrNotFound when
+	// there is none), with fn, in one write that cannot lose a concurrent
+	// one (fn may run again on a fresh read). It returns the binding as
+	// written.
+	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
+	// Revoke marks nodeName's binding revoked (ErrNotFound) and returns
+	// it; revoking again keeps the first revocation.
+	Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*Binding, error)
 	// CreateRecord stores r and, in the same atomic and durable write, sets
 	// every marker in once (a session answered; an instance enrolled). If
 	// any is already set it returns ErrUsed and stores nothing; an existing

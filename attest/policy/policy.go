@@ -37,6 +37,7 @@
 //	      fullWithoutCredentials: false  # the OpenShift MCS's behaviour; migration only
 //	      nodeNames: evidence        # or requested
 //	    reenrol: afterRelease        # or always (see Pool.Reenrol)
+//	    lifetime: {interval: 1h, staleAfter: 3h, taintEffect: NoSchedule}
 package policy
 
 import (
@@ -113,6 +114,50 @@ type Pool struct {
 	// evidence: a workload that reaches the cloud metadata server, a
 	// privileged pod with the TPM device. See docs/security.md.
 	Reenrol string `yaml:"reenrol"`
+	// Lifetime says how the pool's nodes keep proving themselves after
+	// they enrolled (docs/lifetime.md).
+	Lifetime Lifetime `yaml:"lifetime"`
+}
+
+// Lifetime is a pool's re-attestation schedule and what an unattested
+// node gets.
+type Lifetime struct {
+	// Interval is how often a node re-attests (the server tells the agent;
+	// it adds jitter). Default DefaultReattestInterval.
+	Interval Duration `yaml:"interval"`
+	// StaleAfter: a node that has not passed an attestation for this long
+	// is unattested (tainted, its certificate renewals denied). Default
+	// three intervals; at least one.
+	StaleAfter Duration `yaml:"staleAfter"`
+	// TaintEffect is the effect of the nodeproof.io/unattested taint on an
+	// unattested node: NoSchedule (default) or NoExecute. A revoked node is
+	// always NoExecute.
+	TaintEffect string `yaml:"taintEffect"`
+}
+
+// DefaultReattestInterval is Lifetime.Interval when unset.
+const DefaultReattestInterval = time.Hour
+
+// Taint effects (Lifetime.TaintEffect).
+const (
+	TaintNoSchedule = "NoSchedule"
+	TaintNoExecute  = "NoExecute"
+)
+
+// LifetimeOf returns pool's lifetime with defaults filled in; a pool the
+// policy does not name gets the defaults.
+func (p *Policy) LifetimeOf(pool string) Lifetime {
+	l := p.Pools[pool].Lifetime
+	if l.Interval.Duration == 0 {
+		l.Interval.Duration = DefaultReattestInterval
+	}
+	if l.StaleAfter.Duration == 0 {
+		l.StaleAfter.Duration = 3 * l.Interval.Duration
+	}
+	if l.TaintEffect == "" {
+		l.TaintEffect = TaintNoSchedule
+	}
+	return l
 }
 
 // Re-enrolment choices (Pool.Reenrol).
@@ -366,6 +411,20 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	default:
 		return fmt.Errorf("aws.nodeName %q is not %s or %s", pool.AWS.NodeName, AWSNodeNamePrivateDNS, AWSNodeNameInstanceID)
 	}
+	if l := pool.Lifetime; l.StaleAfter.Duration > 0 {
+		iv := l.Interval.Duration
+		if iv == 0 {
+			iv = DefaultReattestInterval
+		}
+		if l.StaleAfter.Duration < iv {
+			return fmt.Errorf("lifetime.staleAfter %s is shorter than the interval %s", l.StaleAfter.Duration, iv)
+		}
+	}
+	switch pool.Lifetime.TaintEffect {
+	case "", TaintNoSchedule, TaintNoExecute:
+	default:
+		return fmt.Errorf("lifetime.taintEffect %q is not %s or %s", pool.Lifetime.TaintEffect, TaintNoSchedule, TaintNoExecute)
+	}
 	switch pool.Reenrol {
 	case "", ReenrolAfterRelease, ReenrolAlways:
 	default:
@@ -434,7 +493,16 @@ func checkHex(s string) error {
 //   - the pool is in the policy (PoolNotInPolicy) and accepts the claims'
 //     kind (EvidenceKindNotAllowed);
 //   - for TPM claims, see evaluateTPM.
-func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
+func (p *Policy) Evaluate(pool string, c *attest.Claims) error { return p.evaluate(pool, c, true) }
+
+// EvaluateReattestation is Evaluate for a node attesting again after its
+// enrolment: every requirement but the first-boot window of cloud
+// evidence (GCP maxInstanceAge), which a running node is past by design.
+func (p *Policy) EvaluateReattestation(pool string, c *attest.Claims) error {
+	return p.evaluate(pool, c, false)
+}
+
+func (p *Policy) evaluate(pool string, c *attest.Claims, firstBoot bool) error {
 	pp, ok := p.Pools[pool]
 	if !ok {
 		return attest.Deny(attest.ReasonPolicyUnknownPool, "pool %q is not in the policy", pool)
@@ -452,7 +520,7 @@ func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 		if c.GCP == nil {
 			return attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
 		}
-		return evaluateGCP(&pp.GCP, c.GCP, c.VerifiedAt)
+		return evaluateGCP(&pp.GCP, c.GCP, c.VerifiedAt, firstBoot)
 	case attest.KindAWS:
 		if c.AWS == nil {
 			return attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
@@ -466,7 +534,7 @@ func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 // (ZoneNotAllowed) and the instance's age at verification time
 // (InstanceTooOld: more than maxInstanceAge, DefaultGCPMaxInstanceAge when
 // unset, after the instance was created).
-func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time) error {
+func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool) error {
 	if len(g.Projects) > 0 && !slices.Contains(g.Projects, c.ProjectID) {
 		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
 	}
@@ -477,7 +545,7 @@ func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time) error {
 	if maxAge == 0 {
 		maxAge = DefaultGCPMaxInstanceAge
 	}
-	if at.Sub(c.InstanceCreated) > maxAge {
+	if firstBoot && at.Sub(c.InstanceCreated) > maxAge {
 		return attest.Deny(attest.ReasonPolicyInstanceAge, "instance created %s, more than %s ago: first-boot evidence is accepted only within maxInstanceAge of the instance's creation", c.InstanceCreated.UTC().Format(time.RFC3339), maxAge)
 	}
 	return nil

@@ -14,6 +14,8 @@ import (
 type quoteResult struct {
 	bank crypto.Hash
 	pcrs map[int][]byte // quoted PCR values of bank
+	// clock is the quote's TPMS_CLOCK_INFO.
+	clock tpm2.ClockInfo
 }
 
 // bankName names a PCR bank in claims and in the wire format.
@@ -110,7 +112,7 @@ func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding []byte, required []int)
 	if subtle.ConstantTimeCompare(h.Sum(nil), att.AttestedQuoteInfo.PCRDigest) != 1 {
 		return nil, attest.Deny(attest.ReasonQuotePCRDigest, "PCR values do not match the quoted digest")
 	}
-	return &quoteResult{bank: bank, pcrs: values}, nil
+	return &quoteResult{bank: bank, pcrs: values, clock: att.ClockInfo}, nil
 }
 
 // quoteBank reads the bank a quote selects without verifying it.

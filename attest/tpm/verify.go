@@ -185,6 +185,10 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //     PCR values (EventLogReplayMismatch).
 //  8. Boot state is read only from replayed events whose data matches its
 //     digest where the meaning is in the data (EventLogMalformed).
+//
+// Refusals of checks 7 and 8 come after the identity was proven: they are
+// wrapped in an *attest.Identified naming it (a re-attestation records
+// them as the node's failure).
 func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
 	if sess == nil || sess.Kind != attest.KindTPM {
@@ -219,19 +223,21 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	if !attest.Equal(ev.KubeletKeySHA256, sess.KubeletKeySHA256) {
 		return nil, attest.Deny(attest.ReasonKubeletKey, "the quote binds a kubelet key other than the one this session was opened for")
 	}
+	ekHex := hex.EncodeToString(st.EKSHA256)
+	// From here on the identity is proven (the AK is the EK's, the quote
+	// is the AK's and this session's): what is refused is the boot.
 	events, err := replayLog(ev.EventLog, qr.bank, qr.pcrs)
 	if err != nil {
-		return nil, err
+		return nil, &attest.Identified{Identity: "tpm-ek:" + ekHex, Err: err}
 	}
 	boot, err := bootState(events, qr.bank)
 	if err != nil {
-		return nil, err
+		return nil, &attest.Identified{Identity: "tpm-ek:" + ekHex, Err: err}
 	}
 	pcrs := make(map[int]string, len(qr.pcrs))
 	for i, d := range qr.pcrs {
 		pcrs[i] = hex.EncodeToString(d)
 	}
-	ekHex := hex.EncodeToString(st.EKSHA256)
 	return &attest.Claims{
 		Kind:             attest.KindTPM,
 		Identity:         "tpm-ek:" + ekHex,
@@ -243,6 +249,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 			EKSHA256: ekHex, EKTrust: st.EKTrust,
 			EKCertSubject: st.CertSubj, EKCertIssuer: st.CertIssuer, EKCertSerial: st.CertSerial,
 			AKName: st.AKName, PCRBank: bankName(qr.bank), PCRs: pcrs, Boot: boot,
+			ResetCount: qr.clock.ResetCount, RestartCount: qr.clock.RestartCount, Clock: qr.clock.Clock,
 		},
 	}, nil
 }

@@ -27,6 +27,8 @@ const (
 	keyUnit       = moduleDir + "/nodeproof-kubelet-key.service"
 	fetchDropIn   = moduleDir + "/ignition-fetch-nodeproof.conf"
 	firstbootUnit = "nodeproof-agent-firstboot.service"
+	reattestUnit  = "nodeproof-reattest.service"
+	reattestTimer = "nodeproof-reattest.timer"
 	moduleSetup   = moduleDir + "/module-setup.sh"
 	keyHelper     = moduleDir + "/nodeproof-persist-kubelet-key.sh"
 )
@@ -268,6 +270,38 @@ func ignitionDracutDir(t *testing.T) string {
 // TestOrderWithIgnition puts the units in one ordering graph with the real
 // Ignition v2.24 dracut units and checks that it is acyclic and orders the
 // stages as the README says.
+// TestReattestUnits: the re-attestation service runs the agent in reattest
+// mode only on a node that enrolled, after the first-boot unit, and the
+// timer runs it soon after every boot and then often (the agent decides
+// whether it is due).
+func TestReattestUnits(t *testing.T) {
+	svc, timer := parseUnit(t, reattestUnit), parseUnit(t, reattestTimer)
+	args := execArgs(t, svc.one(t, "Service", "ExecStart"))
+	if !slices.Contains(args, "--mode=reattest") {
+		t.Errorf("%s runs %v, not reattest mode", reattestUnit, args)
+	}
+	if got := svc.one(t, "Service", "Type"); got != "oneshot" {
+		t.Errorf("Type=%s, want oneshot", got)
+	}
+	if conds := svc["Unit"]["ConditionPathExists"]; !slices.Contains(conds, "|/etc/nodeproof/.fetched") || !slices.Contains(conds, "|/etc/kubernetes/kubeconfig") {
+		t.Errorf("the service does not require an enrolled node: %v", conds)
+	}
+	if !strings.Contains(strings.Join(svc["Unit"]["After"], " "), firstbootUnit) {
+		t.Errorf("the service does not run after %s", firstbootUnit)
+	}
+	if got := timer.one(t, "Timer", "Unit"); got != reattestUnit {
+		t.Errorf("the timer runs %s", got)
+	}
+	for _, k := range []string{"OnBootSec", "OnUnitInactiveSec"} {
+		if timer.one(t, "Timer", k) == "" {
+			t.Errorf("the timer has no %s", k)
+		}
+	}
+	if got := timer.one(t, "Install", "WantedBy"); got != "timers.target" {
+		t.Errorf("WantedBy=%s", got)
+	}
+}
+
 func TestOrderWithIgnition(t *testing.T) {
 	dir := ignitionDracutDir(t)
 	units := map[string]unit{
@@ -387,7 +421,7 @@ func TestSystemdAnalyzeVerify(t *testing.T) {
 	dir := t.TempDir()
 	exe := regexp.MustCompile(`(?m)^(Exec[A-Za-z]*=)[-@:+!]*\S+`)
 	var names []string
-	for _, f := range []string{agentUnit, keyUnit, firstbootUnit} {
+	for _, f := range []string{agentUnit, keyUnit, firstbootUnit, reattestUnit, reattestTimer} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -599,7 +633,7 @@ func TestAgentFlags(t *testing.T) {
 	env := map[string]string{
 		"NODEPROOF_SERVER": "https://mcs.example.com:22623", "NODEPROOF_POOL": "worker", "NODEPROOF_EVIDENCE": "tpm",
 	}
-	for _, f := range []string{agentUnit, firstbootUnit} {
+	for _, f := range []string{agentUnit, firstbootUnit, reattestUnit} {
 		t.Run(filepath.Base(f), func(t *testing.T) {
 			u := parseUnit(t, f)
 			args := execArgs(t, u.one(t, "Service", "ExecStart"))[1:]

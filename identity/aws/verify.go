@@ -148,8 +148,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //     JSON ignores (DocumentSubstituted). A different document there is a
 //     substitution attempt; it is refused, not ignored, so that a node or
 //     log that reads it is never shown another instance's document.
-//  8. Freshness: pendingTime is at most MaxDocumentAge before now and at
-//     most 60 s after it (DocumentTooOld).
+//  8. Freshness: pendingTime is at most MaxDocumentAge before now (not for
+//     a re-attestation, sess.Reattest: an enrolled instance runs for months
+//     on one document) and at most 60 s after it (DocumentTooOld).
 //  9. The live check, when configured (InstanceNotRunning when the EC2 API
 //     refuses the instance). An EC2 API that cannot be asked is an error
 //     that is not a Denial: the caller should answer "try again" (503),
@@ -186,7 +187,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		return nil, err
 	}
 
-	if now.Sub(doc.PendingTime) > v.maxAge {
+	if !sess.Reattest() && now.Sub(doc.PendingTime) > v.maxAge {
 		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago; a reinstalled instance keeps its document: stop and start it (EC2 signs a new one, with a new pendingTime) and attest again, and if that is refused as IdentityAlreadyEnrolled, release its node first (nodeproof release NODE)",
 			doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge)
 	}

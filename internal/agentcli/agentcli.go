@@ -32,7 +32,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
-	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition)")
+	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition); reattest: prove this enrolled node again (every boot and on a timer; nothing is fetched)")
+	statePath := fs.String("state", agent.DefaultReattestState, "reattest mode: where the last success and the next due time are kept")
+	force := fs.Bool("force", false, "reattest mode: attest now even when not due")
 	ignDir := fs.String("ignition-dir", agent.DefaultIgnitionDir, "pointer mode: Ignition's system config directory")
 	root := fs.String("root", "/", "fetch mode: where the first-boot files are written")
 	configOut := fs.String("config-out", "", "fetch mode: also write the whole full config here (mode 0600)")
@@ -86,11 +88,28 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2
 	}
-	err = agent.Run(ctx, agent.Config{
-		Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
-		KubeletKeyPath: *keyPath, Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
-		ConfigOut: *configOut, Console: stdout,
-	})
+	if agent.Mode(*mode) == agent.ModeReattest {
+		if *nodeName == "" {
+			// A node's name is its host name, lower-cased, as the kubelet
+			// takes it.
+			h, err := os.Hostname()
+			if err != nil {
+				fmt.Fprintf(stderr, "nodeproof-agent: --node-name: %v\n", err)
+				return 2
+			}
+			*nodeName = strings.ToLower(h)
+		}
+		err = agent.Reattest(ctx, agent.ReattestConfig{
+			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
+			KubeletKeyPath: *keyPath, StatePath: *statePath, Force: *force, Console: stdout,
+		})
+	} else {
+		err = agent.Run(ctx, agent.Config{
+			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
+			KubeletKeyPath: *keyPath, Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
+			ConfigOut: *configOut, Console: stdout,
+		})
+	}
 	var refused *agent.Refused
 	switch {
 	case err == nil:

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -38,9 +39,15 @@ type ApproveConfig struct {
 
 	MetricsAddr    string // serves /metrics and /healthz; empty: off
 	DenyUnattested bool
-	Workers        int
-	PerNodeRate    float64
-	PerNodeBurst   int
+	// Policy, when set, gives each pool's lifetime (freshness window and
+	// taint effect); empty: the defaults (3 h, NoSchedule).
+	Policy string
+	// Nodes runs the node controller (the Attested condition and the
+	// nodeproof.io/unattested taint) beside the CSR controller.
+	Nodes        bool
+	Workers      int
+	PerNodeRate  float64
+	PerNodeBurst int
 	// QPS and Burst bound the approver's API calls (client-go's defaults,
 	// 5 and 10, would hold a scale-up of hundreds of nodes to a few CSRs a
 	// second: a decision takes three or four calls).
@@ -63,6 +70,8 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "serve /metrics and /healthz here; empty: off")
 	fs.BoolVar(&c.DenyUnattested, "deny-unattested", false, "deny kubelet CSRs without evidence instead of leaving them for another approver")
+	fs.StringVar(&c.Policy, "policy", "", "the attestation policy (the server's): each pool's lifetime — how long an attestation stays fresh, the taint effect (default: 3 h, NoSchedule)")
+	fs.BoolVar(&c.Nodes, "manage-nodes", true, "keep each node's Attested condition and nodeproof.io/unattested taint")
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
 	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for CSRs naming one node")
 	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-node limit")
@@ -125,6 +134,20 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	}
 	defer st.Close()
 
+	var staleAfter func(string) time.Duration
+	var lifetime func(string) (time.Duration, corev1.TaintEffect)
+	if c.Policy != "" {
+		pol, err := loadPolicy(c.Policy)
+		if err != nil {
+			return err
+		}
+		staleAfter = func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }
+		lifetime = func(pool string) (time.Duration, corev1.TaintEffect) {
+			l := pol.LifetimeOf(pool)
+			return l.StaleAfter.Duration, corev1.TaintEffect(l.TaintEffect)
+		}
+	}
+
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics, err := approver.NewMetrics(reg)
@@ -135,12 +158,48 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	// term's caches or queue is carried over.
 	newController := func() (*approver.Controller, error) {
 		return approver.New(approver.Options{
-			Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested},
+			Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
 			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 			Metrics: metrics, Clock: c.Clock, Log: c.Log,
 		})
 	}
 	if _, err := newController(); err != nil { // check the options before serving
+		return err
+	}
+	// runTerm runs the CSR controller and, with c.Nodes, the node
+	// controller on a binding cache of its own, until ctx ends or either
+	// stops.
+	runTerm := func(ctx context.Context) error {
+		ctl, err := newController()
+		if err != nil {
+			return err
+		}
+		if !c.Nodes {
+			return ctl.Run(ctx)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		bc, err := kubestore.NewBindingCache(cfg, orDefault(c.StoreNamespace, "nodeproof"))
+		if err != nil {
+			return err
+		}
+		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: bc,
+			Lifetime: lifetime, Clock: c.Clock, Log: c.Log})
+		if err != nil {
+			return err
+		}
+		errs := make(chan error, 3)
+		go func() { errs <- bc.Start(ctx) }()
+		go func() {
+			if !bc.WaitForSync(ctx) {
+				errs <- ctx.Err()
+				return
+			}
+			errs <- nc.Run(ctx)
+		}()
+		go func() { errs <- ctl.Run(ctx) }()
+		err = <-errs
+		cancel()
 		return err
 	}
 
@@ -162,11 +221,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 
 	if !c.LeaderElect {
 		c.Log.Info("approver starting without leader election")
-		ctl, err := newController()
-		if err != nil {
-			return err
-		}
-		return ctl.Run(ctx)
+		return runTerm(ctx)
 	}
 	id := c.Identity
 	if id == "" {
@@ -182,11 +237,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		OnNewLeader: func(leader string) { c.Log.Info("approver leader", "leader", leader, "me", leader == id) },
 		Log:         c.Log,
 	}, func(lctx context.Context) {
-		ctl, err := newController()
-		if err == nil {
-			err = ctl.Run(lctx)
-		}
-		if err != nil {
+		if err := runTerm(lctx); err != nil && lctx.Err() == nil {
 			c.Log.Error("approver term ended with an error", "err", err.Error())
 		}
 	})

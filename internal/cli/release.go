@@ -33,19 +33,9 @@ func cmdRelease(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var c ServeConfig
 	storeFlags(fs, &c)
 	reason := fs.String("reason", "", "why (goes into the Event)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	var node string
-	if fs.NArg() > 0 {
-		// Flags may follow the node too: release NODE --reason TEXT.
-		node = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return err
-		}
-	}
-	if node == "" || fs.NArg() != 0 {
-		return errors.New("release: one NODE is required")
+	node, err := parseOneNode(fs, args)
+	if err != nil {
+		return fmt.Errorf("release: %w", err)
 	}
 	c.Clock = time.Now
 	return release(ctx, c, node, *reason, stdout)
@@ -105,4 +95,63 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "cleared %s\n", *reset)
 	return nil
+}
+
+// cmdRevoke refuses a node's identity everything from now on — attestations,
+// configs, certificates — and (through the approver's node controller) taints
+// the node NoExecute. `nodeproof release NODE` afterwards frees the name for
+// another machine. Kubelet certificates already issued stay valid until they
+// expire (the signer's duration; docs/lifetime.md).
+func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("revoke", stderr)
+	var c ServeConfig
+	storeFlags(fs, &c)
+	reason := fs.String("reason", "", "why (kept on the binding, and in the Event)")
+	node, err := parseOneNode(fs, args)
+	if err != nil {
+		return fmt.Errorf("revoke: %w", err)
+	}
+	c.Clock = time.Now
+	st, err := c.openStoreTimeout(false, time.Second)
+	if err != nil {
+		return fmt.Errorf("revoke: open the store (with the embedded store, stop the server first): %w", err)
+	}
+	defer st.Close()
+	b, err := st.Revoke(ctx, node, *reason, c.Clock())
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("revoke: node %s is not bound to any machine", node)
+	} else if err != nil {
+		return fmt.Errorf("revoke: %w", err)
+	}
+	msg := fmt.Sprintf("node %s revoked at %s (%s evidence, identity %s): attestations, configs and certificates are refused; release it to give the name to another machine",
+		node, b.Revoked.At.UTC().Format(time.RFC3339), b.Kind, b.Identity)
+	if b.Revoked.Reason != "" {
+		msg += "; reason: " + b.Revoked.Reason
+	}
+	fmt.Fprintln(stdout, msg)
+	kc, err := c.kubeClient(false)
+	if err != nil || kc == nil {
+		return err
+	}
+	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
+		kubestore.BindingEvent{NodeName: node, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock()})
+}
+
+// parseOneNode parses fs with args, which hold exactly one node name,
+// before or among the flags.
+func parseOneNode(fs *flag.FlagSet, args []string) (string, error) {
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	var node string
+	if fs.NArg() > 0 {
+		node = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return "", err
+		}
+	}
+	if node == "" || fs.NArg() != 0 {
+		return "", errors.New("one NODE is required")
+	}
+	return node, nil
 }

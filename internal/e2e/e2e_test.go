@@ -64,6 +64,7 @@ pools:
     gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
     aws: {accounts: ["123456789012"]}
     serve: {nodeNames: requested}
+    lifetime: {interval: 10s, staleAfter: 40s}
   master:
     serve: {public: false}
 `
@@ -129,6 +130,8 @@ type world struct {
 	gce                  *gcptest.Server
 	region               *awstest.Region
 	serverLog            *testenv.LockedBuffer
+	approverLog          *testenv.LockedBuffer
+	policyFile           string
 }
 
 func start(t *testing.T) *world {
@@ -184,9 +187,11 @@ func start(t *testing.T) *world {
 		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
 		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts)
-	process(t, "nodeproof approve", new(testenv.LockedBuffer), w.nodeproof, "approve",
+	w.policyFile = policyFile
+	w.approverLog = new(testenv.LockedBuffer)
+	process(t, "nodeproof approve", w.approverLog, w.nodeproof, "approve",
 		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, w.cfg, "nodeproof", "nodeproof-approver"),
-		"--leader-elect-id", "e2e", "--metrics-addr", "127.0.0.1:0")
+		"--leader-elect-id", "e2e", "--metrics-addr", "127.0.0.1:0", "--policy", policyFile)
 
 	// The server is up once the worker pool is served on the plain port.
 	deadline := time.Now().Add(60 * time.Second)

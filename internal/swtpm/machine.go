@@ -73,3 +73,24 @@ func (mc *Machine) Close() error {
 	mc.TPM.Stop()
 	return errors.Join(err)
 }
+
+// Reboot reboots the machine's TPM (TPM.Reboot) and "boots" it with log:
+// its events extended into the fresh PCRs, as the firmware of that boot
+// would. The collector, if open, is closed (its connection is gone); open
+// a new one, or let the agent open the TPM itself.
+func (mc *Machine) Reboot(ctx context.Context, log []byte) error {
+	if mc.Collector != nil {
+		mc.Collector.Close()
+		mc.Collector = nil
+	}
+	if err := mc.TPM.Reboot(ctx); err != nil {
+		return err
+	}
+	ch, err := tpm.DialSocket("tcp", mc.TPM.Addr, log)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	_, err = tpmtest.ExtendLog(ch, log)
+	return err
+}

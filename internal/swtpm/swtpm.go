@@ -15,6 +15,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+
+	"github.com/nodeproof/nodeproof/attest/tpm"
 )
 
 // InstallHint says how to get the binaries this package runs.
@@ -211,4 +215,27 @@ func freePort() (int, error) {
 		}
 	}
 	return 0, errors.New("no two consecutive free loopback ports")
+}
+
+// Reboot powers the TPM off and on as a machine's reboot does: an orderly
+// TPM2_Shutdown(CLEAR), swtpm stopped, then started again on the same
+// ports and state with TPM2_Startup(CLEAR) — a TPM Reset: PCRs back to
+// their reset values, the reset count one up. Connections to the old
+// process are gone.
+func (t *TPM) Reboot(ctx context.Context) error {
+	if c, err := tpm.DialSocket("tcp", t.Addr, nil); err == nil {
+		_ = tpm2.Shutdown(c, tpm2.StartupClear)
+		c.Close()
+	}
+	t.Stop()
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		var n *TPM
+		if n, err = start(ctx, t.State, t.Port); err == nil {
+			t.cmd, t.done = n.cmd, n.done
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond) // the old process's ports closing
+	}
+	return fmt.Errorf("swtpm: reboot: %w", err)
 }

@@ -37,10 +37,14 @@ type ChallengeRequest struct {
 	KubeletPublicKey []byte `json:"kubeletPublicKey"`
 	// NodeName is the name the machine asks for; used only when the pool's
 	// policy takes requested names and the evidence names none.
-	NodeName string                `json:"nodeName,omitempty"`
-	TPM      *tpm.ChallengeRequest `json:"tpm,omitempty"`
-	GCP      *gcp.ChallengeRequest `json:"gcp,omitempty"`
-	AWS      *aws.ChallengeRequest `json:"aws,omitempty"`
+	NodeName string `json:"nodeName,omitempty"`
+	// Purpose is "enrol" (the default: the attestation releases a config)
+	// or "reattest" (an enrolled node proving itself again: it releases
+	// nothing, and names its node).
+	Purpose attest.Purpose        `json:"purpose,omitempty"`
+	TPM     *tpm.ChallengeRequest `json:"tpm,omitempty"`
+	GCP     *gcp.ChallengeRequest `json:"gcp,omitempty"`
+	AWS     *aws.ChallengeRequest `json:"aws,omitempty"`
 }
 
 // ChallengeResponse carries the sealed session and the kind's challenge.
@@ -73,12 +77,26 @@ type VerifyRequest struct {
 // `Authorization: Bearer <token>` on GET /config/<pool>, once, before it
 // expires.
 type VerifyResponse struct {
-	ConfigToken string    `json:"configToken"`
-	Expires     time.Time `json:"expires"`
+	// ConfigToken fetches the config once, until Expires; empty for a
+	// re-attestation.
+	ConfigToken string    `json:"configToken,omitempty"`
+	Expires     time.Time `json:"expires,omitempty"`
 	NodeName    string    `json:"nodeName"`
 	Pool        string    `json:"pool"`
-	// Record names the NodeAttestation record the approver will use.
-	Record string `json:"record"`
+	// Record names the NodeAttestation record the approver will use;
+	// empty for a re-attestation.
+	Record string `json:"record,omitempty"`
+	// Reattest is set for a re-attestation that passed.
+	Reattest *ReattestResult `json:"reattest,omitempty"`
+}
+
+// ReattestResult is what a passed re-attestation tells the node.
+type ReattestResult struct {
+	// Boots counts the boots the server has seen of this node since it
+	// enrolled (TPM evidence).
+	Boots int64 `json:"boots"`
+	// IntervalSeconds is when to attest again (the agent adds jitter).
+	IntervalSeconds int64 `json:"intervalSeconds"`
 }
 
 // ReasonTokenAlreadyUsed is the server's refusal of a config token that

@@ -208,8 +208,9 @@ NODEPROOF_POOL=worker
 NODEPROOF_EVIDENCE=auto
 `
 
-// exampleAgentUnit is deploy/node's first-boot unit, as shipped.
-const exampleAgentUnit = "../../deploy/node/nodeproof-agent-firstboot.service"
+// exampleAgentUnits are deploy/node's units the public tier installs, as
+// shipped: the first-boot unit, and the re-attestation service and timer.
+var exampleAgentUnits = []string{"nodeproof-agent-firstboot.service", "nodeproof-reattest.service", "nodeproof-reattest.timer"}
 
 // exampleMC describes one source MachineConfig.
 type exampleMC struct {
@@ -228,9 +229,9 @@ func ignJSON(v any) string {
 	return string(b)
 }
 
-// exampleSources are the source MachineConfigs; agentUnit is the contents
-// of deploy/node/nodeproof-agent-firstboot.service.
-func exampleSources(agentUnit string) []exampleMC {
+// exampleSources are the source MachineConfigs; agentUnits are the units
+// of exampleAgentUnits, by name, with their contents.
+func exampleSources(agentUnits []any) []exampleMC {
 	var out []exampleMC
 	for _, role := range []string{"master", "worker"} {
 		out = append(out,
@@ -288,9 +289,7 @@ func exampleSources(agentUnit string) []exampleMC {
 				map[string]any{"path": "/etc/nodeproof/agent.env", "mode": 420, "overwrite": true,
 					"contents": map[string]any{"source": b64URL(exampleAgentEnv)}},
 			}},
-			"systemd": map[string]any{"units": []any{
-				map[string]any{"name": "nodeproof-agent-firstboot.service", "enabled": true, "contents": agentUnit},
-			}},
+			"systemd": map[string]any{"units": agentUnits},
 		})},
 	)
 	return out
@@ -514,11 +513,17 @@ func generateExamples(t *testing.T) map[string][]byte {
 		}
 		files[rel] = b
 	}
-	unit, err := os.ReadFile(exampleAgentUnit)
-	if err != nil {
-		t.Fatal(err)
+	var units []any
+	for _, name := range exampleAgentUnits {
+		b, err := os.ReadFile("../../deploy/node/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The re-attestation service runs from its timer: only the timer
+		// and the first-boot unit are enabled.
+		units = append(units, map[string]any{"name": name, "enabled": name != "nodeproof-reattest.service", "contents": string(b)})
 	}
-	sources := exampleSources(string(unit))
+	sources := exampleSources(units)
 	var names []string
 	byRole := map[string][]exampleMC{}
 	for _, s := range sources {
@@ -558,7 +563,9 @@ from (` + "`--server-basedir`" + `), for two pools, master and worker:
 ` + "`nodeproof.io/needed-before-node-approved: \"true\"`" + `: they alone make the
 public tier. 50-worker-nodeproof-agent is the two-stage delivery of
 ` + "`deploy/node`" + ` (fetch mode): it installs
-` + "`nodeproof-agent-firstboot.service`" + ` (enabled; generated from that file) and
+` + "`nodeproof-agent-firstboot.service`" + ` (enabled), the re-attestation
+` + "`nodeproof-reattest.service`" + ` and its timer ` + "`nodeproof-reattest.timer`" + `
+(enabled; all generated from those files) and
 ` + "`/etc/nodeproof/agent.env`" + ` (server, pool, evidence); the agent binary
 is expected in the OS image, and the server adds its CA bundle to every
 public tier. ` + "`../bootstrap-kubeconfig`" + ` is the (fake) bootstrap kubeconfig given

@@ -149,7 +149,7 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		default:
 			b.Pool, b.KubeletKeySHA256 = r.Pool, r.KubeletKeySHA256
 		}
-		b.RecordID = r.ID
+		b.RecordID, b.EnrolledAt = r.ID, r.CreatedAt
 		bd, err := json.Marshal(b)
 		if err != nil {
 			return err
@@ -206,6 +206,79 @@ func (s *Store) BindingOf(ctx context.Context, identity string) (*store.Binding,
 		return nil, store.ErrNotFound
 	}
 	return b, err
+}
+
+// Bindings implements store.Store.
+func (s *Store) Bindings(ctx context.Context) ([]*store.Binding, error) {
+	var out []*store.Binding
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketBinds).ForEach(func(k, v []byte) error {
+			b := new(store.Binding)
+			if err := json.Unmarshal(v, b); err != nil {
+				return fmt.Errorf("binding of %s: %w", k, err)
+			}
+			out = append(out, b)
+			return nil
+		})
+	})
+	return out, err
+}
+
+// UpdateStatus implements store.Store: one transaction.
+func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*store.Binding) error) (*store.Binding, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *store.Binding
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		bb := tx.Bucket(bucketBinds)
+		b, err := getBinding(bb, nodeName)
+		switch {
+		case err != nil:
+			return err
+		case b == nil:
+			return store.ErrNotFound
+		case b.Identity != identity:
+			return store.ErrNameTaken
+		}
+		work := *b
+		if err := fn(&work); err != nil {
+			return err
+		}
+		b.Status = work.Status // only the status changes
+		data, err := json.Marshal(b)
+		if err != nil {
+			return err
+		}
+		out = b
+		return bb.Put([]byte(nodeName), data)
+	})
+	return out, err
+}
+
+// Revoke implements store.Store.
+func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
+	var out *store.Binding
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		bb := tx.Bucket(bucketBinds)
+		b, err := getBinding(bb, nodeName)
+		if err != nil {
+			return err
+		}
+		if b == nil {
+			return store.ErrNotFound
+		}
+		if b.Revoked == nil {
+			b.Revoked = &store.Revocation{At: at, Reason: reason}
+		}
+		data, err := json.Marshal(b)
+		if err != nil {
+			return err
+		}
+		out = b
+		return bb.Put([]byte(nodeName), data)
+	})
+	return out, err
 }
 
 // Release implements store.Store.

@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,6 +17,10 @@ import (
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
+
+// statusAttempts bounds UpdateStatus's tries: a node's status has few
+// writers (its own attestations, any server replica), but they may meet.
+const statusAttempts = 20
 
 // Enrol implements store.Store; see the package documentation (Bindings)
 // for the order of its writes.
@@ -153,10 +159,11 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 		return err
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
-		if b.Spec.RecordID == r.ID && b.Spec.KubeletKeySHA256 == key {
+		if b.Spec.RecordID == r.ID && b.Spec.KubeletKeySHA256 == key && b.Spec.EnrolledAt != nil {
 			return nil
 		}
-		b.Spec.RecordID, b.Spec.KubeletKeySHA256, b.Spec.Pool = r.ID, key, r.Pool
+		at := metav1.NewMicroTime(r.CreatedAt.UTC())
+		b.Spec.RecordID, b.Spec.KubeletKeySHA256, b.Spec.Pool, b.Spec.EnrolledAt = r.ID, key, r.Pool, &at
 		err := s.c.Update(ctx, b)
 		switch {
 		case err == nil:
@@ -176,12 +183,13 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 }
 
 func (s *Store) bindingObject(r *store.Record) *v1alpha1.NodeBinding {
+	at := metav1.NewMicroTime(r.CreatedAt.UTC())
 	return &v1alpha1.NodeBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: r.NodeName, Namespace: s.ns, Labels: map[string]string{v1alpha1.IdentityLabel: v1alpha1.LabelValue(r.Identity)}},
 		Spec: v1alpha1.NodeBindingSpec{
 			NodeName: r.NodeName, Pool: r.Pool, Kind: string(r.Kind), Identity: r.Identity,
 			KubeletKeySHA256: hex.EncodeToString(r.KubeletKeySHA256), RecordID: r.ID,
-			CreatedAt: metav1.NewMicroTime(r.CreatedAt.UTC()),
+			CreatedAt: at, EnrolledAt: &at,
 		},
 	}
 }
@@ -267,8 +275,147 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 	if err != nil || len(key) != 32 {
 		return nil, fmt.Errorf("kubestore: binding %s: kubeletKeySHA256 is not 32 bytes of hex", b.Name)
 	}
-	return &store.Binding{
+	out := &store.Binding{
 		NodeName: b.Spec.NodeName, Pool: b.Spec.Pool, Kind: attest.Kind(b.Spec.Kind), Identity: b.Spec.Identity,
-		KubeletKeySHA256: key, RecordID: b.Spec.RecordID, CreatedAt: b.Spec.CreatedAt.UTC(),
-	}, nil
+		KubeletKeySHA256: key, RecordID: b.Spec.RecordID, CreatedAt: b.Spec.CreatedAt.UTC(), EnrolledAt: b.Spec.CreatedAt.UTC(),
+		Status: fromStatus(&b.Status),
+	}
+	if b.Spec.EnrolledAt != nil {
+		out.EnrolledAt = b.Spec.EnrolledAt.UTC()
+	}
+	if r := b.Spec.Revoked; r != nil {
+		out.Revoked = &store.Revocation{At: r.At.UTC(), Reason: r.Reason}
+	}
+	return out, nil
+}
+
+func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
+	out := store.AttestationStatus{
+		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Boots: st.Boots,
+		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary,
+	}
+	if st.LastAttempt != nil {
+		out.LastAttempt = st.LastAttempt.UTC()
+	}
+	if st.LastSuccess != nil {
+		out.LastSuccess = st.LastSuccess.UTC()
+	}
+	if st.SessionIssuedAt != nil {
+		out.SessionIssuedAt = st.SessionIssuedAt.UTC()
+	}
+	if st.Claims != "" {
+		out.Claims = []byte(st.Claims)
+	}
+	return out
+}
+
+func toStatus(st store.AttestationStatus) v1alpha1.NodeBindingStatus {
+	out := v1alpha1.NodeBindingStatus{
+		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Boots: st.Boots,
+		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary, Claims: string(st.Claims),
+	}
+	if !st.LastAttempt.IsZero() {
+		t := metav1.NewMicroTime(st.LastAttempt.UTC())
+		out.LastAttempt = &t
+	}
+	if !st.LastSuccess.IsZero() {
+		t := metav1.NewMicroTime(st.LastSuccess.UTC())
+		out.LastSuccess = &t
+	}
+	if !st.SessionIssuedAt.IsZero() {
+		t := metav1.NewMicroTime(st.SessionIssuedAt.UTC())
+		out.SessionIssuedAt = &t
+	}
+	return out
+}
+
+// Bindings implements store.Store.
+func (s *Store) Bindings(ctx context.Context) ([]*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	var out []*store.Binding
+	err := s.eachPage(ctx, &v1alpha1.NodeBindingList{}, nil, func(l client.ObjectList) error {
+		for i := range l.(*v1alpha1.NodeBindingList).Items {
+			b, err := fromBinding(&l.(*v1alpha1.NodeBindingList).Items[i])
+			if err != nil {
+				return err
+			}
+			out = append(out, b)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// UpdateStatus implements store.Store: a read, fn, and a status update
+// carrying the resourceVersion read (one write; a conflict reads again,
+// after a short random pause, up to statusAttempts times).
+func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*store.Binding) error) (*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	for attempt := 0; attempt < statusAttempts; attempt++ {
+		if attempt > 0 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(time.Duration(rand.Int64N(int64(10 * time.Millisecond)))):
+			}
+		}
+		obj, err := s.getBinding(ctx, nodeName)
+		if err != nil {
+			return nil, err
+		}
+		if obj.Spec.Identity != identity {
+			return nil, fmt.Errorf("kubestore: node %s is bound to %s: %w", nodeName, obj.Spec.Identity, store.ErrNameTaken)
+		}
+		b, err := fromBinding(obj)
+		if err != nil {
+			return nil, err
+		}
+		if err := fn(b); err != nil {
+			return nil, err
+		}
+		obj.Status = toStatus(b.Status)
+		err = s.c.Status().Update(ctx, obj)
+		switch {
+		case err == nil:
+			return fromBinding(obj)
+		case apierrors.IsConflict(err):
+			continue
+		case apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
+		default:
+			return nil, fmt.Errorf("kubestore: update status of %s: %w", nodeName, err)
+		}
+	}
+	return nil, fmt.Errorf("kubestore: update status of %s: still contended after %d attempts", nodeName, statusAttempts)
+}
+
+// Revoke implements store.Store: spec.revoked, with the resourceVersion
+// read.
+func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
+	ctx, cancel := bound(ctx)
+	defer cancel()
+	for attempt := 0; attempt < maxAttempts; attempt++ {
+		obj, err := s.getBinding(ctx, nodeName)
+		if err != nil {
+			return nil, err
+		}
+		if obj.Spec.Revoked != nil {
+			return fromBinding(obj)
+		}
+		obj.Spec.Revoked = &v1alpha1.Revocation{At: metav1.NewMicroTime(at.UTC()), Reason: reason}
+		err = s.c.Update(ctx, obj)
+		switch {
+		case err == nil:
+			return fromBinding(obj)
+		case apierrors.IsConflict(err):
+			continue
+		case apierrors.IsNotFound(err):
+			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
+		default:
+			return nil, fmt.Errorf("kubestore: revoke %s: %w", nodeName, err)
+		}
+	}
+	return nil, fmt.Errorf("kubestore: revoke %s: still contended after %d attempts", nodeName, maxAttempts)
 }

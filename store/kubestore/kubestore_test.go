@@ -392,6 +392,10 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			_, err := s.Release(ctx, "worker-1")
 			return err
 		}},
+		{"nodebindings/status", "update", bindingObj, func(s *Store) error {
+			_, err := s.UpdateStatus(ctx, "worker-1", "tpm-ek:x", func(b *store.Binding) error { b.Status.Boots++; return nil })
+			return err
+		}},
 	}
 	granted := 0
 	for _, r := range role.Rules {

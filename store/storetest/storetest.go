@@ -660,4 +660,116 @@ var cases = []struct {
 			t.Fatalf("BindingOf: %v", err)
 		}
 	}},
+	{"status: updated in one write, by the owning identity only", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		b, err := e.s.Binding(e.ctx, "worker-1")
+		if err != nil || !b.EnrolledAt.Equal(a.CreatedAt) || !b.Status.LastAttempt.IsZero() || b.Revoked != nil {
+			t.Fatalf("a new binding: %+v, %v", b, err)
+		}
+		at := T0.Add(time.Hour)
+		got, err := e.s.UpdateStatus(e.ctx, "worker-1", a.Identity, func(b *store.Binding) error {
+			b.Status = store.AttestationStatus{LastAttempt: at, LastSuccess: at, Passed: true, Boots: b.Status.Boots + 1,
+				ResetCount: 7, RestartCount: 2, Summary: "tpm secureBoot=on", Claims: []byte(`{"kind":"tpm"}`), SessionIssuedAt: at.Add(-time.Second)}
+			b.Pool = "changed" // not the status: ignored
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = e.s.Binding(e.ctx, "worker-1")
+		for _, x := range []*store.Binding{got, b} {
+			st := x.Status
+			if !st.LastAttempt.Equal(at) || !st.LastSuccess.Equal(at) || !st.Passed || st.Boots != 1 || st.ResetCount != 7 ||
+				st.RestartCount != 2 || st.Summary != "tpm secureBoot=on" || string(st.Claims) != `{"kind":"tpm"}` || x.Pool != "worker" ||
+				!st.SessionIssuedAt.Equal(at.Add(-time.Second)) {
+				t.Fatalf("status after the update: %+v (pool %s)", st, x.Pool)
+			}
+		}
+		if _, err := e.s.UpdateStatus(e.ctx, "worker-1", "tpm-ek:bbb", func(*store.Binding) error { return nil }); !errors.Is(err, store.ErrNameTaken) {
+			t.Fatalf("another identity's update: %v, want ErrNameTaken", err)
+		}
+		if _, err := e.s.UpdateStatus(e.ctx, "worker-9", a.Identity, func(*store.Binding) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("an unbound name's update: %v, want ErrNotFound", err)
+		}
+		boom := errors.New("boom")
+		if _, err := e.s.UpdateStatus(e.ctx, "worker-1", a.Identity, func(b *store.Binding) error { b.Status.Passed = false; return boom }); !errors.Is(err, boom) {
+			t.Fatalf("fn's error: %v", err)
+		}
+		if b, _ := e.s.Binding(e.ctx, "worker-1"); !b.Status.Passed {
+			t.Fatal("a failed fn wrote its change")
+		}
+	}},
+	{"status: concurrent updates lose nothing", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		errs := race(func(int) error {
+			_, err := e.s.UpdateStatus(e.ctx, "worker-1", a.Identity, func(b *store.Binding) error { b.Status.Boots++; return nil })
+			return err
+		})
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("updater %d: %v", i, err)
+			}
+		}
+		if b, _ := e.s.Binding(e.ctx, "worker-1"); b.Status.Boots != Concurrency {
+			t.Fatalf("boots = %d after %d concurrent increments", b.Status.Boots, Concurrency)
+		}
+	}},
+	{"revoke: once, kept by enrolling again and by status updates, gone with release", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		at := T0.Add(time.Minute)
+		b, err := e.s.Revoke(e.ctx, "worker-1", "stolen", at)
+		if err != nil || b.Revoked == nil || !b.Revoked.At.Equal(at) || b.Revoked.Reason != "stolen" {
+			t.Fatalf("Revoke = %+v, %v", b, err)
+		}
+		if b, err := e.s.Revoke(e.ctx, "worker-1", "again", at.Add(time.Hour)); err != nil || b.Revoked.Reason != "stolen" || !b.Revoked.At.Equal(at) {
+			t.Fatalf("Revoke again = %+v, %v; want the first revocation kept", b.Revoked, err)
+		}
+		if _, err := e.s.UpdateStatus(e.ctx, "worker-1", a.Identity, func(b *store.Binding) error { b.Revoked = nil; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := e.s.Binding(e.ctx, "worker-1"); b.Revoked == nil {
+			t.Fatal("a status update cleared the revocation")
+		}
+		if _, err := e.s.Revoke(e.ctx, "worker-9", "", at); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Revoke of an unbound name: %v", err)
+		}
+		if _, err := e.s.Release(e.ctx, "worker-1"); err != nil {
+			t.Fatal(err)
+		}
+		e.enrol(t, enrolment(2, "worker-1", "tpm-ek:bbb", "key-b"), store.EnrolOptions{})
+		if b, _ := e.s.Binding(e.ctx, "worker-1"); b.Revoked != nil {
+			t.Fatal("the new owner inherited the revocation")
+		}
+	}},
+	{"bindings: all of them", func(t *testing.T, e *env) {
+		want := map[string]string{}
+		for i := range 5 {
+			r := enrolment(i, fmt.Sprintf("node-%d", i), fmt.Sprintf("tpm-ek:%d", i), fmt.Sprint("key-", i))
+			e.enrol(t, r, store.EnrolOptions{})
+			want[r.NodeName] = r.Identity
+		}
+		bs, err := e.s.Bindings(e.ctx)
+		if err != nil || len(bs) != len(want) {
+			t.Fatalf("Bindings = %d, %v; want %d", len(bs), err, len(want))
+		}
+		for _, b := range bs {
+			if want[b.NodeName] != b.Identity {
+				t.Fatalf("binding %s → %s, want %s", b.NodeName, b.Identity, want[b.NodeName])
+			}
+		}
+	}},
+	{"enrolling again moves EnrolledAt, not CreatedAt", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		again := enrolment(2, "worker-1", a.Identity, "key-a")
+		again.CreatedAt = T0.Add(time.Hour)
+		e.enrol(t, again, store.EnrolOptions{Again: true})
+		b, _ := e.s.Binding(e.ctx, "worker-1")
+		if !b.CreatedAt.Equal(T0) || !b.EnrolledAt.Equal(T0.Add(time.Hour)) {
+			t.Fatalf("CreatedAt %v EnrolledAt %v", b.CreatedAt, b.EnrolledAt)
+		}
+	}},
 }

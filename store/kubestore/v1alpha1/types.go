@@ -185,11 +185,22 @@ func MarkerName(key string) string {
 // NODE`). The label nodeproof.io/identity (IdentityLabel) indexes it by
 // identity.
 //
+// The status is the node's attestation over its life (re-attestations):
+// the server writes it; the approver's node controller reads it to set the
+// Node's Attested condition and the nodeproof.io/unattested taint. Setting
+// spec.revoked (`nodeproof revoke NODE`, or by hand for GitOps) refuses the
+// identity everything until the binding is deleted.
+//
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=".spec.pool"
-// +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=".spec.identity"
+// +kubebuilder:printcolumn:name="Passed",type=boolean,JSONPath=".status.passed"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=".status.reason"
+// +kubebuilder:printcolumn:name="Last-Success",type=date,JSONPath=".status.lastSuccess"
+// +kubebuilder:printcolumn:name="Revoked",type=date,JSONPath=".spec.revoked.at"
+// +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=".spec.identity",priority=1
 // +kubebuilder:printcolumn:name="Record",type=string,JSONPath=".spec.recordID",priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:validation:XValidation:rule="self.metadata.name == self.spec.nodeName",message="the name is the node name"
@@ -200,6 +211,57 @@ type NodeBinding struct {
 	// +required
 	// +kubebuilder:validation:XValidation:rule="self.nodeName == oldSelf.nodeName && self.identity == oldSelf.identity && self.kind == oldSelf.kind",message="a binding's node name, identity and kind are immutable: delete it to release the name"
 	Spec NodeBindingSpec `json:"spec"`
+	// +optional
+	Status NodeBindingStatus `json:"status,omitempty"`
+}
+
+// Revocation is an operator's refusal of an identity.
+type Revocation struct {
+	// At is when it was revoked.
+	// +required
+	At metav1.MicroTime `json:"at"`
+	// Reason says why, for people.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason,omitempty"`
+}
+
+// NodeBindingStatus is store.AttestationStatus: the outcome of the node's
+// latest attestation after its enrolment.
+type NodeBindingStatus struct {
+	// +optional
+	LastAttempt *metav1.MicroTime `json:"lastAttempt,omitempty"`
+	// +optional
+	LastSuccess *metav1.MicroTime `json:"lastSuccess,omitempty"`
+	// +optional
+	Passed bool `json:"passed,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=128
+	Reason string `json:"reason,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Message string `json:"message,omitempty"`
+	// Boots counts the boots seen since enrolment.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Boots int64 `json:"boots,omitempty"`
+	// ResetCount and RestartCount are the last TPM quote's clock info.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	ResetCount int64 `json:"resetCount,omitempty"`
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	RestartCount int64 `json:"restartCount,omitempty"`
+	// SessionIssuedAt is when the last attempt's session was issued.
+	// +optional
+	SessionIssuedAt *metav1.MicroTime `json:"sessionIssuedAt,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Summary string `json:"summary,omitempty"`
+	// Claims are the last attempt's claims, as JSON.
+	// +optional
+	// +kubebuilder:validation:MaxLength=131072
+	Claims string `json:"claims,omitempty"`
 }
 
 // NodeBindingSpec is a store.Binding.
@@ -239,6 +301,13 @@ type NodeBindingSpec struct {
 	// CreatedAt is when the identity first enrolled under the name.
 	// +required
 	CreatedAt metav1.MicroTime `json:"createdAt"`
+	// EnrolledAt is when it last enrolled (a first enrolment, or again).
+	// +optional
+	EnrolledAt *metav1.MicroTime `json:"enrolledAt,omitempty"`
+	// Revoked, when set, refuses the identity attestations, configs and
+	// certificates until the binding is deleted.
+	// +optional
+	Revoked *Revocation `json:"revoked,omitempty"`
 }
 
 // NodeBindingList is a list of NodeBindings.

@@ -1,0 +1,311 @@
+package approver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
+)
+
+// What the node controller puts on a Node.
+const (
+	// ConditionAttested is the Node condition that says whether the node
+	// is attested now (True), and why not (False, with the reason).
+	ConditionAttested corev1.NodeConditionType = "Attested"
+	// TaintUnattested is on every node nodeproof does not consider
+	// attested: NoSchedule (or its pool's lifetime.taintEffect), NoExecute
+	// when revoked or released.
+	TaintUnattested = "nodeproof.io/unattested"
+	// ReasonAttestedNode is the condition's reason while attested.
+	ReasonAttestedNode = "Attested"
+)
+
+// BindingReader is where the node controller reads bindings: a cache kept
+// by a watch (store/kubestore.BindingCache).
+type BindingReader interface {
+	Binding(ctx context.Context, nodeName string) (*store.Binding, error)
+	OnChange(ctx context.Context, fn func(nodeName string)) error
+}
+
+// NodeOptions configure a NodeController.
+type NodeOptions struct {
+	// Client reads Nodes and patches their status (the condition) and
+	// spec (the taint): deploy/approver's RBAC, nothing more.
+	Client kubernetes.Interface
+	// EventClient posts events (default Client).
+	EventClient kubernetes.Interface
+	// Bindings are the store's bindings, cached (required).
+	Bindings BindingReader
+	// Lifetime gives a pool's freshness window and the taint effect of an
+	// unattested node; nil: DefaultStaleAfter and NoSchedule.
+	Lifetime func(pool string) (staleAfter time.Duration, effect corev1.TaintEffect)
+	// Resync judges every node again this often (default one minute), on
+	// top of the changes it watches and of each node's own staleness
+	// deadline.
+	Resync time.Duration
+	// Clock tells the time; Log gets a line per change (both required).
+	Clock func() time.Time
+	Log   *slog.Logger
+}
+
+// NodeController makes "this node is attested" a fact on each Node: the
+// condition Attested and, while it is False, the taint
+// nodeproof.io/unattested. It judges a node from its binding
+// (store.Binding.Attested: not revoked, its latest attestation passed
+// within its pool's window) and nothing else, so it untaints only a node
+// whose identity passed, and a node whose binding it cannot read keeps
+// what it has. A node with no binding and no Attested condition is not
+// nodeproof's and is left alone; one that had the condition and lost its
+// binding (released) is unattested, NoExecute. Run it under leader election
+// beside the CSR controller.
+type NodeController struct {
+	o        NodeOptions
+	queue    workqueue.TypedRateLimitingInterface[string]
+	nodes    corelisters.NodeLister
+	recorder record.EventRecorder
+}
+
+// NewNodeController checks o.
+func NewNodeController(o NodeOptions) (*NodeController, error) {
+	switch {
+	case o.Client == nil || o.Bindings == nil:
+		return nil, errors.New("approver: NodeOptions: Client and Bindings are required")
+	case o.Clock == nil || o.Log == nil:
+		return nil, errors.New("approver: NodeOptions: Clock and Log are required")
+	}
+	if o.Resync <= 0 {
+		o.Resync = time.Minute
+	}
+	if o.EventClient == nil {
+		o.EventClient = o.Client
+	}
+	return &NodeController{o: o}, nil
+}
+
+// Run judges nodes until ctx ends.
+func (c *NodeController) Run(ctx context.Context) error {
+	factory := informers.NewSharedInformerFactory(c.o.Client, c.o.Resync)
+	inf := factory.Core().V1().Nodes()
+	c.nodes = inf.Lister()
+	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeproof-nodes"})
+	defer c.queue.ShutDown()
+	enqueue := func(obj any) {
+		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if n, ok := obj.(*corev1.Node); ok {
+			c.queue.Add(n.Name)
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) },
+	}); err != nil {
+		return err
+	}
+	if err := c.o.Bindings.OnChange(ctx, func(name string) { c.queue.Add(name) }); err != nil {
+		return err
+	}
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.EventClient.CoreV1().Events("")})
+	defer b.Shutdown()
+	c.recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-node-controller"})
+
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !toolscache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		return ctx.Err()
+	}
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for {
+		name, quit := c.queue.Get()
+		if quit {
+			return nil
+		}
+		after, err := c.sync(ctx, name)
+		switch {
+		case err != nil:
+			c.o.Log.Error("node", "node", name, "err", err.Error())
+			c.queue.AddRateLimited(name)
+		default:
+			c.queue.Forget(name)
+			if after > 0 {
+				c.queue.AddAfter(name, after)
+			}
+		}
+		c.queue.Done(name)
+	}
+}
+
+// judgement is what a node should carry.
+type judgement struct {
+	attested bool
+	reason   string
+	message  string
+	effect   corev1.TaintEffect
+}
+
+// sync brings node name's condition and taint to what its binding says,
+// and returns when to look again (its staleness deadline).
+func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, error) {
+	node, err := c.nodes.Get(name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	} else if err != nil {
+		return 0, err
+	}
+	now := c.o.Clock()
+	var j judgement
+	var after time.Duration
+	b, err := c.o.Bindings.Binding(ctx, name)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		if condition(node) == nil {
+			return 0, nil // never nodeproof's
+		}
+		j = judgement{reason: string(attest.ReasonNotEnrolled), effect: corev1.TaintEffectNoExecute,
+			message: "no identity owns this node name any more (released): the machine behind it is no longer attested"}
+	case err != nil:
+		return 0, err // keep what the node has
+	default:
+		stale, effect := DefaultStaleAfter, corev1.TaintEffectNoSchedule
+		if c.o.Lifetime != nil {
+			stale, effect = c.o.Lifetime(b.Pool)
+		}
+		ok, why, last := b.Attested(now, stale)
+		switch {
+		case ok:
+			j = judgement{attested: true, reason: ReasonAttestedNode,
+				message: fmt.Sprintf("%s evidence of %s passed at %s", b.Kind, b.Identity, last.UTC().Format(time.RFC3339))}
+			after = last.Add(stale).Sub(now) + time.Second
+		case why == attest.ReasonRevoked:
+			j = judgement{reason: string(why), effect: corev1.TaintEffectNoExecute,
+				message: fmt.Sprintf("revoked at %s: %s", b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)}
+		case why == attest.ReasonAttestationFailed:
+			j = judgement{reason: string(why), effect: effect,
+				message: fmt.Sprintf("the re-attestation at %s was refused: %s %s", last.UTC().Format(time.RFC3339), b.Status.Reason, b.Status.Message)}
+		default:
+			j = judgement{reason: string(why), effect: effect,
+				message: fmt.Sprintf("no attestation passed since %s (window %s)", last.UTC().Format(time.RFC3339), stale)}
+		}
+	}
+	node, err = c.setCondition(ctx, node, j, now)
+	if err != nil {
+		return 0, err
+	}
+	if err := c.setTaint(ctx, node, j, now); err != nil {
+		return 0, err
+	}
+	return after, nil
+}
+
+func condition(n *corev1.Node) *corev1.NodeCondition {
+	for i := range n.Status.Conditions {
+		if n.Status.Conditions[i].Type == ConditionAttested {
+			return &n.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// setCondition patches the Attested condition when its status, reason or
+// message changes (a strategic merge patch of status.conditions, keyed by
+// type: other conditions are the kubelet's and stay as they are). It
+// returns the node as it is now.
+func (c *NodeController) setCondition(ctx context.Context, node *corev1.Node, j judgement, now time.Time) (*corev1.Node, error) {
+	status := corev1.ConditionFalse
+	if j.attested {
+		status = corev1.ConditionTrue
+	}
+	old := condition(node)
+	if old != nil && old.Status == status && old.Reason == j.reason && old.Message == j.message {
+		return node, nil
+	}
+	cond := corev1.NodeCondition{Type: ConditionAttested, Status: status, Reason: j.reason, Message: j.message,
+		LastHeartbeatTime: metav1.NewTime(now), LastTransitionTime: metav1.NewTime(now)}
+	if old != nil && old.Status == status {
+		cond.LastTransitionTime = old.LastTransitionTime
+	}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{cond}}})
+	if err != nil {
+		return nil, err
+	}
+	patched, err := c.o.Client.CoreV1().Nodes().PatchStatus(ctx, node.Name, patch)
+	if err != nil {
+		return nil, fmt.Errorf("approver: condition of node %s: %w", node.Name, err)
+	}
+	if old == nil || old.Status != status {
+		typ := corev1.EventTypeNormal
+		if !j.attested {
+			typ = corev1.EventTypeWarning
+		}
+		c.recorder.Event(node, typ, j.reason, "nodeproof: "+j.message)
+		c.o.Log.Info("node attestation", "node", node.Name, "attested", j.attested, "reason", j.reason, "message", j.message)
+	}
+	return patched, nil
+}
+
+// setTaint adds, changes or removes the nodeproof.io/unattested taint, with
+// a JSON patch that tests the resourceVersion it read (so a taint another
+// writer added meanwhile is never dropped: the patch fails and the node is
+// judged again).
+func (c *NodeController) setTaint(ctx context.Context, node *corev1.Node, j judgement, now time.Time) error {
+	var taints []corev1.Taint
+	var have *corev1.Taint
+	for i, t := range node.Spec.Taints {
+		if t.Key == TaintUnattested {
+			have = &node.Spec.Taints[i]
+			continue
+		}
+		taints = append(taints, t)
+	}
+	switch {
+	case j.attested && have == nil:
+		return nil
+	case !j.attested && have != nil && have.Effect == j.effect:
+		return nil
+	case !j.attested:
+		added := metav1.NewTime(now)
+		taints = append(taints, corev1.Taint{Key: TaintUnattested, Value: j.reason, Effect: j.effect, TimeAdded: &added})
+	}
+	if taints == nil {
+		taints = []corev1.Taint{}
+	}
+	patch, err := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/resourceVersion", "value": node.ResourceVersion},
+		{"op": "add", "path": "/spec/taints", "value": taints},
+	})
+	if err != nil {
+		return err
+	}
+	if _, err := c.o.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("approver: taint of node %s: %w", node.Name, err)
+	}
+	what := "removed"
+	if !j.attested {
+		what = "set, " + string(j.effect)
+	}
+	c.o.Log.Info("node taint "+what, "node", node.Name, "taint", TaintUnattested, "reason", j.reason)
+	return nil
+}
