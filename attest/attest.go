@@ -234,14 +234,23 @@ type BootState struct {
 	DBXSHA256s []byte `json:"dbxSHA256s,omitempty"`
 
 	// BootApplications are the hex digests (in the PCR bank's hash) of the
-	// EFI boot services applications measured into PCR 4, in boot order:
-	// for a shim + GRUB boot, the shim, GRUB, then the kernel.
+	// EFI boot services applications measured into PCR 4 between its
+	// separator and ExitBootServices, in boot order: for a shim + GRUB
+	// boot, the shim, GRUB, then the kernel. (A partial log without PCR
+	// 4's separator: every PCR 4 application.)
 	BootApplications []string `json:"bootApplications,omitempty"`
-	// Shim, Bootloader and Kernel name BootApplications[0], [1] and [2]
-	// when present.
+	// Shim and Bootloader are BootApplications[0] and [1] when present.
 	Shim       string `json:"shim,omitempty"`
 	Bootloader string `json:"bootloader,omitempty"`
-	Kernel     string `json:"kernel,omitempty"`
+	// Kernel is the boot application that is the kernel, identified by
+	// content (KernelBy says how), never by position: empty when the log
+	// does not establish it (no ExitBootServices event, no loader command
+	// or file name that names it).
+	Kernel   string `json:"kernel,omitempty"`
+	KernelBy string `json:"kernelBy,omitempty"`
+	// ExitBootServices is set when the log has the ExitBootServices
+	// invocation (PCR 5): everything the boot measured came before it.
+	ExitBootServices bool `json:"exitBootServices"`
 	// KernelCmdlineKnown is set when a kernel command line was measured.
 	KernelCmdlineKnown bool   `json:"kernelCmdlineKnown"`
 	KernelCmdline      string `json:"kernelCmdline,omitempty"`
@@ -282,6 +291,30 @@ const (
 	ReasonNoSHA256Bank    Reason = "SHA256BankMissing"
 	ReasonEventLogInvalid Reason = "EventLogMalformed"
 	ReasonEventLogReplay  Reason = "EventLogReplayMismatch"
+	// The event log read as the boot's sequence (attest/tpm's bootState):
+	// what firmware would never have logged, refused rather than read.
+	//
+	// ReasonEventLogOutOfOrder: an event where the boot cannot have put
+	// it — a UEFI variable after PCR 7's separator, a second separator,
+	// anything but an authority in PCR 7 after its separator, a boot event
+	// (PCRs 0-9) after ExitBootServices. Root on a booted machine appending
+	// events (and extending PCRs to match) is refused this way.
+	ReasonEventLogOutOfOrder Reason = "EventLogOutOfOrder"
+	// ReasonEventLogVariableRepeated: a UEFI variable measured twice.
+	ReasonEventLogVariableRepeated Reason = "EventLogVariableRepeated"
+	// ReasonEventLogVariableGUID: SecureBoot, PK or KEK not under the EFI
+	// global variable GUID, or db or dbx not under the image security
+	// database GUID: not that variable.
+	ReasonEventLogVariableGUID Reason = "EventLogVariableGUID"
+	// ReasonEventLogUnexpected: an event firmware does not log there (a
+	// PCR 7 event type other than variables, authorities, separator and
+	// known actions; a separator whose data is not zero; a SecureBoot
+	// variable that is not 0 or 1; Secure Boot on without the keys and
+	// authorities it implies).
+	ReasonEventLogUnexpected Reason = "EventLogUnexpectedEvent"
+	// ReasonUEFIDebugger: the firmware logged "UEFI Debug Mode": a
+	// debugger was attached during boot.
+	ReasonUEFIDebugger Reason = "UEFIDebuggerPresent"
 	// Cloud identity: signed tokens and documents.
 	ReasonTokenAlgorithm   Reason = "TokenAlgorithmNotAllowed"
 	ReasonTokenKeyUnknown  Reason = "TokenKeyUnknown"

@@ -20,6 +20,7 @@ import (
 // uefiVariable is a UEFI_VARIABLE_DATA: GUID, name length and data length
 // (UINT64 each), the UTF-16 name, the data.
 type uefiVariable struct {
+	guid [16]byte
 	name []uint16
 	data []byte
 }
@@ -43,6 +44,7 @@ func parseUEFIVariable(b []byte) (uefiVariable, error) {
 	if uint64(len(rest)) < 2*nameLen+dataLen {
 		return v, errors.New("UEFI variable shorter than its lengths")
 	}
+	copy(v.guid[:], b[:16])
 	v.name = make([]uint16, nameLen)
 	for i := range v.name {
 		v.name[i] = binary.LittleEndian.Uint16(rest[2*i:])
@@ -62,6 +64,59 @@ func (v uefiVariable) is(name string) bool {
 		}
 	}
 	return true
+}
+
+// The vendor GUIDs of the variables PCR 7 measures, as stored (the first
+// three fields little-endian).
+var (
+	// efiGlobalVariableGUID, 8BE4DF61-93CA-11D2-AA0D-00E098032B8C: SecureBoot,
+	// PK, KEK.
+	efiGlobalVariableGUID = [16]byte{0x61, 0xdf, 0xe4, 0x8b, 0xca, 0x93, 0xd2, 0x11, 0xaa, 0x0d, 0x00, 0xe0, 0x98, 0x03, 0x2b, 0x8c}
+	// efiImageSecurityDatabaseGUID, D719B2CB-3D3A-4596-A3BC-DAD00E67656F: db,
+	// dbx.
+	efiImageSecurityDatabaseGUID = [16]byte{0xcb, 0xb2, 0x19, 0xd7, 0x3a, 0x3d, 0x96, 0x45, 0xa3, 0xbc, 0xda, 0xd0, 0x0e, 0x67, 0x65, 0x6f}
+)
+
+// name returns the variable's name (as UTF-8; invalid UTF-16 replaced).
+func (v uefiVariable) String() string { return string(utf16.Decode(v.name)) }
+
+// imageFileName returns the file name of an EV_EFI_BOOT_SERVICES_APPLICATION
+// event's UEFI_IMAGE_LOAD_EVENT (image address, length and link address,
+// device path length, then the device path): the path of its last
+// media file-path node (type 4, subtype 4, a NUL-terminated UTF-16 path),
+// or "" when it has none or the structure does not hold. Firmware does not
+// measure this data (the event's digest is the image's), so it may only
+// name an image, never vouch for one.
+func imageFileName(b []byte) string {
+	if len(b) < 32 {
+		return ""
+	}
+	n := binary.LittleEndian.Uint64(b[24:32])
+	dp := b[32:]
+	if n > uint64(len(dp)) {
+		return ""
+	}
+	dp = dp[:n]
+	name := ""
+	for len(dp) >= 4 {
+		typ, sub, l := dp[0], dp[1], int(binary.LittleEndian.Uint16(dp[2:4]))
+		if l < 4 || l > len(dp) || typ == 0x7f {
+			break
+		}
+		if typ == 0x04 && sub == 0x04 {
+			var u []uint16
+			for i := 4; i+1 < l; i += 2 {
+				c := binary.LittleEndian.Uint16(dp[i:])
+				if c == 0 {
+					break
+				}
+				u = append(u, c)
+			}
+			name = string(utf16.Decode(u))
+		}
+		dp = dp[l:]
+	}
+	return name
 }
 
 // efiCertSHA256GUID is EFI_CERT_SHA256_GUID as stored (mixed endian).

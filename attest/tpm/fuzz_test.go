@@ -3,6 +3,7 @@ package tpm
 import (
 	"crypto"
 	"encoding/binary"
+	"slices"
 	"testing"
 	"time"
 	"unicode/utf16"
@@ -92,10 +93,12 @@ func FuzzParseUEFIVariable(f *testing.F) {
 // FuzzBootState feeds logs through parse, replay and extraction with the
 // PCR values the log's own digests extend to (pcrsOf), so replay succeeds
 // and the extraction code sees hostile event data. Seeds: every real
-// firmware log in firmware-testdata. Properties: a refusal is
-// EventLogMalformed or EventLogReplayMismatch; the boot state counts the
-// replayed events, names only replayed PCRs 0-16 (sorted, once each), and
-// its derived fields agree with what they derive from.
+// firmware log in firmware-testdata. Properties: a refusal is one of the
+// event log's reasons; an accepted log has the boot's order (no PCR 0-9
+// event after ExitBootServices but its "Returned" actions, one separator a
+// PCR, no PCR 7 variable after PCR 7's separator); the boot state counts
+// the replayed events, names only replayed PCRs 0-16 (sorted, once each),
+// and its derived fields agree with what they derive from.
 func FuzzBootState(f *testing.F) {
 	logs, err := firmwaretestdata.Logs()
 	if err != nil {
@@ -117,10 +120,12 @@ func FuzzBootState(f *testing.F) {
 		}
 		bs, err := bootState(events, crypto.SHA256)
 		if err != nil {
-			wantReasonIn(t, err, attest.ReasonEventLogInvalid)
+			wantReasonIn(t, err, attest.ReasonEventLogInvalid, attest.ReasonEventLogOutOfOrder, attest.ReasonEventLogVariableRepeated,
+				attest.ReasonEventLogVariableGUID, attest.ReasonEventLogUnexpected, attest.ReasonUEFIDebugger)
 			return
 		}
 		checkBootState(t, bs, events)
+		checkBootOrder(t, bs, events)
 	})
 }
 
@@ -138,21 +143,26 @@ func checkBootState(t *testing.T, bs attest.BootState, events []tcg.Event) {
 			t.Fatalf("replayed PCRs %v", bs.ReplayedPCRs)
 		}
 	}
-	apps := 0
+	apps, pcr4Sep := 0, false
 	for _, e := range events {
 		if e.Index == 4 && e.Type == tcg.EFIBootServicesApplication {
 			apps++
 		}
+		pcr4Sep = pcr4Sep || (e.Index == 4 && e.Type == tcg.Separator)
 	}
-	named := []string{bs.Shim, bs.Bootloader, bs.Kernel}
+	named := []string{bs.Shim, bs.Bootloader}
 	for i, n := range named {
 		if (i < len(bs.BootApplications)) != (n != "") || (n != "" && n != bs.BootApplications[i]) {
-			t.Fatalf("shim/bootloader/kernel %q do not match boot applications %v", named, bs.BootApplications)
+			t.Fatalf("shim/bootloader %q do not match boot applications %v", named, bs.BootApplications)
 		}
 	}
 	switch {
-	case len(bs.BootApplications) != apps:
-		t.Fatalf("%d boot applications for %d PCR 4 application events", len(bs.BootApplications), apps)
+	case len(bs.BootApplications) > apps || (!pcr4Sep && len(bs.BootApplications) != apps):
+		t.Fatalf("%d boot applications for %d PCR 4 application events (PCR 4 separator: %v)", len(bs.BootApplications), apps, pcr4Sep)
+	case (bs.Kernel == "") != (bs.KernelBy == ""), bs.Kernel != "" && !slices.Contains(bs.BootApplications, bs.Kernel):
+		t.Fatalf("kernel %q (by %q) is not one of the boot applications %v", bs.Kernel, bs.KernelBy, bs.BootApplications)
+	case bs.Kernel != "" && !bs.ExitBootServices:
+		t.Fatal("a kernel named in a log without ExitBootServices")
 	case bs.SecureBoot && !bs.SecureBootKnown:
 		t.Fatal("secure boot on but unknown")
 	case !bs.KernelCmdlineKnown && bs.KernelCmdline != "":
@@ -161,6 +171,30 @@ func checkBootState(t *testing.T, bs attest.BootState, events []tcg.Event) {
 		t.Fatalf("%d dbx entries, %d hash bytes", bs.DBXEntries, len(bs.DBXSHA256s))
 	case !bs.DBXKnown && (bs.DBXEntries != 0 || bs.DBX != ""):
 		t.Fatal("dbx not measured but described")
+	}
+}
+
+// checkBootOrder: an accepted log is in the boot's order.
+func checkBootOrder(t *testing.T, bs attest.BootState, events []tcg.Event) {
+	t.Helper()
+	var ebs bool
+	var sep [8]int
+	for _, e := range events {
+		switch {
+		case ebs && e.Index <= 9 && !(e.Index == 5 && e.Type == tcg.EFIAction):
+			t.Fatalf("%s in PCR %d after ExitBootServices was accepted", e.Type, e.Index)
+		case e.Index == 5 && e.Type == tcg.EFIAction && string(e.Data) == "Exit Boot Services Invocation" && dataMatchesDigest(e.Data, e.Digest, crypto.SHA256):
+			ebs = true
+		case e.Index <= 7 && e.Type == tcg.Separator:
+			if sep[e.Index]++; sep[e.Index] > 1 {
+				t.Fatalf("two separators in PCR %d accepted", e.Index)
+			}
+		case e.Index == 7 && e.Type == tcg.EFIVariableDriverConfig && sep[7] > 0:
+			t.Fatal("a PCR 7 variable after the separator accepted")
+		}
+	}
+	if ebs != bs.ExitBootServices {
+		t.Fatalf("ExitBootServices %v, the log says %v", bs.ExitBootServices, ebs)
 	}
 }
 

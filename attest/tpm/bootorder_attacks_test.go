@@ -1,0 +1,370 @@
+package tpm_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha1"
+	"crypto/sha256"
+	"crypto/sha512"
+	"encoding/binary"
+	"fmt"
+	"testing"
+	"unicode/utf16"
+
+	"github.com/google/go-tpm/legacy/tpm2"
+	"github.com/google/go-tpm/tpmutil"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
+)
+
+// Event types of the TCG PC Client profile the forgeries use.
+const (
+	evSeparator      = 0x00000004
+	evEFIVariableCfg = 0x80000001
+	evEFIBootApp     = 0x80000003
+	evEFIAction      = 0x80000007
+	evEFIVarAuth     = 0x800000E0
+)
+
+// rawEvent is one event of a crypto-agile log, as bytes go: a forgery edits
+// it and encodes it again.
+type rawEvent struct {
+	pcr, typ uint32
+	digests  []algDigest // in the log's order
+	data     []byte
+}
+
+type algDigest struct {
+	alg    uint16
+	digest []byte
+}
+
+// hashOf hashes data with the TPM algorithm alg (SHA-1, SHA-256, SHA-384).
+func hashOf(alg uint16, data []byte) []byte {
+	switch alg {
+	case 0x0004:
+		s := sha1.Sum(data)
+		return s[:]
+	case 0x000B:
+		s := sha256.Sum256(data)
+		return s[:]
+	case 0x000C:
+		s := sha512.Sum384(data)
+		return s[:]
+	}
+	panic("algorithm")
+}
+
+// logAlgs are the algorithms every forged event carries: those of the logs
+// used here.
+var logAlgs = []uint16{0x0004, 0x000B, 0x000C}
+
+// splitLog splits a crypto-agile log (SHA-1, SHA-256, SHA-384 digests)
+// into its header (the Spec ID event) and its events.
+func splitLog(t *testing.T, raw []byte) ([]byte, []rawEvent) {
+	t.Helper()
+	hsize := 32 + int(binary.LittleEndian.Uint32(raw[28:32]))
+	header, rest := raw[:hsize], raw[hsize:]
+	var out []rawEvent
+	for len(rest) > 0 {
+		e := rawEvent{pcr: binary.LittleEndian.Uint32(rest), typ: binary.LittleEndian.Uint32(rest[4:])}
+		n := binary.LittleEndian.Uint32(rest[8:])
+		rest = rest[12:]
+		for range n {
+			alg := binary.LittleEndian.Uint16(rest)
+			size := map[uint16]int{0x0004: 20, 0x000B: 32, 0x000C: 48}[alg]
+			if size == 0 {
+				t.Fatalf("the log has digests of algorithm %#x", alg)
+			}
+			e.digests, rest = append(e.digests, algDigest{alg, rest[2 : 2+size]}), rest[2+size:]
+		}
+		size := binary.LittleEndian.Uint32(rest)
+		e.data, rest = rest[4:4+size], rest[4+size:]
+		out = append(out, e)
+	}
+	return header, out
+}
+
+func (e rawEvent) encode() []byte {
+	var b bytes.Buffer
+	binary.Write(&b, binary.LittleEndian, e.pcr)
+	binary.Write(&b, binary.LittleEndian, e.typ)
+	binary.Write(&b, binary.LittleEndian, uint32(len(e.digests)))
+	for _, d := range e.digests {
+		binary.Write(&b, binary.LittleEndian, d.alg)
+		b.Write(d.digest)
+	}
+	binary.Write(&b, binary.LittleEndian, uint32(len(e.data)))
+	b.Write(e.data)
+	return b.Bytes()
+}
+
+func joinLog(header []byte, events []rawEvent) []byte {
+	out := append([]byte(nil), header...)
+	for _, e := range events {
+		out = append(out, e.encode()...)
+	}
+	return out
+}
+
+// measured is an event whose digests are the hashes of its data, as
+// firmware measures variables, separators and actions.
+func measured(pcr, typ uint32, data []byte) rawEvent {
+	e := rawEvent{pcr: pcr, typ: typ, data: data}
+	for _, a := range logAlgs {
+		e.digests = append(e.digests, algDigest{a, hashOf(a, data)})
+	}
+	return e
+}
+
+// image is an application event whose digest is an image's (its
+// Authenticode hash, here any fixed bytes), with no image path.
+func image(seed string) rawEvent {
+	e := rawEvent{pcr: 4, typ: evEFIBootApp, data: make([]byte, 32)}
+	for _, a := range logAlgs {
+		e.digests = append(e.digests, algDigest{a, hashOf(a, []byte(seed))})
+	}
+	return e
+}
+
+// efiVariable is a UEFI_VARIABLE_DATA.
+func efiVariable(guid [16]byte, name string, data []byte) []byte {
+	u := utf16.Encode([]rune(name))
+	var b bytes.Buffer
+	b.Write(guid[:])
+	binary.Write(&b, binary.LittleEndian, uint64(len(u)))
+	binary.Write(&b, binary.LittleEndian, uint64(len(data)))
+	binary.Write(&b, binary.LittleEndian, u)
+	b.Write(data)
+	return b.Bytes()
+}
+
+var (
+	globalGUID  = [16]byte{0x61, 0xdf, 0xe4, 0x8b, 0xca, 0x93, 0xd2, 0x11, 0xaa, 0x0d, 0x00, 0xe0, 0x98, 0x03, 0x2b, 0x8c}
+	imageDBGUID = [16]byte{0xcb, 0xb2, 0x19, 0xd7, 0x3a, 0x3d, 0x96, 0x45, 0xa3, 0xbc, 0xda, 0xd0, 0x0e, 0x67, 0x65, 0x6f}
+)
+
+// index returns the position of the first event matching match.
+func index(t *testing.T, events []rawEvent, match func(rawEvent) bool) int {
+	t.Helper()
+	for i, e := range events {
+		if match(e) {
+			return i
+		}
+	}
+	t.Fatal("no such event in the log")
+	return -1
+}
+
+// lastOf is the position of the last event of PCR pcr: an event spliced
+// right after it extends that PCR last, and so replays.
+func lastOf(events []rawEvent, pcr uint32) int {
+	last := -1
+	for i, e := range events {
+		if e.pcr == pcr {
+			last = i
+		}
+	}
+	return last
+}
+
+func isEBS(e rawEvent) bool {
+	return e.pcr == 5 && e.typ == evEFIAction && string(e.data) == "Exit Boot Services Invocation"
+}
+
+// rootAppends boots a swtpm machine with the real log, then does what root
+// on the booted machine can: extends each forged event's digests into its
+// PCR (tpm2_pcrextend) and sends the real log with the events spliced in
+// at their positions (indexes of the real log's events; len(events) to
+// append). The quote is a real one; the log replays.
+func rootAppends(t *testing.T, real []byte, splice map[int][]rawEvent) *swMachine {
+	t.Helper()
+	m, err := manufacturer(t).NewMachine(context.Background(), t.TempDir(), real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	m.Collector.Close()
+	header, events := splitLog(t, real)
+	var forged []rawEvent
+	var extends []rawEvent
+	for i := 0; i <= len(events); i++ {
+		forged = append(forged, splice[i]...)
+		extends = append(extends, splice[i]...)
+		if i < len(events) {
+			forged = append(forged, events[i])
+		}
+	}
+	ch, err := tpm.DialSocket("tcp", m.TPM.Addr, joinLog(header, forged))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range extends {
+		for _, d := range e.digests {
+			alg := map[uint16]tpm2.Algorithm{0x0004: tpm2.AlgSHA1, 0x000B: tpm2.AlgSHA256}[d.alg]
+			if alg == 0 {
+				continue // the TPM has SHA-1 and SHA-256 banks
+			}
+			if err := tpm2.PCRExtend(ch, tpmutil.Handle(e.pcr), alg, d.digest, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if m.Collector, err = tpm.NewCollector(ch); err != nil {
+		t.Fatal(err)
+	}
+	return &swMachine{tpm: m.TPM, collector: m.Collector, keySHA: m.KubeletSHA}
+}
+
+// firmwareLogged boots a swtpm machine whose firmware measured exactly
+// this log (a log edited before the boot): what the parser's rules refuse
+// even when every digest is genuine.
+func firmwareLogged(t *testing.T, log []byte) *swMachine {
+	t.Helper()
+	return newSwMachine(t, log)
+}
+
+// TestBootStateForgeryAttacks: root on a booted machine forges the boot
+// state it reports — extending PCRs from userspace and sending a log that
+// replays — and firmware-shaped logs break the boot's sequence; each on a
+// real firmware log and a real swtpm quote, each refused with its reason.
+// The last rows show the residual risk of the log's interleaving across
+// PCRs (which the replay does not cover) and what closes it: a PCR 4
+// reference value.
+func TestBootStateForgeryAttacks(t *testing.T) {
+	rhel := firmwaretestdata.MustLog("rhel8-uefi")
+	honestMachine := newSwMachine(t, rhel) // also makes the vendor CA
+	v := swtpmVerifier(t, nil)
+	noSB := firmwaretestdata.MustLog("ubuntu-2104-no-secure-boot")
+	noDBX := firmwaretestdata.MustLog("ubuntu-2104-no-dbx")
+	_, rhelEvents := splitLog(t, rhel)
+	_, noSBEvents := splitLog(t, noSB)
+	end := func(events []rawEvent) int { return len(events) }
+	pcr7Sep := func(e rawEvent) bool { return e.pcr == 7 && e.typ == evSeparator }
+
+	bigDBX := bytes.Repeat([]byte{0xaa}, 16+4+4+4)
+	binary.LittleEndian.PutUint32(bigDBX[16:], 28+48)
+	binary.LittleEndian.PutUint32(bigDBX[24:], 48)
+	bigDBX = append(bigDBX, make([]byte, 48)...)
+
+	row := func(attack string, want attest.Reason, m *swMachine) {
+		t.Helper()
+		_, err := swAttest(t, m, v)
+		got, _ := attest.ReasonOf(err)
+		if err == nil {
+			got = "accepted"
+		}
+		attacktable.Check(t, "TPM boot state", attack, string(want), string(got))
+	}
+
+	row("Secure Boot off, root appends SecureBoot=1 to PCR 7 after the boot", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, noSB, map[int][]rawEvent{end(noSBEvents): {measured(7, evEFIVariableCfg, efiVariable(globalGUID, "SecureBoot", []byte{1}))}}))
+	row("Secure Boot off, SecureBoot=1 appended to PCR 7 and moved before ExitBootServices in the log", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, noSB, map[int][]rawEvent{lastOf(noSBEvents, 7) + 1: {measured(7, evEFIVariableCfg, efiVariable(globalGUID, "SecureBoot", []byte{1}))}}))
+	_, noDBXEvents := splitLog(t, noDBX)
+	row("an empty dbx, root appends a current one to PCR 7", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, noDBX, map[int][]rawEvent{end(noDBXEvents): {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
+	row("root appends a kernel (a PCR 4 application) after ExitBootServices", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {image("an allowed kernel")}}))
+	row("a two-application boot (kernel not in PCR 4), root appends a third", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, noSB, map[int][]rawEvent{end(noSBEvents): {image("an allowed kernel")}}))
+	row("root appends an authority to PCR 7 after ExitBootServices", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {measured(7, evEFIVarAuth, efiVariable(imageDBGUID, "db", []byte("cert")))}}))
+	row("root appends a PCR 0 firmware event after ExitBootServices", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {measured(0, evEFIAction, []byte("Platform firmware"))}}))
+	row("root appends a second PCR 4 separator, moved before ExitBootServices", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, rhel, map[int][]rawEvent{lastOf(rhelEvents, 4) + 1: {measured(4, evSeparator, []byte{0, 0, 0, 0})}}))
+
+	// Logs firmware would not write, measured as they are.
+	_, sbEvents := splitLog(t, rhel)
+	header, _ := splitLog(t, rhel)
+	sbAt := index(t, sbEvents, func(e rawEvent) bool { return e.pcr == 7 && e.typ == evEFIVariableCfg })
+	dup := append(append(append([]rawEvent(nil), sbEvents[:sbAt+1]...), sbEvents[sbAt]), sbEvents[sbAt+1:]...)
+	row("a variable measured twice before PCR 7's separator", attest.ReasonEventLogVariableRepeated, firmwareLogged(t, joinLog(header, dup)))
+	wrong := append([]rawEvent(nil), sbEvents...)
+	data := bytes.Clone(wrong[sbAt].data)
+	data[0] ^= 0xff // another vendor GUID, same name
+	wrong[sbAt] = measured(7, evEFIVariableCfg, data)
+	row("SecureBoot under another vendor GUID", attest.ReasonEventLogVariableGUID, firmwareLogged(t, joinLog(header, wrong)))
+	dbg := append(append(append([]rawEvent(nil), sbEvents[:sbAt]...), measured(7, evEFIAction, []byte("UEFI Debug Mode"))), sbEvents[sbAt:]...)
+	row("the firmware logged UEFI Debug Mode", attest.ReasonUEFIDebugger, firmwareLogged(t, joinLog(header, dbg)))
+	badSep := append([]rawEvent(nil), sbEvents...)
+	sepAt := index(t, badSep, pcr7Sep)
+	badSep[sepAt] = measured(7, evSeparator, []byte{1, 0, 0, 0})
+	row("an error separator in PCR 7", attest.ReasonEventLogUnexpected, firmwareLogged(t, joinLog(header, badSep)))
+
+	// The residual risk: the replay covers each PCR's sequence, not how
+	// the log interleaves them. Root appends an application to PCR 4 and
+	// moves ExitBootServices after it in the log: the order checks pass,
+	// but the application gets no name (the kernel is the one GRUB's
+	// linux command loaded), and a pool that pins PCR 4 refuses it.
+	ebsAt := index(t, rhelEvents, isEBS)
+	m := rootAppends(t, rhel, map[int][]rawEvent{ebsAt: {image("an allowed kernel")}})
+	claims, err := swAttest(t, m, v)
+	if err != nil {
+		t.Fatalf("the reordered log was refused (%v); this row shows what ordering alone cannot see", err)
+	}
+	b := claims.TPM.Boot
+	forgedApp := b.BootApplications[len(b.BootApplications)-1]
+	if b.Kernel == "" || b.Kernel == forgedApp || b.KernelBy != "grub-linux-command" {
+		t.Fatalf("kernel %q by %q; want the one GRUB loaded, not the appended %s", b.Kernel, b.KernelBy, forgedApp)
+	}
+	attacktable.Check(t, "TPM boot state", "root appends a PCR 4 application and moves ExitBootServices after it (cross-PCR order): the kernel is still the one GRUB loaded",
+		"kernel "+b.Kernel[:12], "kernel "+b.Kernel[:12])
+	honest, err := swAttest(t, honestMachine, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pinned, err := policy.Parse([]byte(`
+apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  worker:
+    evidence: [tpm]
+    tpm: {requireSecureBoot: true, pcrs: {"4": "` + honest.TPM.PCRs[4] + `"}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := attest.ReasonOf(pinned.Evaluate("worker", claims))
+	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4 to its known boot chain", string(attest.ReasonPolicyPCRValue), string(got))
+	if err := pinned.Evaluate("worker", honest); err != nil {
+		t.Fatalf("the honest machine fails its own PCR 4 reference value: %v", err)
+	}
+
+	// Where the boot did not measure its kernel into PCR 4 (GRUB loaded it
+	// without the shim's verification), an application root appends after
+	// GRUB's linux command in the log is, per PCR, exactly what a boot
+	// that did would show: it is named the kernel. Only a PCR 4 reference
+	// value (or Secure Boot, under which GRUB verifies and measures the
+	// kernel) closes this; docs/tpm.md.
+	linuxAt := index(t, noSBEvents, func(e rawEvent) bool { return e.pcr == 8 && bytes.Contains(e.data, []byte("grub_cmd: linux ")) })
+	forged := image("an allowed kernel")
+	m = rootAppends(t, noSB, map[int][]rawEvent{linuxAt + 1: {forged}})
+	claims, err = swAttest(t, m, v)
+	if err != nil {
+		t.Fatalf("refused: %v", err)
+	}
+	want := fmt.Sprintf("%x", forged.digests[1].digest)
+	named := "another"
+	if claims.TPM.Boot.Kernel == want {
+		named = "the appended one"
+	}
+	attacktable.Check(t, "TPM boot state", "residual: a boot whose kernel is not in PCR 4, root appends one after GRUB's linux command in the log; the kernel named is",
+		"the appended one", named)
+	honestNoSB, err := swAttest(t, newSwMachine(t, noSB), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := honestNoSB.TPM.PCRs[4]
+	pinned, err = policy.Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    evidence: [tpm]\n    tpm: {pcrs: {\"4\": \"" + pin + "\"}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ = attest.ReasonOf(pinned.Evaluate("worker", claims))
+	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4", string(attest.ReasonPolicyPCRValue), string(got))
+}
