@@ -47,6 +47,7 @@ pools:
     evidence: [tpm, gcp, aws]
     tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
     gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
+    aws: {accounts: ["123456789012"]}
     serve: {nodeNames: requested}
   master:
     serve: {public: false, token: true}
