@@ -427,9 +427,6 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	for _, k := range pool.Evidence {
 		switch k {
 		case attest.KindTPM:
-			if len(roots) == 0 && !haveInventory {
-				return errors.New("evidence: tpm, but trust.ekRoots and trust.ekInventory are both empty: no EK could ever be trusted")
-			}
 		case attest.KindGCP:
 			switch {
 			case len(pool.GCP.Projects) == 0 && !pool.GCP.AnyProject:

@@ -138,7 +138,6 @@ func TestParseRefuses(t *testing.T) {
 		{"a GCP pool with projects and anyProject", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], anyProject: true}}\n", "choose one"},
 		{"an AWS pool without accounts", head + "pools:\n  w: {evidence: [aws]}\n", `pool "w": aws.accounts is empty`},
 		{"an AWS pool with accounts and anyAccount", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], anyAccount: true}}\n", "choose one"},
-		{"a TPM pool with no EK trust at all", head + "pools:\n  w: {evidence: [tpm]}\n", "no EK could ever be trusted"},
 		{"bad digest", head + "pools:\n  w: {tpm: {deniedDigests: [abc]}}\n", "abc"},
 		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
 		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
