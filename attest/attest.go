@@ -285,6 +285,12 @@ const (
 	ReasonQuoteSignature  Reason = "QuoteSignature"
 	ReasonQuoteNotTPM     Reason = "QuoteNotTPMGenerated"
 	ReasonQuoteBinding    Reason = "QuoteBindingMismatch"
+	// ReasonQuoteRawNonce: the quote's qualifying data is the session's
+	// nonce itself, not the binding digest (BindingDigest).
+	ReasonQuoteRawNonce Reason = "QuoteQualifyingDataRawNonce"
+	// ReasonQuoteKeyMissing: the qualifying data binds the nonce but no
+	// kubelet key hash.
+	ReasonQuoteKeyMissing Reason = "QuoteKubeletKeyHashMissing"
 	ReasonKubeletKey      Reason = "KubeletKeyMismatch"
 	ReasonQuoteSelection  Reason = "QuotePCRSelection"
 	ReasonQuotePCRDigest  Reason = "QuotePCRDigestMismatch"
