@@ -1,19 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"crypto"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	ignconfig "github.com/coreos/ignition/v2/config"
 	"k8s.io/client-go/util/keyutil"
@@ -54,47 +48,29 @@ func TestKubeletKey(t *testing.T) {
 	}
 }
 
-// TestWritePointer: Ignition's user config, pointing at the pool with the
-// token header and the CA bundle.
-func TestWritePointer(t *testing.T) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+// TestWriteUserConfig: the full config becomes Ignition's user config,
+// readable by root only, replacing what was there whole.
+func TestWriteUserConfig(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ignition")
+	full := []byte(`{"ignition":{"version":"3.5.0"},"storage":{"files":[{"path":"/etc/kubernetes/kubeconfig"}]}}`)
+	for _, b := range [][]byte{[]byte(`{"ignition":{"version":"3.5.0"},"old":true}`), full} {
+		path, err := WriteUserConfig(dir, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Base(path) != UserConfigName {
+			t.Fatalf("wrote %s", path)
+		}
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bundle := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	path, err := WritePointer(t.TempDir(), "https://mcs.example:22623/", "worker", bundle, "np1.token")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if filepath.Base(path) != UserConfigName {
-		t.Fatalf("wrote %s", path)
-	}
+	path := filepath.Join(dir, UserConfigName)
 	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("pointer file mode %v %v (it holds the token)", fi.Mode(), err)
+		t.Fatalf("user config mode %v %v (it holds secrets)", fi.Mode(), err)
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, full) {
+		t.Fatalf("user config %q %v", got, err)
 	}
-	cfg, rpt, err := ignconfig.Parse(b) // any 3.x, translated to the newest
-	if err != nil || rpt.IsFatal() {
-		t.Fatalf("pointer does not parse: %v %v", err, rpt)
-	}
-	m := cfg.Ignition.Config.Merge
-	if len(m) != 1 || *m[0].Source != "https://mcs.example:22623/config/worker" {
-		t.Fatalf("merge %+v", m)
-	}
-	if len(m[0].HTTPHeaders) != 1 || *m[0].HTTPHeaders[0].Value != "Bearer np1.token" {
-		t.Fatalf("headers %+v", m[0].HTTPHeaders)
-	}
-	if len(cfg.Ignition.Security.TLS.CertificateAuthorities) != 1 {
-		t.Fatal("no CA bundle")
+	if _, rpt, err := ignconfig.Parse(full); err != nil || rpt.IsFatal() {
+		t.Fatalf("does not parse: %v %v", err, rpt)
 	}
 }
 

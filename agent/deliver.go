@@ -19,7 +19,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/internal/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/api"
-	"github.com/nodeproof/nodeproof/mcs/pointer"
 )
 
 // UserConfigName is the file in Ignition's system config directory that
@@ -33,23 +32,17 @@ const UserConfigName = "user.ign"
 // same directory here).
 const DefaultIgnitionDir = "/usr/lib/ignition"
 
-// WritePointer writes <dir>/user.ign: a pointer config whose merge source
-// is server's /config/<pool> with "Authorization: Bearer <token>" and the
-// CA bundle, so Ignition's fetch stage gets this node's full config with
-// the single-use config token (mode 1, before Ignition). The file is mode
-// 0600: it holds the token until Ignition spends it.
-func WritePointer(dir, server, pool string, caBundle []byte, token string) (string, error) {
-	b, err := pointer.Build(pointer.Options{
-		URL: strings.TrimRight(server, "/") + "/config/" + pool, CABundle: caBundle, Token: token,
-	})
-	if err != nil {
-		return "", err
-	}
+// WriteUserConfig writes full (the node's full config, as the server
+// served it) as <dir>/user.ign, Ignition's user config in its system
+// config directory, so that Ignition's fetch stage applies it (mode 1,
+// before Ignition). The file is mode 0600: it holds the node's secrets,
+// in the initramfs's memory, as Ignition's own fetched copy does.
+func WriteUserConfig(dir string, full []byte) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
 	path := filepath.Join(dir, UserConfigName)
-	return path, fsutil.WriteFileAtomic(path, b, 0o600)
+	return path, fsutil.WriteFileAtomic(path, full, 0o600)
 }
 
 // kubeconfigPath is the kubelet's bootstrap kubeconfig (render.KubeconfigPath).

@@ -38,9 +38,14 @@ type Mode string
 
 // Modes.
 const (
-	// ModePointer (before Ignition, in the initramfs): write a per-node
-	// pointer config carrying the config token into Ignition's system
-	// config directory; Ignition's fetch stage then gets the full config.
+	// ModePointer (before Ignition, in the initramfs): fetch this node's
+	// full config with the config token — attesting again for a new token
+	// when a delivery was cut, which spends the token — and write it into
+	// Ignition's system config directory as its user config; Ignition's
+	// fetch stage then applies it without asking the server. (Handing
+	// Ignition a pointer with the token instead would leave a machine whose
+	// delivery was cut with a spent token and a failed boot: Ignition
+	// cannot attest again.)
 	ModePointer Mode = "pointer"
 	// ModeFetch (two stages, on first boot after Ignition applied the
 	// public tier): fetch the full config now and write the first-boot
@@ -108,20 +113,24 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	switch cfg.Mode {
 	case ModePointer:
-		vr, err := cfg.Evidence.Attest(ctx, c, cfg.Pool, cfg.NodeName, pub)
-		if err != nil {
+		vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
+		switch {
+		case vr == nil:
 			return refusal(say, "attestation", err)
+		case err != nil:
+			attested(vr)
+			return refusal(say, "config fetch", err)
 		}
 		attested(vr)
 		dir := cfg.IgnitionDir
 		if dir == "" {
 			dir = DefaultIgnitionDir
 		}
-		path, err := WritePointer(dir, cfg.Server, vr.Pool, cfg.CABundle, vr.ConfigToken)
+		path, err := WriteUserConfig(dir, full)
 		if err != nil {
 			return err
 		}
-		say("wrote %s: Ignition will fetch the full config of pool %s with the config token", path, vr.Pool)
+		say("fetched the full config of pool %s (%d bytes); wrote %s: Ignition applies it", vr.Pool, len(full), path)
 	case ModeFetch:
 		vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
 		switch {

@@ -278,13 +278,19 @@ const (
 	ReasonEKNotInInventory Reason = "EKNotInInventory"
 	ReasonEKCertInvalid    Reason = "EKCertificateInvalid"
 	// TPM: attestation key.
-	ReasonAKInvalid       Reason = "AKInvalid"
-	ReasonAKAttributes    Reason = "AKAttributes"
-	ReasonAKCreation      Reason = "AKCreationAttestation"
-	ReasonActivation      Reason = "CredentialActivationFailed"
-	ReasonQuoteSignature  Reason = "QuoteSignature"
-	ReasonQuoteNotTPM     Reason = "QuoteNotTPMGenerated"
-	ReasonQuoteBinding    Reason = "QuoteBindingMismatch"
+	ReasonAKInvalid      Reason = "AKInvalid"
+	ReasonAKAttributes   Reason = "AKAttributes"
+	ReasonAKCreation     Reason = "AKCreationAttestation"
+	ReasonActivation     Reason = "CredentialActivationFailed"
+	ReasonQuoteSignature Reason = "QuoteSignature"
+	ReasonQuoteNotTPM    Reason = "QuoteNotTPMGenerated"
+	ReasonQuoteBinding   Reason = "QuoteBindingMismatch"
+	// ReasonQuoteRawNonce: the quote's qualifying data is the session's
+	// nonce itself, not the binding digest (BindingDigest).
+	ReasonQuoteRawNonce Reason = "QuoteQualifyingDataRawNonce"
+	// ReasonQuoteKeyMissing: the qualifying data binds the nonce but no
+	// kubelet key hash.
+	ReasonQuoteKeyMissing Reason = "QuoteKubeletKeyHashMissing"
 	ReasonKubeletKey      Reason = "KubeletKeyMismatch"
 	ReasonQuoteSelection  Reason = "QuotePCRSelection"
 	ReasonQuotePCRDigest  Reason = "QuotePCRDigestMismatch"

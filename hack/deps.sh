@@ -3,12 +3,13 @@
 # swtpm (software TPM) and its setup tools, tpm2-tools (the second evidence
 # producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo), and
 # libblkid-dev (the real Ignition client built by hack/tools.sh is cgo),
-# and sslscan (the TLS scanner the TLS tests run against the server).
+# sslscan (the TLS scanner the TLS tests run against the server), and jq,
+# curl and openssl (deploy/examples/tpm2-tools-attest.sh, which a test runs).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
 need=()
-for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan; do
+for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan jq curl openssl; do
   cmd=${bin%%:*}
   pkg=${bin#*:}
   [ "$pkg" = "$bin" ] && pkg=$cmd

@@ -22,8 +22,10 @@ var poolName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 // Which tier a request gets, in order:
 //  1. A config token (Authorization: Bearer np1.… or ?token=np1.…): it must
 //     open (TokenInvalid), be unexpired (TokenExpired), name this pool
-//     (TokenForAnotherPool), be unused (TokenAlreadyUsed; it is spent when
-//     the config is delivered), its record must exist, and the pool must
+//     (TokenForAnotherPool), be unused (TokenAlreadyUsed; it is spent as
+//     the body starts to leave: only a config that could not be rendered,
+//     or a HEAD, leaves it usable), its record must exist, and its node's
+//     binding must stand (NotEnrolled, NodeNameTaken, Revoked), and the pool must
 //     accept attested fetches (TierDisabled) → the full config for that
 //     node.
 //  2. Another bearer token: the pool must take the token tier and the token
@@ -154,7 +156,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 	}
 	d.tier = "attested"
 	release := func() {
-		// The config was not delivered: the token may be used again.
+		// No byte of the config left: the token may be used again.
 		if err := s.o.Store.ReleaseOnce(context.WithoutCancel(ctx), once); err != nil {
 			s.o.Log.Error("release config token marker", "record", ct.RecordID, "err", err.Error())
 		}
@@ -177,8 +179,8 @@ func (s *Server) full(pool, accept string, node *store.Record) func() ([][]byte,
 	}
 }
 
-// deliver renders and writes a config. undo, if set, runs when the config
-// was not delivered (rendering failed or the write did not complete).
+// deliver renders and writes a config. undo, if set, runs when no byte of
+// the body can have left: rendering failed, or the request was a HEAD.
 func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, render func() ([][]byte, error), undo func()) {
 	parts, err := render()
 	if err != nil {
@@ -212,16 +214,17 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 		}
 		return
 	}
+	// From here the token is spent, whatever happens: once any of the body
+	// may have left, the client may hold the start of the secrets (a
+	// client that reads a little, closes and asks again gets
+	// TokenAlreadyUsed). A node whose delivery was cut attests again for a
+	// new token (agent.Client.AttestAndFetch).
 	for _, p := range parts {
 		n, werr := w.Write(p)
 		d.bytes += n
 		if werr != nil {
-			err = werr
 			break
 		}
-	}
-	if err != nil && undo != nil {
-		undo()
 	}
 }
 

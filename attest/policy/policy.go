@@ -45,6 +45,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -205,6 +206,23 @@ func (s Serve) PublicTier() bool { return s.Public == nil || *s.Public }
 // AttestedTier reports whether config tokens are accepted.
 func (s Serve) AttestedTier() bool { return s.Attested == nil || *s.Attested }
 
+// Warnings lists what a valid policy allows that a real deployment should
+// not: pools open to any cloud project or account, pools that serve
+// secrets without credentials. The server logs each at start.
+func (p *Policy) Warnings() []string {
+	var out []string
+	for _, name := range slices.Sorted(maps.Keys(p.Pools)) {
+		pp := p.Pools[name]
+		if slices.Contains(pp.Evidence, attest.KindGCP) && pp.GCP.AnyProject {
+			out = append(out, fmt.Sprintf("pool %q: gcp.anyProject: an instance of any GCP project in the world may attest", name))
+		}
+		if slices.Contains(pp.Evidence, attest.KindAWS) && pp.AWS.AnyAccount {
+			out = append(out, fmt.Sprintf("pool %q: aws.anyAccount: an instance of any AWS account in the world may attest", name))
+		}
+	}
+	return out
+}
+
 // ServeFor returns a pool's release policy; a pool the policy does not name
 // gets the defaults (public tier only: it accepts no evidence).
 func (p *Policy) ServeFor(pool string) Serve {
@@ -242,12 +260,18 @@ type TPMPolicy struct {
 	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
 }
 
-// GCPPolicy is what a GCP instance must be. Empty lists allow any value:
-// set projects for any real deployment.
+// GCPPolicy is what a GCP instance must be. A pool that takes GCP evidence
+// lists its projects, or says anyProject: an empty list never means any
+// project in the world.
 type GCPPolicy struct {
-	// Projects are allowed project IDs.
+	// Projects are allowed project IDs (required unless AnyProject).
 	Projects []string `yaml:"projects"`
-	// Zones are allowed zones (e.g. us-central1-a).
+	// AnyProject accepts an instance of any GCP project: anyone with a
+	// GCE instance anywhere could then attest. For test setups only;
+	// logged as a warning when the server starts.
+	AnyProject bool `yaml:"anyProject"`
+	// Zones are allowed zones (e.g. us-central1-a); empty: every zone of
+	// the allowed projects.
 	Zones []string `yaml:"zones"`
 	// MaxInstanceAge refuses instances created longer ago (a machine being
 	// provisioned is minutes old; a token minted months later comes from
@@ -256,12 +280,18 @@ type GCPPolicy struct {
 	MaxInstanceAge Duration `yaml:"maxInstanceAge"`
 }
 
-// AWSPolicy is what an EC2 instance must be. Empty lists allow any value:
-// set accounts for any real deployment.
+// AWSPolicy is what an EC2 instance must be. A pool that takes AWS
+// evidence lists its accounts, or says anyAccount: an empty list never
+// means any account in the world.
 type AWSPolicy struct {
-	// Accounts are allowed AWS account IDs.
+	// Accounts are allowed AWS account IDs (required unless AnyAccount).
 	Accounts []string `yaml:"accounts"`
-	// Regions are allowed regions.
+	// AnyAccount accepts an instance of any AWS account: anyone with an
+	// EC2 instance anywhere could then attest. For test setups only;
+	// logged as a warning when the server starts.
+	AnyAccount bool `yaml:"anyAccount"`
+	// Regions are allowed regions; empty: every region of the allowed
+	// accounts.
 	Regions []string `yaml:"regions"`
 	// RequireLiveCheck refuses documents the EC2 API did not confirm (the
 	// instance running, in the expected VPC and tags).
@@ -396,7 +426,21 @@ func (p *Policy) validate() error {
 func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	for _, k := range pool.Evidence {
 		switch k {
-		case attest.KindTPM, attest.KindGCP, attest.KindAWS:
+		case attest.KindTPM:
+		case attest.KindGCP:
+			switch {
+			case len(pool.GCP.Projects) == 0 && !pool.GCP.AnyProject:
+				return errors.New("gcp.projects is empty: list the projects whose instances may attest (an empty list does not mean any project; set gcp.anyProject: true for that)")
+			case len(pool.GCP.Projects) > 0 && pool.GCP.AnyProject:
+				return errors.New("gcp.projects and gcp.anyProject: choose one")
+			}
+		case attest.KindAWS:
+			switch {
+			case len(pool.AWS.Accounts) == 0 && !pool.AWS.AnyAccount:
+				return errors.New("aws.accounts is empty: list the accounts whose instances may attest (an empty list does not mean any account; set aws.anyAccount: true for that)")
+			case len(pool.AWS.Accounts) > 0 && pool.AWS.AnyAccount:
+				return errors.New("aws.accounts and aws.anyAccount: choose one")
+			}
 		default:
 			return fmt.Errorf("unknown evidence kind %q", k)
 		}
@@ -535,7 +579,7 @@ func (p *Policy) evaluate(pool string, c *attest.Claims, firstBoot bool) error {
 // (InstanceTooOld: more than maxInstanceAge, DefaultGCPMaxInstanceAge when
 // unset, after the instance was created).
 func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool) error {
-	if len(g.Projects) > 0 && !slices.Contains(g.Projects, c.ProjectID) {
+	if !g.AnyProject && !slices.Contains(g.Projects, c.ProjectID) {
 		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
 	}
 	if len(g.Zones) > 0 && !slices.Contains(g.Zones, c.Zone) {
@@ -555,7 +599,7 @@ func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool
 // (RegionNotAllowed) and, if required, that the EC2 API confirmed the
 // instance (LiveCheckRequired).
 func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
-	if len(a.Accounts) > 0 && !slices.Contains(a.Accounts, c.AccountID) {
+	if !a.AnyAccount && !slices.Contains(a.Accounts, c.AccountID) {
 		return attest.Deny(attest.ReasonPolicyAccount, "account %s is not allowed", c.AccountID)
 	}
 	if len(a.Regions) > 0 && !slices.Contains(a.Regions, c.Region) {

@@ -45,6 +45,7 @@ pools:
       allowSHA1: true
   lab:
     evidence: [gcp]
+    gcp: {anyProject: true}
 `
 
 // goodClaims satisfies the worker pool of strictPolicy.
@@ -131,7 +132,12 @@ func TestParseRefuses(t *testing.T) {
 		{"wrong kind", "apiVersion: nodeproof.io/v1alpha1\nkind: Policy\npools: {w: {}}\n", "kind"},
 		{"no pools", head, "no pools"},
 		{"unknown evidence kind", head + "pools:\n  w: {evidence: [azure]}\n", "azure"},
-		{"unknown AWS node name choice", head + "pools:\n  w: {evidence: [aws], aws: {nodeName: hostname}}\n", "aws.nodeName"},
+		{"unknown AWS node name choice", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], nodeName: hostname}}\n", "aws.nodeName"},
+		{"a GCP pool without projects", head + "pools:\n  w: {evidence: [gcp]}\n", `pool "w": gcp.projects is empty`},
+		{"a GCP pool with an empty project list", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: []}}\n", `pool "w": gcp.projects is empty`},
+		{"a GCP pool with projects and anyProject", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], anyProject: true}}\n", "choose one"},
+		{"an AWS pool without accounts", head + "pools:\n  w: {evidence: [aws]}\n", `pool "w": aws.accounts is empty`},
+		{"an AWS pool with accounts and anyAccount", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], anyAccount: true}}\n", "choose one"},
 		{"bad digest", head + "pools:\n  w: {tpm: {deniedDigests: [abc]}}\n", "abc"},
 		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
 		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
@@ -223,5 +229,30 @@ pools:
 	}
 	if _, err := Parse([]byte(strings.Replace(doc, "1h", "soon", 1))); err == nil {
 		t.Fatal("a bad duration parsed")
+	}
+}
+
+// TestWarnings: the pools open to any cloud project or account are named,
+// so the server can say so at start; the others are not.
+func TestWarnings(t *testing.T) {
+	p, err := Parse([]byte(`apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  lab: {evidence: [gcp, aws], gcp: {anyProject: true}, aws: {anyAccount: true}}
+  prod: {evidence: [gcp, aws], gcp: {projects: [p]}, aws: {accounts: ["1"]}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := p.Warnings()
+	if len(w) != 2 || !strings.Contains(w[0], `pool "lab": gcp.anyProject`) || !strings.Contains(w[1], `pool "lab": aws.anyAccount`) {
+		t.Fatalf("warnings %q", w)
+	}
+	c := &attest.Claims{Kind: attest.KindGCP, GCP: &attest.GCPClaims{ProjectID: "anyone", InstanceCreated: time.Now()}, VerifiedAt: time.Now()}
+	if err := p.Evaluate("lab", c); err != nil {
+		t.Fatalf("anyProject refused a project: %v", err)
+	}
+	if r, _ := attest.ReasonOf(p.Evaluate("prod", c)); r != attest.ReasonPolicyProject {
+		t.Fatalf("a listed pool took another project: %v", r)
 	}
 }

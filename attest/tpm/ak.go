@@ -41,7 +41,7 @@ type akKey struct {
 func parseAKPublic(public []byte) (*akKey, error) {
 	pub, err := tpm2.DecodePublic(public)
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonAKInvalid, "AK public area does not decode: %v", err)
+		return nil, attest.Deny(attest.ReasonMalformed, "tpm.ak.public is not a TPMT_PUBLIC (bare, or in its TPM2B size)")
 	}
 	const need = tpm2.FlagFixedTPM | tpm2.FlagFixedParent | tpm2.FlagSensitiveDataOrigin | tpm2.FlagRestricted | tpm2.FlagSign
 	if pub.Attributes&need != need {
@@ -75,13 +75,13 @@ func parseAKPublic(public []byte) (*akKey, error) {
 		return nil, attest.Deny(attest.ReasonAKAttributes, "AK of algorithm %#x", pub.Type)
 	}
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonAKInvalid, "AK signing hash: %v", err)
+		return nil, attest.Deny(attest.ReasonAKInvalid, "the AK's signing scheme names an unknown hash")
 	}
 	if ak.hash != crypto.SHA256 && ak.hash != crypto.SHA384 && ak.hash != crypto.SHA512 {
 		return nil, attest.Deny(attest.ReasonAKAttributes, "AK signs with %v", ak.hash)
 	}
 	if ak.key, err = pub.Key(); err != nil {
-		return nil, attest.Deny(attest.ReasonAKInvalid, "AK key: %v", err)
+		return nil, attest.Deny(attest.ReasonAKInvalid, "the AK's public key is not usable")
 	}
 	return ak, nil
 }
@@ -90,11 +90,11 @@ func parseAKPublic(public []byte) (*akKey, error) {
 func (ak *akKey) computeName() error {
 	var err error
 	if ak.name, err = ak.public.Name(); err != nil || ak.name.Digest == nil {
-		return attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
+		return attest.Deny(attest.ReasonAKInvalid, "the AK's name cannot be computed")
 	}
 	enc, err := ak.name.Encode()
 	if err != nil {
-		return attest.Deny(attest.ReasonAKInvalid, "AK name: %v", err)
+		return attest.Deny(attest.ReasonAKInvalid, "the AK's name cannot be computed")
 	}
 	ak.nameHex = hex.EncodeToString(enc)
 	return nil
@@ -105,11 +105,11 @@ func (ak *akKey) computeName() error {
 // digest matches the creation data sent, signed by the AK itself.
 func (ak *akKey) checkCreation(createData, createAttestation, createSignature []byte) error {
 	if _, err := tpm2.DecodeCreationData(createData); err != nil {
-		return attest.Deny(attest.ReasonAKCreation, "creation data does not decode: %v", err)
+		return attest.Deny(attest.ReasonMalformed, "tpm.ak.createData is not a TPMS_CREATION_DATA (bare, or in its TPM2B size)")
 	}
 	att, err := tpm2.DecodeAttestationData(createAttestation)
 	if err != nil {
-		return attest.Deny(attest.ReasonAKCreation, "creation attestation does not decode: %v", err)
+		return attest.Deny(attest.ReasonMalformed, "tpm.ak.createAttestation is not a TPMS_ATTEST")
 	}
 	if att.Magic != tpmGeneratedValue {
 		return attest.Deny(attest.ReasonAKCreation, "creation attestation is not TPM_GENERATED")
@@ -123,7 +123,7 @@ func (ak *akKey) checkCreation(createData, createAttestation, createSignature []
 	}
 	nameHash, err := ak.public.NameAlg.Hash()
 	if err != nil {
-		return attest.Deny(attest.ReasonAKCreation, "AK name algorithm: %v", err)
+		return attest.Deny(attest.ReasonAKCreation, "the AK's name algorithm is unknown")
 	}
 	h := nameHash.New()
 	h.Write(createData)
@@ -141,7 +141,7 @@ func (ak *akKey) checkCreation(createData, createAttestation, createSignature []
 func (ak *akKey) verifySignature(msg, sigBytes []byte) error {
 	sig, err := tpm2.DecodeSignature(bytes.NewBuffer(sigBytes))
 	if err != nil {
-		return fmt.Errorf("signature does not decode: %w", err)
+		return fmt.Errorf("the signature is not a TPMT_SIGNATURE")
 	}
 	h := ak.hash.New()
 	h.Write(msg)

@@ -223,10 +223,10 @@ func checkEKPublicStrength(pub crypto.PublicKey) error {
 func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte, now time.Time) (*ekFacts, error) {
 	pub, err := x509.ParsePKIXPublicKey(ekPublicDER)
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonMalformed, "EK public key is not PKIX DER: %v", err)
+		return nil, attest.Deny(attest.ReasonMalformed, "tpm.ekPublic is not a PKIX DER public key")
 	}
 	if err := checkEKPublicStrength(pub); err != nil {
-		return nil, attest.Deny(attest.ReasonMalformed, "EK too weak: %v", err)
+		return nil, attest.Deny(attest.ReasonMalformed, "tpm.ekPublic is too weak (%v)", err)
 	}
 	f := &ekFacts{Public: pub, SHA256: sha256.Sum256(ekPublicDER)}
 
@@ -239,7 +239,7 @@ func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte
 	}
 	cert, err := goattest.ParseEKCertificate(ekCertDER)
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonEKCertInvalid, "EK certificate does not parse: %v", err)
+		return nil, attest.Deny(attest.ReasonEKCertInvalid, "tpm.ekCertificate does not parse as an X.509 certificate")
 	}
 	if cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign != 0 {
 		return nil, attest.Deny(attest.ReasonEKCertInvalid, "EK certificate %q is a CA certificate", cert.Subject)
@@ -272,7 +272,7 @@ func (t *ekTrust) chain(cert *x509.Certificate, intermediatesDER [][]byte, now t
 	for _, der := range intermediatesDER {
 		c, err := x509.ParseCertificate(der)
 		if err != nil {
-			return "", attest.Deny(attest.ReasonEKCertInvalid, "EK intermediate does not parse: %v", err)
+			return "", attest.Deny(attest.ReasonEKCertInvalid, "a tpm.ekIntermediates certificate does not parse as X.509")
 		}
 		extra = append(extra, c)
 	}

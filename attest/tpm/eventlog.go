@@ -47,7 +47,7 @@ func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event
 	}
 	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonEventLogInvalid, "event log does not parse: %v", err)
+		return nil, attest.Deny(attest.ReasonEventLogInvalid, "tpm.eventLog does not parse as a TCG PC Client event log")
 	}
 	mrs := make([]register.MR, 0, len(quoted))
 	for _, i := range sortedIndexes(quoted) {
@@ -58,7 +58,7 @@ func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event
 	}
 	events, err := el.Verify(mrs)
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonEventLogReplay, "event log does not replay to the quoted PCRs: %v", err)
+		return nil, attest.Deny(attest.ReasonEventLogReplay, "tpm.eventLog does not replay to the quoted PCR values")
 	}
 	return events, nil
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	tpm2new "github.com/google/go-tpm/tpm2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -203,13 +204,13 @@ func FuzzTPMStructures(f *testing.F) {
 	required := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 	// The captured seeds pass every check, so the fuzzer starts from
 	// acceptance; the Windows AK signs with SHA-1, which is refused.
-	seed := func(ak AKParameters, q Quote, binding []byte, pcrs []PCR, want attest.Reason) {
+	seed := func(ak AKParameters, q Quote, binding, nonce []byte, pcrs []PCR, want attest.Reason) {
 		k, err := parseAKPublic(ak.Public)
 		if err == nil {
 			err = k.checkCreation(ak.CreateData, ak.CreateAttestation, ak.CreateSignature)
 		}
 		if err == nil {
-			_, err = verifyQuote(k, q, pcrs, binding, required)
+			_, err = verifyQuote(k, q, pcrs, binding, nonce, required)
 		}
 		if r, _ := attest.ReasonOf(err); (err == nil) != (want == "") || r != want {
 			f.Fatalf("a real seed: got %v, want refusal %q", err, want)
@@ -218,19 +219,19 @@ func FuzzTPMStructures(f *testing.F) {
 		f.Add(ak.Public, ak.CreateData, ak.CreateAttestation, ak.CreateSignature, q.Quote, q.Signature, binding, b)
 	}
 	for _, x := range LoadExchanges(f) {
-		seed(x.Request.AK, x.Evidence.Quotes[0], attest.BindingDigest(x.Session.Nonce, x.KubeletKeySHA256), x.Evidence.PCRs, "")
+		seed(x.Request.AK, x.Evidence.Quotes[0], attest.BindingDigest(x.Session.Nonce, x.KubeletKeySHA256), x.Session.Nonce, x.Evidence.PCRs, "")
 	}
 	wak, wq, wpcrs := windowsAttestation(f)
-	seed(wak, wq, []byte{}, wpcrs, attest.ReasonAKAttributes)
+	seed(wak, wq, []byte{}, nil, wpcrs, attest.ReasonAKAttributes)
 	f.Fuzz(func(t *testing.T, akPub, createData, createAtt, createSig, quote, quoteSig, binding, pcrsJSON []byte) {
-		ak, err := parseAKPublic(akPub)
+		ak, err := parseAKPublic(unTPM2B(akPub))
 		if err != nil {
-			wantReasonIn(t, err, attest.ReasonAKInvalid, attest.ReasonAKAttributes)
+			wantReasonIn(t, err, attest.ReasonAKInvalid, attest.ReasonAKAttributes, attest.ReasonMalformed)
 			return
 		}
 		checkAK(t, ak)
-		if err := ak.checkCreation(createData, createAtt, createSig); err != nil {
-			wantReasonIn(t, err, attest.ReasonAKCreation)
+		if err := ak.checkCreation(unTPM2B(createData), createAtt, createSig); err != nil {
+			wantReasonIn(t, err, attest.ReasonAKCreation, attest.ReasonMalformed)
 		} else {
 			checkCreationAccepted(t, ak, createData, createAtt)
 		}
@@ -241,11 +242,12 @@ func FuzzTPMStructures(f *testing.F) {
 		var pcrs []PCR
 		_ = json.Unmarshal(pcrsJSON, &pcrs)
 		q := Quote{Quote: quote, Signature: quoteSig}
-		_, _ = quoteBank(q)
-		qr, err := verifyQuote(ak, q, pcrs, binding, required)
+		_, _ = quoteBanks(q)
+		qr, err := verifyQuote(ak, q, pcrs, binding, make([]byte, 32), required)
 		if err != nil {
 			wantReasonIn(t, err, attest.ReasonQuoteSignature, attest.ReasonMalformed, attest.ReasonQuoteNotTPM,
-				attest.ReasonQuoteBinding, attest.ReasonQuoteSelection, attest.ReasonQuotePCRDigest)
+				attest.ReasonQuoteBinding, attest.ReasonQuoteRawNonce, attest.ReasonQuoteKeyMissing,
+				attest.ReasonQuoteSelection, attest.ReasonQuotePCRDigest, attest.ReasonNoSHA256Bank)
 			return
 		}
 		checkQuoteAccepted(t, ak, quote, binding, required, qr)
@@ -298,32 +300,44 @@ func checkCreationAccepted(t *testing.T, ak *akKey, createData, createAtt []byte
 
 func checkQuoteAccepted(t *testing.T, ak *akKey, quote, binding []byte, required []int, qr *quoteResult) {
 	t.Helper()
-	att, err := tpm2.DecodeAttestationData(quote)
-	if err != nil || att.Magic != tpmGeneratedValue || att.Type != tpm2.TagAttestQuote || att.AttestedQuoteInfo == nil {
+	att, sels, err := decodeQuote(quote, "quote")
+	if err != nil || att.Magic != tpm2new.TPMGeneratedValue || att.Type != tpm2new.TPMSTAttestQuote {
 		t.Fatalf("accepted a quote that is not one: %v", err)
 	}
-	if !bytes.Equal(att.ExtraData, binding) {
-		t.Fatalf("accepted a quote binding %x, want %x", att.ExtraData, binding)
+	if !bytes.Equal(att.ExtraData.Buffer, binding) {
+		t.Fatalf("accepted a quote binding %x, want %x", att.ExtraData.Buffer, binding)
 	}
-	sel := att.AttestedQuoteInfo.PCRSelection
+	var sel *selection
+	for i := range sels {
+		if sels[i].bank == qr.bank {
+			sel = &sels[i]
+		}
+	}
+	if sel == nil {
+		t.Fatalf("accepted bank %v that the quote does not select", qr.bank)
+	}
 	for _, i := range required {
 		if _, ok := qr.pcrs[i]; !ok {
 			t.Fatalf("accepted a quote without PCR %d", i)
 		}
 	}
-	h := ak.hash.New()
-	for _, i := range sel.PCRs {
-		v := qr.pcrs[i]
-		if len(v) != qr.bank.Size() {
-			t.Fatalf("PCR %d value of %d bytes in bank %v", i, len(v), qr.bank)
+	for i, v := range qr.pcrs {
+		if len(v) != qr.bank.Size() || !slices.Contains(sel.pcrs, i) {
+			t.Fatalf("PCR %d value of %d bytes in bank %v (selected %v)", i, len(v), qr.bank, sel.pcrs)
 		}
-		h.Write(v)
 	}
-	if !bytes.Equal(h.Sum(nil), att.AttestedQuoteInfo.PCRDigest) {
-		t.Fatal("accepted PCR values the quote does not digest")
+	if len(qr.pcrs) != len(uniqueInts(sel.pcrs)) {
+		t.Fatalf("%d PCR values for %d selected PCRs", len(qr.pcrs), len(sel.pcrs))
 	}
-	if len(qr.pcrs) != len(uniqueInts(sel.PCRs)) {
-		t.Fatalf("%d PCR values for %d selected PCRs", len(qr.pcrs), len(sel.PCRs))
+	if len(sels) == 1 {
+		info, _ := att.Attested.Quote()
+		h := ak.hash.New()
+		for _, i := range sel.pcrs {
+			h.Write(qr.pcrs[i])
+		}
+		if !bytes.Equal(h.Sum(nil), info.PCRDigest.Buffer) {
+			t.Fatal("accepted PCR values the quote does not digest")
+		}
 	}
 }
 

@@ -1,11 +1,12 @@
 package tpm
 
 import (
+	"bytes"
 	"crypto"
 	"crypto/subtle"
-	"fmt"
+	"encoding/binary"
 
-	"github.com/google/go-tpm/legacy/tpm2"
+	tpm2 "github.com/google/go-tpm/tpm2"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -15,7 +16,7 @@ type quoteResult struct {
 	bank crypto.Hash
 	pcrs map[int][]byte // quoted PCR values of bank
 	// clock is the quote's TPMS_CLOCK_INFO.
-	clock tpm2.ClockInfo
+	clock tpm2.TPMSClockInfo
 }
 
 // bankName names a PCR bank in claims and in the wire format.
@@ -43,83 +44,167 @@ func bankHash(name string) (crypto.Hash, bool) {
 	return 0, false
 }
 
+// selection is one bank of a quote's PCR selection, its PCRs ascending.
+type selection struct {
+	bank crypto.Hash
+	pcrs []int
+}
+
+// decodeQuote decodes a TPMS_ATTEST that should be a quote, with go-tpm's
+// TPM 2.0 structures (which take a selection of several banks, as
+// tpm2_quote -l sha1:…+sha256:… makes). It returns the attestation and
+// its selection, banks in the quote's order.
+func decodeQuote(b []byte, field string) (*tpm2.TPMSAttest, []selection, error) {
+	if len(b) < 4 || binary.BigEndian.Uint32(b) != uint32(tpm2.TPMGeneratedValue) {
+		return nil, nil, attest.Deny(attest.ReasonQuoteNotTPM, "%s is not TPM_GENERATED", field)
+	}
+	att, err := tpm2.Unmarshal[tpm2.TPMSAttest](b)
+	if err != nil {
+		return nil, nil, attest.Deny(attest.ReasonMalformed, "%s is not a TPMS_ATTEST", field)
+	}
+	if att.Type != tpm2.TPMSTAttestQuote {
+		return nil, nil, attest.Deny(attest.ReasonQuoteNotTPM, "%s is not a quote (tag %#x)", field, uint16(att.Type))
+	}
+	info, err := att.Attested.Quote()
+	if err != nil {
+		return nil, nil, attest.Deny(attest.ReasonMalformed, "%s holds no quote information", field)
+	}
+	var sels []selection
+	seen := map[crypto.Hash]bool{}
+	for _, s := range info.PCRSelect.PCRSelections {
+		h, err := s.Hash.Hash()
+		if err != nil {
+			return nil, nil, attest.Deny(attest.ReasonQuoteSelection, "%s selects a bank of algorithm %#x", field, uint16(s.Hash))
+		}
+		if seen[h] {
+			return nil, nil, attest.Deny(attest.ReasonQuoteSelection, "%s selects the %s bank twice", field, bankName(h))
+		}
+		seen[h] = true
+		sel := selection{bank: h}
+		for byteIdx, bits := range s.PCRSelect {
+			for bit := 0; bit < 8; bit++ {
+				if bits&(1<<bit) != 0 {
+					sel.pcrs = append(sel.pcrs, byteIdx*8+bit)
+				}
+			}
+		}
+		sels = append(sels, sel)
+	}
+	return att, sels, nil
+}
+
 // verifyQuote checks one TPM2_Quote:
+//   - the TPMS_ATTEST starts with TPM_GENERATED_VALUE and is a quote
+//     (QuoteNotTPMGenerated), and decodes (MalformedEvidence);
 //   - the TPMT_SIGNATURE is the AK's, over the TPMS_ATTEST, with the AK's
-//     scheme and hash;
-//   - the TPMS_ATTEST starts with TPM_GENERATED_VALUE and is a quote;
-//   - its qualifying data (extraData) equals binding, compared in
-//     constant time;
-//   - it selects exactly one bank, and every PCR in required;
-//   - the digest of the PCR values sent for the selected PCRs, in
-//     selection order, equals the quoted PCR digest; a PCR value sent for
-//     that bank but not selected is refused too.
-func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding []byte, required []int) (*quoteResult, error) {
+//     scheme and hash (QuoteSignature);
+//   - its qualifying data (extraData) equals binding, compared in constant
+//     time; when it does not, the refusal says what it holds instead, if
+//     that is a common mistake (QuoteQualifyingDataRawNonce: the nonce
+//     itself; QuoteKubeletKeyHashMissing: the binding without the kubelet
+//     key hash) or else QuoteBindingMismatch (another session's nonce, or
+//     another key);
+//   - its selection names each bank once (QuotePCRSelection), one of them
+//     SHA-256 — or, when no SHA-256 is selected, SHA-1, which claims mark
+//     for policy (SHA256BankMissing when neither) — and that bank covers
+//     every PCR in required (QuotePCRSelection);
+//   - the PCR values sent for every selected bank, in the selection's
+//     order (bank by bank, PCRs ascending), hash with the AK's hash to
+//     the quoted PCR digest (QuotePCRDigestMismatch; a value missing,
+//     sent twice, of the wrong size or not selected is refused too).
+//
+// nonce and keySHA are the session's, to name the binding mistakes.
+func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required []int) (*quoteResult, error) {
+	att, sels, err := decodeQuote(q.Quote, "the quote")
+	if err != nil {
+		return nil, err
+	}
 	if err := ak.verifySignature(q.Quote, q.Signature); err != nil {
-		return nil, attest.Deny(attest.ReasonQuoteSignature, "quote: %v", err)
+		return nil, attest.Deny(attest.ReasonQuoteSignature, "quote signature: %v", err)
 	}
-	att, err := tpm2.DecodeAttestationData(q.Quote)
-	if err != nil {
-		return nil, attest.Deny(attest.ReasonMalformed, "quote does not decode: %v", err)
+	if subtle.ConstantTimeCompare(att.ExtraData.Buffer, binding) != 1 {
+		return nil, bindingMistake(att.ExtraData.Buffer, nonce)
 	}
-	if att.Magic != tpmGeneratedValue {
-		return nil, attest.Deny(attest.ReasonQuoteNotTPM, "quote is not TPM_GENERATED")
+	bank, ok := crypto.Hash(0), false
+	for _, want := range []crypto.Hash{crypto.SHA256, crypto.SHA1} {
+		for _, s := range sels {
+			if s.bank == want && !ok {
+				bank, ok = want, true
+			}
+		}
 	}
-	if att.Type != tpm2.TagAttestQuote || att.AttestedQuoteInfo == nil {
-		return nil, attest.Deny(attest.ReasonQuoteNotTPM, "attestation is not a quote (tag %#x)", att.Type)
+	if !ok {
+		return nil, attest.Deny(attest.ReasonNoSHA256Bank, "the quote selects neither the SHA-256 nor the SHA-1 bank")
 	}
-	if subtle.ConstantTimeCompare(att.ExtraData, binding) != 1 {
-		return nil, attest.Deny(attest.ReasonQuoteBinding, "quote's qualifying data is not this session's nonce and kubelet key")
+	// Values sent, by bank and index.
+	values := map[crypto.Hash]map[int][]byte{}
+	selected := map[crypto.Hash]map[int]bool{}
+	for _, s := range sels {
+		values[s.bank] = map[int][]byte{}
+		selected[s.bank] = map[int]bool{}
+		for _, i := range s.pcrs {
+			selected[s.bank][i] = true
+		}
 	}
-	sel := att.AttestedQuoteInfo.PCRSelection
-	bank, err := sel.Hash.Hash()
-	if err != nil {
-		return nil, attest.Deny(attest.ReasonQuoteSelection, "quote bank %#x: %v", sel.Hash, err)
-	}
-	selected := make(map[int]bool, len(sel.PCRs))
-	for _, i := range sel.PCRs {
-		selected[i] = true
+	for _, p := range pcrs {
+		h, known := bankHash(p.Bank)
+		if !known || selected[h] == nil {
+			continue // a bank this quote does not select: another quote's
+		}
+		if !selected[h][p.Index] {
+			return nil, attest.Deny(attest.ReasonQuoteSelection, "PCR %d of the %s bank sent but not quoted", p.Index, p.Bank)
+		}
+		if _, dup := values[h][p.Index]; dup {
+			return nil, attest.Deny(attest.ReasonMalformed, "PCR %d of the %s bank sent twice", p.Index, p.Bank)
+		}
+		if len(p.Digest) != h.Size() {
+			return nil, attest.Deny(attest.ReasonMalformed, "PCR %d of the %s bank has %d bytes", p.Index, p.Bank, len(p.Digest))
+		}
+		values[h][p.Index] = p.Digest
 	}
 	for _, i := range required {
-		if !selected[i] {
+		if !selected[bank][i] {
 			return nil, attest.Deny(attest.ReasonQuoteSelection, "quote does not cover PCR %d of the %s bank", i, bankName(bank))
 		}
 	}
-	values := make(map[int][]byte, len(sel.PCRs))
-	for _, p := range pcrs {
-		h, ok := bankHash(p.Bank)
-		if !ok || h != bank {
-			continue
-		}
-		if !selected[p.Index] {
-			return nil, attest.Deny(attest.ReasonQuoteSelection, "PCR %d sent but not quoted", p.Index)
-		}
-		if _, dup := values[p.Index]; dup {
-			return nil, attest.Deny(attest.ReasonMalformed, "PCR %d sent twice", p.Index)
-		}
-		if len(p.Digest) != bank.Size() {
-			return nil, attest.Deny(attest.ReasonMalformed, "PCR %d value has %d bytes", p.Index, len(p.Digest))
-		}
-		values[p.Index] = p.Digest
-	}
 	h := ak.hash.New()
-	for _, i := range sel.PCRs {
-		v, ok := values[i]
-		if !ok {
-			return nil, attest.Deny(attest.ReasonQuotePCRDigest, "quoted PCR %d has no value", i)
+	for _, s := range sels {
+		for _, i := range s.pcrs {
+			v, ok := values[s.bank][i]
+			if !ok {
+				return nil, attest.Deny(attest.ReasonQuotePCRDigest, "quoted PCR %d of the %s bank has no value", i, bankName(s.bank))
+			}
+			h.Write(v)
 		}
-		h.Write(v)
 	}
-	if subtle.ConstantTimeCompare(h.Sum(nil), att.AttestedQuoteInfo.PCRDigest) != 1 {
+	info, _ := att.Attested.Quote()
+	if subtle.ConstantTimeCompare(h.Sum(nil), info.PCRDigest.Buffer) != 1 {
 		return nil, attest.Deny(attest.ReasonQuotePCRDigest, "PCR values do not match the quoted digest")
 	}
-	return &quoteResult{bank: bank, pcrs: values, clock: att.ClockInfo}, nil
+	return &quoteResult{bank: bank, pcrs: values[bank], clock: att.ClockInfo}, nil
 }
 
-// quoteBank reads the bank a quote selects without verifying it.
-func quoteBank(q Quote) (crypto.Hash, error) {
-	att, err := tpm2.DecodeAttestationData(q.Quote)
-	if err != nil || att.AttestedQuoteInfo == nil {
-		return 0, fmt.Errorf("quote does not decode")
+// bindingMistake names what a quote's qualifying data holds instead of the
+// binding, when it is a mistake an integrator makes.
+func bindingMistake(got, nonce []byte) error {
+	switch {
+	case bytes.Equal(got, nonce):
+		return attest.Deny(attest.ReasonQuoteRawNonce, "the quote's qualifying data is the nonce itself; it must be SHA-256(%q ‖ 0x00 ‖ nonce ‖ SHA-256(kubelet public key, PKIX DER))", attest.BindingLabel)
+	case bytes.Equal(got, attest.BindingDigest(nonce, nil)), bytes.Equal(got, attest.BindingDigest(nonce, make([]byte, 32))):
+		return attest.Deny(attest.ReasonQuoteKeyMissing, "the quote's qualifying data binds this session's nonce but no kubelet key hash: append SHA-256(kubelet public key, PKIX DER) after the nonce")
 	}
-	return att.AttestedQuoteInfo.PCRSelection.Hash.Hash()
+	return attest.Deny(attest.ReasonQuoteBinding, "the quote's qualifying data is not this session's binding: another session's nonce, or another kubelet key")
+}
+
+// quoteBanks reads the banks a quote selects without verifying it.
+func quoteBanks(q Quote) ([]crypto.Hash, error) {
+	_, sels, err := decodeQuote(q.Quote, "a quote")
+	if err != nil {
+		return nil, err
+	}
+	var out []crypto.Hash
+	for _, s := range sels {
+		out = append(out, s.bank)
+	}
+	return out, nil
 }

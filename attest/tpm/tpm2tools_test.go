@@ -28,6 +28,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
@@ -425,4 +426,53 @@ func TestTPM2ToolsTamperedEvidence(t *testing.T) {
 			wantReason(t, attempt(in), tc.want)
 		})
 	}
+}
+
+// quoteWith quotes PCRs 0-9 of the SHA-256 bank with qualifying data
+// qual and returns the evidence around it.
+func (x *tpm2Tools) quoteWith(qual, keySHA, secret, log []byte) *tpm.Evidence {
+	x.t.Helper()
+	x.run("tpm2_quote", "-c", "ak.ctx", "-l", toolsQuotedPCRs, "-q", hex.EncodeToString(qual),
+		"-m", "q.msg", "-s", "q.sig", "-o", "q.pcrs", "-F", "values", "-g", "sha256")
+	values := x.read("q.pcrs")
+	ev := &tpm.Evidence{KubeletKeySHA256: keySHA, ActivationSecret: secret, EventLog: log,
+		Quotes: []tpm.Quote{{Quote: x.read("q.msg"), Signature: x.read("q.sig")}}}
+	for i := 0; i < toolsPCRCount; i++ {
+		ev.PCRs = append(ev.PCRs, tpm.PCR{Index: i, Bank: "sha256", Digest: values[i*toolsSHA256Length : (i+1)*toolsSHA256Length]})
+	}
+	return ev
+}
+
+// TestTPM2ToolsBindingAttacks: the mistakes an integrator makes with the
+// quote's qualifying data, each named by its own reason, so the refusal
+// says what to fix; and the creation data sent in part.
+func TestTPM2ToolsBindingAttacks(t *testing.T) {
+	r := runTPM2Tools(t)
+	ch, sess, err := r.v.Challenge("worker", r.keySHA, r.req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := r.tools.activate(ch)
+	other := make([]byte, 32)
+	for _, tc := range []struct {
+		name string
+		qual []byte
+		want attest.Reason
+	}{
+		{"the raw nonce as qualifying data", ch.Nonce, attest.ReasonQuoteRawNonce},
+		{"the binding without the kubelet key hash", attest.BindingDigest(ch.Nonce, nil), attest.ReasonQuoteKeyMissing},
+		{"another session's nonce", attest.BindingDigest(other, r.keySHA), attest.ReasonQuoteBinding},
+	} {
+		_, err := r.v.Verify(sess, r.tools.quoteWith(tc.qual, r.keySHA, secret, r.log))
+		got, _ := attest.ReasonOf(err)
+		attacktable.Check(t, "TPM interop", "tpm2-tools: "+tc.name, string(tc.want), string(got))
+	}
+	if _, err := r.v.Verify(sess, r.tools.quoteWith(attest.BindingDigest(ch.Nonce, r.keySHA), r.keySHA, secret, r.log)); err != nil {
+		t.Fatalf("the right binding refused: %v", err)
+	}
+	partial := *r.req
+	partial.AK.CreateAttestation = nil
+	_, _, err = r.v.Challenge("worker", r.keySHA, &partial)
+	got, _ := attest.ReasonOf(err)
+	attacktable.Check(t, "TPM interop", "creation data without its attestation", string(attest.ReasonMalformed), string(got))
 }

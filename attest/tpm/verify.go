@@ -5,7 +5,9 @@
 package tpm
 
 import (
+	"crypto"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -99,12 +101,22 @@ type sessionState struct {
 //  2. EK trust (see ekTrust): inventory, or an EK certificate whose key is
 //     the EK (EKCertificateKeyMismatch) chaining to a configured vendor
 //     root (EKUntrusted, EKCertificateInvalid); neither: EKNotInInventory.
-//  3. AK public area: decodes (AKInvalid); restricted signing key with
-//     fixedTPM, fixedParent, sensitiveDataOrigin, not decrypt, RSA >= 2048
-//     or NIST P-256+, SHA-256+ scheme (AKAttributes).
-//  4. AK creation attestation: TPM_GENERATED, a creation attestation of
+//  3. AK public area: a TPMT_PUBLIC, bare (go-attestation) or in its
+//     TPM2B size (tpm2_createak -u) (MalformedEvidence, naming the field);
+//     a restricted signing key with fixedTPM, fixedParent,
+//     sensitiveDataOrigin, not decrypt, RSA >= 2048 or NIST P-256+,
+//     SHA-256+ scheme (AKAttributes).
+//  4. AK creation attestation, when the node sends creation data (a
+//     go-attestation convention; plain tpm2_createak sends none): all
+//     three fields, the data bare or in its TPM2B size
+//     (MalformedEvidence), TPM_GENERATED, a creation attestation of
 //     exactly this AK, creation-data digest matching, signed by the AK
-//     (AKCreationAttestation).
+//     (AKCreationAttestation). Without it, credential activation (step
+//     two) is what proves the AK is this TPM's: the credential is bound to
+//     the AK's name — the hash of its public area, attributes included —
+//     and only the TPM holding the EK and a loaded object of that name
+//     can release the secret; a TPM loads a fixedTPM, restricted signing
+//     key only if it made it (docs/tpm.md).
 //
 // Then it makes the credential (TPM2_MakeCredential, with go-tpm's
 // credactivation) for the AK's name under the EK, with a fresh 32-byte
@@ -121,12 +133,21 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	if err != nil {
 		return nil, nil, err
 	}
-	ak, err := parseAKPublic(req.AK.Public)
+	akPublic := unTPM2B(req.AK.Public)
+	ak, err := parseAKPublic(akPublic)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := ak.checkCreation(req.AK.CreateData, req.AK.CreateAttestation, req.AK.CreateSignature); err != nil {
-		return nil, nil, err
+	c := req.AK
+	switch {
+	case len(c.CreateData) == 0 && len(c.CreateAttestation) == 0 && len(c.CreateSignature) == 0:
+		// No creation data: activation alone binds the AK (see above).
+	case len(c.CreateData) == 0 || len(c.CreateAttestation) == 0 || len(c.CreateSignature) == 0:
+		return nil, nil, attest.Deny(attest.ReasonMalformed, "tpm.ak: createData, createAttestation and createSignature go together: send all three or none")
+	default:
+		if err := ak.checkCreation(unTPM2B(c.CreateData), c.CreateAttestation, c.CreateSignature); err != nil {
+			return nil, nil, err
+		}
 	}
 	if err := ak.computeName(); err != nil {
 		return nil, nil, err
@@ -141,10 +162,10 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	}
 	cred, encSecret, err := credactivation.Generate(ak.name.Digest, ek.Public, 16, secret)
 	if err != nil {
-		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "make credential: %v", err)
+		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "cannot make a credential for this AK under this EK")
 	}
 	state, err := json.Marshal(sessionState{
-		Secret: secret, AKPublic: req.AK.Public, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
+		Secret: secret, AKPublic: akPublic, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
 		CertSubj: ek.CertSubj, CertIssuer: ek.CertIssuer, CertSerial: ek.CertSerial,
 		NodeName: ek.NodeName, Addresses: ek.Addresses,
 	})
@@ -169,15 +190,18 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //  3. The activation secret equals the session's, in constant time
 //     (CredentialActivationFailed): the AK lives in the TPM that holds the
 //     EK.
-//  4. A quote of the SHA-256 bank is used when present; otherwise a SHA-1
-//     quote is accepted here and marked pcrBank "sha1" for policy to refuse
-//     (SHA256BankMissing when there is neither).
+//  4. A quote whose selection includes the SHA-256 bank (alone, or beside
+//     others as tpm2_quote -l sha1:…+sha256:… makes) is used; otherwise one
+//     of the SHA-1 bank, accepted here and marked pcrBank "sha1" for
+//     policy to refuse (SHA256BankMissing when there is neither; a quote
+//     that does not decode is MalformedEvidence or QuoteNotTPMGenerated).
 //  5. The quote (see verifyQuote): AK signature (QuoteSignature),
 //     TPM_GENERATED and quote type (QuoteNotTPMGenerated), qualifying data
 //     = attest.BindingDigest(session nonce, the kubelet key hash the node
-//     says it bound) (QuoteBindingMismatch), PCR selection covers
-//     RequiredPCRs (QuotePCRSelection), PCR values match the quoted digest
-//     (QuotePCRDigestMismatch).
+//     says it bound) (QuoteBindingMismatch; QuoteQualifyingDataRawNonce and
+//     QuoteKubeletKeyHashMissing name the two common mistakes), the chosen
+//     bank covers RequiredPCRs (QuotePCRSelection), the values of every
+//     selected bank match the quoted digest (QuotePCRDigestMismatch).
 //  6. The kubelet key hash the quote binds is the session's, in constant
 //     time (KubeletKeyMismatch): so the accepted quote's qualifying data is
 //     exactly BindingDigest(session nonce, session kubelet key).
@@ -199,7 +223,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	}
 	var st sessionState
 	if err := json.Unmarshal(sess.State, &st); err != nil {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "session state: %v", err)
+		return nil, attest.Deny(attest.ReasonSessionInvalid, "the session's TPM state does not decode")
 	}
 	if err := checkEvidenceSizes(ev); err != nil {
 		return nil, err
@@ -216,7 +240,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 		return nil, err
 	}
 	binding := attest.BindingDigest(sess.Nonce, ev.KubeletKeySHA256)
-	qr, err := verifyQuote(ak, q, ev.PCRs, binding, v.required)
+	qr, err := verifyQuote(ak, q, ev.PCRs, binding, sess.Nonce, v.required)
 	if err != nil {
 		return nil, err
 	}
@@ -254,25 +278,42 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	}, nil
 }
 
-// pickQuote returns the SHA-256 quote, else a SHA-1 one.
+// pickQuote returns the quote whose selection includes the SHA-256 bank
+// (alone or beside others, as tpm2_quote -l sha1:…+sha256:… makes), else
+// one that selects SHA-1. A quote that does not decode is refused for
+// what it is (MalformedEvidence, QuoteNotTPMGenerated), not skipped.
 func pickQuote(quotes []Quote) (Quote, error) {
 	var sha1Quote *Quote
 	for i, q := range quotes {
-		h, err := quoteBank(q)
+		banks, err := quoteBanks(q)
 		if err != nil {
-			continue
+			return Quote{}, err
 		}
-		switch bankName(h) {
-		case "sha256":
-			return q, nil
-		case "sha1":
-			sha1Quote = &quotes[i]
+		for _, h := range banks {
+			switch h {
+			case crypto.SHA256:
+				return q, nil
+			case crypto.SHA1:
+				sha1Quote = &quotes[i]
+			}
 		}
 	}
 	if sha1Quote != nil {
 		return *sha1Quote, nil
 	}
-	return Quote{}, attest.Deny(attest.ReasonNoSHA256Bank, "no quote of the SHA-256 bank")
+	return Quote{}, attest.Deny(attest.ReasonNoSHA256Bank, "no quote selects the SHA-256 bank")
+}
+
+// unTPM2B returns the contents of b when b is a TPM2B — a 2-byte
+// big-endian size, then exactly that many bytes — and b otherwise. A bare
+// TPMT_PUBLIC or TPMS_CREATION_DATA is never read as one: the first starts
+// with its algorithm (2 bytes, 0x0001 or 0x0023) and the second with a
+// 4-byte count, and no real structure is as short as those would make it.
+func unTPM2B(b []byte) []byte {
+	if len(b) >= 2 && int(binary.BigEndian.Uint16(b)) == len(b)-2 {
+		return b[2:]
+	}
+	return b
 }
 
 func checkRequestSizes(r *ChallengeRequest) error {

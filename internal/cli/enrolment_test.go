@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -296,6 +297,13 @@ func TestEnrolmentAttacks(t *testing.T) {
 		row(t, "enrolment", "GCP: an identity token of an instance created 2 h ago (past the first-boot window)", "403 "+string(attest.ReasonPolicyInstanceAge),
 			func() string { return e.attempt(t, gce, "worker", "", newKubelet(t), true) })
 
+		// A project the pool does not list.
+		stranger := inst
+		stranger.ProjectID, stranger.ProjectNumber, stranger.InstanceName, stranger.InstanceID = "someone-else", 999999999999, "gce-stranger", "3000000000000000001"
+		e.gce.SetInstance(stranger)
+		row(t, "policy", "GCP: an instance of a project the pool does not list", "403 "+string(attest.ReasonPolicyProject),
+			func() string { return e.attempt(t, gce, "worker", "", newKubelet(t), true) })
+
 		// GCP instance names are unique per project and zone only.
 		twin := inst
 		twin.ProjectID, twin.ProjectNumber, twin.InstanceID = "other-project", 210987654321, "2000000000000000001"
@@ -318,6 +326,14 @@ func TestEnrolmentAttacks(t *testing.T) {
 		row(t, "enrolment", "AWS: a workload on the joined node reads the identity document and binds its own kubelet key", enrolled,
 			func() string { return e.attempt(t, aws, "worker", "", newKubelet(t), true) })
 		e.mustEnrol(t, "the instance again with its enrolled kubelet key, proven", aws, "worker", "", k, true)
+
+		// An account the pool does not list.
+		stranger := doc
+		stranger.AccountID, stranger.InstanceID, stranger.PrivateIP = "999999999999", "i-0d0d0d0d0d0d0d001", "10.0.8.8"
+		imds.SetFiles(e.files(t, stranger))
+		row(t, "policy", "AWS: an instance of an account the pool does not list", "403 "+string(attest.ReasonPolicyAccount),
+			func() string { return e.attempt(t, aws, "worker", "", newKubelet(t), true) })
+		imds.SetFiles(e.files(t, doc))
 
 		// ip-10-0-7-7.ec2.internal exists in every VPC of every account.
 		twin := doc
@@ -360,4 +376,29 @@ func (e *enrolEnv) files(t *testing.T, doc awstest.Document) awstest.Files {
 		t.Fatal(err)
 	}
 	return f
+}
+
+// TestServeRefusesFailOpenPolicy: a cloud pool that lists no project or
+// account is refused when the server starts, naming the pool and the
+// field; it does not serve as if it meant any.
+func TestServeRefusesFailOpenPolicy(t *testing.T) {
+	for _, tc := range []struct{ name, pool, want string }{
+		{"gcp", "evidence: [gcp]", `pool "lab": gcp.projects is empty`},
+		{"aws", "evidence: [aws], aws: {regions: [us-east-1]}", `pool "lab": aws.accounts is empty`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			pol := filepath.Join(dir, "policy.yaml")
+			doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  lab: {" + tc.pool + "}\n"
+			if err := os.WriteFile(pol, []byte(doc), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var stderr bytes.Buffer
+			code := Run(context.Background(), []string{"serve", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+				"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
+			if code == 0 || !strings.Contains(stderr.String(), tc.want) {
+				t.Fatalf("serve: exit %d, %q; want a refusal naming %q", code, stderr.String(), tc.want)
+			}
+		})
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,8 +22,10 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
 )
@@ -47,6 +50,7 @@ pools:
     evidence: [tpm, gcp, aws]
     tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
     gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
+    aws: {accounts: ["123456789012"]}
     serve: {nodeNames: requested}
   master:
     serve: {public: false, token: true}
@@ -428,5 +432,52 @@ func TestIgnitionAcrossCARotation(t *testing.T) {
 		if _, out, err := ignitionFetch(t, p); err != nil {
 			t.Fatalf("ignition with a pointer config: %v\n%s", err, out)
 		}
+	}
+}
+
+// TestIgnitionAfterACutDelivery: pointer mode (the agent in the
+// initramfs) when the connection drops in the middle of the full config —
+// the start of the secrets already sent, so its config token is spent. The
+// agent finds the token spent, attests again (proving the kubelet key its
+// enrolment bound) for a new one, fetches the config whole and hands it to
+// the real Ignition, which applies it; the spent token stays refused.
+func TestIgnitionAfterACutDelivery(t *testing.T) {
+	s := startServer(t, nil)
+	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := s.man.NewMachine(context.Background(), t.TempDir(), firmwaretestdata.MustLog("rhel8-uefi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	proxy := faultproxy.New(t, strings.TrimPrefix(s.url, "https://"))
+	// The challenge and verify exchanges and the TLS handshake pass; the
+	// cut lands inside the config (about 45 KB).
+	proxy.CutAfter(24 << 10)
+	sysDir := t.TempDir()
+	var console bytes.Buffer
+	err = agent.Run(context.Background(), agent.Config{
+		Server: "https://" + proxy.Addr(), CABundle: bundle, Pool: "worker", NodeName: "worker-cut",
+		Evidence: agent.TPMEvidence{Collector: m.Collector}, KubeletKeyPath: filepath.Join(t.TempDir(), "kubelet.key"),
+		Mode: agent.ModePointer, IgnitionDir: sysDir, Console: &console,
+	})
+	if err != nil {
+		t.Fatalf("agent: %v\n%s\n%s", err, console.String(), s.log)
+	}
+	if !strings.Contains(console.String(), "attesting again") || !s.logged(http.StatusForbidden, string(mcs.ReasonTokenUsed)) {
+		t.Fatalf("the cut delivery's token was not refused and the node did not attest again:\n%s", console.String())
+	}
+	cached, out, err := testenv.IgnitionFetch(t, s.pointerFile(t, "--pool", "worker"), sysDir)
+	if err != nil {
+		t.Fatalf("ignition: %v\n%s", err, out)
+	}
+	got := cachedFiles(t, cached)
+	if _, ok := got[render.KubeconfigPath]; !ok {
+		t.Fatalf("Ignition did not get the full config: %v", got)
+	}
+	if fi, err := os.Stat(filepath.Join(sysDir, agent.UserConfigName)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("user config %v %v: it holds secrets", fi, err)
 	}
 }

@@ -201,6 +201,9 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
+	for _, w := range pol.Warnings() {
+		c.Log.Warn("INSECURE policy: " + w)
+	}
 	verifier, err := tpmVerifier(pol, c.Clock)
 	if err != nil {
 		return err

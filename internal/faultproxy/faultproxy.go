@@ -5,7 +5,8 @@
 //
 // Cut closes every proxied connection and closes the listening socket, so
 // new connections are refused (ECONNREFUSED, as for a server that is
-// down); Restore listens again on the same address. Nothing is simulated
+// down); Restore listens again on the same address. CutAfter cuts one
+// connection in the middle of what the server sends. Nothing is simulated
 // above TCP: the bytes between client and server are the real protocol.
 package faultproxy
 
@@ -28,7 +29,20 @@ type Proxy struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	closed bool
-	wg     sync.WaitGroup
+	// cutAfter, when positive, is how many bytes the next connection
+	// passes from the server before it is cut (CutAfter).
+	cutAfter int64
+	wg       sync.WaitGroup
+}
+
+// CutAfter arms a cut for the next connection: once the server has sent n
+// bytes on it (TLS records included), both sides are closed, as a network
+// or a load balancer dropping a connection mid-response does. Later
+// connections pass untouched.
+func (p *Proxy) CutAfter(n int64) {
+	p.mu.Lock()
+	p.cutAfter = n
+	p.mu.Unlock()
 }
 
 // New starts a proxy on a random loopback port forwarding to target
@@ -157,6 +171,10 @@ func (p *Proxy) forward(client net.Conn) {
 		return
 	}
 	defer p.untrack(client)
+	p.mu.Lock()
+	budget := p.cutAfter
+	p.cutAfter = 0
+	p.mu.Unlock()
 	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
 	if err != nil {
 		return
@@ -176,7 +194,16 @@ func (p *Proxy) forward(client net.Conn) {
 		done <- struct{}{}
 	}
 	go pipe(server, client)
-	go pipe(client, server)
+	if budget > 0 {
+		go func() {
+			io.CopyN(client, server, budget)
+			client.Close() // cut: no orderly end
+			server.Close()
+			done <- struct{}{}
+		}()
+	} else {
+		go pipe(client, server)
+	}
 	<-done
 	// One side finished: close both, so the other copy ends too.
 	client.Close()

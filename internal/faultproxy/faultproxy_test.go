@@ -69,3 +69,31 @@ func TestCutAndRestore(t *testing.T) {
 		t.Fatalf("after Restore: %q, %v", got, err)
 	}
 }
+
+// TestCutAfter: the armed connection passes exactly n bytes from the server
+// and is then closed; the next connection is whole.
+func TestCutAfter(t *testing.T) {
+	p := New(t, echo(t))
+	p.CutAfter(10)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "0123456789abcdefghij\n"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(c)
+	if string(got) != "0123456789" {
+		t.Fatalf("the cut connection passed %q (%v); want the first 10 bytes", got, err)
+	}
+	c2, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if line, err := roundTrip(c2, "0123456789abcdefghij"); err != nil || line != "0123456789abcdefghij\n" {
+		t.Fatalf("the next connection: %q %v", line, err)
+	}
+}

@@ -25,7 +25,8 @@ import (
 //     provider CA (empty in the examples: nothing), then getAppenders;
 //   - server.go getAppenders, in order: appendNodeAnnotations →
 //     /etc/machine-config-daemon/node-annotations.json holding
-//     json.Marshal(map{currentConfig, desiredConfig: name, state: "Done"});
+//     json.Marshal(map{currentConfig, desiredConfig, firstPivotConfig: name,
+//     state: "Done"}) (getNodeAnnotation);
 //     appendKubeConfig → /etc/kubernetes/kubeconfig; appendInitialMachineConfig
 //     → /etc/mcs-machine-config-content.json holding the MachineConfig as
 //     indented JSON; appendCerts (none); appendEncapsulated →
@@ -33,8 +34,10 @@ import (
 //     MachineConfig with spec.config = {"ignition":{"version":"3.5.0"}};
 //     appendFileToIgnition gives each mode 420, overwrite true and source
 //     "data:," + dataurl.Escape(contents);
-//   - api.go: 3.5 is served as json.Marshal of that config (encoding/json);
-//     other versions through the converter chain.
+//   - api.go: 3.5 is served as json.Marshal of that config with
+//     clarketm/json, which omits empty objects (encoding/json of the typed
+//     config, then render's dropEmptyObjects, gives the same bytes); other
+//     versions through the converter chain.
 //
 // For 3.5 the served bytes must equal the expectation byte for byte, the
 // two serialised MachineConfigs excepted: the MCS writes those with
@@ -75,7 +78,7 @@ func TestMCSCompatibility(t *testing.T) {
 			})
 		}
 		appendMCS("/etc/machine-config-daemon/node-annotations.json",
-			`{"machineconfiguration.openshift.io/currentConfig":"`+name+`","machineconfiguration.openshift.io/desiredConfig":"`+name+`","machineconfiguration.openshift.io/state":"Done"}`)
+			`{"machineconfiguration.openshift.io/currentConfig":"`+name+`","machineconfiguration.openshift.io/desiredConfig":"`+name+`","machineconfiguration.openshift.io/firstPivotConfig":"`+name+`","machineconfiguration.openshift.io/state":"Done"}`)
 		appendMCS("/etc/kubernetes/kubeconfig", string(kc))
 		appendMCS("/etc/mcs-machine-config-content.json", "(compared decoded)")
 		appendMCS("/etc/ignition-machine-config-encapsulated.json", "(compared decoded)")
@@ -121,6 +124,12 @@ func TestMCSCompatibility(t *testing.T) {
 			want, err := json.Marshal(expected)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if want, err = dropEmptyObjects(want); err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(got, []byte(":{}")) {
+				t.Errorf("the served config holds an empty object, which the MCS omits")
 			}
 			if !bytes.Equal(got, want) {
 				t.Fatalf("3.5.0 differs from the MCS's bytes")
@@ -173,4 +182,30 @@ func sameMachineConfig(t *testing.T, a, b *mcfgv1.MachineConfig) bool {
 	a, b = a.DeepCopy(), b.DeepCopy()
 	a.Spec.Config.Raw, b.Spec.Config.Raw = nil, nil
 	return reflect.DeepEqual(a, b)
+}
+
+// TestDropEmptyObjects: empty objects go, recursively, wherever they are
+// members; everything else stays as it was, in order.
+func TestDropEmptyObjects(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"nothing to drop", `{"b":1,"a":[1,2],"c":"x"}`, `{"b":1,"a":[1,2],"c":"x"}`},
+		{"an empty member", `{"ignition":{"version":"3.5.0"},"passwd":{}}`, `{"ignition":{"version":"3.5.0"}}`},
+		{"emptied by what it held", `{"ignition":{"security":{"tls":{}},"version":"3.5.0"}}`, `{"ignition":{"version":"3.5.0"}}`},
+		{"array elements are kept", `{"files":[{},{"path":"/a"}]}`, `{"files":[{},{"path":"/a"}]}`},
+		{"empty arrays, strings, false and null are kept", `{"a":[],"b":"","c":false,"d":null}`, `{"a":[],"b":"","c":false,"d":null}`},
+		{"numbers keep their form", `{"mode":420,"big":12345678901234567890}`, `{"mode":420,"big":12345678901234567890}`},
+		{"the whole object empty", `{"a":{}}`, `{}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := dropEmptyObjects([]byte(tc.in))
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("got %s, %v; want %s", got, err, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{`{"a":`, `{"a":1} 2`, ``} {
+		if _, err := dropEmptyObjects([]byte(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
 }

@@ -53,8 +53,11 @@ const (
 const (
 	currentConfigAnnotation = "machineconfiguration.openshift.io/currentConfig"
 	desiredConfigAnnotation = "machineconfiguration.openshift.io/desiredConfig"
-	stateAnnotation         = "machineconfiguration.openshift.io/state"
-	stateDone               = "Done"
+	// firstPivotAnnotation is what the machine-config-daemon reads on
+	// its first boot (the config it pivots to).
+	firstPivotAnnotation = "machineconfiguration.openshift.io/firstPivotConfig"
+	stateAnnotation      = "machineconfiguration.openshift.io/state"
+	stateDone            = "Done"
 )
 
 // emptyIgnition is the Ignition config the MCS puts into the encapsulated
@@ -124,7 +127,7 @@ type fullParams struct {
 //     error) — MigrateKernelArgsIfNecessary;
 //  3. KubeletCAPath and CloudProviderCAPath from the ControllerConfig;
 //  4. NodeAnnotationsPath: {"…/currentConfig":name,"…/desiredConfig":name,
-//     "…/state":"Done"};
+//     "…/firstPivotConfig":name,"…/state":"Done"} (the MCS's getNodeAnnotation);
 //  5. KubeconfigPath: the bootstrap kubeconfig;
 //  6. MachineConfigContentPath: the MachineConfig as indented JSON;
 //  7. registry CAs (bootstrap MCS --cert flags), if any;
@@ -152,6 +155,7 @@ func buildFull(p fullParams) (Config, error) {
 	anno, err := json.Marshal(map[string]string{
 		currentConfigAnnotation: p.configName,
 		desiredConfigAnnotation: p.configName,
+		firstPivotAnnotation:    p.configName,
 		stateAnnotation:         stateDone,
 	})
 	if err != nil {

@@ -110,6 +110,7 @@ func TestFullTierIsRenderedPlusAppended(t *testing.T) {
 				}
 				wantAnno := `{"machineconfiguration.openshift.io/currentConfig":"` + name +
 					`","machineconfiguration.openshift.io/desiredConfig":"` + name +
+					`","machineconfiguration.openshift.io/firstPivotConfig":"` + name +
 					`","machineconfiguration.openshift.io/state":"Done"}`
 				if string(appended[0].contents) != wantAnno {
 					t.Errorf("node annotations %s, want %s", appended[0].contents, wantAnno)

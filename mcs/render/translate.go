@@ -76,13 +76,18 @@ func ParseConfig(raw []byte) (Config, error) {
 //
 // Each step validates its input and output and refuses (ErrTranslate)
 // fields the older spec cannot express instead of dropping them. The
-// output is encoding/json of the typed config.
+// output is encoding/json of the typed config without the empty objects
+// encoding/json cannot omit (dropEmptyObjects), as the MCS serves it.
 func Translate(cfg Config, v Version) ([]byte, error) {
 	out, err := translateTyped(cfg, v)
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(out)
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return dropEmptyObjects(b)
 }
 
 func translateTyped(cfg Config, v Version) (any, error) {
