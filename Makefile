@@ -35,9 +35,9 @@ bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 bench-cloud: ## one GCP identity-token and one AWS identity-document verification, each beside its RSA verify floor, same run
 	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-2s} -count $${COUNT:-3} ./identity/gcp ./identity/aws
 
-bench-mcs: ## config serving over TLS: req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run
+bench-mcs: ## config serving over TLS, limits off (the serving path) and with the default limits from many source addresses (a fleet): req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run; fails on any error
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench ./cmd/nodeproof
-	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench
+	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench $(BENCH_MCS_FLAGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -40,6 +40,25 @@ fi
 
 human_size() { du -h --apparent-size "$1" | cut -f1; }
 
+# progress WHAT: prints that WHAT is still building, with the time so far,
+# every NODEPROOF_PROGRESS_EVERY seconds until killed (stop_progress).
+ticker=
+progress() {
+  local t0 every=${NODEPROOF_PROGRESS_EVERY:-30}
+  t0=$(date +%s)
+  while sleep "$every"; do
+    echo "$1: still building, $(($(date +%s) - t0))s so far"
+  done
+}
+stop_progress() {
+  if [ -n "$ticker" ]; then
+    kill "$ticker" 2>/dev/null || true
+    wait "$ticker" 2>/dev/null || true
+    ticker=
+  fi
+}
+trap stop_progress EXIT
+
 # ensure NAME VERSION BUILD_FUNCTION: runs BUILD_FUNCTION TMPDIR (which must
 # leave the binary at TMPDIR/NAME) unless bin/NAME-VERSION/NAME exists, then
 # moves the binary into place atomically.
@@ -55,11 +74,17 @@ ensure() {
   local tmp
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   local start=$SECONDS
+  # go build prints nothing until it is done; say every
+  # NODEPROOF_PROGRESS_EVERY seconds (default 30) that it is still going.
+  progress "$name $version" &
+  ticker=$!
   if ! "$build" "$tmp"; then
+    stop_progress
     rm -rf "$tmp"
     echo "$name $version: build FAILED" >&2
     return 1
   fi
+  stop_progress
   chmod 0755 "$tmp/$name"
   mv -f "$tmp/$name" "$dir/$name"
   rm -rf "$tmp"
