@@ -18,16 +18,16 @@ build:
 	$(GO) build ./...
 
 vet:
-	$(GO) vet ./...
+	@hack/progress.sh "go vet" $(GO) vet ./...
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed: $$unformatted"; exit 1; fi
 
 test: deps tools vet ## everything: vet, gofmt, unit and integration tests on real parts
-	$(GO) test -count=1 -timeout 20m ./...
+	@hack/progress.sh "go test" $(GO) test -count=1 -timeout 20m ./...
 
 demo: deps tools ## the whole flow: API server, server, approver, a swtpm machine attests, Ignition fetches, its kubelet CSR is approved
-	@echo "(the first run builds Ignition, kube-apiserver and etcd from source: about 6 minutes; later runs take seconds)"
-	$(GO) run ./cmd/nodeproof-demo
+	@hack/progress.sh "building the demo" $(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo
+	$${TMPDIR:-/tmp}/nodeproof-demo
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh
@@ -35,9 +35,9 @@ bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 bench-cloud: ## one GCP identity-token and one AWS identity-document verification, each beside its RSA verify floor, same run
 	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-2s} -count $${COUNT:-3} ./identity/gcp ./identity/aws
 
-bench-mcs: ## config serving over TLS: req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run
+bench-mcs: ## config serving over TLS, limits off (the serving path) and with the default limits from many source addresses (a fleet): req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run; fails on any error
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench ./cmd/nodeproof
-	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench
+	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench $(BENCH_MCS_FLAGS)
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -2,13 +2,18 @@
 # Builds the real parts nodeproof's tests run against, from the Go module
 # mirror, and caches them by version so that only the first run pays:
 #
-#   ignition        the real Ignition client (cgo, libblkid)      ~1-2 min cold
-#   kube-apiserver  from the nested tool module hack/tools/kube/  ~4-5 min cold
-#   kubectl         from the same module (deploy/'s server-side dry run); shares
-#                   kube-apiserver's build cache: ~1 min after it
-#   etcd            from the nested tool module hack/tools/etcd/  ~30 s cold
+#   ignition        the real Ignition client (cgo, libblkid)
+#   kube-apiserver  from the nested tool module hack/tools/kube/
+#   kubectl         from the same module (deploy/'s server-side dry run)
+#   etcd            from the nested tool module hack/tools/etcd/
 #   controller-gen  from the nested tool module hack/tools/controller-gen/
-#                   (`make generate`, and the store's CRD drift test) ~20-60 s cold
+#                   (`make generate`, and the store's CRD drift test)
+#
+# Measured on a fresh 2-core machine, with other work beside it (module
+# downloads included): ignition 76 s, kube-apiserver 218 s, kubectl 70 s and
+# etcd 34 s after it (they share its build cache), controller-gen 62 s —
+# 8 minutes in all. A slower or busier machine took 20 (kube-apiserver 12).
+# Every build says every 30 s that it is still going.
 #
 # Layout: ${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}/bin/<name>-<version>/<name>,
 # plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
@@ -40,6 +45,11 @@ fi
 
 human_size() { du -h --apparent-size "$1" | cut -f1; }
 
+# go build prints nothing until it is done: with_progress says every 30 s
+# that a build is still going.
+# shellcheck source=lib/progress.sh
+. "$root/hack/lib/progress.sh"
+
 # ensure NAME VERSION BUILD_FUNCTION: runs BUILD_FUNCTION TMPDIR (which must
 # leave the binary at TMPDIR/NAME) unless bin/NAME-VERSION/NAME exists, then
 # moves the binary into place atomically.
@@ -55,7 +65,7 @@ ensure() {
   local tmp
   tmp=$(mktemp -d "$dir/.build.XXXXXX")
   local start=$SECONDS
-  if ! "$build" "$tmp"; then
+  if ! with_progress "building $name $version" "$build" "$tmp"; then
     rm -rf "$tmp"
     echo "$name $version: build FAILED" >&2
     return 1

@@ -192,6 +192,8 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", d.pool))
 		case errors.Is(err, ErrSpecVersion):
 			s.refuse(w, d, deny(ReasonSpecVersion, "%v", err))
+		case errors.Is(err, ErrNotReady):
+			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s is not ready yet; retry", d.pool))
 		default:
 			s.o.Log.Error("render config", "pool", d.pool, "tier", d.tier, "err", err.Error())
 			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s cannot be rendered now", d.pool))

@@ -34,7 +34,8 @@ import (
 )
 
 // Configs is where served bytes come from (mcs/render behind an adapter).
-// Errors: ErrUnknownPool, ErrSpecVersion, or anything else (a 503).
+// Errors: ErrUnknownPool (404), ErrSpecVersion (400), ErrNotReady (503,
+// quietly), or anything else (a 503, logged).
 type Configs interface {
 	// Public returns the public tier of pool for the Accept header.
 	Public(pool, accept string) ([]byte, error)
@@ -75,6 +76,11 @@ type EnrolmentEvents interface {
 var (
 	ErrUnknownPool = errors.New("unknown pool")
 	ErrSpecVersion = errors.New("unsupported Ignition spec version")
+	// ErrNotReady: the pool's config is not ready yet (cluster mode: the
+	// watch has not synced, the pool does not exist yet, or objects its
+	// config is built from have not arrived). A 503 with Retry-After, not
+	// logged per request: the Configs' owner says once what is missing.
+	ErrNotReady = errors.New("config not ready yet")
 )
 
 // Options configure a Server. Each field says what it changes.

@@ -178,10 +178,11 @@ func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
 	}
 }
 
-// serve renders in and swaps it in. Configs that do not render (a pool
-// whose rendered MachineConfig is missing, a config with no 2.2 form) are
-// logged and answered per request (503, or 406 for the spec version);
-// the other pools are served.
+// serve renders in and swaps it in. A pool whose inputs are incomplete
+// (render.Renderer.Missing) is logged with what it lacks and answered 503
+// until they arrive; configs that do not render (a config with no 2.2
+// form) are logged and answered per request (503, or 400 for the spec
+// version); the other pools are served.
 func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -201,12 +202,25 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 		s.log.Error("cluster inputs do not render; still serving the previous ones", "err", err.Error())
 		return
 	}
-	if err := r.Prerender(); err != nil {
-		s.log.Warn("cluster inputs: some configs do not render", "err", err.Error())
+	var complete, waiting []string
+	for _, pool := range r.Pools() {
+		if missing, _ := r.Missing(pool); len(missing) > 0 {
+			// Said once per change of the inputs (Watch hands on only
+			// changes); requests meanwhile are quiet 503s.
+			s.log.Warn("cluster inputs: pool not served until these arrive", "pool", pool, "missing", strings.Join(missing, ", "))
+			waiting = append(waiting, pool)
+			continue
+		}
+		complete = append(complete, pool)
+	}
+	if len(complete) > 0 {
+		if err := r.Prerender(complete...); err != nil {
+			s.log.Warn("cluster inputs: some configs do not render", "err", err.Error())
+		}
 	}
 	srv.SetConfigs(cluster.Configs{R: &mcs.Rendered{R: r, Kubeconfig: s.kubeconfig}})
 	s.servedCA = ca
-	s.log.Info("cluster inputs", "pools", strings.Join(r.Pools(), ","))
+	s.log.Info("cluster inputs", "pools", strings.Join(complete, ","), "waiting", strings.Join(waiting, ","))
 }
 
 // caChanged re-renders the last inputs when the CA bundle the public tier

@@ -167,13 +167,21 @@ func TestServeClusterMode(t *testing.T) {
 	if resp := get("/config/worker"); resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("before the pools exist: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
-	deadline := time.Now().Add(60 * time.Second)
-	for get("/config/worker").StatusCode != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatalf("the worker pool is not served a minute after it was created\n%s", s.log)
-		}
-		time.Sleep(200 * time.Millisecond)
+	// The objects arrive in the worst order — the pools first, the
+	// ControllerConfig last, a pause after each stage so that the server
+	// sees every incomplete state — while a machine keeps asking. A 200
+	// ends Ignition's fetch for good, so every 200 must be the whole
+	// public tier; before that, only 503s that say when to retry.
+	poll := startPublicPoller(t, plain, s.url+"/config/worker", expectedFiles(t, "worker", render.TierPublic, bundle))
+	ex := clustertest.LoadExamples(t, "../../deploy/examples/bootstrap")
+	if err := ex.CreateBackwards(ctx, c, func(string) { time.Sleep(4 * cluster.DefaultDebounce) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := poll.untilServed(60 * time.Second); err != nil {
+		t.Fatalf("%v\n%s", err, s.log)
+	}
+	if !strings.Contains(s.log.String(), "pool not served until these arrive") {
+		t.Errorf("the server never said which inputs it was waiting for:\n%s", s.log)
 	}
 
 	t.Run("public tier", func(t *testing.T) {
@@ -652,5 +660,79 @@ pools:
 		if strings.Contains(log.String(), tok.Value) {
 			t.Error("the provisioning token was logged")
 		}
+	}
+}
+
+// publicPoller asks for a pool's public tier, as a booting machine does,
+// until it gets a 200, and checks every answer on the way.
+type publicPoller struct {
+	done chan error
+}
+
+// startPublicPoller GETs url (spec 3.5) every 50 ms until a 200. A 200
+// must carry exactly the files of want; anything else must be a 503 with
+// Retry-After. The first violation, or the 200, ends it.
+func startPublicPoller(t *testing.T, hc *http.Client, url string, want map[string]string) *publicPoller {
+	t.Helper()
+	p := &publicPoller{done: make(chan error, 1)}
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() {
+		p.done <- func() error {
+			for n := 1; ; n++ {
+				select {
+				case <-stop:
+					return errors.New("stopped")
+				case <-time.After(50 * time.Millisecond):
+				}
+				req, _ := http.NewRequest(http.MethodGet, url, nil)
+				req.Header.Set("Accept", "application/vnd.coreos.ignition+json;version=3.5.0")
+				resp, err := hc.Do(req)
+				if err != nil {
+					return fmt.Errorf("request %d: %w", n, err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					return fmt.Errorf("request %d: %w", n, err)
+				}
+				switch resp.StatusCode {
+				case http.StatusServiceUnavailable:
+					if resp.Header.Get("Retry-After") == "" {
+						return fmt.Errorf("request %d: 503 without Retry-After", n)
+					}
+					continue
+				case http.StatusOK:
+				default:
+					return fmt.Errorf("request %d: %d %s; want 503 until the pool is complete, then 200", n, resp.StatusCode, body)
+				}
+				files, err := configFiles(body)
+				if err != nil {
+					return fmt.Errorf("request %d: 200 with an undecodable config: %w", n, err)
+				}
+				for path, src := range want {
+					if got, ok := files[path]; !ok {
+						return fmt.Errorf("request %d: 200 with a partial public tier: it lacks %s", n, path)
+					} else if got != src {
+						return fmt.Errorf("request %d: 200 with %s not as the complete pool has it", n, path)
+					}
+				}
+				if len(files) != len(want) {
+					return fmt.Errorf("request %d: 200 with %d files; the complete pool has %d", n, len(files), len(want))
+				}
+				return nil
+			}
+		}()
+	}()
+	return p
+}
+
+// untilServed waits for the poller's 200 and returns what it found wrong.
+func (p *publicPoller) untilServed(timeout time.Duration) error {
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(timeout):
+		return fmt.Errorf("the pool is not served %v after its last input was created", timeout)
 	}
 }

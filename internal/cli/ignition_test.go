@@ -168,6 +168,15 @@ func ignitionFetch(t *testing.T, pointer string) (cached []byte, output string, 
 // cachedFiles maps the cached config's file paths to their sources.
 func cachedFiles(t *testing.T, cached []byte) map[string]string {
 	t.Helper()
+	files, err := configFiles(cached)
+	if err != nil {
+		t.Fatalf("cached config: %v", err)
+	}
+	return files
+}
+
+// configFiles maps each file of an Ignition 3 config to its source.
+func configFiles(cfgJSON []byte) (map[string]string, error) {
 	var cfg struct {
 		Storage struct {
 			Files []struct {
@@ -178,8 +187,8 @@ func cachedFiles(t *testing.T, cached []byte) map[string]string {
 			} `json:"files"`
 		} `json:"storage"`
 	}
-	if err := json.Unmarshal(cached, &cfg); err != nil {
-		t.Fatalf("cached config: %v", err)
+	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
+		return nil, err
 	}
 	out := map[string]string{}
 	for _, f := range cfg.Storage.Files {
@@ -189,7 +198,7 @@ func cachedFiles(t *testing.T, cached []byte) map[string]string {
 		}
 		out[f.Path] = src
 	}
-	return out
+	return out, nil
 }
 
 // expectedFiles is what the server's renderer serves for pool and tier at

@@ -601,6 +601,14 @@ func (d *dirInputs) load() (mcs.Rendered, error) {
 	if err != nil {
 		return mcs.Rendered{}, err
 	}
+	// A directory does not fill in later: a pool whose rendered config
+	// lists a MachineConfig the directory lacks would serve a public tier
+	// without that config's files, so it is an error here.
+	for _, pool := range r.Pools() {
+		if missing, _ := r.Missing(pool); len(missing) > 0 {
+			return mcs.Rendered{}, fmt.Errorf("render: pool %s lacks %s in %s", pool, strings.Join(missing, ", "), d.dir)
+		}
+	}
 	if err := r.Prerender(); err != nil {
 		return mcs.Rendered{}, fmt.Errorf("render: %w", err)
 	}

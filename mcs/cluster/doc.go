@@ -24,9 +24,13 @@
 // client-go machinery but are not a dependency of this module.
 //
 // Configs wraps the rendered configs: before the caches synced every
-// config request is ErrNotSynced, and a pool the cluster does not have is
-// ErrNoSuchPool; mcs answers both with 503 and Retry-After (the in-cluster
-// MCS answers a missing pool with a 500), so Ignition retries.
+// config request is ErrNotSynced, a pool the cluster does not have is
+// ErrNoSuchPool, and a pool whose rendered MachineConfig, source
+// MachineConfigs or ControllerConfig have not all arrived is ErrIncomplete
+// (the three informers are separate watch streams, so a pool can arrive
+// before what it names); all wrap mcs.ErrNotReady, which mcs answers with
+// 503 and Retry-After (the in-cluster MCS answers a missing pool with a
+// 500), so Ignition retries and never takes a partial config.
 //
 // # Per-node bootstrap tokens (Tokens)
 //

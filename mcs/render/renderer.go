@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -82,6 +83,8 @@ type Renderer struct {
 
 type poolState struct {
 	pool *mcfgv1.MachineConfigPool
+	// missing: what the pool's configs need but the inputs lack (Missing).
+	missing []string
 	// rendered: the served MachineConfig and its parsed config.
 	rendered func() (renderedMC, error)
 	// full[v]: the full tier rendered with the placeholder kubeconfig, cut
@@ -150,7 +153,7 @@ func cloneOptions(o Options) Options {
 }
 
 func (r *Renderer) newPoolState(p *mcfgv1.MachineConfigPool) *poolState {
-	ps := &poolState{pool: p}
+	ps := &poolState{pool: p, missing: missing(r.in, p)}
 	ps.rendered = sync.OnceValues(func() (renderedMC, error) {
 		name, _ := servedConfigName(p)
 		if name == "" {
@@ -340,13 +343,59 @@ func (r *Renderer) renderFullSplice(ps *poolState, v Version) (splice, error) {
 	return splice{prefix: out[:i:i], suffix: out[i+len(needle):]}, nil
 }
 
-// Prerender renders every pool × tier × version now, so that the first
-// requests do not wait and broken inputs show at once. It returns every
-// failure, joined; a version a pool's config cannot be expressed in
-// (ErrTranslate) is among them but does not stop the others.
-func (r *Renderer) Prerender() error {
+// Missing lists what pool's configs are built from but the inputs lack,
+// sorted: the rendered MachineConfig the pool is served (or a note that
+// the pool names none yet), every MachineConfig in that rendered config's
+// source list, and the ControllerConfig. Empty: the inputs are complete
+// for pool. In a cluster the objects arrive on separate watch streams, so
+// a pool can be seen before the MachineConfigs it lists: a public tier
+// built then would lack their files, and a machine that got a 200 would
+// never ask again (mcs/cluster serves only complete pools).
+// ErrUnknownPool for a pool not in the inputs.
+func (r *Renderer) Missing(pool string) ([]string, error) {
+	ps, ok := r.pools[pool]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownPool, pool)
+	}
+	return ps.missing, nil
+}
+
+// missing computes poolState.missing.
+func missing(in *Inputs, p *mcfgv1.MachineConfigPool) []string {
+	var out []string
+	name, source := servedConfigName(p)
+	switch {
+	case name == "":
+		out = append(out, "MachineConfigPool "+p.Name+" names no rendered config yet")
+	case in.configs[name] == nil:
+		out = append(out, "MachineConfig "+name)
+	}
+	for _, s := range source {
+		if in.configs[s] == nil {
+			out = append(out, "MachineConfig "+s)
+		}
+	}
+	if in.cc == nil {
+		out = append(out, "ControllerConfig")
+	}
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+// Prerender renders every tier × version of pools (no pools: all) now, so
+// that the first requests do not wait and broken inputs show at once. It
+// returns every failure, joined; a version a pool's config cannot be
+// expressed in (ErrTranslate) is among them but does not stop the others.
+func (r *Renderer) Prerender(pools ...string) error {
+	if len(pools) == 0 {
+		pools = r.Pools()
+	}
 	var errs []error
-	for _, pool := range r.Pools() {
+	for _, pool := range pools {
+		if _, ok := r.pools[pool]; !ok {
+			errs = append(errs, fmt.Errorf("%w: %q", ErrUnknownPool, pool))
+			continue
+		}
 		for _, tier := range []Tier{TierPublic, TierFull} {
 			for _, v := range SupportedVersions() {
 				if tier == TierFull && len(r.opts.BootstrapKubeconfig) == 0 {

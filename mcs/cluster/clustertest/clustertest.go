@@ -232,28 +232,91 @@ func (ex *Examples) Create(ctx context.Context, t testing.TB, c client.Client) {
 // CreateAll is Create for programs (the demo).
 func (ex *Examples) CreateAll(ctx context.Context, c client.Client) error {
 	for _, mc := range ex.Configs {
-		if err := c.Create(ctx, mc.DeepCopy()); err != nil {
-			return fmt.Errorf("clustertest: create MachineConfig %s: %w", mc.Name, err)
+		if err := createConfig(ctx, c, mc); err != nil {
+			return err
 		}
 	}
-	if err := c.Create(ctx, ex.CC.DeepCopy()); err != nil {
-		return fmt.Errorf("clustertest: create ControllerConfig: %w", err)
+	if err := createControllerConfig(ctx, c, ex.CC); err != nil {
+		return err
 	}
 	for _, p := range ex.Pools {
-		obj := p.DeepCopy()
-		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("clustertest: create MachineConfigPool %s: %w", p.Name, err)
+		if err := createPool(ctx, c, p); err != nil {
+			return err
 		}
-		obj.Status = p.Status
-		if obj.Status.Conditions == nil {
-			obj.Status.Conditions = []mcfgv1.MachineConfigPoolCondition{}
+	}
+	return nil
+}
+
+// CreateBackwards creates the objects in the order least kind to a server
+// that watches them: the pools (with status) first, then the rendered
+// MachineConfigs they name, then their source MachineConfigs, the
+// ControllerConfig last. After each of the four stages it calls pause
+// (nil: none), so that a test can look at the server in between.
+func (ex *Examples) CreateBackwards(ctx context.Context, c client.Client, pause func(stage string)) error {
+	if pause == nil {
+		pause = func(string) {}
+	}
+	for _, p := range ex.Pools {
+		if err := createPool(ctx, c, p); err != nil {
+			return err
 		}
-		if obj.Status.CertExpirys == nil {
-			obj.Status.CertExpirys = []mcfgv1.CertExpiry{}
+	}
+	pause("pools")
+	rendered := func(mc *mcfgv1.MachineConfig) bool {
+		for _, o := range mc.OwnerReferences {
+			if o.Kind == "MachineConfigPool" {
+				return true
+			}
 		}
-		if err := c.Status().Update(ctx, obj); err != nil {
-			return fmt.Errorf("clustertest: MachineConfigPool %s status: %w", p.Name, err)
+		return false
+	}
+	for _, want := range []bool{true, false} {
+		for _, mc := range ex.Configs {
+			if rendered(mc) == want {
+				if err := createConfig(ctx, c, mc); err != nil {
+					return err
+				}
+			}
 		}
+		pause(map[bool]string{true: "rendered configs", false: "source configs"}[want])
+	}
+	if err := createControllerConfig(ctx, c, ex.CC); err != nil {
+		return err
+	}
+	pause("controller config")
+	return nil
+}
+
+func createConfig(ctx context.Context, c client.Client, mc *mcfgv1.MachineConfig) error {
+	if err := c.Create(ctx, mc.DeepCopy()); err != nil {
+		return fmt.Errorf("clustertest: create MachineConfig %s: %w", mc.Name, err)
+	}
+	return nil
+}
+
+func createControllerConfig(ctx context.Context, c client.Client, cc *mcfgv1.ControllerConfig) error {
+	if err := c.Create(ctx, cc.DeepCopy()); err != nil {
+		return fmt.Errorf("clustertest: create ControllerConfig: %w", err)
+	}
+	return nil
+}
+
+// createPool creates p and writes its status through the status
+// subresource, as the MCO does.
+func createPool(ctx context.Context, c client.Client, p *mcfgv1.MachineConfigPool) error {
+	obj := p.DeepCopy()
+	if err := c.Create(ctx, obj); err != nil {
+		return fmt.Errorf("clustertest: create MachineConfigPool %s: %w", p.Name, err)
+	}
+	obj.Status = p.Status
+	if obj.Status.Conditions == nil {
+		obj.Status.Conditions = []mcfgv1.MachineConfigPoolCondition{}
+	}
+	if obj.Status.CertExpirys == nil {
+		obj.Status.CertExpirys = []mcfgv1.CertExpiry{}
+	}
+	if err := c.Status().Update(ctx, obj); err != nil {
+		return fmt.Errorf("clustertest: MachineConfigPool %s status: %w", p.Name, err)
 	}
 	return nil
 }
