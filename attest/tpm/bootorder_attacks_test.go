@@ -270,6 +270,12 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	_, noDBXEvents := splitLog(t, noDBX)
 	row("an empty dbx, root appends a current one to PCR 7", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, noDBX, map[int][]rawEvent{end(noDBXEvents): {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
+	noDBXHeader, _ := splitLog(t, noDBX)
+	sep7 := index(t, noDBXEvents, pcr7Sep)
+	hidden := append([]rawEvent(nil), noDBXEvents...)
+	hidden[sep7].typ = evEFIVarAuth // same digest: the PCRs are the boot's
+	row("root relabels PCR 7's separator as an authority (its type is not measured) and appends a current dbx", attest.ReasonEventLogUnexpected,
+		rootAppends(t, joinLog(noDBXHeader, hidden), map[int][]rawEvent{lastOf(noDBXEvents, 7) + 1: {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
 	row("root appends a kernel (a PCR 4 application) after ExitBootServices", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {image("an allowed kernel")}}))
 	row("a two-application boot (kernel not in PCR 4), root appends a third", attest.ReasonEventLogOutOfOrder,

@@ -32,7 +32,9 @@ import (
 //     variable (a Secure Boot state or a dbx appended by root) or anything
 //     else is EventLogOutOfOrder;
 //   - separators in PCRs 0-7: at most one each (EventLogOutOfOrder), data
-//     00 00 00 00 matching the digest (EventLogUnexpectedEvent);
+//     00 00 00 00 matching the digest (EventLogUnexpectedEvent); an event
+//     of another type whose digest is a separator's (a relabelled
+//     separator: types are not measured) is EventLogUnexpectedEvent;
 //   - after ExitBootServices (the EV_EFI_ACTION "Exit Boot Services
 //     Invocation" in PCR 5): no event in PCRs 0-9 but PCR 5's "Exit Boot
 //     Services Returned …" actions (EventLogOutOfOrder): the OS measures
@@ -105,6 +107,11 @@ func (r *bootReader) event(i int, e tcg.Event) error {
 			return nil
 		}
 		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d (%s in PCR %d) comes after ExitBootServices, when the OS already ran", i, e.Type, e.Index)
+	}
+	if e.Type != tcg.Separator && e.Index <= 7 && (dataMatchesDigest([]byte{0, 0, 0, 0}, e.Digest, r.bank) || dataMatchesDigest([]byte{0xff, 0xff, 0xff, 0xff}, e.Digest, r.bank)) {
+		// An event's type is not measured: a separator relabelled as
+		// another type would hide where its PCR's sequence turns.
+		return attest.Deny(attest.ReasonEventLogUnexpected, "event %d: a separator's measurement logged as %s in PCR %d", i, e.Type, e.Index)
 	}
 	if e.Type == tcg.Separator && e.Index <= 7 {
 		if r.separator[e.Index] {
