@@ -682,7 +682,10 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		if !b.KernelCmdlineKnown {
 			return attest.Deny(attest.ReasonPolicyKernelCmdline, "the event log does not establish the kernel command line")
 		}
-		args := strings.Fields(b.KernelCmdline)
+		// Words without GRUB's quotes: where GRUB puts them is not
+		// measured (see attest/tpm's grubCmdlineConsistent), so a quote
+		// glued to a forbidden word must not hide it.
+		args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
 		for _, r := range k.Require {
 			if !slices.Contains(args, r) {
 				return attest.Deny(attest.ReasonPolicyKernelCmdline, "kernel command line lacks %q", r)

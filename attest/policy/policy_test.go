@@ -100,6 +100,7 @@ func TestEvaluate(t *testing.T) {
 		{"PCR 7 differs", "worker", func(c *attest.Claims) { c.TPM.PCRs[7] = revoked }, attest.ReasonPolicyPCRValue},
 		{"PCR 7 not quoted", "worker", func(c *attest.Claims) { delete(c.TPM.PCRs, 7) }, attest.ReasonPolicyPCRValue},
 		{"init=/bin/sh", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdline += " init=/bin/sh" }, attest.ReasonPolicyKernelCmdline},
+		{"init=/bin/sh in GRUB's quotes", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdline += ` "init=/bin/sh"` }, attest.ReasonPolicyKernelCmdline},
 		{"read-write root", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdline = "/vmlinuz rw" }, attest.ReasonPolicyKernelCmdline},
 		{"command line not measured", "worker", func(c *attest.Claims) { c.TPM.Boot.KernelCmdlineKnown = false }, attest.ReasonPolicyKernelCmdline},
 	}

@@ -8,6 +8,7 @@ import (
 	"crypto/sha512"
 	"encoding/binary"
 	"fmt"
+	"strings"
 	"testing"
 	"unicode/utf16"
 
@@ -28,6 +29,7 @@ const (
 	evEFIBootApp     = 0x80000003
 	evEFIAction      = 0x80000007
 	evEFIVarAuth     = 0x800000E0
+	evIPL            = 0x0000000D
 )
 
 // rawEvent is one event of a crypto-agile log, as bytes go: a forgery edits
@@ -268,6 +270,12 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	_, noDBXEvents := splitLog(t, noDBX)
 	row("an empty dbx, root appends a current one to PCR 7", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, noDBX, map[int][]rawEvent{end(noDBXEvents): {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
+	noDBXHeader, _ := splitLog(t, noDBX)
+	sep7 := index(t, noDBXEvents, pcr7Sep)
+	hidden := append([]rawEvent(nil), noDBXEvents...)
+	hidden[sep7].typ = evEFIVarAuth // same digest: the PCRs are the boot's
+	row("root relabels PCR 7's separator as an authority (its type is not measured) and appends a current dbx", attest.ReasonEventLogUnexpected,
+		rootAppends(t, joinLog(noDBXHeader, hidden), map[int][]rawEvent{lastOf(noDBXEvents, 7) + 1: {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
 	row("root appends a kernel (a PCR 4 application) after ExitBootServices", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {image("an allowed kernel")}}))
 	row("a two-application boot (kernel not in PCR 4), root appends a third", attest.ReasonEventLogOutOfOrder,
@@ -367,4 +375,96 @@ pools:
 	}
 	got, _ = attest.ReasonOf(pinned.Evaluate("worker", claims))
 	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4", string(attest.ReasonPolicyPCRValue), string(got))
+
+	cmdlineRows(t, v)
+}
+
+// grubIPL is a GRUB PCR 8 event: label, then text, whose digest is the
+// text's (with its NUL, as GRUB measures it, not hashed).
+func grubIPL(label, text string) rawEvent {
+	e := rawEvent{pcr: 8, typ: evIPL, data: append([]byte(label+text), 0)}
+	for _, a := range logAlgs {
+		e.digests = append(e.digests, algDigest{a, hashOf(a, []byte(text))})
+	}
+	return e
+}
+
+// relabel gives a real GRUB event another label: the measured text and
+// its digest stay, so the PCRs are the boot's own.
+func relabel(e rawEvent, from, to string) rawEvent {
+	e.data = append([]byte(to), bytes.TrimPrefix(e.data, []byte(from))...)
+	return e
+}
+
+// cmdlineRows: the label of a GRUB event is not measured. Root relabels
+// the real kernel command line (and linux command) as other commands and
+// appends forged ones to PCR 8; and a quote glued to a forbidden word
+// hides it from a word-by-word policy. Each would pass a pool that
+// forbids a word of the real command line.
+func cmdlineRows(t *testing.T, v *tpm.Verifier) {
+	rhel := firmwaretestdata.MustLog("rhel8-uefi")
+	header, events := splitLog(t, rhel)
+	const forbidden = "crashkernel=auto"
+	pol, err := policy.Parse([]byte(`
+apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+pools:
+  worker:
+    evidence: [tpm]
+    tpm: {kernelCmdline: {forbid: ["` + forbidden + `"]}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmdAt := index(t, events, func(e rawEvent) bool { return e.pcr == 8 && bytes.HasPrefix(e.data, []byte("grub_kernel_cmdline ")) })
+	real := string(bytes.TrimSuffix(bytes.TrimPrefix(events[cmdAt].data, []byte("grub_kernel_cmdline ")), []byte{0}))
+	if !strings.Contains(real, forbidden) {
+		t.Fatalf("the real command line %q lacks %q", real, forbidden)
+	}
+	clean := strings.Join(strings.Fields(strings.ReplaceAll(real, forbidden, "")), " ")
+	edited := func(edit func([]rawEvent)) []byte {
+		ev := append([]rawEvent(nil), events...)
+		edit(ev)
+		return joinLog(header, ev)
+	}
+	row := func(attack string, m *swMachine) {
+		t.Helper()
+		claims, err := swAttest(t, m, v)
+		got := "accepted"
+		if err != nil {
+			r, _ := attest.ReasonOf(err)
+			got = string(r)
+		} else if err := pol.Evaluate("worker", claims); err != nil {
+			r, _ := attest.ReasonOf(err)
+			got = string(r)
+		}
+		attacktable.Check(t, "TPM boot state", attack, string(attest.ReasonPolicyKernelCmdline), got)
+	}
+	honest, err := swAttest(t, newSwMachine(t, rhel), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := attest.ReasonOf(pol.Evaluate("worker", honest)); r != attest.ReasonPolicyKernelCmdline {
+		t.Fatalf("the honest boot with %q: %v; want it refused", forbidden, r)
+	}
+
+	// The real command line relabelled as a GRUB command: the PCRs are
+	// the boot's, and the log has no kernel command line of its own.
+	relabelled := edited(func(ev []rawEvent) { ev[cmdAt] = relabel(ev[cmdAt], "grub_kernel_cmdline ", "grub_cmd ") })
+	// Extended after the boot, so after every real PCR 8 event; placed
+	// before ExitBootServices in the log (the interleaving across PCRs is
+	// not proven by the quote).
+	after8 := lastOf(events, 8) + 1
+	if after8 > index(t, events, isEBS) {
+		t.Fatal("the log measures PCR 8 after ExitBootServices")
+	}
+	appended := func(forged ...rawEvent) *swMachine {
+		return rootAppends(t, relabelled, map[int][]rawEvent{after8: forged})
+	}
+	row("root relabels the measured kernel command line as a GRUB command and appends one without a forbidden word to PCR 8",
+		appended(grubIPL("kernel_cmdline: ", clean)))
+	row("... and appends a matching linux command too (the real one, relabelled or not, is still a linux command by its text)",
+		appended(grubIPL("grub_cmd: ", "linux "+clean), grubIPL("kernel_cmdline: ", clean)))
+	row("... and appends the real command line with the forbidden word in quotes (GRUB's quotes are not measured)",
+		appended(grubIPL("kernel_cmdline: ", strings.Replace(real, forbidden, `"`+forbidden+`"`, 1))))
 }

@@ -32,7 +32,9 @@ import (
 //     variable (a Secure Boot state or a dbx appended by root) or anything
 //     else is EventLogOutOfOrder;
 //   - separators in PCRs 0-7: at most one each (EventLogOutOfOrder), data
-//     00 00 00 00 matching the digest (EventLogUnexpectedEvent);
+//     00 00 00 00 matching the digest (EventLogUnexpectedEvent); an event
+//     of another type whose digest is a separator's (a relabelled
+//     separator: types are not measured) is EventLogUnexpectedEvent;
 //   - after ExitBootServices (the EV_EFI_ACTION "Exit Boot Services
 //     Invocation" in PCR 5): no event in PCRs 0-9 but PCR 5's "Exit Boot
 //     Services Returned …" actions (EventLogOutOfOrder): the OS measures
@@ -57,7 +59,11 @@ import (
 //     application whose image file is vmlinuz* (systemd-boot); otherwise
 //     unknown;
 //   - the kernel command line, from GRUB's measured commands (PCRs 8/9,
-//     go-eventlog's GRUB extractor).
+//     go-eventlog's GRUB extractor), only where what GRUB measured, not
+//     how the log labels it, agrees (grubCmdlineConsistent): the label of
+//     an event is not measured, so root can relabel the real command line
+//     as another command and append a forged one; otherwise unknown, which
+//     a pool with command-line rules refuses.
 //
 // The log's interleaving across PCRs is not covered by the replay (each
 // PCR's own sequence is): docs/tpm.md says what that leaves and how PCR
@@ -101,6 +107,11 @@ func (r *bootReader) event(i int, e tcg.Event) error {
 			return nil
 		}
 		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d (%s in PCR %d) comes after ExitBootServices, when the OS already ran", i, e.Type, e.Index)
+	}
+	if e.Type != tcg.Separator && e.Index <= 7 && (dataMatchesDigest([]byte{0, 0, 0, 0}, e.Digest, r.bank) || dataMatchesDigest([]byte{0xff, 0xff, 0xff, 0xff}, e.Digest, r.bank)) {
+		// An event's type is not measured: a separator relabelled as
+		// another type would hide where its PCR's sequence turns.
+		return attest.Deny(attest.ReasonEventLogUnexpected, "event %d: a separator's measurement logged as %s in PCR %d", i, e.Type, e.Index)
 	}
 	if e.Type == tcg.Separator && e.Index <= 7 {
 		if r.separator[e.Index] {
@@ -174,7 +185,7 @@ func (r *bootReader) finish() (attest.BootState, error) {
 	}
 	if r.grubUsable && len(r.grubEvents) > 0 {
 		if grub, err := extract.GrubStateFromTPMLog(r.bank, r.grubEvents); err == nil {
-			if k, err := extract.LinuxKernelStateFromGRUB(grub); err == nil && k.GetCommandLine() != "" {
+			if k, err := extract.LinuxKernelStateFromGRUB(grub); err == nil && k.GetCommandLine() != "" && grubCmdlineConsistent(r.bank, r.grubEvents) {
 				bs.KernelCmdlineKnown = true
 				bs.KernelCmdline = strings.TrimRight(k.GetCommandLine(), "\x00")
 			}
@@ -301,4 +312,68 @@ func (r *bootReader) variable(i int, e tcg.Event) error {
 		bs.DBX, bs.DBXKnown, bs.DBXEntries, bs.DBXSHA256s = digest, true, n, hashes
 	}
 	return nil
+}
+
+// GRUB's PCR 8 labels: a command, and the kernel command line (new and
+// old forms). GRUB measures the text after the label (with or without its
+// NUL), never the label.
+var (
+	grubCommandLabels = []string{"grub_cmd: ", "grub_cmd "}
+	grubCmdlineLabels = []string{"kernel_cmdline: ", "grub_kernel_cmdline "}
+)
+
+// grubText returns the measured text of a GRUB PCR 8 event: after one of
+// its labels, the text whose hash is the event's digest (NUL trimmed).
+func grubText(e tcg.Event, bank crypto.Hash) (text string, cmdline, ok bool) {
+	for _, labels := range [][]string{grubCommandLabels, grubCmdlineLabels} {
+		for _, l := range labels {
+			rest, found := bytes.CutPrefix(e.Data, []byte(l))
+			if !found {
+				continue
+			}
+			if dataMatchesDigest(rest, e.Digest, bank) || (bytes.HasSuffix(rest, []byte{0}) && dataMatchesDigest(rest[:len(rest)-1], e.Digest, bank)) {
+				return string(bytes.TrimSuffix(rest, []byte{0})), l == grubCmdlineLabels[0] || l == grubCmdlineLabels[1], true
+			}
+		}
+	}
+	return "", false, false
+}
+
+// grubCmdlineConsistent reports whether GRUB's measurements establish its
+// kernel command line whatever the labels say:
+//   - every PCR 8 event is EV_IPL with a GRUB label and a text that hashes
+//     to its digest (an event whose text cannot be checked could be the
+//     real command line under a label nobody reads);
+//   - exactly one measured text, under any label, is a linux command
+//     (`linux`, `linuxefi`, `linux16`): a relabelled real one still counts,
+//     so a forged one beside it makes two;
+//   - exactly one event is labelled the kernel command line, and its text
+//     is that command's, less the command word and GRUB's quotes — as GRUB
+//     measures it.
+func grubCmdlineConsistent(bank crypto.Hash, events []tcg.Event) bool {
+	var linux, cmdlines []string
+	for _, e := range events {
+		if e.Index != 8 {
+			continue
+		}
+		if e.Type != tcg.Ipl {
+			return false
+		}
+		text, isCmdline, ok := grubText(e, bank)
+		if !ok {
+			return false
+		}
+		if isCmdline {
+			cmdlines = append(cmdlines, text)
+		}
+		for _, c := range []string{"linux ", "linuxefi ", "linux16 "} {
+			if args, found := strings.CutPrefix(text, c); found {
+				linux = append(linux, args)
+			}
+		}
+	}
+	// GRUB measures the linux command as parsed (its quotes gone) and
+	// re-quotes the words that hold spaces in the command line it hands
+	// the kernel: the two agree once those quotes are dropped.
+	return len(linux) == 1 && len(cmdlines) == 1 && strings.ReplaceAll(cmdlines[0], `"`, "") == linux[0]
 }
