@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
