@@ -566,7 +566,7 @@ pools:
 		if err != nil {
 			t.Fatalf("ignition with the %s user data: %v\n%s", what, err, out)
 		}
-		src, ok := cachedFiles(t, cached)[CABundlePath]
+		src, ok := cachedFiles(t, cached)[render.CABundlePath]
 		if !ok {
 			return nil
 		}

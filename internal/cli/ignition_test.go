@@ -210,7 +210,7 @@ func expectedFiles(t *testing.T, pool string, tier render.Tier, caBundle []byte)
 		t.Fatal(err)
 	}
 	kc, _ := os.ReadFile("../../deploy/examples/bootstrap-kubeconfig")
-	extra, err := publicExtra(func() ([]byte, error) { return caBundle, nil })
+	extra, err := render.CABundleExtra(caBundle)
 	if err != nil {
 		t.Fatal(err)
 	}
