@@ -85,6 +85,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 // Validity and rotation policy, as the MCO documents it: 10 years, rotated
@@ -459,14 +461,14 @@ func load(gdir string) (*material, error) {
 	if err != nil {
 		return nil, caErr("the CA bundle", err)
 	}
-	if m.bundle, err = parseCerts(b); err != nil {
+	if m.bundle, err = pemcert.Parse(b); err != nil {
 		return nil, caErr("the CA bundle", err)
 	}
 	b, err = read(CACertFileName, false)
 	if err != nil {
 		return nil, caErr("the CA certificate", err)
 	}
-	cas, err := parseCerts(b)
+	cas, err := pemcert.Parse(b)
 	if err == nil && len(cas) != 1 {
 		err = fmt.Errorf("%d certificates, want 1", len(cas))
 	}
@@ -490,7 +492,7 @@ func load(gdir string) (*material, error) {
 		return nil, caErr("the cross-signed CA", err)
 	}
 	if b != nil {
-		crosses, err := parseCerts(b)
+		crosses, err := pemcert.Parse(b)
 		if err == nil && (len(crosses) != 1 || !samePublicKey(crosses[0].PublicKey, m.ca.PublicKey) ||
 			string(crosses[0].RawSubject) != string(m.ca.RawSubject)) {
 			err = errors.New("not the active CA's subject and key")
@@ -508,7 +510,7 @@ func load(gdir string) (*material, error) {
 		m.leafErr = err
 		return m, nil
 	}
-	chain, err := parseCerts(chainPEM)
+	chain, err := pemcert.Parse(chainPEM)
 	if err != nil {
 		m.leafErr = fmt.Errorf("%s: %w", ServingCertFileName, err)
 		return m, nil
@@ -711,35 +713,6 @@ func encodeCerts(certs ...*x509.Certificate) []byte {
 		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
 	}
 	return b
-}
-
-// parseCerts parses PEM certificates; anything but CERTIFICATE blocks and
-// whitespace is an error.
-func parseCerts(b []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	rest := b
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, c)
-	}
-	if len(strings.TrimSpace(string(rest))) != 0 {
-		return nil, errors.New("trailing data that is not a PEM certificate (truncated?)")
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no PEM certificate")
-	}
-	return out, nil
 }
 
 // parseKey parses a PEM private key (PKCS#8, SEC 1 or PKCS#1) and checks
