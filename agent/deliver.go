@@ -17,7 +17,7 @@ import (
 	ign35types "github.com/coreos/ignition/v2/config/v3_5/types"
 	"github.com/vincent-petithory/dataurl"
 
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 

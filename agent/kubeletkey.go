@@ -11,7 +11,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // DefaultKubeletKeyPath is where the kubelet looks for the private key of

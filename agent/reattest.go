@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // ModeReattest (every boot after the first, and on a timer): prove this

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -111,17 +111,16 @@ func Run(ctx context.Context, cfg Config) error {
 	attested := func(vr *api.VerifyResponse) {
 		say("attested: node %s, pool %s, NodeAttestation %s; config token valid until %s", vr.NodeName, vr.Pool, vr.Record, vr.Expires.UTC().Format("15:04:05Z"))
 	}
-	switch cfg.Mode {
-	case ModePointer:
-		vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
-		switch {
-		case vr == nil:
-			return refusal(say, "attestation", err)
-		case err != nil:
-			attested(vr)
-			return refusal(say, "config fetch", err)
-		}
+	vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
+	switch {
+	case vr == nil:
+		return refusal(say, "attestation", err)
+	case err != nil:
 		attested(vr)
+		return refusal(say, "config fetch", err)
+	}
+	attested(vr)
+	if cfg.Mode == ModePointer {
 		dir := cfg.IgnitionDir
 		if dir == "" {
 			dir = DefaultIgnitionDir
@@ -131,34 +130,25 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 		say("fetched the full config of pool %s (%d bytes); wrote %s: Ignition applies it", vr.Pool, len(full), path)
-	case ModeFetch:
-		vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
-		switch {
-		case vr == nil:
-			return refusal(say, "attestation", err)
-		case err != nil:
-			attested(vr)
-			return refusal(say, "config fetch", err)
-		}
-		attested(vr)
-		if cfg.ConfigOut != "" {
-			if err := os.MkdirAll(filepath.Dir(cfg.ConfigOut), 0o700); err != nil {
-				return err
-			}
-			if err := fsutil.WriteFileAtomic(cfg.ConfigOut, full, 0o600); err != nil {
-				return err
-			}
-		}
-		root := cfg.Root
-		if root == "" {
-			root = "/"
-		}
-		wrote, err := WriteFirstBootFiles(root, full)
-		if err != nil {
+		return nil
+	}
+	if cfg.ConfigOut != "" {
+		if err := os.MkdirAll(filepath.Dir(cfg.ConfigOut), 0o700); err != nil {
 			return err
 		}
-		say("fetched the full config (%d bytes); wrote %s under %s", len(full), strings.Join(wrote, ", "), root)
+		if err := fsutil.WriteFileAtomic(cfg.ConfigOut, full, 0o600); err != nil {
+			return err
+		}
 	}
+	root := cfg.Root
+	if root == "" {
+		root = "/"
+	}
+	wrote, err := WriteFirstBootFiles(root, full)
+	if err != nil {
+		return err
+	}
+	say("fetched the full config (%d bytes); wrote %s under %s", len(full), strings.Join(wrote, ", "), root)
 	return nil
 }
 

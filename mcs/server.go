@@ -350,3 +350,17 @@ func methodIs(w http.ResponseWriter, r *http.Request, d *decision, s *Server, me
 func deny(r attest.Reason, format string, args ...any) error {
 	return &attest.Denial{Reason: r, Detail: fmt.Sprintf(format, args...)}
 }
+
+// Source is where a Server's configs come from and how they stay current:
+// a directory (mcs/dirsource) or a cluster (mcs/cluster).
+type Source interface {
+	// First returns what to serve at start.
+	First() (Configs, error)
+	// Run keeps srv's configs current (SetConfigs) until ctx ends.
+	Run(ctx context.Context, srv *Server)
+	// Bootstrap issues per-node bootstrap tokens (Options.Bootstrap), or
+	// is nil.
+	Bootstrap() BootstrapTokens
+	// String names the inputs, for the log.
+	String() string
+}

@@ -64,6 +64,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/bench/internal/proc"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -329,7 +330,7 @@ func (b *bench) setup(ctx context.Context, cfg *rest.Config) error {
 	if b.obs, err = newObserver(ctx, admin); err != nil {
 		return err
 	}
-	b.apiPIDs = childrenNamed("kube-apiserver", "etcd")
+	b.apiPIDs = proc.ChildrenNamed("kube-apiserver", "etcd")
 	if len(b.apiPIDs) != 2 {
 		log.Printf("warning: found %d kube-apiserver/etcd child processes, want 2: their CPU figure is incomplete", len(b.apiPIDs))
 	}
@@ -352,7 +353,7 @@ func (b *bench) one(ctx context.Context, kind string, l limits, n int, warm bool
 	}
 	r.prep = time.Since(t0)
 
-	proc := map[string]string{"nodeproof": "nodeproof", "baseline": "trivial"}[kind]
+	child := map[string]string{"nodeproof": "nodeproof", "baseline": "trivial"}[kind]
 	prof := ""
 	if b.profile != "" && kind == "nodeproof" {
 		if err := os.MkdirAll(b.profile, 0o755); err != nil {
@@ -361,13 +362,13 @@ func (b *bench) one(ctx context.Context, kind string, l limits, n int, warm bool
 		prof, _ = filepath.Abs(filepath.Join(b.profile, fmt.Sprintf("approver-%s.pprof", limitsSlug(l))))
 	}
 	logPath := filepath.Join(b.dir, prefix+".log")
-	ch, err := b.startChild(proc, l, prof, logPath)
+	ch, err := b.startChild(child, l, prof, logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer ch.kill()
 
-	cpu0, api0 := procCPU(ch.pid), sumCPU(b.apiPIDs)
+	cpu0, api0 := proc.CPU(ch.pid), proc.SumCPU(b.apiPIDs)
 	rctx, cancel := context.WithTimeout(ctx, b.timeout)
 	start := run(rctx, ms)
 	cancel()
@@ -381,8 +382,8 @@ func (b *bench) one(ctx context.Context, kind string, l limits, n int, warm bool
 		last = time.Now()
 	}
 	r.wall = last.Sub(start)
-	r.cpu, r.apiCPU = procCPU(ch.pid)-cpu0, sumCPU(b.apiPIDs)-api0
-	r.rss = peakRSS(ch.pid)
+	r.cpu, r.apiCPU = proc.CPU(ch.pid)-cpu0, proc.SumCPU(b.apiPIDs)-api0
+	r.rss = proc.PeakRSS(ch.pid)
 	if r.stats, err = ch.stop(); err != nil {
 		return nil, err
 	}
@@ -719,7 +720,7 @@ func (b *bench) table(rs []*result) string {
 	}
 	w("")
 	w("bench process peak RSS (control-plane client, %d kubelet clients with their watches, the record writer, the observer): %d MB",
-		b.n, peakRSS(os.Getpid())>>20)
+		b.n, proc.PeakRSS(os.Getpid())>>20)
 	return sb.String()
 }
 

@@ -9,7 +9,7 @@ import (
 	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeproof/nodeproof/internal/bigconfig"
+	"github.com/nodeproof/nodeproof/bench/bigconfig"
 )
 
 // examples is the example bootstrap directory, relative to the module root

@@ -51,8 +51,8 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/bench/fleet"
 	"github.com/nodeproof/nodeproof/bench/internal/proc"
-	"github.com/nodeproof/nodeproof/internal/fleet"
 )
 
 func main() {

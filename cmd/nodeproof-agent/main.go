@@ -1,7 +1,7 @@
 // Command nodeproof-agent runs on a new machine: it attests with the
 // machine's TPM to nodeproof's Machine Config Server and hands the config
 // token to Ignition (or fetches the full config itself on first boot).
-// See internal/agentcli for the flags and agent for what it does.
+// See cmd/nodeproof-agent/agentcli for the flags and agent for what it does.
 package main
 
 import (
@@ -10,7 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/nodeproof/nodeproof/internal/agentcli"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 )
 
 func main() {

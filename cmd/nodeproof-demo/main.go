@@ -1,4 +1,4 @@
-// Command nodeproof-demo is `make demo`: see internal/demo.
+// Command nodeproof-demo is `make demo`: see cmd/nodeproof-demo/demo.
 //
 // SIGINT (Ctrl-C) and SIGTERM stop it cleanly: everything it started
 // stops and its temporary directory is removed. If it is killed outright
@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nodeproof/nodeproof/internal/demo"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof-demo/demo"
 )
 
 func main() {

@@ -1,5 +1,5 @@
 // Command nodeproof is the hardware-attested Machine Config Server and its
-// tools: serve, ca, pointer, token, version. See internal/cli.
+// tools: serve, ca, pointer, token, version. See cmd/nodeproof/cli.
 package main
 
 import (
@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/nodeproof/nodeproof/internal/cli"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 )
 
 func main() {

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nodeproof/nodeproof/internal/agentcli"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 

@@ -4,7 +4,6 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"embed"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -13,6 +12,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 // shippedCerts are AWS's published RSA-2048 instance identity certificates,
@@ -81,7 +82,7 @@ func loadRegionCerts(fsys fs.FS) (*RegionCerts, error) {
 		if err != nil {
 			return nil, fmt.Errorf("aws: region certificates: %w", err)
 		}
-		certs, err := parsePEMCerts(b)
+		certs, err := pemcert.Parse(b)
 		if err != nil {
 			return nil, fmt.Errorf("aws: region certificates: %s: %w", name, err)
 		}
@@ -95,32 +96,6 @@ func loadRegionCerts(fsys fs.FS) (*RegionCerts, error) {
 		return nil, err
 	}
 	return rc, nil
-}
-
-func parsePEMCerts(b []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, b = pem.Decode(b)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("unexpected PEM block %q", block.Type)
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, err
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM certificates")
-	}
-	if strings.TrimSpace(string(b)) != "" {
-		return nil, errors.New("trailing data after the last PEM block")
-	}
-	return certs, nil
 }
 
 // check refuses a set with no Region, a malformed Region name, a Region

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 type fakeClock struct {
@@ -69,7 +71,7 @@ func servedChain(t *testing.T, st *State) []*x509.Certificate {
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain, err := parseCerts(b)
+	chain, err := pemcert.Parse(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +139,7 @@ func handshake(addr string, clk *fakeClock, cfg *tls.Config, roots ...*x509.Cert
 // checkState asserts what holds after every Ensure.
 func checkState(t *testing.T, st *State, now time.Time) {
 	t.Helper()
-	bundle, err := parseCerts(st.CABundlePEM)
+	bundle, err := pemcert.Parse(st.CABundlePEM)
 	if err != nil {
 		t.Fatalf("bundle: %v", err)
 	}

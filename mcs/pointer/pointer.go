@@ -19,14 +19,11 @@ package pointer
 
 import (
 	"bytes"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/url"
-	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -36,13 +33,11 @@ import (
 	v31 "github.com/coreos/ignition/v2/config/v3_1"
 	t31 "github.com/coreos/ignition/v2/config/v3_1/types"
 	v32 "github.com/coreos/ignition/v2/config/v3_2"
-	t32 "github.com/coreos/ignition/v2/config/v3_2/types"
 	v33 "github.com/coreos/ignition/v2/config/v3_3"
-	t33 "github.com/coreos/ignition/v2/config/v3_3/types"
 	v34 "github.com/coreos/ignition/v2/config/v3_4"
-	t34 "github.com/coreos/ignition/v2/config/v3_4/types"
 	v35 "github.com/coreos/ignition/v2/config/v3_5"
-	t35 "github.com/coreos/ignition/v2/config/v3_5/types"
+
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 // DefaultVersion is the Ignition spec version openshift-install writes.
@@ -119,7 +114,7 @@ func Build(o Options) ([]byte, error) {
 	if p.version == "" {
 		p.version = DefaultVersion
 	}
-	sp, ok := specFor(p.version)
+	parse, ok := parsers[p.version]
 	if !ok {
 		return nil, fmt.Errorf("pointer: Ignition spec version %q is not supported (supported: %s)", o.Version, strings.Join(Versions(), ", "))
 	}
@@ -159,16 +154,16 @@ func Build(o Options) ([]byte, error) {
 		p.httpTotal = &secs
 	}
 
-	cfg := sp.build(p)
-	raw, err := marshalCompact(cfg)
+	raw, err := marshalCompact(build(p))
 	if err != nil {
 		return nil, fmt.Errorf("pointer: %w", err)
 	}
-	parsed, rpt, err := sp.parse(raw)
+	parsed, rpt, err := parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("pointer: Ignition %s rejects the config: %w: %s", p.version, err, rpt.String())
 	}
-	if !reflect.DeepEqual(parsed, cfg) {
+	// What Ignition read is what was meant: nothing dropped or added.
+	if again, err := marshalCompact(parsed); err != nil || !bytes.Equal(again, raw) {
 		return nil, errors.New("pointer: internal error: the config does not survive a round trip through Ignition's parser")
 	}
 	return raw, nil
@@ -248,27 +243,8 @@ func checkToken(tok string) error {
 
 // checkBundle accepts only PEM certificates, at least one.
 func checkBundle(b []byte) error {
-	rest := b
-	n := 0
-	for {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			return fmt.Errorf("pointer: CABundle holds a PEM %q block; only certificates belong there", block.Type)
-		}
-		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
-			return fmt.Errorf("pointer: CABundle certificate %d: %w", n+1, err)
-		}
-		n++
-	}
-	if len(bytes.TrimSpace(rest)) != 0 {
-		return errors.New("pointer: CABundle has data that is not a PEM certificate")
-	}
-	if n == 0 {
-		return errors.New("pointer: CABundle holds no PEM certificate")
+	if _, err := pemcert.Parse(b); err != nil {
+		return fmt.Errorf("pointer: CABundle: %w", err)
 	}
 	return nil
 }
@@ -328,31 +304,21 @@ func isEmpty(v any) bool {
 	return false
 }
 
-// spec builds and parses one Ignition spec version.
-type spec struct {
-	build func(parts) any
-	parse func([]byte) (any, report.Report, error)
+// parsers are Ignition's parsers of the versions Build writes.
+var parsers = map[string]func([]byte) (any, report.Report, error){
+	"3.1.0": func(b []byte) (any, report.Report, error) { return v31.Parse(b) },
+	"3.2.0": func(b []byte) (any, report.Report, error) { return v32.Parse(b) },
+	"3.3.0": func(b []byte) (any, report.Report, error) { return v33.Parse(b) },
+	"3.4.0": func(b []byte) (any, report.Report, error) { return v34.Parse(b) },
+	"3.5.0": func(b []byte) (any, report.Report, error) { return v35.Parse(b) },
 }
 
-func specFor(version string) (spec, bool) {
-	switch version {
-	case "3.1.0":
-		return spec{build31, func(b []byte) (any, report.Report, error) { return v31.Parse(b) }}, true
-	case "3.2.0":
-		return spec{build32, func(b []byte) (any, report.Report, error) { return v32.Parse(b) }}, true
-	case "3.3.0":
-		return spec{build33, func(b []byte) (any, report.Report, error) { return v33.Parse(b) }}, true
-	case "3.4.0":
-		return spec{build34, func(b []byte) (any, report.Report, error) { return v34.Parse(b) }}, true
-	case "3.5.0":
-		return spec{build35, func(b []byte) (any, report.Report, error) { return v35.Parse(b) }}, true
-	}
-	return spec{}, false
-}
-
-// The builders differ only in the package of their types.
-
-func build31(p parts) any {
+// build makes the config with spec 3.1's types: what a pointer config uses
+// (ignition.config.merge with HTTP headers, ignition.security.tls, and
+// ignition.timeouts) has the same form in every 3.x version since, so only
+// the version string differs; Build then has that version's parser accept
+// it.
+func build(p parts) t31.Config {
 	c := t31.Config{Ignition: t31.Ignition{Version: p.version}}
 	r := t31.Resource{Source: &p.source}
 	if p.auth != nil {
@@ -361,62 +327,6 @@ func build31(p parts) any {
 	c.Ignition.Config.Merge = []t31.Resource{r}
 	if p.caSource != nil {
 		c.Ignition.Security.TLS.CertificateAuthorities = []t31.Resource{{Source: p.caSource}}
-	}
-	c.Ignition.Timeouts.HTTPTotal = p.httpTotal
-	return c
-}
-
-func build32(p parts) any {
-	c := t32.Config{Ignition: t32.Ignition{Version: p.version}}
-	r := t32.Resource{Source: &p.source}
-	if p.auth != nil {
-		r.HTTPHeaders = t32.HTTPHeaders{{Name: "Authorization", Value: p.auth}}
-	}
-	c.Ignition.Config.Merge = []t32.Resource{r}
-	if p.caSource != nil {
-		c.Ignition.Security.TLS.CertificateAuthorities = []t32.Resource{{Source: p.caSource}}
-	}
-	c.Ignition.Timeouts.HTTPTotal = p.httpTotal
-	return c
-}
-
-func build33(p parts) any {
-	c := t33.Config{Ignition: t33.Ignition{Version: p.version}}
-	r := t33.Resource{Source: &p.source}
-	if p.auth != nil {
-		r.HTTPHeaders = t33.HTTPHeaders{{Name: "Authorization", Value: p.auth}}
-	}
-	c.Ignition.Config.Merge = []t33.Resource{r}
-	if p.caSource != nil {
-		c.Ignition.Security.TLS.CertificateAuthorities = []t33.Resource{{Source: p.caSource}}
-	}
-	c.Ignition.Timeouts.HTTPTotal = p.httpTotal
-	return c
-}
-
-func build34(p parts) any {
-	c := t34.Config{Ignition: t34.Ignition{Version: p.version}}
-	r := t34.Resource{Source: &p.source}
-	if p.auth != nil {
-		r.HTTPHeaders = t34.HTTPHeaders{{Name: "Authorization", Value: p.auth}}
-	}
-	c.Ignition.Config.Merge = []t34.Resource{r}
-	if p.caSource != nil {
-		c.Ignition.Security.TLS.CertificateAuthorities = []t34.Resource{{Source: p.caSource}}
-	}
-	c.Ignition.Timeouts.HTTPTotal = p.httpTotal
-	return c
-}
-
-func build35(p parts) any {
-	c := t35.Config{Ignition: t35.Ignition{Version: p.version}}
-	r := t35.Resource{Source: &p.source}
-	if p.auth != nil {
-		r.HTTPHeaders = t35.HTTPHeaders{{Name: "Authorization", Value: p.auth}}
-	}
-	c.Ignition.Config.Merge = []t35.Resource{r}
-	if p.caSource != nil {
-		c.Ignition.Security.TLS.CertificateAuthorities = []t35.Resource{{Source: p.caSource}}
 	}
 	c.Ignition.Timeouts.HTTPTotal = p.httpTotal
 	return c

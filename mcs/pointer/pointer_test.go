@@ -79,8 +79,7 @@ func TestBuildEachVersion(t *testing.T) {
 				t.Fatal(err)
 			}
 			// That version's own parser.
-			sp, _ := specFor(c.want)
-			if _, rpt, err := sp.parse(raw); err != nil || len(rpt.Entries) != 0 {
+			if _, rpt, err := parsers[c.want](raw); err != nil || len(rpt.Entries) != 0 {
 				t.Fatalf("Ignition %s: %v %s", c.want, err, rpt)
 			}
 			// What Ignition does at boot: parse any version, translate to the newest.

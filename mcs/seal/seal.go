@@ -24,7 +24,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nodeproof/nodeproof/internal/fsutil"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // Prefix starts every box.

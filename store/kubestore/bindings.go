@@ -351,9 +351,42 @@ func (s *Store) Bindings(ctx context.Context) ([]*store.Binding, error) {
 // carrying the resourceVersion read (one write; a conflict reads again,
 // after a short random pause, up to statusAttempts times).
 func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*store.Binding) error) (*store.Binding, error) {
+	return s.updateBinding(ctx, nodeName, "update status of", statusAttempts, true, func(obj *v1alpha1.NodeBinding) (bool, error) {
+		if obj.Spec.Identity != identity {
+			return false, fmt.Errorf("kubestore: node %s is bound to %s: %w", nodeName, obj.Spec.Identity, store.ErrNameTaken)
+		}
+		b, err := fromBinding(obj)
+		if err != nil {
+			return false, err
+		}
+		if err := fn(b); err != nil {
+			return false, err
+		}
+		obj.Status = toStatus(b.Status)
+		return true, nil
+	})
+}
+
+// Revoke implements store.Store: spec.revoked, with the resourceVersion
+// read.
+func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
+	return s.updateBinding(ctx, nodeName, "revoke", maxAttempts, false, func(obj *v1alpha1.NodeBinding) (bool, error) {
+		if obj.Spec.Revoked != nil {
+			return false, nil // revoked already: nothing to write
+		}
+		obj.Spec.Revoked = &v1alpha1.Revocation{At: metav1.NewMicroTime(at.UTC()), Reason: reason}
+		return true, nil
+	})
+}
+
+// updateBinding reads nodeName's binding, lets change modify it (false: no
+// write, the binding as read is the answer) and writes it — its status
+// subresource when status is set — with the resourceVersion read. A
+// conflict reads again, after a short random pause, up to attempts times.
+func (s *Store) updateBinding(ctx context.Context, nodeName, what string, attempts int, status bool, change func(*v1alpha1.NodeBinding) (bool, error)) (*store.Binding, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
-	for attempt := 0; attempt < statusAttempts; attempt++ {
+	for attempt := 0; attempt < attempts; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
@@ -365,18 +398,18 @@ func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn 
 		if err != nil {
 			return nil, err
 		}
-		if obj.Spec.Identity != identity {
-			return nil, fmt.Errorf("kubestore: node %s is bound to %s: %w", nodeName, obj.Spec.Identity, store.ErrNameTaken)
-		}
-		b, err := fromBinding(obj)
+		write, err := change(obj)
 		if err != nil {
 			return nil, err
 		}
-		if err := fn(b); err != nil {
-			return nil, err
+		if !write {
+			return fromBinding(obj)
 		}
-		obj.Status = toStatus(b.Status)
-		err = s.c.Status().Update(ctx, obj)
+		if status {
+			err = s.c.Status().Update(ctx, obj)
+		} else {
+			err = s.c.Update(ctx, obj)
+		}
 		switch {
 		case err == nil:
 			return fromBinding(obj)
@@ -385,37 +418,8 @@ func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn 
 		case apierrors.IsNotFound(err):
 			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
 		default:
-			return nil, fmt.Errorf("kubestore: update status of %s: %w", nodeName, err)
+			return nil, fmt.Errorf("kubestore: %s %s: %w", what, nodeName, err)
 		}
 	}
-	return nil, fmt.Errorf("kubestore: update status of %s: still contended after %d attempts", nodeName, statusAttempts)
-}
-
-// Revoke implements store.Store: spec.revoked, with the resourceVersion
-// read.
-func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	for attempt := 0; attempt < maxAttempts; attempt++ {
-		obj, err := s.getBinding(ctx, nodeName)
-		if err != nil {
-			return nil, err
-		}
-		if obj.Spec.Revoked != nil {
-			return fromBinding(obj)
-		}
-		obj.Spec.Revoked = &v1alpha1.Revocation{At: metav1.NewMicroTime(at.UTC()), Reason: reason}
-		err = s.c.Update(ctx, obj)
-		switch {
-		case err == nil:
-			return fromBinding(obj)
-		case apierrors.IsConflict(err):
-			continue
-		case apierrors.IsNotFound(err):
-			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
-		default:
-			return nil, fmt.Errorf("kubestore: revoke %s: %w", nodeName, err)
-		}
-	}
-	return nil, fmt.Errorf("kubestore: revoke %s: still contended after %d attempts", nodeName, maxAttempts)
+	return nil, fmt.Errorf("kubestore: %s %s: still contended after %d attempts", what, nodeName, attempts)
 }

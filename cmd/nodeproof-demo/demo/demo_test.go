@@ -21,7 +21,7 @@ import (
 // demo cannot rot.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out, Clock: time.Now, Examples: "../../deploy/examples"})
+	err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out, Clock: time.Now, Examples: "../../../deploy/examples"})
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
@@ -101,7 +101,7 @@ func comms(ps []process) []string {
 // nothing it started is left either (parent-death signals).
 func TestDemoStops(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "nodeproof-demo")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/nodeproof-demo").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", bin, "../../../cmd/nodeproof-demo").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	// Printed when etcd, kube-apiserver, the server and part one's swtpm
@@ -121,7 +121,7 @@ func TestDemoStops(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			tmp := t.TempDir() // the demo's TMPDIR: its default directory goes here
 			cmd := exec.Command(bin)
-			cmd.Dir = "../.." // the module root, as under make
+			cmd.Dir = "../../.." // the module root, as under make
 			cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr

@@ -395,7 +395,7 @@ func TestServeRefusesFailOpenPolicy(t *testing.T) {
 			}
 			var stderr bytes.Buffer
 			code := Run(context.Background(), []string{"serve", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
-				"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
+				"--server-basedir", "../../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
 			if code == 0 || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("serve: exit %d, %q; want a refusal naming %q", code, stderr.String(), tc.want)
 			}

@@ -55,7 +55,7 @@ func startApproverCluster(t *testing.T) *approverCluster {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.ApplyYAML(t, c, "../../deploy/approver/rbac.yaml")
+	kubetest.ApplyYAML(t, c, "../../../deploy/approver/rbac.yaml")
 	sc, err := kubestore.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)

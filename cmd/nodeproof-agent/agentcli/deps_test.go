@@ -37,7 +37,7 @@ func TestAgentImportsNoServerCode(t *testing.T) {
 		{name: "the embedded store", pkg: "go.etcd.io/bbolt"},
 		{name: "nodeproof's store", pkg: "github.com/nodeproof/nodeproof/store"},
 		{name: "the approver", pkg: "github.com/nodeproof/nodeproof/approver"},
-		{name: "the server's commands", pkg: "github.com/nodeproof/nodeproof/internal/cli"},
+		{name: "the server's commands", pkg: "github.com/nodeproof/nodeproof/cmd/nodeproof/cli"},
 		{name: "the server package", pkg: "github.com/nodeproof/nodeproof/mcs", exact: true},
 		{name: "rendering", pkg: "github.com/nodeproof/nodeproof/mcs/render"},
 		{name: "cluster mode", pkg: "github.com/nodeproof/nodeproof/mcs/cluster"},

@@ -1,4 +1,4 @@
-package cli
+package render
 
 import (
 	"encoding/json"
@@ -11,17 +11,17 @@ import (
 // agent can reach the server over TLS after the first boot.
 const CABundlePath = "/etc/nodeproof/mcs-ca-bundle.crt"
 
-// publicExtra is what the server adds to every public tier: what a node
-// needs to attest (the CA bundle; the agent unit comes with the agent). No
-// secret.
-func publicExtra(caBundle func() ([]byte, error)) ([]byte, error) {
-	ca, err := caBundle()
-	if err != nil || len(ca) == 0 {
-		return nil, err
+// CABundleExtra is what the server adds to every public tier
+// (Options.PublicExtra): the CA bundle at CABundlePath, what a node needs
+// to attest (the agent unit comes with the agent's MachineConfig). No
+// secret. An empty bundle adds nothing (nil).
+func CABundleExtra(caBundle []byte) ([]byte, error) {
+	if len(caBundle) == 0 {
+		return nil, nil
 	}
 	mode := 0o644
 	overwrite := true
-	src := "data:," + url.PathEscape(string(ca))
+	src := "data:," + url.PathEscape(string(caBundle))
 	cfg := types.Config{Ignition: types.Ignition{Version: "3.5.0"}}
 	cfg.Storage.Files = append(cfg.Storage.Files, types.File{
 		Node:          types.Node{Path: CABundlePath, Overwrite: &overwrite},

@@ -2,12 +2,10 @@ package cli
 
 import (
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -25,7 +23,8 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/dirsource"
+	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -177,63 +176,34 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	}
 }
 
-// Serve runs the Machine Config Server until ctx ends.
+// Serve runs the Machine Config Server until ctx ends: it checks the
+// configuration, builds the server's parts (serverOptions), its config
+// source (a directory or a cluster), then listens on both ports and keeps
+// inputs, keys, tokens and certificates current until ctx ends.
 func Serve(ctx context.Context, c ServeConfig) error {
-	if c.Clock == nil || c.Log == nil {
-		return errors.New("serve: Clock and Log are required")
-	}
-	if c.ServerBasedir == "" && c.Kubeconfig == "" && c.APIServerURL == "" {
-		return errors.New("serve: give --server-basedir (directory mode) or --kubeconfig/--apiserver-url (cluster mode)")
-	}
-	clusterMode := c.Kubeconfig != "" || c.APIServerURL != ""
-	switch {
-	case clusterMode && c.ServerBasedir != "":
-		return errors.New("serve: --server-basedir (directory mode) and --kubeconfig/--apiserver-url (cluster mode) exclude each other")
-	case clusterMode && c.APIServerURL == "":
-		return errors.New("serve: cluster mode needs --apiserver-url (the API server URL the served kubeconfigs name)")
-	case !clusterMode && c.BootstrapKube == "":
-		return errors.New("serve: directory mode needs --bootstrap-kubeconfig (the full config carries it)")
-	}
-	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
-		return fmt.Errorf("state dir: %w", err)
-	}
-	pol, err := loadPolicy(c.Policy)
+	clusterMode, err := c.check()
 	if err != nil {
 		return err
 	}
-	for _, w := range pol.Warnings() {
-		c.Log.Warn("INSECURE policy: " + w)
-	}
-	verifier, err := tpmVerifier(pol, c.Clock)
+	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode)
 	if err != nil {
 		return err
 	}
-	gcpVerifier, err := c.gcpVerifier(pol)
+	defer closeAll()
+	var src mcs.Source
+	if clusterMode {
+		src, err = c.clusterSource(opts.Policy, opts.Provisioning)
+	} else {
+		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
+	}
 	if err != nil {
 		return err
 	}
-	awsVerifier, err := c.awsVerifier(ctx, pol)
-	if err != nil {
+	if opts.Configs, err = src.First(); err != nil {
 		return err
 	}
-	st, err := c.openStore(clusterMode)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	var events mcs.EnrolmentEvents
-	if kc, err := c.kubeClient(clusterMode); err != nil {
-		return err
-	} else if kc != nil {
-		be := kubestore.NewBindingEvents(kc, c.storeNamespace(), "nodeproof-server")
-		defer be.Close()
-		events = be
-	}
-	keys, err := seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock)
-	if err != nil {
-		return err
-	}
-	prov, err := tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock)
+	opts.Bootstrap = src.Bootstrap()
+	srv, err := mcs.New(opts)
 	if err != nil {
 		return err
 	}
@@ -241,88 +211,169 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
-
-	var src source
-	if clusterMode {
-		cs, err := c.newClusterSource()
-		if err != nil {
-			return err
-		}
-		if c.UserDataURL != "" {
-			if cs.userData, err = c.userDataSyncer(cs, pol, prov); err != nil {
-				return err
-			}
-		}
-		src = cs
-	} else {
-		src = &dirInputs{dir: c.ServerBasedir, kubeconfig: c.BootstrapKube, caBundle: c.caBundle, reload: c.Reload, log: c.Log}
-	}
-	first, err := src.first()
+	ports, err := c.listen(srv, tlsConf, conns)
 	if err != nil {
 		return err
 	}
-	limits, connLimits, err := c.Limits.limits(c.Clock)
-	if err != nil {
-		return err
-	}
-	srv, err := mcs.New(mcs.Options{
-		Policy: pol, Configs: first, Store: st, Keys: keys, Provisioning: prov, TPM: verifier, GCP: gcpVerifier, AWS: awsVerifier,
-		Bootstrap: src.bootstrap(), ConfigTokenTTL: c.TokenTTL, Limits: limits, Clock: c.Clock, Log: c.Log, Events: events,
-	})
-	if err != nil {
-		return err
-	}
-
-	secureLn, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.SecurePort)))
-	if err != nil {
-		return err
-	}
-	servers := []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Limits.ReadHeaderTimeout, c.Log)}
-	listeners := []net.Listener{tls.NewListener(limitListener(secureLn, connLimits), tlsConf)}
-	var insecureAddr net.Addr
-	if c.InsecurePort != 0 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.InsecurePort)))
-		if err != nil {
-			secureLn.Close()
-			return err
-		}
-		insecureAddr = ln.Addr()
-		servers = append(servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Limits.ReadHeaderTimeout, c.Log))
-		listeners = append(listeners, limitListener(ln, connLimits))
-	}
-	c.Log.Info("serving", "secure", secureLn.Addr().String(), "insecure", fmt.Sprint(insecureAddr),
-		"inputs", src.String(), "pools", strings.Join(first.Pools(), ","), "stateDir", c.StateDir)
+	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
+		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir)
 	if c.Ready != nil {
-		c.Ready(secureLn.Addr(), insecureAddr)
-	}
-
-	errc := make(chan error, len(servers)+1)
-	for i := range servers {
-		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(servers[i], listeners[i])
+		c.Ready(ports.secure, ports.insecure)
 	}
 	if c.DebugAddr != "" {
 		stopDebug, err := serveDebug(c.DebugAddr)
 		if err != nil {
+			ports.close()
 			return err
 		}
 		defer stopDebug()
 	}
-	go src.run(ctx, srv)
-	go c.maintain(ctx, st, keys, prov, reloader)
+	go src.Run(ctx, srv)
+	go c.maintain(ctx, opts.Store, opts.Keys, opts.Provisioning, reloader)
+	ports.serve(ctx, c.Log)
+	return nil
+}
 
+// check validates the flags that choose the mode and reports whether this
+// is cluster mode.
+func (c ServeConfig) check() (clusterMode bool, err error) {
+	if c.Clock == nil || c.Log == nil {
+		return false, errors.New("serve: Clock and Log are required")
+	}
+	if c.ServerBasedir == "" && c.Kubeconfig == "" && c.APIServerURL == "" {
+		return false, errors.New("serve: give --server-basedir (directory mode) or --kubeconfig/--apiserver-url (cluster mode)")
+	}
+	clusterMode = c.Kubeconfig != "" || c.APIServerURL != ""
+	switch {
+	case clusterMode && c.ServerBasedir != "":
+		return false, errors.New("serve: --server-basedir (directory mode) and --kubeconfig/--apiserver-url (cluster mode) exclude each other")
+	case clusterMode && c.APIServerURL == "":
+		return false, errors.New("serve: cluster mode needs --apiserver-url (the API server URL the served kubeconfigs name)")
+	case !clusterMode && c.BootstrapKube == "":
+		return false, errors.New("serve: directory mode needs --bootstrap-kubeconfig (the full config carries it)")
+	}
+	return clusterMode, nil
+}
+
+// serverOptions builds everything an mcs.Server needs but its configs:
+// the policy (its insecure choices logged), the verifiers of the evidence
+// kinds the policy takes, the store, Events, sealing keys, provisioning
+// tokens and admission limits (and those of the listeners, returned
+// apart). closeAll releases what was opened.
+func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	if err = os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return o, conns, nil, fmt.Errorf("state dir: %w", err)
+	}
+	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
+	if o.Policy, err = loadPolicy(c.Policy); err != nil {
+		return o, conns, nil, err
+	}
+	for _, w := range o.Policy.Warnings() {
+		c.Log.Warn("INSECURE policy: " + w)
+	}
+	if o.TPM, err = tpmVerifier(o.Policy, c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	if o.GCP, err = c.gcpVerifier(o.Policy); err != nil {
+		return o, conns, nil, err
+	}
+	if o.AWS, err = c.awsVerifier(ctx, o.Policy); err != nil {
+		return o, conns, nil, err
+	}
+	if o.Store, err = c.openStore(clusterMode); err != nil {
+		return o, conns, nil, err
+	}
+	closers = append(closers, func() { o.Store.Close() })
+	kc, err := c.kubeClient(clusterMode)
+	if err != nil {
+		return o, conns, nil, err
+	}
+	if kc != nil {
+		be := kubestore.NewBindingEvents(kc, c.storeNamespace(), "nodeproof-server")
+		closers = append(closers, be.Close)
+		o.Events = be
+	}
+	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	return o, conns, closeAll, nil
+}
+
+// ports are the server's listening ports.
+type ports struct {
+	secure, insecure net.Addr // insecure: nil when off
+	servers          []*http.Server
+	listeners        []net.Listener
+}
+
+// listen binds the secure port (TLS) and, unless off, the plain one, with
+// the per-source connection limits in front of both.
+func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.ListenerOptions) (*ports, error) {
+	secureLn, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.SecurePort)))
+	if err != nil {
+		return nil, err
+	}
+	p := &ports{
+		secure:    secureLn.Addr(),
+		servers:   []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Limits.ReadHeaderTimeout, c.Log)},
+		listeners: []net.Listener{tls.NewListener(limitListener(secureLn, conns), tlsConf)},
+	}
+	if c.InsecurePort != 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.InsecurePort)))
+		if err != nil {
+			secureLn.Close()
+			return nil, err
+		}
+		p.insecure = ln.Addr()
+		p.servers = append(p.servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Limits.ReadHeaderTimeout, c.Log))
+		p.listeners = append(p.listeners, limitListener(ln, conns))
+	}
+	return p, nil
+}
+
+// serve serves both ports until ctx ends or a listener fails, then shuts
+// down, giving requests in flight 10 s.
+func (p *ports) serve(ctx context.Context, log *slog.Logger) {
+	errc := make(chan error, len(p.servers))
+	for i := range p.servers {
+		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(p.servers[i], p.listeners[i])
+	}
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
 		if !errors.Is(err, http.ErrServerClosed) {
-			c.Log.Error("listener failed", "err", err.Error())
+			log.Error("listener failed", "err", err.Error())
 		}
 	}
 	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	for _, s := range servers {
+	for _, s := range p.servers {
 		s.Shutdown(shutdown)
 	}
-	return nil
+}
+
+// close releases the ports without serving.
+func (p *ports) close() {
+	for _, ln := range p.listeners {
+		ln.Close()
+	}
 }
 
 // newHTTPServer bounds everything a client controls: header size and the
@@ -473,18 +524,6 @@ func tpmVerifier(pol *policy.Policy, clock func() time.Time) (*tpm.Verifier, err
 	return tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
 }
 
-// source is where the served configs come from: a directory (dirInputs)
-// or a cluster (clusterSource).
-type source interface {
-	// first returns what to serve at start.
-	first() (mcs.Configs, error)
-	// run keeps srv's configs current until ctx ends.
-	run(ctx context.Context, srv *mcs.Server)
-	// bootstrap issues per-node bootstrap tokens, or is nil.
-	bootstrap() mcs.BootstrapTokens
-	fmt.Stringer
-}
-
 // usesEvidence reports whether any pool takes evidence of kind k.
 func usesEvidence(pol *policy.Policy, k attest.Kind) bool {
 	for _, pp := range pol.Pools {
@@ -512,108 +551,6 @@ func (c ServeConfig) gcpVerifier(pol *policy.Policy) (*gcp.Verifier, error) {
 		return nil, err
 	}
 	return gcp.NewVerifier(gcp.Options{Keys: keys, AudiencePrefix: aud, Clock: c.Clock})
-}
-
-// dirInputs is the directory mode's input: an MCO bootstrap directory and
-// a kubeconfig file, re-read when they change.
-type dirInputs struct {
-	dir, kubeconfig string
-	caBundle        func() ([]byte, error)
-	reload          time.Duration
-	log             *slog.Logger
-	stamp           string
-}
-
-func (d *dirInputs) String() string                 { return d.dir }
-func (d *dirInputs) bootstrap() mcs.BootstrapTokens { return nil }
-func (d *dirInputs) first() (mcs.Configs, error)    { return d.load() }
-
-// run checks the directory every d.reload and serves what changed; inputs
-// that do not load leave the previous ones served.
-func (d *dirInputs) run(ctx context.Context, srv *mcs.Server) {
-	tick := time.NewTicker(d.reload)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if changed, err := d.changed(); err != nil {
-			d.log.Error("inputs", "err", err.Error())
-		} else if changed {
-			if rendered, err := d.load(); err != nil {
-				d.log.Error("inputs changed but do not load; still serving the previous ones", "err", err.Error())
-			} else {
-				srv.SetConfigs(rendered)
-				d.log.Info("inputs reloaded", "pools", strings.Join(rendered.Pools(), ","))
-			}
-		}
-	}
-}
-
-func (d *dirInputs) fingerprint() (string, error) {
-	var b strings.Builder
-	err := filepath.WalkDir(d.dir, func(p string, e fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if info, err := e.Info(); err == nil {
-			fmt.Fprintf(&b, "%s %d %d\n", p, info.Size(), info.ModTime().UnixNano())
-		}
-		return nil
-	})
-	if info, err2 := os.Stat(d.kubeconfig); err2 == nil {
-		fmt.Fprintf(&b, "%s %d %d\n", d.kubeconfig, info.Size(), info.ModTime().UnixNano())
-	}
-	// The public tier carries the CA bundle: a rotated one is a change.
-	if ca, err2 := d.caBundle(); err2 == nil {
-		fmt.Fprintf(&b, "ca-bundle %x\n", sha256.Sum256(ca))
-	}
-	return b.String(), err
-}
-
-func (d *dirInputs) changed() (bool, error) {
-	f, err := d.fingerprint()
-	return err == nil && f != d.stamp, err
-}
-
-func (d *dirInputs) load() (mcs.Rendered, error) {
-	stamp, err := d.fingerprint()
-	if err != nil {
-		return mcs.Rendered{}, fmt.Errorf("read %s: %w", d.dir, err)
-	}
-	in, err := render.LoadBootstrapDir(d.dir)
-	if err != nil {
-		return mcs.Rendered{}, err
-	}
-	var kc []byte
-	if d.kubeconfig != "" {
-		if kc, err = os.ReadFile(d.kubeconfig); err != nil {
-			return mcs.Rendered{}, fmt.Errorf("bootstrap kubeconfig: %w", err)
-		}
-	}
-	extra, err := publicExtra(d.caBundle)
-	if err != nil {
-		return mcs.Rendered{}, err
-	}
-	r, err := render.NewRenderer(in, render.Options{BootstrapKubeconfig: kc, PublicExtra: extra})
-	if err != nil {
-		return mcs.Rendered{}, err
-	}
-	// A directory does not fill in later: a pool whose rendered config
-	// lists a MachineConfig the directory lacks would serve a public tier
-	// without that config's files, so it is an error here.
-	for _, pool := range r.Pools() {
-		if missing, _ := r.Missing(pool); len(missing) > 0 {
-			return mcs.Rendered{}, fmt.Errorf("render: pool %s lacks %s in %s", pool, strings.Join(missing, ", "), d.dir)
-		}
-	}
-	if err := r.Prerender(); err != nil {
-		return mcs.Rendered{}, fmt.Errorf("render: %w", err)
-	}
-	d.stamp = stamp
-	return mcs.Rendered{R: r}, nil
 }
 
 func orDefault(s, def string) string {

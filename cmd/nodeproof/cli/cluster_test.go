@@ -173,7 +173,7 @@ func TestServeClusterMode(t *testing.T) {
 	// ends Ignition's fetch for good, so every 200 must be the whole
 	// public tier; before that, only 503s that say when to retry.
 	poll := startPublicPoller(t, plain, s.url+"/config/worker", expectedFiles(t, "worker", render.TierPublic, bundle))
-	ex := clustertest.LoadExamples(t, "../../deploy/examples/bootstrap")
+	ex := clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap")
 	if err := ex.CreateBackwards(ctx, c, func(string) { time.Sleep(4 * cluster.DefaultDebounce) }); err != nil {
 		t.Fatal(err)
 	}
@@ -419,8 +419,8 @@ func TestServeUserDataAsDeployed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	applyRenderedRBAC(t, cfg, "../../deploy/overlays/openshift")
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	applyRenderedRBAC(t, cfg, "../../../deploy/overlays/openshift")
+	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
 	// The Secrets as the MCO made them (its pointer, another key nodeproof
 	// must keep), plus one nodeproof's account must not read.
 	secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)
@@ -566,7 +566,7 @@ pools:
 		if err != nil {
 			t.Fatalf("ignition with the %s user data: %v\n%s", what, err, out)
 		}
-		src, ok := cachedFiles(t, cached)[CABundlePath]
+		src, ok := cachedFiles(t, cached)[render.CABundlePath]
 		if !ok {
 			return nil
 		}

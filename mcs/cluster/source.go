@@ -1,4 +1,4 @@
-package cli
+package cluster
 
 import (
 	"bytes"
@@ -15,20 +15,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
-	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/mcs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/render"
-	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 	"github.com/nodeproof/nodeproof/store"
 )
 
-// kubeCallTimeout bounds each API call made while answering a request.
-const kubeCallTimeout = 10 * time.Second
+// KubeCallTimeout bounds each API call made while answering a request.
+const KubeCallTimeout = 10 * time.Second
 
 // tokenGCInterval is how often expired bootstrap token Secrets are deleted;
 // userDataInterval how often the user-data Secrets are compared.
@@ -37,16 +33,38 @@ const (
 	userDataInterval = 5 * time.Second
 )
 
-// clusterSource is cluster mode's input (`--kubeconfig`/`--apiserver-url`):
-// MachineConfigPools, MachineConfigs and the ControllerConfig watched from
-// the API server (mcs/cluster.Watch), and a bootstrap token per attested
-// node (mcs/cluster.Tokens). Until the watch has synced, every config
-// request is a 503 with Retry-After.
-type clusterSource struct {
+// SourceOptions configure a Source.
+type SourceOptions struct {
+	// REST reaches the API server (its QPS and Burst are used as given;
+	// Timeout is set to KubeCallTimeout). Required.
+	REST *rest.Config
+	// APIServerURL is the API server as nodes reach it: what the served
+	// kubeconfigs name. Required.
+	APIServerURL string
+	// TokenDir is the node-bootstrapper service account secret (token,
+	// ca.crt), mounted where the OpenShift MCS has it.
+	TokenDir string
+	// CABundle returns nodeproof's CA bundle, which the public tier
+	// carries (render.CABundleExtra); re-read every few seconds, so a
+	// rotation re-renders the public tier. Nil: none.
+	CABundle func() ([]byte, error)
+	Clock    func() time.Time
+	Log      *slog.Logger
+}
+
+// Source is cluster mode's mcs.Source (`nodeproof serve
+// --kubeconfig/--apiserver-url`): MachineConfigPools, MachineConfigs and
+// the ControllerConfig watched from the API server (Watch), rendered and
+// served when each pool's inputs are complete (Configs), and a bootstrap
+// token per attested node (Tokens). Until the watch has synced, every
+// config request is a 503 with Retry-After. In the background it deletes
+// expired bootstrap tokens, re-renders the public tier when the CA bundle
+// changes and, with ManageUserData, keeps the user-data Secrets current.
+type Source struct {
 	cfg      *rest.Config
-	server   string // --apiserver-url
+	server   string // APIServerURL
 	tokenDir string
-	tokens   *cluster.Tokens
+	tokens   *Tokens
 	ca       func(context.Context) ([]byte, error)
 	caBundle func() ([]byte, error) // nodeproof's own CA bundle, for the public tier
 	clock    func() time.Time
@@ -62,109 +80,73 @@ type clusterSource struct {
 	servedCA []byte
 }
 
-// restConfig is the API server connection: --kubeconfig, or the
-// in-cluster service account when it is empty (as the OpenShift MCS does).
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	var (
-		cfg *rest.Config
-		err error
-	)
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return nil, fmt.Errorf("API server config: %w", err)
-	}
-	cfg.UserAgent = "nodeproof"
-	// client-go's defaults (5 per second, bursts of 10) would hold a
-	// scale-up of hundreds of machines to a few attestations a second.
-	cfg.QPS, cfg.Burst = 50, 100
-	return cfg, nil
-}
+var _ mcs.Source = (*Source)(nil)
 
-// limits applies --kube-api-qps/--kube-api-burst (zero: restConfig's).
-func (c ServeConfig) limits(cfg *rest.Config) {
-	if c.KubeQPS > 0 {
-		cfg.QPS, cfg.Burst = float32(c.KubeQPS), max(c.KubeBurst, 1)
+// NewSource connects to the API server; nothing is watched until Run.
+func NewSource(o SourceOptions) (*Source, error) {
+	if o.REST == nil || o.APIServerURL == "" || o.Clock == nil || o.Log == nil {
+		return nil, errors.New("cluster: SourceOptions.REST, APIServerURL, Clock and Log are required")
 	}
-}
-
-// newClusterSource connects to the API server named by --kubeconfig, or
-// the in-cluster service account when --kubeconfig is empty (as the
-// OpenShift MCS does).
-func (c ServeConfig) newClusterSource() (*clusterSource, error) {
-	cfg, err := restConfig(c.Kubeconfig)
-	if err != nil {
-		return nil, err
+	if o.CABundle == nil {
+		o.CABundle = func() ([]byte, error) { return nil, nil }
 	}
-	c.limits(cfg)
+	cfg := rest.CopyConfig(o.REST)
 	// controller-runtime's informers log through its package logger, which
 	// must be set once per process (it warns with a stack trace if not).
-	ctrllog.SetLogger(logr.FromSlogHandler(c.Log.Handler()).WithName("informers"))
-	cfg.Timeout = kubeCallTimeout
+	ctrllog.SetLogger(logr.FromSlogHandler(o.Log.Handler()).WithName("informers"))
+	cfg.Timeout = KubeCallTimeout
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("serve: cluster mode: %w", err)
+		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	ca := cluster.MCOCABundle(kc, filepath.Join(c.TokenDir, corev1.ServiceAccountRootCAKey))
-	tokens, err := cluster.NewTokens(cluster.TokenOptions{Client: kc, Server: c.APIServerURL, CABundle: ca, Clock: c.Clock})
+	ca := MCOCABundle(kc, filepath.Join(o.TokenDir, corev1.ServiceAccountRootCAKey))
+	tokens, err := NewTokens(TokenOptions{Client: kc, Server: o.APIServerURL, CABundle: ca, Clock: o.Clock})
 	if err != nil {
 		return nil, err
 	}
-	return &clusterSource{
-		cfg: cfg, server: c.APIServerURL, tokenDir: c.TokenDir, tokens: tokens, ca: ca,
-		caBundle: c.caBundle, clock: c.Clock, log: c.Log, kc: kc,
+	return &Source{
+		cfg: cfg, server: o.APIServerURL, tokenDir: o.TokenDir, tokens: tokens, ca: ca,
+		caBundle: o.CABundle, clock: o.Clock, log: o.Log, kc: kc,
 	}, nil
 }
 
-// userDataSyncer keeps the user-data Secrets current: the CA bundle
-// (nodeproof's own, or --ca-bundle with --cert, re-read at every sync), and
-// the provisioning token for pools that take the token tier.
-func (c ServeConfig) userDataSyncer(cs *clusterSource, pol *policy.Policy, prov *tokens.Provisioning) (*userdata.Syncer, error) {
-	if c.CertFile != "" && c.CABundleFile == "" {
-		return nil, errors.New("serve: --user-data-url with --cert needs --ca-bundle (the CA bundle that signed --cert, which the pointer configs carry)")
-	}
-	return userdata.New(userdata.Options{
-		Client: cs.kc, Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
-		CABundle: c.caBundle,
-		Token: func(pool string) string {
-			if pol.ServeFor(pool).Token {
-				return prov.Current()
-			}
-			return ""
-		},
-	})
-}
+// Client is the Source's clientset (for the user-data Syncer).
+func (s *Source) Client() kubernetes.Interface { return s.kc }
 
-func (s *clusterSource) String() string                 { return "cluster " + s.cfg.Host }
-func (s *clusterSource) bootstrap() mcs.BootstrapTokens { return s.tokens }
+// ManageUserData makes Run keep the user-data Secrets current with u.
+// Call it before Run.
+func (s *Source) ManageUserData(u *userdata.Syncer) { s.userData = u }
 
-// first serves nothing yet: every config request is a 503 until the
+// String names the API server.
+func (s *Source) String() string { return "cluster " + s.cfg.Host }
+
+// Bootstrap issues a bootstrap token per attested node.
+func (s *Source) Bootstrap() mcs.BootstrapTokens { return s.tokens }
+
+// First serves nothing yet: every config request is a 503 until the
 // watch has synced.
-func (s *clusterSource) first() (mcs.Configs, error) { return cluster.Configs{}, nil }
+func (s *Source) First() (mcs.Configs, error) { return Configs{}, nil }
 
 // kubeconfig is what every full config carries in cluster mode: the
 // attested node's own bootstrap token, or, for a request without a node
 // (token tier, fullWithoutCredentials), the shared node-bootstrapper
 // kubeconfig the OpenShift MCS serves everyone (see mcs/cluster).
-func (s *clusterSource) kubeconfig(rec *store.Record) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), kubeCallTimeout)
+func (s *Source) kubeconfig(rec *store.Record) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), KubeCallTimeout)
 	defer cancel()
 	if rec != nil {
 		return s.tokens.Kubeconfig(ctx, rec)
 	}
-	return cluster.ServiceAccountKubeconfig(ctx, s.tokenDir, s.server, s.ca)
+	return ServiceAccountKubeconfig(ctx, s.tokenDir, s.server, s.ca)
 }
 
-// run watches the inputs and swaps in a renderer for each change, and
+// Run watches the inputs and swaps in a renderer for each change, and
 // deletes expired bootstrap tokens, until ctx ends. A watch that fails is
 // restarted after a pause; what was served stays served meanwhile.
-func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
+func (s *Source) Run(ctx context.Context, srv *mcs.Server) {
 	go s.housekeeping(ctx)
 	for ctx.Err() == nil {
-		err := cluster.Watch(ctx, s.cfg, cluster.WatchOptions{
+		err := Watch(ctx, s.cfg, WatchOptions{
 			OnInputs: func(in *render.Inputs) { s.serve(srv, in) },
 			OnError:  func(err error) { s.log.Error("cluster inputs", "err", err.Error()) },
 		})
@@ -183,7 +165,7 @@ func (s *clusterSource) run(ctx context.Context, srv *mcs.Server) {
 // until they arrive; configs that do not render (a config with no 2.2
 // form) are logged and answered per request (503, or 400 for the spec
 // version); the other pools are served.
-func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
+func (s *Source) serve(srv *mcs.Server, in *render.Inputs) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ca, err := s.caBundle()
@@ -192,7 +174,7 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 		return
 	}
 	s.srv, s.inputs = srv, in
-	extra, err := publicExtra(func() ([]byte, error) { return ca, nil })
+	extra, err := render.CABundleExtra(ca)
 	if err != nil {
 		s.log.Error("cluster inputs: public tier additions", "err", err.Error())
 		return
@@ -218,7 +200,7 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 			s.log.Warn("cluster inputs: some configs do not render", "err", err.Error())
 		}
 	}
-	srv.SetConfigs(cluster.Configs{R: &mcs.Rendered{R: r, Kubeconfig: s.kubeconfig}})
+	srv.SetConfigs(Configs{R: &mcs.Rendered{R: r, Kubeconfig: s.kubeconfig}})
 	s.servedCA = ca
 	s.log.Info("cluster inputs", "pools", strings.Join(complete, ","), "waiting", strings.Join(waiting, ","))
 }
@@ -226,7 +208,7 @@ func (s *clusterSource) serve(srv *mcs.Server, in *render.Inputs) {
 // caChanged re-renders the last inputs when the CA bundle the public tier
 // carries changed since they were rendered (a rotation, or a new
 // --ca-bundle file).
-func (s *clusterSource) caChanged() {
+func (s *Source) caChanged() {
 	s.mu.Lock()
 	srv, in, served := s.srv, s.inputs, s.servedCA
 	s.mu.Unlock()
@@ -248,7 +230,7 @@ func (s *clusterSource) caChanged() {
 // housekeeping keeps the public tier's CA bundle and the user-data
 // Secrets current (every few seconds: rotations show up there) and deletes
 // expired bootstrap tokens.
-func (s *clusterSource) housekeeping(ctx context.Context) {
+func (s *Source) housekeeping(ctx context.Context) {
 	tick := time.NewTicker(userDataInterval)
 	defer tick.Stop()
 	lastGC := s.clock()

@@ -1,10 +1,13 @@
-package cli
+package dirsource_test
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nodeproof/nodeproof/mcs/dirsource"
 )
 
 // TestDirectoryModeRefusesIncompleteInputs: a bootstrap directory does not
@@ -32,8 +35,11 @@ func TestDirectoryModeRefusesIncompleteInputs(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			d := &dirInputs{dir: dir, kubeconfig: "../../deploy/examples/bootstrap-kubeconfig", caBundle: func() ([]byte, error) { return nil, nil }}
-			_, err := d.load()
+			d, err := dirsource.New(dirsource.Options{Dir: dir, Kubeconfig: "../../deploy/examples/bootstrap-kubeconfig", Log: slog.New(slog.DiscardHandler)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = d.Load()
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Fatalf("load: %v", err)

@@ -73,7 +73,7 @@ func newAWSSetup(t *testing.T, poolAWS string) *awsSetup {
 
 // directoryMode are serve's flags for the example MCO bootstrap directory
 // (the embedded store).
-var directoryMode = []string{"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}
+var directoryMode = []string{"--server-basedir", "../../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../../deploy/examples/bootstrap-kubeconfig"}
 
 // cmdServer is `nodeproof serve` run through Run, with flags, in process.
 type cmdServer struct {

@@ -101,7 +101,7 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*Serv
 	done := make(chan error, 1)
 	cfg := ServeConfig{
 		SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-		ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
+		ServerBasedir: "../../../deploy/examples/bootstrap", BootstrapKube: "../../../deploy/examples/bootstrap-kubeconfig",
 		Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 		TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 		GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
@@ -205,12 +205,12 @@ func configFiles(cfgJSON []byte) (map[string]string, error) {
 // spec 3.5 (what Ignition v2.24 asks for), as path → source.
 func expectedFiles(t *testing.T, pool string, tier render.Tier, caBundle []byte) map[string]string {
 	t.Helper()
-	in, err := render.LoadBootstrapDir("../../deploy/examples/bootstrap")
+	in, err := render.LoadBootstrapDir("../../../deploy/examples/bootstrap")
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc, _ := os.ReadFile("../../deploy/examples/bootstrap-kubeconfig")
-	extra, err := publicExtra(func() ([]byte, error) { return caBundle, nil })
+	kc, _ := os.ReadFile("../../../deploy/examples/bootstrap-kubeconfig")
+	extra, err := render.CABundleExtra(caBundle)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,8 +82,8 @@ func TestReplicasAndApprover(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
-	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
+	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
+	for _, f := range []string{"../../../deploy/approver/rbac.yaml", "../../../deploy/store/rbac.yaml", "../../../deploy/cluster/node-bootstrap-rbac.yaml"} {
 		kubetest.ApplyYAML(t, c, f)
 	}
 	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
