@@ -190,6 +190,12 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	defer closeAll()
+	// The certificates first: nodeproof's own CA bundle, made here on
+	// first start, is what the sources put in the public tier.
+	tlsConf, reloader, err := c.tlsConfig()
+	if err != nil {
+		return err
+	}
 	var src mcs.Source
 	if clusterMode {
 		src, err = c.clusterSource(opts.Policy, opts.Provisioning)
@@ -204,10 +210,6 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	opts.Bootstrap = src.Bootstrap()
 	srv, err := mcs.New(opts)
-	if err != nil {
-		return err
-	}
-	tlsConf, reloader, err := c.tlsConfig()
 	if err != nil {
 		return err
 	}
