@@ -39,10 +39,11 @@ kind: AttestationPolicy
 pools:
   worker:
     evidence: [tpm]
-    tpm: {requireSecureBoot: true}
+    tpm: {anyEKTrust: true, requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
     serve: {token: true, nodeNames: requested}
   master:
     evidence: [tpm]
+    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
     serve: {nodeNames: requested}
   infra:
     evidence: []

@@ -22,7 +22,7 @@
 //	      bootComponents:
 //	        shim:       {allow: [<sha256>...], deny: [...]}
 //	        bootloader: {allow: [...]}
-//	        kernel:     {allow: [...]}
+//	        kernel:     {any: true}     # or allow: [...]
 //	      deniedDigests: [<digest>...]
 //	      minimumDBX: {entries: 100, contains: [<sha256>...]}
 //	      pcrs: {"0": <hex>, "7": <hex>}
@@ -38,6 +38,13 @@
 //	      nodeNames: evidence        # or requested
 //	    reenrol: afterRelease        # or always (see Pool.Reenrol)
 //	    lifetime: {interval: 1h, staleAfter: 3h, taintEffect: NoSchedule}
+//
+// An allow-list never means "any" when empty: in a pool that takes its
+// kind of evidence, tpm.ekTrust, each tpm.bootComponents stage, gcp.projects,
+// gcp.zones, aws.accounts and aws.regions must list what is allowed or set
+// their explicit any (anyEKTrust, any, anyProject, anyZone, anyAccount,
+// anyRegion), which the server logs at start; a policy with an empty one
+// does not load, and Evaluate refuses on one too (a Policy built in code).
 package policy
 
 import (
@@ -219,7 +226,28 @@ func (p *Policy) Warnings() []string {
 		if slices.Contains(pp.Evidence, attest.KindAWS) && pp.AWS.AnyAccount {
 			out = append(out, fmt.Sprintf("pool %q: aws.anyAccount: an instance of any AWS account in the world may attest", name))
 		}
+		for _, o := range pp.openLists() {
+			out = append(out, fmt.Sprintf("pool %q: %s", name, o))
+		}
 	}
+	return out
+}
+
+// openLists names the narrower allow-lists a pool opens with an explicit
+// any (the cloud-wide ones are Warnings of their own).
+func (pp Pool) openLists() []string {
+	var out []string
+	add := func(kind attest.Kind, on bool, what string) {
+		if on && slices.Contains(pp.Evidence, kind) {
+			out = append(out, what)
+		}
+	}
+	add(attest.KindTPM, pp.TPM.AnyEKTrust, "tpm.anyEKTrust: an EK any configured trust vouched for may attest")
+	add(attest.KindTPM, pp.TPM.BootComponents.Shim.Any, "tpm.bootComponents.shim.any: any shim not denied")
+	add(attest.KindTPM, pp.TPM.BootComponents.Bootloader.Any, "tpm.bootComponents.bootloader.any: any boot loader not denied")
+	add(attest.KindTPM, pp.TPM.BootComponents.Kernel.Any, "tpm.bootComponents.kernel.any: any kernel not denied")
+	add(attest.KindGCP, pp.GCP.AnyZone, "gcp.anyZone: every zone of the listed projects")
+	add(attest.KindAWS, pp.AWS.AnyRegion, "aws.anyRegion: every region of the listed accounts")
 	return out
 }
 
@@ -237,16 +265,21 @@ func (p *Policy) ServeFor(pool string) Serve {
 // that field: an empty or partial log never satisfies it.
 type TPMPolicy struct {
 	// EKTrust lists what may have vouched for the EK ("ca:<name>",
-	// "inventory"). Empty accepts any trust the verifier established.
+	// "inventory"); required in a pool that takes TPM evidence unless
+	// AnyEKTrust.
 	EKTrust []string `yaml:"ekTrust"`
+	// AnyEKTrust accepts an EK that any trust of the policy's trust:
+	// section vouched for (its roots and inventory). Logged at start.
+	AnyEKTrust bool `yaml:"anyEKTrust"`
 	// AllowSHA1 accepts quotes of the SHA-1 PCR bank. Off: a machine must
 	// quote SHA-256 (SHA-1 PCRs can be forged by collision).
 	AllowSHA1 bool `yaml:"allowSHA1"`
 	// RequireSecureBoot refuses machines that booted without UEFI Secure
 	// Boot, or whose log does not say.
 	RequireSecureBoot bool `yaml:"requireSecureBoot"`
-	// BootComponents constrain the EFI applications measured into PCR 4
-	// by position: the shim, the boot loader, the kernel.
+	// BootComponents constrain the boot chain the event log establishes:
+	// the shim, the boot loader, the kernel. Each stage of a pool that
+	// takes TPM evidence lists its allowed digests, or says any: true.
 	BootComponents BootComponents `yaml:"bootComponents"`
 	// DeniedDigests are refused wherever they appear among the boot
 	// applications (revoked shims, vulnerable GRUBs).
@@ -270,9 +303,11 @@ type GCPPolicy struct {
 	// GCE instance anywhere could then attest. For test setups only;
 	// logged as a warning when the server starts.
 	AnyProject bool `yaml:"anyProject"`
-	// Zones are allowed zones (e.g. us-central1-a); empty: every zone of
-	// the allowed projects.
+	// Zones are allowed zones (e.g. us-central1-a); required unless
+	// AnyZone.
 	Zones []string `yaml:"zones"`
+	// AnyZone accepts every zone of the allowed projects. Logged at start.
+	AnyZone bool `yaml:"anyZone"`
 	// MaxInstanceAge refuses instances created longer ago (a machine being
 	// provisioned is minutes old; a token minted months later comes from
 	// something running on the instance, not from its first boot). Unset:
@@ -290,9 +325,11 @@ type AWSPolicy struct {
 	// EC2 instance anywhere could then attest. For test setups only;
 	// logged as a warning when the server starts.
 	AnyAccount bool `yaml:"anyAccount"`
-	// Regions are allowed regions; empty: every region of the allowed
-	// accounts.
+	// Regions are allowed regions; required unless AnyRegion.
 	Regions []string `yaml:"regions"`
+	// AnyRegion accepts every region of the allowed accounts. Logged at
+	// start.
+	AnyRegion bool `yaml:"anyRegion"`
 	// RequireLiveCheck refuses documents the EC2 API did not confirm (the
 	// instance running, in the expected VPC and tags).
 	RequireLiveCheck bool `yaml:"requireLiveCheck"`
@@ -339,10 +376,13 @@ type BootComponents struct {
 	Kernel     DigestList `yaml:"kernel"`
 }
 
-// DigestList allows and denies digests (hex). An empty Allow allows any
-// digest not denied; a non-empty Allow also requires the stage measured.
+// DigestList allows and denies digests (hex) for one boot stage. Allow
+// requires the stage measured and its digest listed; Any accepts whatever
+// was (or was not) measured there, unless denied. An empty Allow without
+// Any refuses: it never means any.
 type DigestList struct {
 	Allow []string `yaml:"allow"`
+	Any   bool     `yaml:"any"`
 	Deny  []string `yaml:"deny"`
 }
 
@@ -423,23 +463,45 @@ func (p *Policy) validate() error {
 	return nil
 }
 
+// allowList checks one allow-list of a pool that takes its evidence: it
+// lists what is allowed, or its any field says any; never both, never
+// neither (an empty list does not mean any).
+func allowList(field string, n int, anyOn bool, anyField, what string) error {
+	switch {
+	case n == 0 && !anyOn:
+		return fmt.Errorf("%s is empty: list the %s (an empty list does not mean any; set %s for that)", field, what, anyField)
+	case n > 0 && anyOn:
+		return fmt.Errorf("%s and %s: choose one", field, strings.TrimSuffix(anyField, ": true"))
+	}
+	return nil
+}
+
 func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	for _, k := range pool.Evidence {
 		switch k {
 		case attest.KindTPM:
+			t := pool.TPM
+			if err := errors.Join(
+				allowList("tpm.ekTrust", len(t.EKTrust), t.AnyEKTrust, "tpm.anyEKTrust: true", "EK trusts"),
+				allowList("tpm.bootComponents.shim.allow", len(t.BootComponents.Shim.Allow), t.BootComponents.Shim.Any, "tpm.bootComponents.shim.any: true", "shims"),
+				allowList("tpm.bootComponents.bootloader.allow", len(t.BootComponents.Bootloader.Allow), t.BootComponents.Bootloader.Any, "tpm.bootComponents.bootloader.any: true", "boot loaders"),
+				allowList("tpm.bootComponents.kernel.allow", len(t.BootComponents.Kernel.Allow), t.BootComponents.Kernel.Any, "tpm.bootComponents.kernel.any: true", "kernels"),
+			); err != nil {
+				return err
+			}
 		case attest.KindGCP:
-			switch {
-			case len(pool.GCP.Projects) == 0 && !pool.GCP.AnyProject:
-				return errors.New("gcp.projects is empty: list the projects whose instances may attest (an empty list does not mean any project; set gcp.anyProject: true for that)")
-			case len(pool.GCP.Projects) > 0 && pool.GCP.AnyProject:
-				return errors.New("gcp.projects and gcp.anyProject: choose one")
+			if err := errors.Join(
+				allowList("gcp.projects", len(pool.GCP.Projects), pool.GCP.AnyProject, "gcp.anyProject: true", "projects whose instances may attest"),
+				allowList("gcp.zones", len(pool.GCP.Zones), pool.GCP.AnyZone, "gcp.anyZone: true", "zones"),
+			); err != nil {
+				return err
 			}
 		case attest.KindAWS:
-			switch {
-			case len(pool.AWS.Accounts) == 0 && !pool.AWS.AnyAccount:
-				return errors.New("aws.accounts is empty: list the accounts whose instances may attest (an empty list does not mean any account; set aws.anyAccount: true for that)")
-			case len(pool.AWS.Accounts) > 0 && pool.AWS.AnyAccount:
-				return errors.New("aws.accounts and aws.anyAccount: choose one")
+			if err := errors.Join(
+				allowList("aws.accounts", len(pool.AWS.Accounts), pool.AWS.AnyAccount, "aws.anyAccount: true", "accounts whose instances may attest"),
+				allowList("aws.regions", len(pool.AWS.Regions), pool.AWS.AnyRegion, "aws.anyRegion: true", "regions"),
+			); err != nil {
+				return err
 			}
 		default:
 			return fmt.Errorf("unknown evidence kind %q", k)
@@ -582,7 +644,7 @@ func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool
 	if !g.AnyProject && !slices.Contains(g.Projects, c.ProjectID) {
 		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
 	}
-	if len(g.Zones) > 0 && !slices.Contains(g.Zones, c.Zone) {
+	if !g.AnyZone && !slices.Contains(g.Zones, c.Zone) {
 		return attest.Deny(attest.ReasonPolicyZone, "zone %s is not allowed", c.Zone)
 	}
 	maxAge := g.MaxInstanceAge.Duration
@@ -602,7 +664,7 @@ func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
 	if !a.AnyAccount && !slices.Contains(a.Accounts, c.AccountID) {
 		return attest.Deny(attest.ReasonPolicyAccount, "account %s is not allowed", c.AccountID)
 	}
-	if len(a.Regions) > 0 && !slices.Contains(a.Regions, c.Region) {
+	if !a.AnyRegion && !slices.Contains(a.Regions, c.Region) {
 		return attest.Deny(attest.ReasonPolicyRegion, "region %s is not allowed", c.Region)
 	}
 	if a.RequireLiveCheck && !c.LiveChecked {
@@ -622,7 +684,7 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
 		return attest.Deny(attest.ReasonPolicySHA1, "quote is of the %s bank; this pool requires sha256", c.PCRBank)
 	}
-	if len(t.EKTrust) > 0 && !slices.Contains(t.EKTrust, c.EKTrust) {
+	if !t.AnyEKTrust && !slices.Contains(t.EKTrust, c.EKTrust) {
 		return attest.Deny(attest.ReasonPolicyEKTrust, "EK vouched for by %s; pool accepts %v", c.EKTrust, t.EKTrust)
 	}
 	b := &c.Boot
@@ -648,8 +710,11 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		if s.digest != "" && containsHex(s.list.Deny, s.digest) {
 			return attest.Deny(attest.ReasonPolicyBootDenied, "%s %s is denied", s.name, s.digest)
 		}
-		if len(s.list.Allow) == 0 {
+		if s.list.Any {
 			continue
+		}
+		if len(s.list.Allow) == 0 {
+			return attest.Deny(attest.ReasonPolicyBootNotAllowed, "the pool allows no %s (an empty list allows none; any: true allows any)", s.name)
 		}
 		if s.digest == "" {
 			return attest.Deny(attest.ReasonPolicyBootMissing, "no %s was measured, and the pool allows only listed ones", s.name)

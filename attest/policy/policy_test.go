@@ -34,7 +34,8 @@ pools:
       requireSecureBoot: true
       bootComponents:
         shim: {allow: [` + shimOK + `]}
-        kernel: {deny: [` + revoked + `]}
+        bootloader: {any: true}
+        kernel: {any: true, deny: [` + revoked + `]}
       deniedDigests: [` + revoked + `]
       minimumDBX: {entries: 2, contains: [` + revoked + `]}
       pcrs: {"7": ` + pcr7 + `}
@@ -42,10 +43,12 @@ pools:
   infra:
     evidence: [tpm]
     tpm:
+      anyEKTrust: true
       allowSHA1: true
+      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
   lab:
     evidence: [gcp]
-    gcp: {anyProject: true}
+    gcp: {anyProject: true, anyZone: true}
 `
 
 // goodClaims satisfies the worker pool of strictPolicy.
@@ -125,6 +128,7 @@ func TestEvaluate(t *testing.T) {
 
 func TestParseRefuses(t *testing.T) {
 	head := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n"
+	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}"
 	cases := []struct {
 		name, doc, want string
 	}{
@@ -133,12 +137,21 @@ func TestParseRefuses(t *testing.T) {
 		{"wrong kind", "apiVersion: nodeproof.io/v1alpha1\nkind: Policy\npools: {w: {}}\n", "kind"},
 		{"no pools", head, "no pools"},
 		{"unknown evidence kind", head + "pools:\n  w: {evidence: [azure]}\n", "azure"},
-		{"unknown AWS node name choice", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], nodeName: hostname}}\n", "aws.nodeName"},
-		{"a GCP pool without projects", head + "pools:\n  w: {evidence: [gcp]}\n", `pool "w": gcp.projects is empty`},
-		{"a GCP pool with an empty project list", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: []}}\n", `pool "w": gcp.projects is empty`},
-		{"a GCP pool with projects and anyProject", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], anyProject: true}}\n", "choose one"},
-		{"an AWS pool without accounts", head + "pools:\n  w: {evidence: [aws]}\n", `pool "w": aws.accounts is empty`},
-		{"an AWS pool with accounts and anyAccount", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], anyAccount: true}}\n", "choose one"},
+		{"unknown AWS node name choice", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], anyRegion: true, nodeName: hostname}}\n", "aws.nodeName"},
+		{"a GCP pool without projects", head + "pools:\n  w: {evidence: [gcp], gcp: {anyZone: true}}\n", `pool "w": gcp.projects is empty`},
+		{"a GCP pool with an empty project list", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [], anyZone: true}}\n", `pool "w": gcp.projects is empty`},
+		{"a GCP pool with projects and anyProject", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], anyProject: true, anyZone: true}}\n", "choose one"},
+		{"a GCP pool without zones", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a]}}\n", `pool "w": gcp.zones is empty`},
+		{"a GCP pool with zones and anyZone", head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], zones: [z], anyZone: true}}\n", "choose one"},
+		{"an AWS pool without accounts", head + "pools:\n  w: {evidence: [aws], aws: {anyRegion: true}}\n", `pool "w": aws.accounts is empty`},
+		{"an AWS pool with accounts and anyAccount", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"], anyAccount: true, anyRegion: true}}\n", "choose one"},
+		{"an AWS pool without regions", head + "pools:\n  w: {evidence: [aws], aws: {accounts: [\"1\"]}}\n", `pool "w": aws.regions is empty`},
+		{"a TPM pool without EK trust", head + "pools:\n  w: {evidence: [tpm], tpm: {" + anyBoot + "}}\n", `pool "w": tpm.ekTrust is empty`},
+		{"a TPM pool with EK trust and anyEKTrust", head + "trust: {ekInventory: i.yaml}\npools:\n  w: {evidence: [tpm], tpm: {ekTrust: [inventory], anyEKTrust: true, " + anyBoot + "}}\n", "choose one"},
+		{"a TPM pool without a shim list", head + "pools:\n  w: {evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {bootloader: {any: true}, kernel: {any: true}}}}\n", `pool "w": tpm.bootComponents.shim.allow is empty`},
+		{"a TPM pool without a boot loader list", head + "pools:\n  w: {evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, kernel: {any: true}}}}\n", `tpm.bootComponents.bootloader.allow is empty`},
+		{"a TPM pool with an empty kernel list", head + "pools:\n  w: {evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {allow: []}}}}\n", `tpm.bootComponents.kernel.allow is empty`},
+		{"a TPM pool with a kernel list and any", head + "pools:\n  w: {evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true, allow: [" + kernelOK + "]}}}}\n", "choose one"},
 		{"bad digest", head + "pools:\n  w: {tpm: {deniedDigests: [abc]}}\n", "abc"},
 		{"PCR out of range", head + "pools:\n  w: {tpm: {pcrs: {\"24\": " + pcr7 + "}}}\n", "24"},
 		{"unknown EK root", head + "pools:\n  w: {tpm: {ekTrust: [ca:nobody]}}\n", "ca:nobody"},
@@ -186,6 +199,12 @@ pools:
   gce:
     evidence: [gcp]
     gcp: {projects: [prod], zones: [us-central1-a], maxInstanceAge: 1h}
+  gceAnyZone:
+    evidence: [gcp]
+    gcp: {projects: [prod], anyZone: true}
+  ec2AnyRegion:
+    evidence: [aws]
+    aws: {accounts: ["111122223333"], anyRegion: true}
   ec2:
     evidence: [aws]
     aws: {accounts: ["111122223333"], regions: [us-east-1], requireLiveCheck: true}
@@ -239,8 +258,8 @@ func TestWarnings(t *testing.T) {
 	p, err := Parse([]byte(`apiVersion: nodeproof.io/v1alpha1
 kind: AttestationPolicy
 pools:
-  lab: {evidence: [gcp, aws], gcp: {anyProject: true}, aws: {anyAccount: true}}
-  prod: {evidence: [gcp, aws], gcp: {projects: [p]}, aws: {accounts: ["1"]}}
+  lab: {evidence: [gcp, aws], gcp: {anyProject: true, zones: [z]}, aws: {anyAccount: true, regions: [r]}}
+  prod: {evidence: [gcp, aws], gcp: {projects: [p], zones: [z]}, aws: {accounts: ["1"], regions: [r]}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -249,11 +268,73 @@ pools:
 	if len(w) != 2 || !strings.Contains(w[0], `pool "lab": gcp.anyProject`) || !strings.Contains(w[1], `pool "lab": aws.anyAccount`) {
 		t.Fatalf("warnings %q", w)
 	}
-	c := &attest.Claims{Kind: attest.KindGCP, GCP: &attest.GCPClaims{ProjectID: "anyone", InstanceCreated: time.Now()}, VerifiedAt: time.Now()}
+	c := &attest.Claims{Kind: attest.KindGCP, GCP: &attest.GCPClaims{ProjectID: "anyone", Zone: "z", InstanceCreated: time.Now()}, VerifiedAt: time.Now()}
 	if err := p.Evaluate("lab", c); err != nil {
 		t.Fatalf("anyProject refused a project: %v", err)
 	}
 	if r, _ := attest.ReasonOf(p.Evaluate("prod", c)); r != attest.ReasonPolicyProject {
 		t.Fatalf("a listed pool took another project: %v", r)
+	}
+}
+
+// TestEvaluateFailsClosed: a Policy built in code, without Parse's
+// checks, still refuses on an empty allow-list rather than accepting any.
+func TestEvaluateFailsClosed(t *testing.T) {
+	now := time.Now()
+	anyBoot := BootComponents{Shim: DigestList{Any: true}, Bootloader: DigestList{Any: true}, Kernel: DigestList{Any: true}}
+	tpmClaims := goodClaims()
+	tests := []struct {
+		name   string
+		pool   Pool
+		claims *attest.Claims
+		want   attest.Reason
+	}{
+		{"no EK trust listed", Pool{Evidence: []attest.Kind{attest.KindTPM}, TPM: TPMPolicy{BootComponents: anyBoot}}, tpmClaims, attest.ReasonPolicyEKTrust},
+		{"no kernel listed", Pool{Evidence: []attest.Kind{attest.KindTPM}, TPM: TPMPolicy{AnyEKTrust: true,
+			BootComponents: BootComponents{Shim: DigestList{Any: true}, Bootloader: DigestList{Any: true}}}}, tpmClaims, attest.ReasonPolicyBootNotAllowed},
+		{"no zone listed", Pool{Evidence: []attest.Kind{attest.KindGCP}, GCP: GCPPolicy{Projects: []string{"p"}}},
+			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "p", Zone: "z", InstanceCreated: now}}, attest.ReasonPolicyZone},
+		{"no region listed", Pool{Evidence: []attest.Kind{attest.KindAWS}, AWS: AWSPolicy{Accounts: []string{"1"}}},
+			&attest.Claims{Kind: attest.KindAWS, VerifiedAt: now, AWS: &attest.AWSClaims{AccountID: "1", Region: "r"}}, attest.ReasonPolicyRegion},
+		{"no project listed", Pool{Evidence: []attest.Kind{attest.KindGCP}, GCP: GCPPolicy{AnyZone: true}},
+			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "p", Zone: "z", InstanceCreated: now}}, attest.ReasonPolicyProject},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Policy{Pools: map[string]Pool{"w": tc.pool}}
+			if r, _ := attest.ReasonOf(p.Evaluate("w", tc.claims)); r != tc.want {
+				t.Fatalf("reason %q, want %q", r, tc.want)
+			}
+		})
+	}
+}
+
+// TestOpenListsWarned: every explicit any is named in the warnings the
+// server logs at start, with its pool.
+func TestOpenListsWarned(t *testing.T) {
+	p, err := Parse([]byte(`apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust: {ekInventory: i.yaml}
+pools:
+  open:
+    evidence: [tpm, gcp, aws]
+    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
+    gcp: {projects: [p], anyZone: true}
+    aws: {accounts: ["1"], anyRegion: true}
+  closed:
+    evidence: [tpm]
+    tpm: {ekTrust: [inventory], bootComponents: {shim: {allow: [` + shimOK + `]}, bootloader: {allow: [` + grubOK + `]}, kernel: {allow: [` + kernelOK + `]}}}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := strings.Join(p.Warnings(), "\n")
+	for _, want := range []string{"tpm.anyEKTrust", "tpm.bootComponents.shim.any", "tpm.bootComponents.bootloader.any", "tpm.bootComponents.kernel.any", "gcp.anyZone", "aws.anyRegion"} {
+		if !strings.Contains(w, `pool "open": `+want) {
+			t.Errorf("warnings lack %s:\n%s", want, w)
+		}
+	}
+	if strings.Contains(w, `pool "closed"`) {
+		t.Errorf("a pool with every list explicit is warned about:\n%s", w)
 	}
 }

@@ -28,7 +28,9 @@ pools:
   worker:
     evidence: [tpm]
     tpm:
+      anyEKTrust: true
       requireSecureBoot: true
+      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
 `
 
 // honest is one honest run's material, for attacks to reuse.

@@ -333,7 +333,7 @@ kind: AttestationPolicy
 pools:
   worker:
     evidence: [tpm]
-    tpm: {requireSecureBoot: true, pcrs: {"4": "` + honest.TPM.PCRs[4] + `"}}
+    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, requireSecureBoot: true, pcrs: {"4": "` + honest.TPM.PCRs[4] + `"}}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +369,7 @@ pools:
 		t.Fatal(err)
 	}
 	pin := honestNoSB.TPM.PCRs[4]
-	pinned, err = policy.Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    evidence: [tpm]\n    tpm: {pcrs: {\"4\": \"" + pin + "\"}}\n"))
+	pinned, err = policy.Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    evidence: [tpm]\n    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, pcrs: {\"4\": \"" + pin + "\"}}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -411,7 +411,7 @@ kind: AttestationPolicy
 pools:
   worker:
     evidence: [tpm]
-    tpm: {kernelCmdline: {forbid: ["` + forbidden + `"]}}
+    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {forbid: ["` + forbidden + `"]}}
 `))
 	if err != nil {
 		t.Fatal(err)

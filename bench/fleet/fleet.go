@@ -60,9 +60,9 @@ trust:
 pools:
   worker:
     evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:fleet-vendor], requireSecureBoot: true}
-    gcp: {projects: [nodeproof-test]}
-    aws: {accounts: ["123456789012"], nodeName: instanceID}
+    tpm: {ekTrust: [ca:fleet-vendor], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
+    gcp: {projects: [nodeproof-test], anyZone: true}
+    aws: {accounts: ["123456789012"], anyRegion: true, nodeName: instanceID}
     serve: {nodeNames: requested, token: true}
 `
 

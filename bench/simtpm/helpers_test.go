@@ -26,7 +26,9 @@ pools:
   worker:
     evidence: [tpm]
     tpm:
+      anyEKTrust: true
       requireSecureBoot: true
+      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
 `
 
 // testKeyCount EK keys are generated once per test binary (not cached:

@@ -60,9 +60,9 @@ trust:
 pools:
   worker:
     evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
-    gcp: {projects: [nodeproof-test], maxInstanceAge: 1h}
-    aws: {accounts: ["123456789012"]}
+    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
+    gcp: {projects: [nodeproof-test], anyZone: true, maxInstanceAge: 1h}
+    aws: {accounts: ["123456789012"], anyRegion: true}
     serve: {nodeNames: requested}
     lifetime: {interval: 10s, staleAfter: 40s}
   master:

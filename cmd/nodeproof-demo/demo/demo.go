@@ -64,6 +64,7 @@ pools:
     tpm:
       ekTrust: [ca:swtpm-localca]
       requireSecureBoot: true
+      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
       kernelCmdline: {require: [ro]}
   locked:
     evidence: [tpm]
@@ -71,6 +72,8 @@ pools:
       ekTrust: [ca:swtpm-localca]
       requireSecureBoot: true
       bootComponents:
+        shim: {any: true}
+        bootloader: {any: true}
         kernel: {allow: [0000000000000000000000000000000000000000000000000000000000000000]}
 `
 

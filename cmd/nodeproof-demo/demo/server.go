@@ -54,7 +54,7 @@ trust:
 pools:
   worker:
     evidence: [tpm]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
+    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
     serve: {nodeNames: requested}
 `
 

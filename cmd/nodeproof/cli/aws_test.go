@@ -306,9 +306,9 @@ func TestAWSNodeNamePolicy(t *testing.T) {
 		poolAWS string
 		want    string
 	}{
-		{"default", `{accounts: ["123456789012"]}`, "ip-10-0-1-2.ec2.internal"},
-		{"privateDNSName", `{accounts: ["123456789012"], nodeName: privateDNSName}`, "ip-10-0-1-2.ec2.internal"},
-		{"instanceID", `{accounts: ["123456789012"], nodeName: instanceID}`, d.InstanceID},
+		{"default", `{accounts: ["123456789012"], anyRegion: true}`, "ip-10-0-1-2.ec2.internal"},
+		{"privateDNSName", `{accounts: ["123456789012"], anyRegion: true, nodeName: privateDNSName}`, "ip-10-0-1-2.ec2.internal"},
+		{"instanceID", `{accounts: ["123456789012"], anyRegion: true, nodeName: instanceID}`, d.InstanceID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newAWSSetup(t, tc.poolAWS)

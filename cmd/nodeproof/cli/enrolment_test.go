@@ -43,13 +43,13 @@ trust:
 pools:
   worker:
     evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true}
-    gcp: {projects: [nodeproof-test, other-project]}
-    aws: {accounts: ["123456789012", "210987654321"]}
+    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
+    gcp: {projects: [nodeproof-test, other-project], anyZone: true}
+    aws: {accounts: ["123456789012", "210987654321"], anyRegion: true}
     serve: {nodeNames: requested}
   reinstall:
     evidence: [tpm]
-    tpm: {ekTrust: [ca:swtpm-localca]}
+    tpm: {ekTrust: [ca:swtpm-localca], bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
     serve: {nodeNames: requested}
     reenrol: always
 `
@@ -378,13 +378,19 @@ func (e *enrolEnv) files(t *testing.T, doc awstest.Document) awstest.Files {
 	return f
 }
 
-// TestServeRefusesFailOpenPolicy: a cloud pool that lists no project or
-// account is refused when the server starts, naming the pool and the
-// field; it does not serve as if it meant any.
+// TestServeRefusesFailOpenPolicy: a pool with an empty allow-list — no
+// project, account, zone, region, EK trust or boot stage listed — is
+// refused when the server starts, naming the pool and the field; it does
+// not serve as if it meant any.
 func TestServeRefusesFailOpenPolicy(t *testing.T) {
+	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}"
 	for _, tc := range []struct{ name, pool, want string }{
-		{"gcp", "evidence: [gcp]", `pool "lab": gcp.projects is empty`},
-		{"aws", "evidence: [aws], aws: {regions: [us-east-1]}", `pool "lab": aws.accounts is empty`},
+		{"gcp projects", "evidence: [gcp], gcp: {anyZone: true}", `pool "lab": gcp.projects is empty`},
+		{"gcp zones", "evidence: [gcp], gcp: {projects: [p]}", `pool "lab": gcp.zones is empty`},
+		{"aws accounts", "evidence: [aws], aws: {regions: [us-east-1]}", `pool "lab": aws.accounts is empty`},
+		{"aws regions", `evidence: [aws], aws: {accounts: ["1"]}`, `pool "lab": aws.regions is empty`},
+		{"tpm EK trust", "evidence: [tpm], tpm: {" + anyBoot + "}", `pool "lab": tpm.ekTrust is empty`},
+		{"tpm kernel", "evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}}}", `pool "lab": tpm.bootComponents.kernel.allow is empty`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
