@@ -264,14 +264,14 @@ func (c ServeConfig) check() (clusterMode bool, err error) {
 // apart). closeAll releases what was opened.
 func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
 	var closers []func()
-	closeAll = func() {
+	release := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
 			closers[i]()
 		}
 	}
 	defer func() {
 		if err != nil {
-			closeAll()
+			release() // what was opened before the failure
 		}
 	}()
 	if err = os.MkdirAll(c.StateDir, 0o700); err != nil {
@@ -315,7 +315,7 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs
 	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
 		return o, conns, nil, err
 	}
-	return o, conns, closeAll, nil
+	return o, conns, release, nil
 }
 
 // ports are the server's listening ports.
