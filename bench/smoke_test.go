@@ -41,8 +41,9 @@ func TestBenchTargetsSmoke(t *testing.T) {
 				`pkg: \S+/identity/aws\n(.*\n)*BenchmarkVerify-.*\n(.*\n)*ok\s+\S+/identity/aws`, `BenchmarkRSAVerifyFloor`}},
 		{target: "bench-mcs", args: []string{"BENCH_MCS_FLAGS=--duration 300ms --concurrency 1,4 --sources 50 -o {out}"},
 			report: []string{`The serving path`, `A fleet`, `(?m)^\| 4 \|.*\| 0 \|$`, `peak RSS`}},
-		{target: "bench", args: []string{"BENCH_FLAGS=-n 12 -gcp 2 -aws 2 -spread 1s -attest-only 10 -o {out}"},
-			report: []string{`\| approved \| 12 of 12 \|`, `\| errors \| 0 \|`, `\| lost / duplicated approvals \| 0 / 0 \|`}},
+		{target: "bench", args: []string{"BENCH_FLAGS=-n 12 -gcp 2 -aws 2 -spread 1s -attest-only 10 -steady-rate 5 -steady-for 2s -o {out}"},
+			report: []string{`\| approved \| 12 of 12 \|`, `\| errors \| 0 \|`, `\| lost / duplicated approvals \| 0 / 0 \|`,
+				`(?m)^\| storm: every node at once \| 12 \|[^|]*\|[^|]*\| 0 \|`, `(?m)^\| steady: 5 a second for 2s \| 10 \|[^|]*\|[^|]*\| 0 \|`}},
 		{target: "bench-approver", args: []string{"BENCH_APPROVER_FLAGS=-n 8 -limits none -o {out}"},
 			report: []string{`(?m)^\| none[^|]*\| nodeproof \|.*\| 0 \| 0 \| \d+ \|$`, `(?m)^\| none[^|]*\| baseline \|.*\| 0 \| 0 \| \d+ \|$`, `nodeproof / baseline`}},
 	}

@@ -203,3 +203,36 @@ func short(err error) string {
 	}
 	return s
 }
+
+// Reattest is one re-attestation of a provisioned machine, as the agent's
+// --mode reattest makes it (the same /attest/v1 exchange with purpose
+// reattest, the kubelet key proven): nothing is released; the server
+// records the outcome on the node's binding. It retries 5xx and lost
+// connections until ctx ends, and returns the time it took.
+func (w *World) Reattest(ctx context.Context, m *Machine, o ProvisionOptions) (time.Duration, error) {
+	if o.MinBackoff == 0 {
+		o.MinBackoff, o.MaxBackoff = 200*time.Millisecond, 2*time.Second
+	}
+	if m.NodeName == "" {
+		return 0, fmt.Errorf("%s: not provisioned", m.Name)
+	}
+	start := time.Now()
+	c, err := agent.NewClient(w.URL, w.Bundle)
+	if err != nil {
+		return 0, err
+	}
+	c.MinBackoff, c.MaxBackoff = o.MinBackoff, o.MaxBackoff
+	c.KubeletKey = m.Key
+	c.Purpose = attest.PurposeReattest
+	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
+	}).DialContext
+	vr, err := m.Evidence.Attest(ctx, c, "worker", m.NodeName, m.Pub)
+	if err != nil {
+		return 0, fmt.Errorf("%s: re-attestation: %w", m.Name, err)
+	}
+	if vr.Reattest == nil {
+		return 0, fmt.Errorf("%s: the server's answer is not a re-attestation's", m.Name)
+	}
+	return time.Since(start), nil
+}

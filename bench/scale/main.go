@@ -62,10 +62,12 @@ func main() {
 	spread := flag.Duration("spread", 3*time.Second, "the machines arrive within this")
 	timeout := flag.Duration("timeout", 5*time.Minute, "give up after")
 	attestOnly := flag.Int("attest-only", 200, "TPM attestations (no config, no CSR) for the server-CPU-per-attestation figure")
+	steadyRate := flag.Float64("steady-rate", 20, "re-attestations per second of the steady re-attestation run (0: skip both re-attestation runs)")
+	steadyFor := flag.Duration("steady-for", 30*time.Second, "length of the steady re-attestation run")
 	out := flag.String("o", "", "also write the report (markdown) here")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
-	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly)
+	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly, *steadyRate, *steadyFor)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -102,7 +104,7 @@ type outcome struct {
 	err      error
 }
 
-func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (string, bool, error) {
+func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, steadyRate float64, steadyFor time.Duration) (string, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Minute)
 	defer cancel()
 	if nGCP+nAWS > n {
@@ -230,7 +232,20 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int) (stri
 		profileTop("load generator", "", loadProfile, nil)
 	r, failed := report(n, nGCP, nAWS, w.GrownBytes, spread, all, outs, cpuS, cpuA, proc.PeakRSS(server), proc.PeakRSS(approver),
 		audit, perAttest, floor)
-	return r + cpuSplit(all, cpuS, cpuA, others) + callsPerMachine(calls0, calls1, n) + "\n" + top, failed, nil
+	var provisioned []*fleet.Machine
+	for _, o := range outs {
+		if o.err == nil {
+			provisioned = append(provisioned, o.m)
+		}
+	}
+	re, reFailed := "", false
+	if steadyRate > 0 {
+		log.Printf("re-attestation: %d nodes at once, then %.0f a second for %s", len(provisioned), steadyRate, steadyFor)
+		if re, reFailed, err = reattestRuns(ctx, w, provisioned, server, floor, steadyRate, steadyFor); err != nil {
+			return "", false, err
+		}
+	}
+	return r + cpuSplit(all, cpuS, cpuA, others) + callsPerMachine(calls0, calls1, n) + re + "\n" + top, failed || reFailed, nil
 }
 
 // profileTop is the top of a CPU profile over the burst (bin, when set,
@@ -529,4 +544,96 @@ func freePort() int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// reattestRuns re-attests the provisioned machines: all at once (a
+// reboot storm), then steadily at rate a second for d, round robin. It
+// reports, per run, the time until the last was confirmed, p50/p99
+// latency, the server's CPU per re-attestation against the crypto floor
+// of one attestation, and the API server's requests per re-attestation
+// (writes apart), read from its own counters.
+func reattestRuns(ctx context.Context, w *fleet.World, ms []*fleet.Machine, server int, floor time.Duration, rate float64, d time.Duration) (string, bool, error) {
+	var b strings.Builder
+	failed := false
+	fmt.Fprintf(&b, "\nRe-attestation (the agent's --mode reattest: the same exchange, nothing released, the outcome written to the node's binding):\n\n")
+	fmt.Fprintf(&b, "| run | re-attestations | confirmed after | p50 / p99 | errors | server CPU per re-attestation / floor | API requests per re-attestation | of which writes |\n|---|---|---|---|---|---|---|---|\n")
+	one := func(name string, schedule func(i int) time.Duration, count int) error {
+		calls0, err := apiCalls(ctx, w)
+		if err != nil {
+			return err
+		}
+		cpu0 := proc.CPU(server)
+		lat := make([]time.Duration, count)
+		errs := make([]error, count)
+		begin := time.Now()
+		var wg sync.WaitGroup
+		for i := range count {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				time.Sleep(schedule(i) - time.Since(begin))
+				lat[i], errs[i] = w.Reattest(ctx, ms[i%len(ms)], fleet.ProvisionOptions{})
+			}()
+		}
+		wg.Wait()
+		all := time.Since(begin)
+		cpu := proc.CPU(server) - cpu0
+		calls1, err := apiCalls(ctx, w)
+		if err != nil {
+			return err
+		}
+		var ok []time.Duration
+		var firstErr error
+		nErr := 0
+		for i, e := range errs {
+			if e != nil {
+				nErr++
+				if firstErr == nil {
+					firstErr = e
+				}
+				continue
+			}
+			ok = append(ok, lat[i])
+		}
+		sort.Slice(ok, func(i, j int) bool { return ok[i] < ok[j] })
+		q := func(f float64) string {
+			if len(ok) == 0 {
+				return "-"
+			}
+			return ok[int(float64(len(ok)-1)*f)].Round(time.Millisecond).String()
+		}
+		total, writes := 0.0, 0.0
+		for k, v := range calls1 {
+			dv := v - calls0[k]
+			total += dv
+			switch strings.SplitN(k, " ", 2)[0] {
+			case "POST", "PUT", "PATCH", "DELETE", "APPLY":
+				writes += dv
+			}
+		}
+		per := cpu / time.Duration(count)
+		ratio := "-"
+		if floor > 0 {
+			ratio = fmt.Sprintf("%s / %s = %.2fx", per.Round(time.Microsecond), floor.Round(time.Microsecond), float64(per)/float64(floor))
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s / %s | %d | %s | %.2f | %.2f |\n", name, count, all.Round(time.Millisecond), q(.5), q(.99), nErr,
+			ratio, total/float64(count), writes/float64(count))
+		if nErr > 0 {
+			failed = true
+			fmt.Fprintf(&b, "\nfirst error: %v\n\n", firstErr)
+		}
+		return nil
+	}
+	if len(ms) == 0 {
+		return "", true, errors.New("re-attestation: no machine was provisioned")
+	}
+	if err := one("storm: every node at once", func(int) time.Duration { return 0 }, len(ms)); err != nil {
+		return "", false, err
+	}
+	steady := int(rate * d.Seconds())
+	if err := one(fmt.Sprintf("steady: %.0f a second for %s", rate, d), func(i int) time.Duration { return time.Duration(float64(i) / rate * float64(time.Second)) }, steady); err != nil {
+		return "", false, err
+	}
+	b.WriteString("\nAPI requests are everything the API server counted during the run (the server's, the approver's and node controller's, this program's), per re-attestation.\n")
+	return b.String(), failed, nil
 }

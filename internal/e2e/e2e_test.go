@@ -19,10 +19,12 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -42,6 +44,7 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
+	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -92,18 +95,32 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// process runs a binary until the test ends (SIGTERM, then wait).
-func process(t *testing.T, name string, out *testenv.LockedBuffer, bin string, args ...string) {
+// proc is a binary run until the test ends (SIGTERM, then wait); fault
+// tests kill it (SIGKILL) and start it again with the same arguments.
+type proc struct {
+	t    *testing.T
+	name string
+	out  *testenv.LockedBuffer
+	bin  string
+	args []string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// process starts bin and stops it when the test ends.
+func process(t *testing.T, name string, out *testenv.LockedBuffer, bin string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
+	p := &proc{t: t, name: name, out: out, bin: bin, args: args}
+	p.start()
 	t.Cleanup(func() {
+		p.mu.Lock()
+		cmd, done := p.cmd, p.done
+		p.mu.Unlock()
+		if cmd == nil {
+			return
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
 		select {
 		case err := <-done:
 			if err != nil && t.Failed() {
@@ -117,6 +134,36 @@ func process(t *testing.T, name string, out *testenv.LockedBuffer, bin string, a
 			t.Logf("--- %s output ---\n%s", name, out)
 		}
 	})
+	return p
+}
+
+// start runs the process (again).
+func (p *proc) start() {
+	p.t.Helper()
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		p.t.Fatalf("%s: %v", p.name, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+}
+
+// kill is kill -9: no shutdown, whatever was in flight is lost.
+func (p *proc) kill() {
+	p.t.Helper()
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd = nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Kill()
+	<-done
 }
 
 // world is the cluster, the server, the approver and the metadata services.
@@ -132,9 +179,28 @@ type world struct {
 	serverLog            *testenv.LockedBuffer
 	approverLog          *testenv.LockedBuffer
 	policyFile           string
+	server, approver     *proc
+	// apiProxy, when the world was started withAPIProxy, stands between
+	// the server and the approver and the API server (Cut: an outage).
+	apiProxy *faultproxy.Proxy
 }
 
-func start(t *testing.T) *world {
+// worldOption changes how start builds the world.
+type worldOption func(*world)
+
+// withAPIProxy puts a fault proxy between the server and the approver and
+// the API server.
+func withAPIProxy(t *testing.T) worldOption {
+	return func(w *world) {
+		u, err := url.Parse(w.cfg.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.apiProxy = faultproxy.New(t, u.Host)
+	}
+}
+
+func start(t *testing.T, opts ...worldOption) *world {
 	w := &world{serverLog: new(testenv.LockedBuffer)}
 	w.nodeproof, w.agent = bins(t)
 	w.cfg = clustertest.Start(t, "../../deploy/crds")
@@ -155,6 +221,15 @@ func start(t *testing.T) *world {
 		kubetest.ApplyYAML(t, c, f)
 	}
 	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	for _, o := range opts {
+		o(w)
+	}
+	// What the server and the approver reach the API server through.
+	procCfg := w.cfg
+	if w.apiProxy != nil {
+		procCfg = rest.CopyConfig(w.cfg)
+		procCfg.Host = "https://" + w.apiProxy.Addr()
+	}
 
 	dir := t.TempDir()
 	if w.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
@@ -182,15 +257,15 @@ func start(t *testing.T) *world {
 	w.stateDir = filepath.Join(dir, "state")
 	secure, plain := freePort(t), freePort(t)
 	w.url, w.plainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
-	process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
-		"--kubeconfig", clustertest.AdminKubeconfig(t, w.cfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,
+	w.server = process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
+		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,
 		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
 		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts)
 	w.policyFile = policyFile
 	w.approverLog = new(testenv.LockedBuffer)
-	process(t, "nodeproof approve", w.approverLog, w.nodeproof, "approve",
-		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, w.cfg, "nodeproof", "nodeproof-approver"),
+	w.approver = process(t, "nodeproof approve", w.approverLog, w.nodeproof, "approve",
+		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, procCfg, "nodeproof", "nodeproof-approver"),
 		"--leader-elect-id", "e2e", "--metrics-addr", "127.0.0.1:0", "--policy", policyFile)
 
 	// The server is up once the worker pool is served on the plain port.

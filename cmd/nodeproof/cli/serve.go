@@ -282,7 +282,7 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs
 		return o, conns, nil, err
 	}
 	for _, w := range o.Policy.Warnings() {
-		c.Log.Warn("INSECURE policy: " + w)
+		c.Log.Warn("policy: " + w)
 	}
 	if o.TPM, err = tpmVerifier(o.Policy, c.Clock); err != nil {
 		return o, conns, nil, err
