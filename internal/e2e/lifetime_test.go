@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
@@ -286,6 +288,29 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	cond := w.renewal(t, node)
 	attacktable.Check(t, "lifetime", "the client certificate renewal of a node whose last re-attestation failed",
 		"Denied "+string(attest.ReasonAttestationFailed), string(cond.Type)+" "+cond.Reason)
+	// What the operator sees: nodeproof inspect, from the store and the
+	// cluster (the Events are written asynchronously).
+	w.inspectUntil(t, node, 10*time.Second, func(s *inspect.Story) string {
+		c := s.Cluster
+		switch {
+		case s.State != inspect.StateFailed || s.Reason != string(attest.ReasonPolicySecureBootOff):
+			return "state " + s.State + " " + s.Reason
+		case s.Binding == nil || s.Binding.Status.Boots != 2 || len(s.Claims) == 0:
+			return "the binding's boots and claims"
+		case c == nil || !c.Registered || c.Condition == nil || c.Condition.Status != corev1.ConditionFalse:
+			return "the Node's Attested condition False"
+		case len(c.Taints) != 1 || c.Taints[0].Key != approver.TaintUnattested || c.Taints[0].Effect != corev1.TaintEffectNoSchedule:
+			return "the NoSchedule taint"
+		case !hasCSR(c.CSRs, "Approved", "NodeproofAttestedTPM") || !hasCSR(c.CSRs, "Denied", string(attest.ReasonAttestationFailed)):
+			return "the approved first CSR and the denied renewal"
+		case !hasEvent(c.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed)) || !hasEvent(c.Events, "Node/"+node, ""):
+			return "the re-attestation's Event on the NodeBinding and the node controller's on the Node"
+		}
+		return ""
+	})
+	if out := w.nodeproofCmd(t, "inspect"); !regexpLine(out, node+`\s+worker\s+tpm\s.*\sFailed\s+`+string(attest.ReasonPolicySecureBootOff)) {
+		t.Errorf("nodeproof inspect does not list %s as Failed:\n%s", node, out)
+	}
 
 	// A clean reboot: passes, untainted, renewal approved.
 	a.reboot(t, "rhel8-uefi")
@@ -344,6 +369,51 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 		t.Fatalf("a new machine enrolling as the released name: exit %d\n%s", code, out)
 	}
 	w.waitNode(t, node, attested, 10*time.Second)
+}
+
+// inspectUntil runs `nodeproof inspect NODE -o json` until want says
+// nothing is missing (it returns what is), for at most d.
+func (w *world) inspectUntil(t *testing.T, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		out := w.nodeproofCmd(t, "inspect", node, "-o", "json")
+		var s inspect.Story
+		if err := json.Unmarshal([]byte(out), &s); err != nil {
+			t.Fatalf("nodeproof inspect %s -o json: %v\n%s", node, err, out)
+		}
+		missing := want(&s)
+		if missing == "" {
+			return &s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodeproof inspect %s lacks %s after %s:\n%s", node, missing, d, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func hasCSR(csrs []inspect.CSR, decision, reason string) bool {
+	for _, c := range csrs {
+		if c.Decision == decision && c.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// hasEvent: an Event about object, with reason (any reason when empty).
+func hasEvent(evs []inspect.Event, object, reason string) bool {
+	for _, e := range evs {
+		if e.Object == object && (reason == "" || e.Reason == reason) {
+			return true
+		}
+	}
+	return false
+}
+
+func regexpLine(out, re string) bool {
+	return regexp.MustCompile(`(?m)^` + re).MatchString(out)
 }
 
 // dyn is the NodeBindings of the store's namespace, as an administrator

@@ -30,6 +30,7 @@ commands:
   approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
   release    NODE: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol
   revoke     NODE [--reason TEXT]: refuse the node's machine everything from now on; its node is tainted NoExecute
+  inspect    [NODE] [-o table|json|yaml]: list nodes (owner, last attestation, state), or one node's whole story
   policy     check FILE [--against-records]: validate a policy; with --against-records, judge every node's last claims by it
   enroll     --reset NODE: the same as release NODE (--reset KEY clears a single-use marker)
   ca         create, renew, show or rotate (ca rotate [--serving-only]) the MCS CA and serving certificate
@@ -60,6 +61,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRelease(ctx, args[1:], stdout, stderr)
 	case "revoke":
 		err = cmdRevoke(ctx, args[1:], stdout, stderr)
+	case "inspect":
+		err = cmdInspect(ctx, args[1:], stdout, stderr)
 	case "policy":
 		err = cmdPolicy(ctx, args[1:], stdout, stderr)
 	case "ca":

@@ -1,0 +1,37 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestInspectCommand: flags in, the inspect library out, on an embedded
+// store (the cluster's story is in internal/e2e's lifetime test).
+func TestInspectCommand(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout string // a line it starts with
+		stderr string // what the refusal says
+	}{
+		{"list, empty store", []string{"inspect", "--state-dir", dir}, 0, "NODE  POOL  KIND", ""},
+		{"list as json", []string{"inspect", "-o", "json", "--state-dir", dir}, 0, `{`, ""},
+		{"unknown node", []string{"inspect", "worker-9", "--state-dir", dir}, 1, "", "no binding and no record for this node name"},
+		{"unknown format", []string{"inspect", "-o", "xml", "--state-dir", dir}, 1, "", `output "xml": want table, json or yaml`},
+		{"two nodes", []string{"inspect", "a", "b", "--state-dir", dir}, 1, "", "at most one NODE"},
+		{"bad policy", []string{"inspect", "--policy", dir + "/none.yaml", "--state-dir", dir}, 1, "", "none.yaml"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			code := Run(context.Background(), c.args, &out, &errb)
+			if code != c.code || !strings.HasPrefix(out.String(), c.stdout) || !strings.Contains(errb.String(), c.stderr) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want %d, %q…, …%q…", code, out.String(), errb.String(), c.code, c.stdout, c.stderr)
+			}
+		})
+	}
+}
