@@ -21,6 +21,7 @@ require (
 	github.com/google/go-tpm v0.9.8
 	github.com/google/go-tpm-tools v0.4.10
 	github.com/openshift/api v0.0.0-20251015095338-264e80a2b6e7
+	github.com/pires/go-proxyproto v0.13.0
 	github.com/prometheus/client_golang v1.22.0
 	github.com/prometheus/client_model v0.6.1
 	github.com/smallstep/pkcs7 v0.2.3

@@ -3,17 +3,18 @@
 # swtpm (software TPM) and its setup tools, tpm2-tools (the second evidence
 # producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo), and
 # libblkid-dev (the real Ignition client built by hack/tools.sh is cgo),
-# sslscan (the TLS scanner the TLS tests run against the server), and jq,
+# sslscan (the TLS scanner the TLS tests run against the server), haproxy
+# (the PROXY protocol tests put it in front of the server), and jq,
 # curl and openssl (deploy/examples/tpm2-tools-attest.sh, which a test runs).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
 need=()
-for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan jq curl openssl; do
+for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy jq curl openssl; do
   cmd=${bin%%:*}
   pkg=${bin#*:}
   [ "$pkg" = "$bin" ] && pkg=$cmd
-  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/bin/$cmd" ] || need+=("$pkg")
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/bin/$cmd" ] || [ -x "/usr/sbin/$cmd" ] || need+=("$pkg")
 done
 [ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 # The real Ignition client (hack/tools.sh) is cgo and links libblkid.

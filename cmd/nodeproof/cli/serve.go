@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,6 +26,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/dirsource"
 	"github.com/nodeproof/nodeproof/mcs/limit"
+	"github.com/nodeproof/nodeproof/mcs/proxied"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
@@ -94,6 +96,10 @@ type ServeConfig struct {
 	KubeBurst int
 	Hosts     []string
 	Listen    string // address to bind, default all
+	// ProxyProtocolFrom are the load balancers that put a PROXY protocol
+	// header (v1 or v2) in front of each connection: only they may, and
+	// they must (mcs/proxied). Empty: PROXY protocol off.
+	ProxyProtocolFrom []netip.Prefix
 	// DebugAddr, if set, serves Go's pprof profiles (/debug/pprof/) there:
 	// bind it to loopback; it is for finding where time goes.
 	DebugAddr string
@@ -151,6 +157,12 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 1000, "cluster mode: API call burst")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
 	fs.StringVar(&c.Listen, "listen", "", "address to bind both ports to (default: all)")
+	fs.Func("proxy-protocol-from", "comma-separated CIDRs of load balancers (haproxy send-proxy or send-proxy-v2) whose PROXY protocol header gives each connection's client address, on both ports; only they may send one, and they must; empty: off", func(v string) (err error) {
+		if c.ProxyProtocolFrom, err = proxied.ParseCIDRs(v); err == nil && len(c.ProxyProtocolFrom) == 0 {
+			err = errors.New("no CIDR given")
+		}
+		return err
+	})
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "serve pprof profiles (/debug/pprof/) here, e.g. 127.0.0.1:6060; empty: off")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
@@ -218,7 +230,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
-		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir)
+		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
 	if c.Ready != nil {
 		c.Ready(ports.secure, ports.insecure)
 	}
@@ -328,7 +340,7 @@ type ports struct {
 // listen binds the secure port (TLS) and, unless off, the plain one, with
 // the per-source connection limits in front of both.
 func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.ListenerOptions) (*ports, error) {
-	secureLn, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.SecurePort)))
+	secureLn, err := c.bind(c.SecurePort, "secure")
 	if err != nil {
 		return nil, err
 	}
@@ -338,7 +350,7 @@ func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.Li
 		listeners: []net.Listener{tls.NewListener(limitListener(secureLn, conns), tlsConf)},
 	}
 	if c.InsecurePort != 0 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(c.InsecurePort)))
+		ln, err := c.bind(c.InsecurePort, "insecure")
 		if err != nil {
 			secureLn.Close()
 			return nil, err
@@ -348,6 +360,23 @@ func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.Li
 		p.listeners = append(p.listeners, limitListener(ln, conns))
 	}
 	return p, nil
+}
+
+// bind listens on port, behind the PROXY protocol when it is on: the
+// header is read before the per-source limits, so they count each
+// machine behind a balancer apart.
+func (c ServeConfig) bind(port int, name string) (net.Listener, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(port)))
+	if err != nil || len(c.ProxyProtocolFrom) == 0 {
+		return ln, err
+	}
+	pl, err := proxied.New(ln, proxied.Options{Trusted: c.ProxyProtocolFrom, OnRefuse: func(r proxied.Refusal) {
+		c.Log.Warn("connection refused", "port", name, "remote", r.Peer.String(), "reason", r.Reason, "err", r.Err.Error())
+	}})
+	if err != nil {
+		ln.Close()
+	}
+	return pl, err
 }
 
 // serve serves both ports until ctx ends or a listener fails, then shuts

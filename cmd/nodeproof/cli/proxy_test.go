@@ -1,0 +1,266 @@
+package cli
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pires/go-proxyproto"
+
+	"github.com/nodeproof/nodeproof/internal/attacktable"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/proxied"
+)
+
+// The haproxy in front of the server connects from this address, the
+// only one --proxy-protocol-from trusts; machines connect from others.
+const haproxySource = "127.0.0.2"
+
+// haproxyConfig is a bare-metal install's balancer (docs/operations.md):
+// TCP mode, the secure port with send-proxy-v2, the plain one with
+// send-proxy (v1).
+const haproxyConfig = `global
+  maxconn 4096
+defaults
+  mode tcp
+  timeout connect 5s
+  timeout client 30s
+  timeout server 30s
+frontend mcs_secure
+  bind 127.0.0.1:%d
+  default_backend mcs_secure
+backend mcs_secure
+  server mcs %s check inter 200ms send-proxy-v2 source %s
+frontend mcs_insecure
+  bind 127.0.0.1:%d
+  default_backend mcs_insecure
+backend mcs_insecure
+  server mcs %s check inter 200ms send-proxy source %s
+`
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startHAProxy runs the Debian haproxy in the foreground in front of the
+// server's two ports and returns its frontends.
+func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureFront string) {
+	t.Helper()
+	bin, err := exec.LookPath("haproxy")
+	if err != nil {
+		if _, serr := os.Stat("/usr/sbin/haproxy"); serr != nil {
+			t.Fatalf("haproxy is not installed: apt-get install -y haproxy (make test does this, hack/deps.sh): %v", err)
+		}
+		bin = "/usr/sbin/haproxy"
+	}
+	ps, pi := freePort(t), freePort(t)
+	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, haproxyConfig, ps, secure, haproxySource, pi, insecure, haproxySource), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-db", "-f", cfg)
+	var out testenv.LockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("haproxy:\n%s", out.String())
+		}
+	})
+	secureFront, insecureFront = fmt.Sprintf("127.0.0.1:%d", ps), fmt.Sprintf("127.0.0.1:%d", pi)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		c1, err1 := net.Dial("tcp", secureFront)
+		c2, err2 := net.Dial("tcp", insecureFront)
+		if err1 == nil && err2 == nil {
+			c1.Close()
+			c2.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("haproxy did not listen: %v %v\n%s", err1, err2, out.String())
+		}
+	}
+}
+
+// TestProxyProtocolBehindHAProxy: a real haproxy forwards machines to the
+// server with PROXY protocol v2 (secure port) and v1 (plain port). Each
+// machine gets its own limit bucket and its own address in the logs; a
+// forged header sent directly, and a headerless connection from the
+// balancer's address, are refused.
+func TestProxyProtocolBehindHAProxy(t *testing.T) {
+	insecurePort := freePort(t)
+	s := startServerWith(t, nil, func(c *ServeConfig) {
+		c.Limits = attackLimits()
+		c.Limits.ConfigPerSource = "0.2/3" // three fetches, then one per 5 s
+		c.InsecurePort = insecurePort
+		c.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix(haproxySource + "/32")}
+	})
+	secureAddr := strings.TrimPrefix(s.url, "https://")
+	insecureAddr := fmt.Sprintf("127.0.0.1:%d", insecurePort)
+	secureFront, insecureFront := startHAProxy(t, secureAddr, insecureAddr)
+	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", "ca-bundle.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &attackEnv{server: s, addr: secureAddr, bundle: bundle}
+
+	// fetch GETs the worker config from src through addr (TLS when tlsOn)
+	// and returns the status and refusal reason.
+	fetch := func(src, addr string, tlsOn bool) string {
+		tr := &http.Transport{DialContext: dialer(src).DialContext, DisableKeepAlives: true}
+		scheme := "http"
+		if tlsOn {
+			scheme = "https"
+			tr.TLSClientConfig = &tls.Config{RootCAs: rootsOf(t, e.bundle), ServerName: "127.0.0.1"}
+		}
+		req, _ := http.NewRequest("GET", scheme+"://"+addr+"/config/worker", nil)
+		req.Header.Set("Accept", "application/vnd.coreos.ignition+json;version=3.5.0")
+		resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Do(req)
+		if err != nil {
+			return "connection refused or closed"
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+		if resp.StatusCode == http.StatusOK {
+			return "200"
+		}
+		var r struct{ Reason string }
+		json.Unmarshal(body, &r)
+		return fmt.Sprintf("%d %s", resp.StatusCode, r.Reason)
+	}
+
+	// Ten machines through the one haproxy, three fetches each (their
+	// burst): every one is served. Without the header they would share
+	// haproxy's single bucket of three.
+	var served, refused int
+	for m := range 10 {
+		src := fmt.Sprintf("127.0.0.%d", 10+m)
+		for i := range 3 {
+			front, tlsOn := insecureFront, false
+			if i == 1 {
+				front, tlsOn = secureFront, true
+			}
+			if got := fetch(src, front, tlsOn); got == "200" {
+				served++
+			} else {
+				refused++
+				t.Logf("%s through haproxy (tls %v): %s", src, tlsOn, got)
+			}
+		}
+	}
+	attacktable.Check(t, "PROXY protocol", "ten machines through one haproxy, each at its own per-source burst (30 fetches, v1 and v2 headers)",
+		"30 served, 0 refused", fmt.Sprintf("%d served, %d refused", served, refused))
+	// One machine past its burst is limited: the buckets are per machine.
+	got := fetch("127.0.0.10", insecureFront, false)
+	attacktable.Check(t, "PROXY protocol", "a machine through haproxy past its own burst", "503 RateLimited", got)
+
+	// The logs name the machines, never the balancer.
+	remotes := map[string]int{}
+	for _, line := range strings.Split(s.log.String(), "\n") {
+		var l struct{ Msg, Remote, Path string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "request" && l.Path == "/config/worker" {
+			host, _, _ := net.SplitHostPort(l.Remote)
+			remotes[host]++
+		}
+	}
+	if remotes[haproxySource] != 0 || remotes["127.0.0.10"] != 4 || remotes["127.0.0.19"] != 3 {
+		t.Errorf("requests logged by remote address %v; want each machine's own (4 from 127.0.0.10, 3 from the others), none from haproxy", remotes)
+	}
+
+	// Attacks straight at the server's ports.
+	direct := func(src, addr string, payload []byte) string {
+		c, err := dialer(src).Dial("tcp", addr)
+		if err != nil {
+			return "dial failed"
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := c.Write(payload); err != nil {
+			return "connection closed"
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return "connection closed"
+		}
+		return strings.TrimSpace(line)
+	}
+	request := "GET /config/worker HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/vnd.coreos.ignition+json;version=3.5.0\r\nConnection: close\r\n\r\n"
+	forged := func(v byte) []byte {
+		h := proxyHeader(t, v, "192.0.2.77")
+		return append(h, request...)
+	}
+	attacktable.Check(t, "PROXY protocol", "a machine sends its own PROXY v1 header straight to the plain port (a fresh address: a new limit bucket, a false log)",
+		"connection closed", direct("127.0.0.66", insecureAddr, forged(1)))
+	attacktable.Check(t, "PROXY protocol", "a machine sends its own PROXY v2 header straight to the plain port",
+		"connection closed", direct("127.0.0.66", insecureAddr, forged(2)))
+	attacktable.Check(t, "PROXY protocol", "a PROXY header before the TLS handshake, straight to the secure port, from outside the trusted CIDRs",
+		"connection closed", direct("127.0.0.66", secureAddr, forged(2)))
+	attacktable.Check(t, "PROXY protocol", "a connection from the balancer's address without a header (its machines' addresses lost)",
+		"connection closed", direct(haproxySource, insecureAddr, []byte(request)))
+	// A machine that reaches the server directly, without a header, is
+	// served as itself (in-cluster clients, a second path).
+	attacktable.Check(t, "PROXY protocol", "a machine straight to the plain port without a header",
+		"HTTP/1.1 200 OK", direct("127.0.0.67", insecureAddr, []byte(request)))
+
+	// Each refusal is logged with its reason (after the close the client
+	// saw).
+	var reasons map[string]int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		reasons = map[string]int{}
+		for _, line := range strings.Split(s.log.String(), "\n") {
+			var l struct{ Msg, Reason, Remote string }
+			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "connection refused" {
+				reasons[l.Reason]++
+			}
+		}
+		if reasons[proxied.ReasonHeaderUntrusted] >= 3 && reasons[proxied.ReasonHeaderMissing] >= 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if reasons[proxied.ReasonHeaderUntrusted] != 3 || reasons[proxied.ReasonHeaderMissing] != 1 {
+		t.Errorf("refused connections logged by reason %v; want 3 %s and 1 %s", reasons, proxied.ReasonHeaderUntrusted, proxied.ReasonHeaderMissing)
+	}
+}
+
+// proxyHeader is a PROXY protocol header (version 1 or 2) for a TCP
+// connection from client.
+func proxyHeader(t *testing.T, version byte, client string) []byte {
+	t.Helper()
+	h := proxyproto.HeaderProxyFromAddrs(version, &net.TCPAddr{IP: net.ParseIP(client), Port: 40000}, &net.TCPAddr{IP: net.ParseIP("10.0.0.1"), Port: 22623})
+	b, err := h.Format()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func rootsOf(t *testing.T, bundle []byte) *x509.CertPool {
+	t.Helper()
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(bundle) {
+		t.Fatal("no certificate in the CA bundle")
+	}
+	return p
+}
