@@ -4,7 +4,7 @@ GO    ?= go
 # Built tools (Ignition, kube-apiserver, etcd) are cached by version in
 # $NODEPROOF_CACHE, default ~/.cache/nodeproof (hack/tools.sh).
 
-.PHONY: all deps tools build test vet demo bench-tpm bench-cloud bench-mcs fmt
+.PHONY: all deps tools build test vet demo bench-tpm bench-cloud bench-mcs image fmt
 
 all: build
 
@@ -38,6 +38,9 @@ bench-cloud: ## one GCP identity-token and one AWS identity-document verificatio
 bench-mcs: ## config serving over TLS, limits off (the serving path) and with the default limits from many source addresses (a fleet): req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run; fails on any error
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench ./cmd/nodeproof
 	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench $(BENCH_MCS_FLAGS)
+
+image: ## the container image (nodeproof + nodeproof-agent, linux/amd64 + linux/arm64, non-root, no base image) as an OCI archive in bin/image/, named by deploy/image
+	$(GO) run ./hack/image -o bin/image
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
@@ -336,7 +337,24 @@ func stringsOf(v any) []string {
 // TestWorkloadArgs checks that every nodeproof container runs a command
 // nodeproof has, with flags that command accepts, and that every policy
 // ConfigMap holds a policy the server loads.
+// imageRef is the image deploy/image names (make image builds it).
+func imageRef(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile("image/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k struct {
+		Images []struct{ Name, NewName, NewTag string }
+	}
+	if err := yaml.Unmarshal(b, &k); err != nil || len(k.Images) != 1 || k.Images[0].Name != "nodeproof" {
+		t.Fatalf("deploy/image/kustomization.yaml: want one images entry for nodeproof (%v)", err)
+	}
+	return k.Images[0].NewName + ":" + k.Images[0].NewTag
+}
+
 func TestWorkloadArgs(t *testing.T) {
+	want := imageRef(t)
 	for _, dir := range kustomizations {
 		t.Run(dir, func(t *testing.T) {
 			objs := render(t, dir)
@@ -357,8 +375,12 @@ func TestWorkloadArgs(t *testing.T) {
 					continue
 				}
 				for _, c := range containers(t, o) {
-					if img, _ := c["image"].(string); !strings.Contains(img, "/nodeproof/nodeproof") {
+					img, _ := c["image"].(string)
+					if !strings.Contains(img, "nodeproof") {
 						continue
+					}
+					if img != want {
+						t.Errorf("%s %s/%s: image %s, want %s (deploy/image: one name for every manifest and make image)", o.GetKind(), o.GetNamespace(), o.GetName(), img, want)
 					}
 					n++
 					checkArgs(t, fmt.Sprintf("%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName()), stringsOf(c["args"]))

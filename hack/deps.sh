@@ -4,13 +4,14 @@
 # producer), gcc and libssl-dev (the go-tpm-tools simulator is cgo), and
 # libblkid-dev (the real Ignition client built by hack/tools.sh is cgo),
 # sslscan (the TLS scanner the TLS tests run against the server), haproxy
-# (the PROXY protocol tests put it in front of the server), and jq,
+# (the PROXY protocol tests put it in front of the server), skopeo and podman
+# (the image test reads and loads make image's archive), and jq,
 # curl and openssl (deploy/examples/tpm2-tools-attest.sh, which a test runs).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
 need=()
-for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy jq curl openssl; do
+for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy skopeo podman jq curl openssl; do
   cmd=${bin%%:*}
   pkg=${bin#*:}
   [ "$pkg" = "$bin" ] && pkg=$cmd

@@ -19,7 +19,7 @@ var floors = map[string]int{
 	"identity": 2, "store": 2, "internal": 2,
 	"mcs": 3, "approver": 3,
 	"agent": 4,
-	"cmd":   5, "bench": 5, "deploy": 5,
+	"cmd":   5, "bench": 5, "deploy": 5, "hack": 5,
 }
 
 func floorOf(t *testing.T, pkg string) (string, int) {
