@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/sha256"
+	"fmt"
 	"sort"
 
 	"github.com/google/go-eventlog/register"
@@ -81,4 +82,57 @@ func sortedIndexes(m map[int][]byte) []int {
 	}
 	sort.Ints(keys)
 	return keys
+}
+
+// LogBootState is the boot state an event log tells by itself, in bank
+// (crypto.SHA256 or crypto.SHA1): the log is replayed against the PCR
+// values its own events imply, since no quote vouches for them, and then
+// read by the same state machine the verifier runs (separators, order,
+// each variable once). Use it only on a log from a machine you trust —
+// to learn a policy from it (`nodeproof policy learn`) — never to admit
+// a machine: anyone can write a log that agrees with itself.
+func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
+	if bank != crypto.SHA256 && bank != crypto.SHA1 {
+		return attest.BootState{}, fmt.Errorf("tpm: bank %v: want SHA-256 or SHA-1", bank)
+	}
+	if len(raw) == 0 || len(raw) > MaxEventLogSize {
+		return attest.BootState{}, attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes: want 1 to %d", len(raw), MaxEventLogSize)
+	}
+	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
+	if err != nil {
+		return attest.BootState{}, attest.Deny(attest.ReasonEventLogInvalid, "the event log does not parse as a TCG PC Client event log: %v", err)
+	}
+	alg := register.HashSHA256
+	if bank == crypto.SHA1 {
+		alg = register.HashSHA1
+	}
+	implied := map[int][]byte{}
+	for _, e := range el.Events(alg) {
+		if e.Type == tcg.NoAction || e.Index > lastSRTMPCR || len(e.Digest) != bank.Size() {
+			continue
+		}
+		cur, ok := implied[e.Index]
+		if !ok {
+			cur = make([]byte, bank.Size())
+		}
+		h := bank.New()
+		h.Write(cur)
+		h.Write(e.Digest)
+		implied[e.Index] = h.Sum(nil)
+	}
+	events, err := replayLog(raw, bank, implied)
+	if err != nil {
+		return attest.BootState{}, err
+	}
+	return bootState(events, bank)
+}
+
+// LogDump is a machine's event log as `nodeproof-agent --dump-evidence`
+// writes it, for `nodeproof policy learn --evidence` on a machine the
+// operator trusts.
+type LogDump struct {
+	// Kind is "tpm".
+	Kind string `json:"kind"`
+	// EventLog is the raw TCG event log (binary_bios_measurements).
+	EventLog []byte `json:"eventLog"`
 }

@@ -6,6 +6,7 @@ package agentcli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
@@ -38,12 +40,21 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ignDir := fs.String("ignition-dir", agent.DefaultIgnitionDir, "pointer mode: Ignition's system config directory")
 	root := fs.String("root", "/", "fetch mode: where the first-boot files are written")
 	configOut := fs.String("config-out", "", "fetch mode: also write the whole full config here (mode 0600)")
+	dump := fs.String("dump-evidence", "", "write this machine's event log (--event-log, else securityfs) to this file for `nodeproof policy learn --evidence` on a machine you trust, and exit")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: retry while the server says not yet, until stopped)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return 2
+	}
+	if *dump != "" {
+		if err := dumpEvidence(*dump, *eventLog); err != nil {
+			fmt.Fprintf(stderr, "nodeproof-agent: --dump-evidence: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "nodeproof-agent: wrote %s\n", *dump)
+		return 0
 	}
 	if *server == "" {
 		fmt.Fprintln(stderr, "nodeproof-agent: --server is required")
@@ -142,4 +153,21 @@ func openTPM(path, eventLog string) (*tpm.Collector, error) {
 		return nil, err
 	}
 	return tpm.NewCollector(ch)
+}
+
+// dumpEvidence writes the event log (from logPath, else securityfs) as a
+// tpm.LogDump.
+func dumpEvidence(out, logPath string) error {
+	if logPath == "" {
+		logPath = tpm.SystemEventLog
+	}
+	raw, err := os.ReadFile(logPath)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(tpm.LogDump{Kind: "tpm", EventLog: raw})
+	if err != nil {
+		return err
+	}
+	return fsutil.WriteFileAtomic(out, b, 0o644)
 }

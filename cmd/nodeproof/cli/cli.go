@@ -31,7 +31,7 @@ commands:
   release    NODE: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol
   revoke     NODE [--reason TEXT]: refuse the node's machine everything from now on; its node is tainted NoExecute
   inspect    [NODE] [-o table|json|yaml]: list nodes (owner, last attestation, state), or one node's whole story
-  policy     check FILE [--against-records]: validate a policy; with --against-records, judge every node's last claims by it
+  policy     check FILE [--against-records]: validate a policy (with --against-records, judge every node's last claims by it); learn --pool NAME --event-log FILE [--merge FILE]: a pool policy from a machine you trust
   enroll     --reset NODE: the same as release NODE (--reset KEY clears a single-use marker)
   ca         create, renew, show or rotate (ca rotate [--serving-only]) the MCS CA and serving certificate
   pointer    write an Ignition pointer config for a pool

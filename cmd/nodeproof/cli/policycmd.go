@@ -2,23 +2,35 @@ package cli
 
 import (
 	"context"
+	"crypto"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
-// cmdPolicy is `nodeproof policy check FILE [--against-records]`.
+const policyUsage = `policy: usage:
+  nodeproof policy check FILE [--against-records] [store flags]
+  nodeproof policy learn --pool NAME (--event-log FILE | --evidence FILE | --node NODE [store flags]) [--ek-trust ca:NAME|inventory] [--ek-root NAME=DIR] [--merge FILE] [-o FILE]`
+
+// cmdPolicy is `nodeproof policy check|learn`.
 func cmdPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "learn" {
+		return cmdPolicyLearn(ctx, args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "check" {
-		return errors.New("policy: usage: nodeproof policy check FILE [--against-records] [store flags]")
+		return errors.New(policyUsage)
 	}
 	fs := newFlagSet("policy check", stderr)
 	var c ServeConfig
@@ -91,4 +103,119 @@ func withoutDBXContents(pol *policy.Policy, pool string) *policy.Policy {
 	}
 	cp.Pools[pool] = pp
 	return &cp
+}
+
+// cmdPolicyLearn is `nodeproof policy learn`: a pool policy from a machine
+// the operator trusts — its event log (a file, or `nodeproof-agent
+// --dump-evidence`'s), or the claims its last re-attestation recorded —
+// written new or merged into an existing policy (policy.Learn).
+func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("policy learn", stderr)
+	var c ServeConfig
+	storeFlags(fs, &c)
+	pool := fs.String("pool", "", "the pool to write (required)")
+	logFile := fs.String("event-log", "", "the trusted machine's TCG event log (its /sys/kernel/security/tpm0/binary_bios_measurements)")
+	evidence := fs.String("evidence", "", "the trusted machine's `nodeproof-agent --dump-evidence` file")
+	node := fs.String("node", "", "an enrolled node whose last re-attestation's claims to learn from (store flags)")
+	ekTrust := fs.String("ek-trust", "", "what vouches for the machine's EK: ca:NAME or inventory (default: ca:NAME of --ek-root; from --node, what vouched for it)")
+	ekRoot := fs.String("ek-root", "", "NAME=DIR: the trust.ekRoots entry to add (a new policy needs the one --ek-trust names)")
+	merge := fs.String("merge", "", "an existing policy to add the machine to (its comments are not kept)")
+	out := fs.String("o", "", "write the policy here (default: standard output)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return errors.New(policyUsage)
+	}
+	sources := 0
+	for _, s := range []string{*logFile, *evidence, *node} {
+		if s != "" {
+			sources++
+		}
+	}
+	if *pool == "" || sources != 1 {
+		return fmt.Errorf("--pool and exactly one of --event-log, --evidence, --node are required\n%s", policyUsage)
+	}
+	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256"}
+	if *ekRoot != "" {
+		name, dir, ok := strings.Cut(*ekRoot, "=")
+		if !ok || name == "" || dir == "" {
+			return fmt.Errorf("--ek-root %q: want NAME=DIR", *ekRoot)
+		}
+		l.Root = &policy.EKRoot{Name: name, Dir: dir}
+		if l.EKTrust == "" {
+			l.EKTrust = "ca:" + name
+		}
+	}
+	switch {
+	case *node != "":
+		c.Clock = time.Now
+		st, err := c.openStoreTimeout(false, time.Second)
+		if err != nil {
+			return fmt.Errorf("open the store (with the embedded store, stop the server first): %w", err)
+		}
+		defer st.Close()
+		b, err := st.Binding(ctx, *node)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", *node, err)
+		}
+		var cl attest.Claims
+		if len(b.Status.Claims) == 0 || json.Unmarshal(b.Status.Claims, &cl) != nil || cl.TPM == nil {
+			return fmt.Errorf("node %s has no recorded TPM claims (they are recorded at re-attestation): learn from its event log instead (--event-log, or --evidence from nodeproof-agent --dump-evidence)", *node)
+		}
+		if !b.Status.Passed {
+			fmt.Fprintf(stderr, "note: node %s's last re-attestation failed (%s); learning from it anyway\n", *node, b.Status.Reason)
+		}
+		l.Bank, l.Boot = cl.TPM.PCRBank, cl.TPM.Boot
+		if *ekTrust == "" {
+			l.EKTrust = cl.TPM.EKTrust
+		}
+	default:
+		raw, err := readLog(*logFile, *evidence)
+		if err != nil {
+			return err
+		}
+		if l.Boot, err = tpm.LogBootState(raw, crypto.SHA256); err != nil {
+			return fmt.Errorf("the event log: %w", err)
+		}
+	}
+	var doc []byte
+	if *merge != "" {
+		var err error
+		if doc, err = os.ReadFile(*merge); err != nil {
+			return err
+		}
+	}
+	learned, notes, err := policy.Learn(doc, *pool, l)
+	if err != nil {
+		return err
+	}
+	for _, n := range notes {
+		fmt.Fprintln(stderr, "note:", n)
+	}
+	if *out == "" {
+		_, err = stdout.Write(learned)
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(*out, learned, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s (pool %s); check it with: nodeproof policy check %s --against-records\n", *out, *pool, *out)
+	return nil
+}
+
+// readLog is an event log from a file, or from a --dump-evidence file.
+func readLog(logFile, evidence string) ([]byte, error) {
+	if logFile != "" {
+		return os.ReadFile(logFile)
+	}
+	b, err := os.ReadFile(evidence)
+	if err != nil {
+		return nil, err
+	}
+	var d tpm.LogDump
+	if err := json.Unmarshal(b, &d); err != nil || d.Kind != "tpm" || len(d.EventLog) == 0 {
+		return nil, fmt.Errorf("%s: not a nodeproof-agent --dump-evidence file with a TPM event log", evidence)
+	}
+	return d.EventLog, nil
 }

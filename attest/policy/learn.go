@@ -1,0 +1,187 @@
+package policy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// Learned is what one machine the operator trusts booted: its EK's trust
+// and the boot state of its event log (attest/tpm LogBootState, or the
+// claims its last attestation recorded).
+type Learned struct {
+	// EKTrust is what vouched for its EK: "ca:<trust.ekRoots name>" or
+	// "inventory".
+	EKTrust string
+	// Bank is the PCR bank of Boot's digests: "sha256" or "sha1".
+	Bank string
+	Boot attest.BootState
+	// Root, when set, is the trust.ekRoots entry EKTrust names (added to
+	// the document if it lacks it); Inventory, the trust.ekInventory file.
+	// A new document needs the one its EKTrust names.
+	Root      *EKRoot
+	Inventory string
+}
+
+// Learn writes what l says into pool of the policy document doc (YAML;
+// empty for a new document) and returns the new document and notes for
+// the operator. Comments of doc are not kept.
+//
+// A new pool gets: evidence [tpm]; ekTrust [l.EKTrust]; requireSecureBoot
+// when the machine booted with Secure Boot on; minimumDBX.entries, its
+// dbx's entry count; for the shim, the boot loader and the kernel, an
+// allow list of the digest the log established (a stage it did not
+// establish gets any: true, and a note); allowSHA1 when the bank is SHA-1.
+//
+// An existing pool (merging a second machine): each stage's digest joins
+// its allow list (a stage that says any stays so), its EK trust joins
+// ekTrust; requireSecureBoot and minimumDBX stay as they are, with a note
+// when this machine does not meet them.
+//
+// The result must parse (errors name the pool and the field) and must
+// admit the machine it was learned from (Evaluate); otherwise Learn
+// returns an error saying why.
+func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
+	if pool == "" {
+		return nil, nil, errors.New("policy learn: a pool name is required")
+	}
+	if l.Bank != "sha256" && l.Bank != "sha1" {
+		return nil, nil, fmt.Errorf("policy learn: bank %q: want sha256 or sha1", l.Bank)
+	}
+	if l.EKTrust == "" {
+		return nil, nil, errors.New("policy learn: the machine's EK trust (ca:<name> or inventory) is required")
+	}
+	root := map[string]any{}
+	if len(bytes.TrimSpace(doc)) > 0 {
+		if err := yaml.Unmarshal(doc, &root); err != nil {
+			return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
+		}
+	} else {
+		root["apiVersion"], root["kind"] = APIVersion, Kind
+	}
+	pools := child(root, "pools")
+	_, existed := pools[pool]
+	p := child(pools, pool)
+	tpm := child(p, "tpm")
+	var notes []string
+	b := l.Boot
+
+	if !existed {
+		p["evidence"] = []any{string(attest.KindTPM)}
+		tpm["ekTrust"] = []any{l.EKTrust}
+		if b.SecureBootKnown && b.SecureBoot {
+			tpm["requireSecureBoot"] = true
+		} else {
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.requireSecureBoot: not set, the machine booted with Secure Boot %s", pool, onOff(b)))
+		}
+		if b.DBXKnown {
+			tpm["minimumDBX"] = map[string]any{"entries": b.DBXEntries}
+		} else {
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumDBX: not set, the log did not measure dbx", pool))
+		}
+		if l.Bank == "sha1" {
+			tpm["allowSHA1"] = true
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.allowSHA1: true, the log has only SHA-1 digests (forgeable by collision)", pool))
+		}
+		if b.KernelCmdlineKnown {
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.kernelCmdline: not learned; the machine's was %q", pool, b.KernelCmdline))
+		}
+	} else {
+		p["evidence"] = addTo(p["evidence"], string(attest.KindTPM))
+		if !truthy(tpm["anyEKTrust"]) {
+			tpm["ekTrust"] = addTo(tpm["ekTrust"], l.EKTrust)
+		}
+	}
+	if l.Root != nil || l.Inventory != "" {
+		trust := child(root, "trust")
+		if l.Root != nil {
+			roots, _ := trust["ekRoots"].([]any)
+			if !slices.ContainsFunc(roots, func(r any) bool { m, _ := r.(map[string]any); return m["name"] == l.Root.Name }) {
+				trust["ekRoots"] = append(roots, map[string]any{"name": l.Root.Name, "dir": l.Root.Dir})
+			}
+		}
+		if l.Inventory != "" {
+			trust["ekInventory"] = l.Inventory
+		}
+	}
+
+	comps := child(tpm, "bootComponents")
+	for _, st := range []struct{ key, digest, what string }{
+		{"shim", b.Shim, "shim"}, {"bootloader", b.Bootloader, "boot loader"}, {"kernel", b.Kernel, "kernel"},
+	} {
+		s := child(comps, st.key)
+		switch {
+		case truthy(s["any"]):
+		case st.digest == "":
+			if existed {
+				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: unchanged, the log did not establish a %s", pool, st.key, st.what))
+				continue
+			}
+			s["any"] = true
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true, the log did not establish a %s; narrow it by hand", pool, st.key, st.what))
+		default:
+			s["allow"] = addTo(s["allow"], st.digest)
+		}
+	}
+
+	out, err := yaml.Marshal(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy learn: %w", err)
+	}
+	pol, err := Parse(out)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy learn: the learned policy does not check: %w", err)
+	}
+	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, PCRBank: l.Bank, Boot: b}}
+	err = pol.Evaluate(pool, claims)
+	if r, _ := attest.ReasonOf(err); r == attest.ReasonPolicyDBX && existed {
+		// A kept minimum this machine's dbx is below: said, not refused,
+		// if nothing else would refuse it (Evaluate stops at the first).
+		pp := pol.Pools[pool]
+		pp.TPM.MinimumDBX = nil
+		pol.Pools[pool] = pp
+		if err = pol.Evaluate(pool, claims); err == nil {
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumDBX: kept; this machine's dbx (%d entries) is older and is refused until it is updated", pool, b.DBXEntries))
+		}
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy learn: pool %s would refuse the machine it was learned from: %w", pool, err)
+	}
+	return out, notes, nil
+}
+
+// child is m[key] as a map, made if absent (or not a map).
+func child(m map[string]any, key string) map[string]any {
+	if c, ok := m[key].(map[string]any); ok {
+		return c
+	}
+	c := map[string]any{}
+	m[key] = c
+	return c
+}
+
+// addTo is the list v (a YAML sequence, or nothing) with s, once.
+func addTo(v any, s string) []any {
+	l, _ := v.([]any)
+	if slices.ContainsFunc(l, func(x any) bool { return x == s }) {
+		return l
+	}
+	return append(l, s)
+}
+
+func truthy(v any) bool { b, _ := v.(bool); return b }
+
+func onOff(b attest.BootState) string {
+	switch {
+	case !b.SecureBootKnown:
+		return "unknown (not measured)"
+	case b.SecureBoot:
+		return "on"
+	}
+	return "off"
+}

@@ -1,0 +1,135 @@
+package policy_test
+
+import (
+	"crypto"
+	"strings"
+	"testing"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+)
+
+// learned is a real firmware log's machine, read by itself.
+func learned(t *testing.T, log string) policy.Learned {
+	t.Helper()
+	bs, err := tpm.LogBootState(firmwaretestdata.MustLog(log), crypto.SHA256)
+	if err != nil {
+		t.Fatalf("%s: %v", log, err)
+	}
+	return policy.Learned{EKTrust: "ca:vendor", Bank: "sha256", Boot: bs, Root: &policy.EKRoot{Name: "vendor", Dir: "/etc/nodeproof/ek-roots/vendor"}}
+}
+
+func claimsOf(l policy.Learned) *attest.Claims {
+	return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, PCRBank: l.Bank, Boot: l.Boot}}
+}
+
+func mustParse(t *testing.T, doc []byte) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatalf("learned policy does not parse: %v\n%s", err, doc)
+	}
+	return p
+}
+
+// TestLearn: a policy learned from one real machine admits it and refuses
+// machines that booted otherwise; merging a second machine adds its boot
+// chain, and both are admitted; what cannot be learned is said.
+func TestLearn(t *testing.T) {
+	first, second := learned(t, "sb-cert-eventlog"), learned(t, "rhel8-uefi")
+	doc, notes, err := policy.Learn(nil, "worker", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("learned:\n%s\nnotes: %q", doc, notes)
+	p := mustParse(t, doc)
+	tp := p.Pools["worker"].TPM
+	if !tp.RequireSecureBoot || tp.MinimumDBX == nil || tp.MinimumDBX.Entries != first.Boot.DBXEntries ||
+		len(tp.BootComponents.Shim.Allow) != 1 || tp.BootComponents.Shim.Allow[0] != first.Boot.Shim {
+		t.Errorf("learned tpm policy %+v; want Secure Boot, the machine's dbx count and its shim", tp)
+	}
+	if err := p.Evaluate("worker", claimsOf(first)); err != nil {
+		t.Errorf("the learned machine is refused: %v", err)
+	}
+	cases := []struct {
+		log  string
+		want attest.Reason
+	}{
+		{"ubuntu-2104-no-secure-boot", attest.ReasonPolicySecureBootOff},
+		{"rhel8-uefi", attest.ReasonPolicyBootNotAllowed},
+	}
+	for _, c := range cases {
+		err := p.Evaluate("worker", claimsOf(learned(t, c.log)))
+		if r, _ := attest.ReasonOf(err); r != c.want {
+			t.Errorf("%s under the policy learned from sb-cert-eventlog: %v; want %s", c.log, err, c.want)
+		}
+	}
+
+	// Merge the second machine: both admitted.
+	doc2, notes, err := policy.Learn(doc, "worker", second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("merged notes: %q", notes)
+	p2 := mustParse(t, doc2)
+	for name, l := range map[string]policy.Learned{"first": first, "second": second} {
+		if err := p2.Evaluate("worker", claimsOf(l)); err != nil {
+			t.Errorf("after the merge, the %s machine is refused: %v", name, err)
+		}
+	}
+	if n := len(p2.Pools["worker"].TPM.BootComponents.Bootloader.Allow); n != 2 {
+		t.Errorf("after the merge, %d boot loaders allowed; want both machines'", n)
+	}
+	if len(p2.Trust.EKRoots) != 1 {
+		t.Errorf("trust.ekRoots %+v: want the one root, once", p2.Trust.EKRoots)
+	}
+	// Merging again changes nothing.
+	if doc3, _, err := policy.Learn(doc2, "worker", second); err != nil || string(doc3) != string(doc2) {
+		t.Errorf("merging the same machine twice changed the policy (%v)", err)
+	}
+}
+
+func TestLearnRefusals(t *testing.T) {
+	sbOn, sbOff := learned(t, "rhel8-uefi"), learned(t, "ubuntu-2104-no-secure-boot")
+	doc, _, err := policy.Learn(nil, "worker", sbOn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older := learned(t, "cos-85-amd-sev") // a dbx of 4 entries against rhel8's 186
+	cases := []struct {
+		name string
+		doc  []byte
+		l    policy.Learned
+		pool string
+		err  string // in the error; "" no error
+		note string // in a note
+	}{
+		{"merge a machine that booted with Secure Boot off", doc, sbOff, "worker", "SecureBootDisabled", ""},
+		{"merge a machine with an older dbx: kept, said", doc, older, "worker", "", "minimumDBX: kept"},
+		{"a Secure Boot off machine alone: learned without requireSecureBoot, said", nil, sbOff, "worker", "", "requireSecureBoot: not set"},
+		{"no pool", nil, sbOn, "", "pool name is required", ""},
+		{"no EK trust", nil, policy.Learned{Bank: "sha256", Boot: sbOn.Boot}, "worker", "EK trust", ""},
+		{"bad bank", nil, policy.Learned{EKTrust: "ca:vendor", Bank: "md5", Boot: sbOn.Boot}, "worker", "bank", ""},
+		{"EK trust naming no root", nil, policy.Learned{EKTrust: "ca:other", Bank: "sha256", Boot: sbOn.Boot}, "worker", `"ca:other"`, ""},
+		{"merge into a document that does not check", []byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    tpm: {ekTrust: [ca:vendor], sha1: true}\n"), sbOn, "worker", "sha1", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, notes, err := policy.Learn(c.doc, c.pool, c.l)
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) {
+					t.Fatalf("error %v; want one with %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(strings.Join(notes, "\n"), c.note) {
+				t.Errorf("notes %q; want one with %q", notes, c.note)
+			}
+		})
+	}
+}

@@ -1,0 +1,83 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+)
+
+// TestPolicyLearn: a known-good machine's log, dumped by the agent,
+// becomes a pool policy that checks; a second machine's log merges in;
+// bad invocations say what is wrong.
+func TestPolicyLearn(t *testing.T) {
+	dir := t.TempDir()
+	logFile := func(name string) string {
+		p := filepath.Join(dir, name+".bin")
+		if err := os.WriteFile(p, firmwaretestdata.MustLog(name), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	run := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		code := Run(context.Background(), args, &out, &errb)
+		return out.String(), errb.String(), code
+	}
+
+	dump := filepath.Join(dir, "evidence.json")
+	var aout, aerr bytes.Buffer
+	if code := agentcli.Main(context.Background(), []string{"--dump-evidence", dump, "--event-log", logFile("sb-cert-eventlog")}, &aout, &aerr); code != 0 {
+		t.Fatalf("nodeproof-agent --dump-evidence: exit %d: %s", code, aerr.String())
+	}
+	pol := filepath.Join(dir, "policy.yaml")
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "-o", pol); code != 0 {
+		t.Fatalf("policy learn: exit %d: %s", code, errs)
+	} else if !strings.Contains(errs, "kernel: any: true") {
+		t.Errorf("the kernel the log does not establish is not said: %s", errs)
+	}
+	if out, errs, code := run("policy", "check", pol); code != 0 || !strings.Contains(out, "valid (1 pools)") {
+		t.Fatalf("policy check of the learned policy: exit %d: %s%s", code, out, errs)
+	}
+	merged, errs, code := run("policy", "learn", "--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--ek-trust", "ca:vendor", "--merge", pol)
+	if code != 0 {
+		t.Fatalf("policy learn --merge: exit %d: %s", code, errs)
+	}
+	p, err := policy.Parse([]byte(merged))
+	if err != nil {
+		t.Fatalf("merged policy: %v\n%s", err, merged)
+	}
+	if n := len(p.Pools["worker"].TPM.BootComponents.Shim.Allow); n != 2 {
+		t.Errorf("merged: %d shims allowed, want both machines'", n)
+	}
+
+	cases := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no source", []string{"--pool", "worker"}, "exactly one of --event-log, --evidence, --node"},
+		{"two sources", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--evidence", dump}, "exactly one of"},
+		{"no pool", []string{"--event-log", logFile("rhel8-uefi")}, "--pool"},
+		{"bad ek-root", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--ek-root", "vendor"}, "want NAME=DIR"},
+		{"no EK trust for a new policy", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi")}, "EK trust"},
+		{"not an event log", []string{"--pool", "worker", "--event-log", pol, "--ek-root", "v=/x"}, "EventLogMalformed"},
+		{"not a dump", []string{"--pool", "worker", "--evidence", pol, "--ek-root", "v=/x"}, "not a nodeproof-agent --dump-evidence file"},
+		{"a node never re-attested", []string{"--pool", "worker", "--node", "worker-9", "--state-dir", dir}, "node worker-9"},
+		{"merge a Secure Boot off machine", []string{"--pool", "worker", "--event-log", logFile("ubuntu-2104-no-secure-boot"), "--ek-trust", "ca:vendor", "--merge", pol}, "SecureBootDisabled"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, errs, code := run(append([]string{"policy", "learn"}, c.args...)...)
+			if code == 0 || !strings.Contains(errs, c.want) {
+				t.Errorf("exit %d, %q; want a refusal with %q", code, errs, c.want)
+			}
+		})
+	}
+}
