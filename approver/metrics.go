@@ -1,6 +1,8 @@
 package approver
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
 )
@@ -14,6 +16,10 @@ type Metrics struct {
 	pending   prometheus.Gauge
 	latency   prometheus.Histogram
 	limited   prometheus.Counter
+	nodes     *prometheus.GaugeVec
+
+	mu        sync.Mutex
+	nodeState map[string]string // node name → its condition's reason
 }
 
 // NewMetrics registers the approver's metrics on reg:
@@ -22,6 +28,8 @@ type Metrics struct {
 //	nodeproof_approver_pending_csrs                    kubelet CSRs without a decision
 //	nodeproof_approver_decision_seconds                CSR creation to approval or denial
 //	nodeproof_approver_rate_limited_total              decisions postponed by a per-node limit
+//	nodeproof_approver_nodes{reason}                   nodeproof's nodes by their Attested condition's reason
+//	                                                   (Attested, or why not), as the leader judged them; 0 on a standby
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -41,11 +49,53 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "nodeproof_approver_rate_limited_total",
 			Help: "Decisions postponed because CSRs for one node name came too fast.",
 		}),
+		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nodeproof_approver_nodes",
+			Help: "nodeproof's nodes by the reason of their Attested condition (Attested, AttestationFailed, AttestationStale, Revoked, NotEnrolled), as this replica judged them while it led; 0 on a standby.",
+		}, []string{"reason"}),
+		nodeState: map[string]string{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.pending, m.latency, m.limited} {
+	for _, r := range []string{ReasonAttestedNode, "AttestationFailed", "AttestationStale", "Revoked", "NotEnrolled"} {
+		m.nodes.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.pending, m.latency, m.limited, m.nodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// node records node's judgement (reason ""): forget it.
+func (m *Metrics) node(name, reason string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, had := m.nodeState[name]
+	if had && old == reason {
+		return
+	}
+	if had {
+		m.nodes.WithLabelValues(old).Dec()
+		delete(m.nodeState, name)
+	}
+	if reason != "" {
+		m.nodeState[name] = reason
+		m.nodes.WithLabelValues(reason).Inc()
+	}
+}
+
+// resetNodes forgets every node (a term begins or ends).
+func (m *Metrics) resetNodes() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, r := range m.nodeState {
+		m.nodes.WithLabelValues(r).Dec()
+		delete(m.nodeState, name)
+	}
 }

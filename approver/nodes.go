@@ -64,6 +64,9 @@ type NodeOptions struct {
 	// Clock tells the time; Log gets a line per change (both required).
 	Clock func() time.Time
 	Log   *slog.Logger
+	// Metrics, when set, counts nodes by their judgement while this
+	// controller runs (nodeproof_approver_nodes).
+	Metrics *Metrics
 }
 
 // NodeController makes "this node is attested" a fact on each Node: the
@@ -102,6 +105,8 @@ func NewNodeController(o NodeOptions) (*NodeController, error) {
 
 // Run judges nodes until ctx ends.
 func (c *NodeController) Run(ctx context.Context) error {
+	c.o.Metrics.resetNodes()
+	defer c.o.Metrics.resetNodes()
 	factory := informers.NewSharedInformerFactory(c.o.Client, c.o.Resync)
 	inf := factory.Core().V1().Nodes()
 	c.nodes = inf.Lister()
@@ -171,6 +176,7 @@ type judgement struct {
 func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, error) {
 	node, err := c.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
+		c.o.Metrics.node(name, "")
 		return 0, nil
 	} else if err != nil {
 		return 0, err
@@ -182,6 +188,7 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		if condition(node) == nil {
+			c.o.Metrics.node(name, "")
 			return 0, nil // never nodeproof's
 		}
 		j = judgement{reason: string(attest.ReasonNotEnrolled), effect: corev1.TaintEffectNoExecute,
@@ -217,6 +224,7 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 	if err := c.setTaint(ctx, node, j, now); err != nil {
 		return 0, err
 	}
+	c.o.Metrics.node(name, j.reason)
 	return after, nil
 }
 

@@ -679,3 +679,57 @@ func sar(t *testing.T, cs kubernetes.Interface, namespace, name string) func(ver
 		return r.Status.Allowed
 	}
 }
+
+// TestMonitoringRender: deploy/monitoring renders the two PodMonitors
+// (each selecting a workload's pods and a port those pods name), the
+// rules and the dashboard ConfigMap (valid JSON). That each metric they
+// read is exported: internal/e2e TestMonitoring.
+func TestMonitoringRender(t *testing.T) {
+	objs := index(render(t, "monitoring"))
+	base := render(t, "base")
+	for _, name := range []string{"nodeproof-server", "nodeproof-approver"} {
+		pm := objs[key("PodMonitor", "nodeproof", name)]
+		if pm == nil {
+			t.Fatalf("no PodMonitor %s", name)
+		}
+		sel, _, _ := unstructured.NestedStringMap(pm.Object, "spec", "selector", "matchLabels")
+		eps, _, _ := unstructured.NestedSlice(pm.Object, "spec", "podMetricsEndpoints")
+		if len(eps) != 1 {
+			t.Fatalf("PodMonitor %s: %d endpoints", name, len(eps))
+		}
+		port, _ := eps[0].(map[string]any)["port"].(string)
+		found := false
+		for _, o := range base {
+			if o.GetKind() != "Deployment" {
+				continue
+			}
+			labels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+			if labels["app.kubernetes.io/name"] != sel["app.kubernetes.io/name"] {
+				continue
+			}
+			for _, c := range containers(t, o) {
+				ports, _ := c["ports"].([]any)
+				for _, p := range ports {
+					if p.(map[string]any)["name"] == port {
+						found = true
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("PodMonitor %s: no Deployment in base with labels %v names a port %q", name, sel, port)
+		}
+	}
+	if objs[key("PrometheusRule", "nodeproof", "nodeproof")] == nil {
+		t.Error("no PrometheusRule")
+	}
+	cm := objs[key("ConfigMap", "nodeproof", "nodeproof-dashboard")]
+	if cm == nil || cm.GetLabels()["grafana_dashboard"] != "1" {
+		t.Fatalf("dashboard ConfigMap: %v", cm)
+	}
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	var d struct{ Panels []any }
+	if err := json.Unmarshal([]byte(data["nodeproof.json"]), &d); err != nil || len(d.Panels) == 0 {
+		t.Errorf("dashboard: %v, %d panels", err, len(d.Panels))
+	}
+}

@@ -214,6 +214,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	}
 	sess := &ss.Session
 	d.pool = sess.Pool
+	d.kind, d.purpose = string(sess.Kind), "enrol"
+	if sess.Reattest() {
+		d.purpose = "reattest"
+	}
 	// A proof that the requester holds the kubelet key the session bound
 	// (the agent always sends one): when present it must verify.
 	proven := false

@@ -63,8 +63,10 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 	ctx := r.Context()
 	switch {
 	case token != "" && tokens.IsConfigToken(token):
+		d.cred = "config"
 		s.serveAttested(ctx, w, r, d, serve, pool, accept, token)
 	case token != "":
+		d.cred = "provisioning"
 		if !serve.Token || s.o.Provisioning == nil {
 			s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take provisioning tokens", pool))
 			return

@@ -106,6 +106,8 @@ type Options struct {
 	// see — a node name taken, an identity refused or enrolled again — as
 	// Kubernetes Events on the node's NodeBinding; nil: the log only.
 	Events EnrolmentEvents
+	// Metrics, when set, counts every request (NewMetrics).
+	Metrics *Metrics
 	// Bootstrap, when set (cluster mode), gives each attested node its own
 	// short-lived Kubernetes bootstrap token: Issue runs before the record
 	// is written and sets Record.BootstrapTokenID.
@@ -213,6 +215,7 @@ func (s *Server) Handler(port Port) http.Handler {
 		start := s.o.Clock()
 		rec := &decision{port: port, path: r.URL.Path, method: r.Method, remote: r.RemoteAddr}
 		s.route(w, r, port, rec)
+		s.o.Metrics.observe(rec, s.o.Clock().Sub(start))
 		s.logDecision(r.Context(), rec, start)
 	})
 }
@@ -223,9 +226,12 @@ type decision struct {
 	path, method, remote string
 	pool, tier, version  string
 	node, record         string
-	status               int
-	reason               attest.Reason
-	bytes                int
+	// kind and purpose (enrol, reattest) of a verify's session; cred, the
+	// credential a config fetch presented (config, provisioning).
+	kind, purpose, cred string
+	status              int
+	reason              attest.Reason
+	bytes               int
 }
 
 func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) {

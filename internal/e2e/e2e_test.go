@@ -261,7 +261,8 @@ func start(t *testing.T, opts ...worldOption) *world {
 		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,
 		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
-		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts)
+		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts,
+		"--metrics-addr", "127.0.0.1:0")
 	w.policyFile = policyFile
 	w.approverLog = new(testenv.LockedBuffer)
 	w.approver = process(t, "nodeproof approve", w.approverLog, w.nodeproof, "approve",

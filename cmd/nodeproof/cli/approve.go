@@ -184,7 +184,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			return err
 		}
 		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: bc,
-			Lifetime: lifetime, Clock: c.Clock, Log: c.Log})
+			Lifetime: lifetime, Clock: c.Clock, Log: c.Log, Metrics: metrics})
 		if err != nil {
 			return err
 		}
@@ -214,6 +214,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
+		c.Log.Info("metrics", "addr", ln.Addr().String())
 		if c.Ready != nil {
 			c.Ready(ln.Addr())
 		}

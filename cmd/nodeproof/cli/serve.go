@@ -103,6 +103,8 @@ type ServeConfig struct {
 	// DebugAddr, if set, serves Go's pprof profiles (/debug/pprof/) there:
 	// bind it to loopback; it is for finding where time goes.
 	DebugAddr string
+	// MetricsAddr, if set, serves Prometheus metrics (/metrics) there.
+	MetricsAddr string
 	TokenTTL  time.Duration
 	Grace     time.Duration
 	Reload    time.Duration // how often inputs and certificates are checked
@@ -163,6 +165,7 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 		}
 		return err
 	})
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", "", "serve Prometheus metrics (/metrics) here, e.g. :9091 (deploy/ sets it); empty: off")
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "serve pprof profiles (/debug/pprof/) here, e.g. 127.0.0.1:6060; empty: off")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
@@ -221,6 +224,11 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	opts.Bootstrap = src.Bootstrap()
+	reg, metrics, err := serverMetrics()
+	if err != nil {
+		return err
+	}
+	opts.Metrics = metrics
 	srv, err := mcs.New(opts)
 	if err != nil {
 		return err
@@ -231,6 +239,19 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
 		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
+	if c.MetricsAddr != "" {
+		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, reloader, c.caBundle)); err != nil {
+			ports.close()
+			return err
+		}
+		addr, stop, err := serveMetrics(c.MetricsAddr, reg)
+		if err != nil {
+			ports.close()
+			return err
+		}
+		defer stop()
+		c.Log.Info("metrics", "addr", addr.String())
+	}
 	if c.Ready != nil {
 		c.Ready(ports.secure, ports.insecure)
 	}
@@ -335,6 +356,9 @@ type ports struct {
 	secure, insecure net.Addr // insecure: nil when off
 	servers          []*http.Server
 	listeners        []net.Listener
+	// raw are each port's listeners under TLS, outermost last: the
+	// PROXY protocol's and the limits' (for their refusal counts).
+	raw [][]net.Listener
 }
 
 // listen binds the secure port (TLS) and, unless off, the plain one, with
@@ -344,10 +368,12 @@ func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.Li
 	if err != nil {
 		return nil, err
 	}
+	secureLim := limitListener(secureLn, conns)
 	p := &ports{
 		secure:    secureLn.Addr(),
 		servers:   []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Limits.ReadHeaderTimeout, c.Log)},
-		listeners: []net.Listener{tls.NewListener(limitListener(secureLn, conns), tlsConf)},
+		listeners: []net.Listener{tls.NewListener(secureLim, tlsConf)},
+		raw:       [][]net.Listener{{secureLn, secureLim}},
 	}
 	if c.InsecurePort != 0 {
 		ln, err := c.bind(c.InsecurePort, "insecure")
@@ -357,7 +383,9 @@ func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.Li
 		}
 		p.insecure = ln.Addr()
 		p.servers = append(p.servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Limits.ReadHeaderTimeout, c.Log))
-		p.listeners = append(p.listeners, limitListener(ln, conns))
+		lim := limitListener(ln, conns)
+		p.listeners = append(p.listeners, lim)
+		p.raw = append(p.raw, []net.Listener{ln, lim})
 	}
 	return p, nil
 }
