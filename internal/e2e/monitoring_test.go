@@ -92,7 +92,11 @@ func monitoringMetrics(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	var rule struct {
-		Spec struct{ Groups []struct{ Rules []struct{ Alert, Expr string } } }
+		Spec struct {
+			Groups []struct {
+				Rules []struct{ Alert, Expr string }
+			}
+		}
 	}
 	if err := yaml.Unmarshal(b, &rule); err != nil {
 		t.Fatal(err)

@@ -105,9 +105,9 @@ type ServeConfig struct {
 	DebugAddr string
 	// MetricsAddr, if set, serves Prometheus metrics (/metrics) there.
 	MetricsAddr string
-	TokenTTL  time.Duration
-	Grace     time.Duration
-	Reload    time.Duration // how often inputs and certificates are checked
+	TokenTTL    time.Duration
+	Grace       time.Duration
+	Reload      time.Duration // how often inputs and certificates are checked
 	// Limits bound what one source address or identity may ask.
 	Limits LimitConfig
 	Clock  func() time.Time
