@@ -40,7 +40,7 @@ bench-mcs: ## config serving over TLS, limits off (the serving path) and with th
 	$(GO) run ./bench/mcs --nodeproof $${TMPDIR:-/tmp}/nodeproof-bench $(BENCH_MCS_FLAGS)
 
 image: ## the container image (nodeproof + nodeproof-agent, linux/amd64 + linux/arm64, non-root, no base image) as an OCI archive in bin/image/, named by deploy/image
-	$(GO) run ./hack/image -o bin/image
+	@hack/progress.sh "building the image" $(GO) run ./hack/image -o bin/image
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
