@@ -104,12 +104,12 @@ func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureF
 	}
 }
 
-// TestProxyProtocolBehindHAProxy: a real haproxy forwards machines to the
+// TestProxyProtocolAttacksBehindHAProxy: a real haproxy forwards machines to the
 // server with PROXY protocol v2 (secure port) and v1 (plain port). Each
 // machine gets its own limit bucket and its own address in the logs; a
 // forged header sent directly, and a headerless connection from the
 // balancer's address, are refused.
-func TestProxyProtocolBehindHAProxy(t *testing.T) {
+func TestProxyProtocolAttacksBehindHAProxy(t *testing.T) {
 	insecurePort := freePort(t)
 	s := startServerWith(t, nil, func(c *ServeConfig) {
 		c.Limits = attackLimits()
