@@ -210,8 +210,8 @@ func TestKustomizeRender(t *testing.T) {
 		for _, p := range containers(t, ds)[0]["ports"].([]any) {
 			hostPorts = append(hostPorts, p.(map[string]any)["hostPort"].(int64))
 		}
-		if !slices.Equal(hostPorts, []int64{22623, 22624}) {
-			t.Errorf("DaemonSet host ports = %v, want [22623 22624]", hostPorts)
+		if !slices.Equal(hostPorts, []int64{22623, 22624, 22625}) {
+			t.Errorf("DaemonSet host ports = %v, want [22623 22624 22625] (the MCS's two, and metrics)", hostPorts)
 		}
 		mustHave(t, objs, "ServiceAccount", "openshift-machine-config-operator", "nodeproof-server")
 		mustHave(t, objs, "ConfigMap", "openshift-machine-config-operator", "nodeproof-policy")
