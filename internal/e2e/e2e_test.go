@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -83,16 +82,6 @@ func bins(t *testing.T) (nodeproof, agent string) {
 		}
 	}
 	return filepath.Join(dir, "nodeproof"), filepath.Join(dir, "nodeproof-agent")
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // proc is a binary run until the test ends (SIGTERM, then wait); fault
@@ -255,7 +244,7 @@ func start(t *testing.T, opts ...worldOption) *world {
 	os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.region.Cert.Raw}), 0o600)
 
 	w.stateDir = filepath.Join(dir, "state")
-	secure, plain := freePort(t), freePort(t)
+	secure, plain := testenv.FreePort(t), testenv.FreePort(t)
 	w.url, w.plainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.server = process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
 		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs/render"
 )
 
 // The policy's lifetime (see policy in e2e_test.go) and the approver's
@@ -71,18 +69,7 @@ func TestNodeLifetimeFaults(t *testing.T) {
 	attested := nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}
 	failed := nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonAttestationFailed), taint: corev1.TaintEffectNoSchedule}
 
-	root := t.TempDir()
-	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", a.tpmArg,
-		"--event-log", a.logFile, "--kubelet-key", keyFile, "--root", root); code != 0 {
-		t.Fatalf("enrolment: exit %d\n%s", code, out)
-	}
-	kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	approved(t, w.kubeletCSR(t, kubeconfig, keyFile, node), "NodeproofAttestedTPM")
-	w.registerNode(t, node)
-	w.waitNode(t, node, attested, 30*time.Second)
+	w.enrolNode(t, a, node, keyFile)
 
 	// The node controller is killed; meanwhile the node reboots with
 	// Secure Boot off and fails. Nothing acts on the Node while the

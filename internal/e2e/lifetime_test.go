@@ -259,19 +259,7 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	attested := nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}
 
 	// Boot 1: enrol, fetch, first certificate.
-	root := t.TempDir()
-	out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", a.tpmArg,
-		"--event-log", a.logFile, "--kubelet-key", keyFile, "--root", root)
-	if code != 0 {
-		t.Fatalf("enrolment: exit %d\n%s", code, out)
-	}
-	kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	approved(t, w.kubeletCSR(t, kubeconfig, keyFile, node), "NodeproofAttestedTPM")
-	w.registerNode(t, node)
-	w.waitNode(t, node, attested, 30*time.Second)
+	w.enrolNode(t, a, node, keyFile)
 
 	// The same boot, the timer's run: passes.
 	if out, code := w.reattest(t, a, node, state); code != 0 || !strings.Contains(out, "re-attested") {
@@ -281,7 +269,7 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	// Reboot with Secure Boot off: refused, recorded; tainted within
 	// moments (well within one interval), renewals denied.
 	a.reboot(t, "ubuntu-2104-no-secure-boot")
-	out, code = w.reattest(t, a, node, state)
+	out, code := w.reattest(t, a, node, state)
 	attacktable.Check(t, "lifetime", "an enrolled node re-attests after a reboot with Secure Boot off",
 		string(attest.ReasonPolicySecureBootOff), refusalOf(out, code))
 	w.waitNode(t, node, nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonAttestationFailed), taint: corev1.TaintEffectNoSchedule}, 10*time.Second)
@@ -414,6 +402,25 @@ func hasEvent(evs []inspect.Event, object, reason string) bool {
 
 func regexpLine(out, re string) bool {
 	return regexp.MustCompile(`(?m)^` + re).MatchString(out)
+}
+
+// enrolNode is machine m's first boot as node: the agent enrols and
+// fetches (its kubelet key in keyFile), the kubelet's client CSR is
+// approved, the Node registers and becomes attested.
+func (w *world) enrolNode(t *testing.T, m *bootedMachine, node, keyFile string) {
+	t.Helper()
+	root := t.TempDir()
+	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", m.tpmArg,
+		"--event-log", m.logFile, "--kubelet-key", keyFile, "--root", root); code != 0 {
+		t.Fatalf("enrolment of %s: exit %d\n%s", node, code, out)
+	}
+	kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	approved(t, w.kubeletCSR(t, kubeconfig, keyFile, node), "NodeproofAttestedTPM")
+	w.registerNode(t, node)
+	w.waitNode(t, node, nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}, 30*time.Second)
 }
 
 // dyn is the NodeBindings of the store's namespace, as an administrator

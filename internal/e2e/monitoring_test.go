@@ -14,11 +14,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
-	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeproof/nodeproof/approver"
-	"github.com/nodeproof/nodeproof/mcs/render"
 )
 
 // metricsAddr is the address a process logged its metrics at.
@@ -148,18 +146,7 @@ func TestMonitoring(t *testing.T) {
 	w := start(t)
 	const node = "mon-1"
 	a := w.bootedMachine(t, "rhel8-uefi")
-	keyFile, root := filepath.Join(t.TempDir(), "kubelet.key"), t.TempDir()
-	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", a.tpmArg,
-		"--event-log", a.logFile, "--kubelet-key", keyFile, "--root", root); code != 0 {
-		t.Fatalf("enrolment: exit %d\n%s", code, out)
-	}
-	kubeconfig, err := os.ReadFile(filepath.Join(root, render.KubeconfigPath))
-	if err != nil {
-		t.Fatal(err)
-	}
-	approved(t, w.kubeletCSR(t, kubeconfig, keyFile, node), "NodeproofAttestedTPM")
-	w.registerNode(t, node)
-	w.waitNode(t, node, nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}, 30*time.Second)
+	w.enrolNode(t, a, node, filepath.Join(t.TempDir(), "kubelet.key"))
 	b := w.bootedMachine(t, "ubuntu-2104-no-secure-boot")
 	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", "mon-2", "--tpm", b.tpmArg,
 		"--event-log", b.logFile, "--kubelet-key", filepath.Join(t.TempDir(), "kubelet.key"), "--root", t.TempDir()); code != 3 {

@@ -8,6 +8,7 @@ package testenv
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -99,4 +100,17 @@ func executable(what, path string) error {
 		return fmt.Errorf("%s at %s is not an executable file: delete it and run `make tools` (hack/tools.sh)", what, path)
 	}
 	return nil
+}
+
+// FreePort is a loopback TCP port free a moment ago (for a process that
+// takes its port as a flag; it may be taken again before the process
+// binds it, rarely).
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
 }

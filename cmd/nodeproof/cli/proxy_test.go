@@ -50,16 +50,6 @@ backend mcs_insecure
   server mcs %s check inter 200ms send-proxy source %s
 `
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // startHAProxy runs the Debian haproxy in the foreground in front of the
 // server's two ports and returns its frontends.
 func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureFront string) {
@@ -71,7 +61,7 @@ func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureF
 		}
 		bin = "/usr/sbin/haproxy"
 	}
-	ps, pi := freePort(t), freePort(t)
+	ps, pi := testenv.FreePort(t), testenv.FreePort(t)
 	cfg := filepath.Join(t.TempDir(), "haproxy.cfg")
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, haproxyConfig, ps, secure, haproxySource, pi, insecure, haproxySource), 0o600); err != nil {
 		t.Fatal(err)
@@ -110,7 +100,7 @@ func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureF
 // forged header sent directly, and a headerless connection from the
 // balancer's address, are refused.
 func TestProxyProtocolAttacksBehindHAProxy(t *testing.T) {
-	insecurePort := freePort(t)
+	insecurePort := testenv.FreePort(t)
 	s := startServerWith(t, nil, func(c *ServeConfig) {
 		c.Limits = attackLimits()
 		c.Limits.ConfigPerSource = "0.2/3" // three fetches, then one per 5 s
