@@ -8,7 +8,7 @@ GO    ?= go
 
 all: build
 
-deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-dev
+deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-dev, sslscan, haproxy, skopeo, podman, jq, curl, openssl
 	@hack/deps.sh
 
 tools: deps ## real Ignition, kube-apiserver, etcd for tests, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
