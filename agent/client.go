@@ -85,6 +85,10 @@ type Client struct {
 	// Purpose, if set, is what every attestation is for (the challenge's
 	// purpose): attest.PurposeReattest for a node that enrolled.
 	Purpose attest.Purpose
+
+	// session is the last challenge's sealed session: a failure report
+	// carries it (with a kubelet key proof) to be authenticated.
+	session string
 }
 
 // DefaultRestarts is Client.Restarts when unset.
@@ -163,6 +167,7 @@ func (c *Client) attest(ctx context.Context, request func() (*api.ChallengeReque
 		if _, err := c.post(ctx, api.PathChallenge, req, &ch); err != nil {
 			return nil, err
 		}
+		c.session = ch.Session
 		vreq, err := answer(&ch)
 		if err != nil {
 			return nil, err
@@ -361,4 +366,34 @@ func (c *Client) sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
+}
+
+// Report tells the server why this node failed (POST /report/v1), once,
+// within 10 s, whatever ctx says (a run that timed out still reports). It
+// carries the last challenge's session and, with KubeletKey, a proof over
+// it, so the server can say the report comes from this machine;
+// otherwise the server records it as unauthenticated. It returns how the
+// server recorded it.
+func (c *Client) Report(ctx context.Context, rep api.ReportRequest) (string, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if len(rep.Detail) > api.MaxReportDetail {
+		rep.Detail = strings.ToValidUTF8(rep.Detail[:api.MaxReportDetail], "")
+	}
+	if c.session != "" && c.KubeletKey != nil {
+		proof, err := attest.SignKeyProof(c.KubeletKey, c.session)
+		if err != nil {
+			return "", err
+		}
+		rep.Session, rep.KubeletKeyProof = c.session, proof
+	}
+	body, err := json.Marshal(rep)
+	if err != nil {
+		return "", err
+	}
+	var resp api.ReportResponse
+	if _, err := c.once(ctx, http.MethodPost, api.PathReport, body, map[string]string{"Content-Type": "application/json"}, &resp); err != nil {
+		return "", err
+	}
+	return resp.Authenticated, nil
 }

@@ -117,13 +117,16 @@ func Reattest(ctx context.Context, cfg ReattestConfig) error {
 	}
 	c.Purpose = attest.PurposeReattest
 	c.Progress = func(format string, args ...any) { say(format, args...) }
-	_, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
+	key, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
 	if err != nil {
 		return err
 	}
+	c.KubeletKey = key
 	vr, err := cfg.Evidence.Attest(ctx, c, cfg.Pool, cfg.NodeName, pub)
 	if err != nil {
-		return refusal(say, "re-attestation", err)
+		err = refusal(say, "re-attestation", err)
+		report(ctx, c, say, cfg.Pool, cfg.NodeName, "re-attestation", err)
+		return err
 	}
 	if vr.Reattest == nil {
 		return errors.New("agent: the server's answer is not a re-attestation's")

@@ -114,10 +114,14 @@ func Run(ctx context.Context, cfg Config) error {
 	vr, full, err := c.AttestAndFetch(ctx, cfg.Evidence, cfg.Pool, cfg.NodeName, pub)
 	switch {
 	case vr == nil:
-		return refusal(say, "attestation", err)
+		err = refusal(say, "attestation", err)
+		report(ctx, c, say, cfg.Pool, cfg.NodeName, "attestation", err)
+		return err
 	case err != nil:
 		attested(vr)
-		return refusal(say, "config fetch", err)
+		err = refusal(say, "config fetch", err)
+		report(ctx, c, say, vr.Pool, vr.NodeName, "config fetch", err)
+		return err
 	}
 	attested(vr)
 	if cfg.Mode == ModePointer {
@@ -166,4 +170,34 @@ func refusal(say func(string, ...any), step string, err error) error {
 	}
 	say("%s failed: %v", step, err)
 	return err
+}
+
+// report tells the server why step failed (Client.Report: authenticated
+// by the failed attempt's session when there was one) and says on the
+// console whether it could, so that an operator sees why the machine is
+// stuck without its console. A node name the agent was not given is its
+// host name, as the kubelet takes it.
+func report(ctx context.Context, c *Client, say func(string, ...any), pool, node, step string, err error) {
+	if node == "" {
+		h, herr := os.Hostname()
+		if herr != nil {
+			say("not reported to the server: no node name (%v)", herr)
+			return
+		}
+		node = strings.ToLower(h)
+	}
+	reason := "Error"
+	var r *Refused
+	switch {
+	case errors.As(err, &r):
+		reason = string(r.Refusal.Reason)
+	case errors.Is(err, context.DeadlineExceeded):
+		reason = "Timeout"
+	}
+	auth, rerr := c.Report(ctx, api.ReportRequest{Pool: pool, NodeName: node, Stage: step, Reason: reason, Detail: err.Error()})
+	if rerr != nil {
+		say("could not report this failure to the server: %v", rerr)
+		return
+	}
+	say("reported this failure to the server as node %s (authenticated: %s): kubectl get events, or nodeproof inspect %s", node, auth, node)
 }

@@ -15,7 +15,7 @@ import (
 // server chooses (endpoints, typed reasons, tiers, status codes), never a
 // path, pool or name a client sent, so no client can grow them.
 //
-//	nodeproof_server_requests_total{port,endpoint,code}         every request
+//	nodeproof_server_requests_total{port,endpoint,code}         every request (endpoint report: nodes' failure reports)
 //	nodeproof_server_request_duration_seconds{endpoint}         time to answer (verify: the verification)
 //	nodeproof_server_attestations_total{kind,purpose,result,reason}  verifies: tpm|gcp|aws, enrol|reattest, passed|refused
 //	nodeproof_server_config_fetches_total{tier,code}            config requests by the tier served (none when refused early)
@@ -83,6 +83,8 @@ func endpoint(path string) string {
 		return "config"
 	case path == api.PathHealthz:
 		return "healthz"
+	case path == api.PathReport:
+		return "report"
 	}
 	return "other"
 }

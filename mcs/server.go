@@ -327,6 +327,18 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 		} else {
 			s.verify(w, r, d)
 		}
+	case r.URL.Path == api.PathReport:
+		if !methodIs(w, r, d, s, http.MethodPost) {
+			return
+		}
+		if port == Insecure {
+			s.refuse(w, d, deny(ReasonInsecurePort, "reports are only taken over TLS"))
+			return
+		}
+		if !s.admit(w, r, d, s.o.Limits.AttestPerSource) {
+			return
+		}
+		s.report(w, r, d)
 	default:
 		s.refuse(w, d, deny(ReasonNotFound, "no such endpoint"))
 	}

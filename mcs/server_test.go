@@ -3,6 +3,7 @@ package mcs_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -98,6 +99,25 @@ type env struct {
 	configs *staticConfigs
 	man     *swtpm.Manufacturer
 	log     testenv.LockedBuffer
+	events  eventLog
+}
+
+// eventLog records the Events the server publishes (mcs.EnrolmentEvents).
+type eventLog struct {
+	mu  sync.Mutex
+	evs []string // "node warning reason: message"
+}
+
+func (l *eventLog) Event(node string, warning bool, reason, message string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.evs = append(l.evs, fmt.Sprintf("%s %v %s: %s", node, warning, reason, message))
+}
+
+func (l *eventLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.evs...)
 }
 
 func (e *env) clock() time.Time {
@@ -180,7 +200,7 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 	}
 	srv, err := mcs.New(mcs.Options{
 		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
-		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)),
+		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -228,6 +248,7 @@ func (e *env) do(method, url string, body []byte, header map[string]string) resu
 
 // machine is a swtpm node with a kubelet key.
 type machine struct {
+	kubelet   *ecdsa.PrivateKey
 	collector *tpm.Collector
 	keyDER    []byte
 	keySHA    []byte
@@ -241,7 +262,7 @@ func (e *env) newMachine(log []byte) *machine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	return &machine{collector: m.Collector, keyDER: m.KubeletDER, keySHA: m.KubeletSHA}
+	return &machine{kubelet: m.Kubelet, collector: m.Collector, keyDER: m.KubeletDER, keySHA: m.KubeletSHA}
 }
 
 func (e *env) challenge(m *machine, pool, node string) (*api.ChallengeResponse, result) {

@@ -17,6 +17,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	"github.com/nodeproof/nodeproof/mcs"
 )
 
 // metricsAddr is the address a process logged its metrics at.
@@ -148,10 +150,27 @@ func TestMonitoring(t *testing.T) {
 	a := w.bootedMachine(t, "rhel8-uefi")
 	w.enrolNode(t, a, node, filepath.Join(t.TempDir(), "kubelet.key"))
 	b := w.bootedMachine(t, "ubuntu-2104-no-secure-boot")
-	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", "mon-2", "--tpm", b.tpmArg,
-		"--event-log", b.logFile, "--kubelet-key", filepath.Join(t.TempDir(), "kubelet.key"), "--root", t.TempDir()); code != 3 {
+	out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", "mon-2", "--tpm", b.tpmArg,
+		"--event-log", b.logFile, "--kubelet-key", filepath.Join(t.TempDir(), "kubelet.key"), "--root", t.TempDir())
+	if code != 3 {
 		t.Fatalf("a Secure Boot off machine: exit %d, want 3 (refused)\n%s", code, out)
 	}
+	// The refused machine reported why, authenticated by its session, and
+	// the operator sees it without its console.
+	if !strings.Contains(out, "reported this failure to the server as node mon-2 (authenticated: session)") {
+		t.Errorf("the refused agent did not report its failure:\n%s", out)
+	}
+	w.inspectUntil(t, "mon-2", 10*time.Second, func(s *inspect.Story) string {
+		if s.Cluster == nil {
+			return "the cluster's part"
+		}
+		for _, e := range s.Cluster.Events {
+			if e.Object == "NodeBinding/mon-2" && e.Reason == string(mcs.ReasonNodeReport) && strings.Contains(e.Message, "SecureBootDisabled") {
+				return ""
+			}
+		}
+		return "the node's report of its refusal (SecureBootDisabled) as an Event"
+	})
 
 	srv := scrape(t, metricsAddr(t, w.serverLog))
 	var apr map[string]*dto.MetricFamily
@@ -170,6 +189,7 @@ func TestMonitoring(t *testing.T) {
 	}{
 		{"the enrolment", srv, "nodeproof_server_attestations_total", map[string]string{"kind": "tpm", "purpose": "enrol", "result": "passed"}, 1},
 		{"the Secure Boot off refusal", srv, "nodeproof_server_attestations_total", map[string]string{"kind": "tpm", "result": "refused", "reason": "SecureBootDisabled"}, 1},
+		{"the refused machine's report", srv, "nodeproof_server_requests_total", map[string]string{"endpoint": "report", "code": "200"}, 1},
 		{"the config token spent", srv, "nodeproof_server_token_uses_total", map[string]string{"token": "config", "result": "accepted"}, 1},
 		{"the attested config", srv, "nodeproof_server_config_fetches_total", map[string]string{"tier": "attested", "code": "200"}, 1},
 		{"two verifications timed", srv, "nodeproof_server_request_duration_seconds", map[string]string{"endpoint": "verify"}, 2},

@@ -19,6 +19,8 @@ const (
 	PathChallenge = "/attest/v1/challenge"
 	PathVerify    = "/attest/v1/verify"
 	PathHealthz   = "/healthz"
+	// PathReport is where an agent reports why it failed (ReportRequest).
+	PathReport = "/report/v1"
 )
 
 // Body size limits the server enforces.
@@ -26,7 +28,43 @@ const (
 	MaxChallengeBody = 64 << 10
 	// MaxVerifyBody leaves room for a 1 MiB event log in base64.
 	MaxVerifyBody = 2 << 20
+	// MaxReportBody bounds a failure report; MaxReportDetail its detail.
+	MaxReportBody   = 8 << 10
+	MaxReportDetail = 1024
 )
+
+// ReportStages are what a failure report may say failed.
+var ReportStages = []string{"attestation", "config fetch", "re-attestation", "agent"}
+
+// ReportRequest is a node's report of why it failed (POST /report/v1,
+// secure port): the server writes it as a Kubernetes Event on the node
+// name's NodeBinding, so an operator sees why a machine is stuck without
+// its console. It is authenticated as well as the failure allows: with
+// Session (the sealed session of the failed attempt, when the challenge
+// got that far) and KubeletKeyProof over it, the report comes from the
+// machine that holds the kubelet key that session bound; without them it
+// is recorded as unauthenticated. Either way it is never used for a
+// decision.
+type ReportRequest struct {
+	Pool     string `json:"pool"`
+	NodeName string `json:"nodeName"`
+	// Stage is one of ReportStages.
+	Stage string `json:"stage"`
+	// Reason is the server's refusal reason, or what failed on the node
+	// (letters, digits and . _ - only, at most 64).
+	Reason string `json:"reason"`
+	// Detail says more (at most MaxReportDetail bytes; cut, not refused).
+	Detail          string `json:"detail,omitempty"`
+	Session         string `json:"session,omitempty"`
+	KubeletKeyProof []byte `json:"kubeletKeyProof,omitempty"`
+}
+
+// ReportResponse says how the report was recorded.
+type ReportResponse struct {
+	// Authenticated is "session" (the key proof over a session the server
+	// issued verified) or "none".
+	Authenticated string `json:"authenticated"`
+}
 
 // ChallengeRequest opens an attestation: who the machine is, which pool it
 // wants, and the kubelet public key its evidence will bind.

@@ -194,7 +194,7 @@ func StoryOf(ctx context.Context, s Sources, node string) (*Story, error) {
 	case errors.Is(err, store.ErrNotFound):
 		b = nil
 		if len(recs) == 0 {
-			return nil, fmt.Errorf("inspect %s: %w", node, ErrUnknownNode)
+			return s.neverEnrolled(ctx, node)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("inspect: binding of %s: %w", node, err)
@@ -228,6 +228,24 @@ func StoryOf(ctx context.Context, s Sources, node string) (*Story, error) {
 		}
 	}
 	return st, nil
+}
+
+// neverEnrolled is the story of a name no machine enrolled under: what
+// the cluster knows of it (a failure report's Event, a refused CSR), or
+// ErrUnknownNode when nothing.
+func (s Sources) neverEnrolled(ctx context.Context, node string) (*Story, error) {
+	if s.Kube == nil {
+		return nil, fmt.Errorf("inspect %s: %w", node, ErrUnknownNode)
+	}
+	c, err := s.cluster(ctx, node)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Registered && len(c.CSRs) == 0 && len(c.Events) == 0 {
+		return nil, fmt.Errorf("inspect %s: %w", node, ErrUnknownNode)
+	}
+	return &Story{Node: Node{Name: node, State: StateUnbound,
+		Message: "no machine enrolled under this name; the cluster's Events below say what was tried"}, Records: []*store.Record{}, Cluster: c}, nil
 }
 
 // cluster reads the Node, the node's CSRs and the Events about them.
