@@ -32,6 +32,20 @@ type sealedSession struct {
 	KubeletPublicKey []byte `json:"kubeletPublicKey,omitempty"`
 }
 
+// openSession opens a sealed session this server (or a replica sharing
+// its keys) issued: SessionInvalid when it does not open or decode.
+func (s *Server) openSession(sealed string) (*sealedSession, error) {
+	raw, err := s.o.Keys.Open(sessionPurpose, sealed)
+	if err != nil {
+		return nil, deny(attest.ReasonSessionInvalid, "session does not open")
+	}
+	var ss sealedSession
+	if err := json.Unmarshal(raw, &ss); err != nil {
+		return nil, deny(attest.ReasonSessionInvalid, "session does not decode")
+	}
+	return &ss, nil
+}
+
 // nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
 var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
@@ -202,14 +216,9 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, err)
 		return
 	}
-	raw, err := s.o.Keys.Open(sessionPurpose, req.Session)
+	ss, err := s.openSession(req.Session)
 	if err != nil {
-		s.refuse(w, d, deny(attest.ReasonSessionInvalid, "session does not open"))
-		return
-	}
-	var ss sealedSession
-	if err := json.Unmarshal(raw, &ss); err != nil {
-		s.refuse(w, d, deny(attest.ReasonSessionInvalid, "session does not decode"))
+		s.refuse(w, d, err)
 		return
 	}
 	sess := &ss.Session
@@ -252,7 +261,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
 	}
 	if sess.Reattest() {
-		s.reattest(w, r.Context(), d, &ss, claims, err)
+		s.reattest(w, r.Context(), d, ss, claims, err)
 		return
 	}
 	if err != nil {

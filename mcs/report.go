@@ -1,7 +1,6 @@
 package mcs
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -74,14 +73,9 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 	}
 	auth := "none"
 	if req.Session != "" {
-		raw, err := s.o.Keys.Open(sessionPurpose, req.Session)
+		ss, err := s.openSession(req.Session)
 		if err != nil {
-			s.refuse(w, d, deny(attest.ReasonSessionInvalid, "session does not open"))
-			return
-		}
-		var ss sealedSession
-		if err := json.Unmarshal(raw, &ss); err != nil {
-			s.refuse(w, d, deny(attest.ReasonSessionInvalid, "session does not decode"))
+			s.refuse(w, d, err)
 			return
 		}
 		switch {
