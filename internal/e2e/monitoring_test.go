@@ -172,6 +172,24 @@ func TestMonitoring(t *testing.T) {
 		return "the node's report of its refusal (SecureBootDisabled) as an Event"
 	})
 
+	// Which MachineConfigs a machine gets before it is approved, read
+	// from the cluster.
+	var pool struct {
+		MachineConfigs []struct{ Name, Place string }
+	}
+	if err := json.Unmarshal([]byte(w.nodeproofCmd(t, "inspect", "pool", "worker", "-o", "json")), &pool); err != nil {
+		t.Fatal(err)
+	}
+	var public []string
+	for _, m := range pool.MachineConfigs {
+		if m.Place == "public" {
+			public = append(public, m.Name)
+		}
+	}
+	if strings.Join(public, " ") != "50-worker-chrony 50-worker-nodeproof-agent 99-worker-ssh" || len(pool.MachineConfigs) != 7 {
+		t.Errorf("nodeproof inspect pool worker: public %v of %d", public, len(pool.MachineConfigs))
+	}
+
 	srv := scrape(t, metricsAddr(t, w.serverLog))
 	var apr map[string]*dto.MetricFamily
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {

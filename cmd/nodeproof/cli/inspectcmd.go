@@ -7,7 +7,12 @@ import (
 	"io"
 	"time"
 
+	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/render"
 )
 
 // cmdInspect is `nodeproof inspect [NODE] [-o table|json|yaml]`: every
@@ -21,22 +26,40 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var c ServeConfig
 	storeFlags(fs, &c)
 	format := fs.String("o", inspect.FormatTable, "output: table, json or yaml")
+	basedir := fs.String("server-basedir", "", "inspect pool: the MCO bootstrap directory (directory mode); default: the cluster (--kubeconfig)")
 	policyFile := fs.String("policy", "", "the server's policy: each pool's freshness window (default: the built-in policy's, 3 h)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var node string
+	var node, pool string
 	if fs.NArg() > 0 {
 		node = fs.Arg(0)
 		if err := fs.Parse(fs.Args()[1:]); err != nil {
 			return err
 		}
+		if node == "pool" && fs.NArg() > 0 {
+			pool = fs.Arg(0)
+			if err := fs.Parse(fs.Args()[1:]); err != nil {
+				return err
+			}
+		}
 		if fs.NArg() != 0 {
-			return errors.New("at most one NODE")
+			return errors.New("at most one NODE, or pool NAME")
 		}
 	}
 	if err := inspect.CheckFormat(*format); err != nil {
 		return err
+	}
+	if pool != "" {
+		in, err := poolInputs(ctx, *basedir, c.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		es, err := in.PoolTiers(pool)
+		if err != nil {
+			return err
+		}
+		return inspect.WritePool(stdout, *format, pool, es)
 	}
 	pol, err := loadPolicy(*policyFile)
 	if err != nil {
@@ -66,4 +89,37 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	return inspect.WriteStory(stdout, *format, story)
+}
+
+// poolInputs are the MCO inputs from a bootstrap directory, or else from
+// the cluster (MachineConfigPools and MachineConfigs, read once).
+func poolInputs(ctx context.Context, basedir, kubeconfig string) (*render.Inputs, error) {
+	if basedir != "" {
+		return render.LoadBootstrapDir(basedir)
+	}
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("inspect pool: give --server-basedir, or a cluster (--kubeconfig): %w", err)
+	}
+	cl, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return nil, err
+	}
+	var pools mcfgv1.MachineConfigPoolList
+	var mcs mcfgv1.MachineConfigList
+	if err := cl.List(ctx, &pools); err != nil {
+		return nil, fmt.Errorf("inspect pool: MachineConfigPools: %w", err)
+	}
+	if err := cl.List(ctx, &mcs); err != nil {
+		return nil, fmt.Errorf("inspect pool: MachineConfigs: %w", err)
+	}
+	pp := make([]*mcfgv1.MachineConfigPool, len(pools.Items))
+	for i := range pools.Items {
+		pp[i] = &pools.Items[i]
+	}
+	mp := make([]*mcfgv1.MachineConfig, len(mcs.Items))
+	for i := range mcs.Items {
+		mp[i] = &mcs.Items[i]
+	}
+	return render.NewInputs(pp, mp, nil)
 }

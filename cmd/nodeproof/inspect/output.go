@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/nodeproof/nodeproof/mcs/render"
 )
 
 // Formats of Write.
@@ -183,4 +185,17 @@ func indent(s string) string {
 		}
 	}
 	return strings.Join(lines, "")
+}
+
+// WritePool writes where each MachineConfig of pool goes (render.PoolTiers).
+func WritePool(w io.Writer, format, pool string, es []render.TierEntry) error {
+	if format != FormatTable {
+		return write(w, format, map[string]any{"pool": pool, "machineConfigs": es})
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MACHINECONFIG\tTIER\tWHY")
+	for _, e := range es {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Name, e.Place, e.Why)
+	}
+	return tw.Flush()
 }
