@@ -1,6 +1,8 @@
 package mcs
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"regexp"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/store"
 )
 
 // Event reasons of a node's failure report.
@@ -43,9 +46,15 @@ const maxReportSessionAge = time.Hour
 //   - with a session: it opens (SessionInvalid), is for the report's pool
 //     and, if it named a node, that node (MalformedRequest), was issued
 //     within the last hour (SessionExpired), and the kubelet key proof
-//     over it verifies (KubeletKeyProofInvalid): then the report is
-//     "session"-authenticated; without a session it is recorded as
-//     unauthenticated, and says so in the Event;
+//     over it verifies (KubeletKeyProofInvalid). A proven session says who
+//     sent the report, not that the sender owns the node name (any
+//     genuine machine can ask for any name at its challenge), so: when
+//     the name is bound and the session's kubelet key is the binding's,
+//     the report is "owner"-authenticated; when the name is bound to
+//     another key, it is recorded as unauthenticated; when no identity
+//     owns the name, it is "session"-authenticated: the machine that
+//     tried to enrol under that name says why it could not. Without a
+//     session it is recorded as unauthenticated. The Event says which;
 //   - at most the per-identity rate of reports per node name
 //     (RateLimited), so no sender can bury a node's Events.
 //
@@ -93,15 +102,22 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 			s.refuse(w, d, err)
 			return
 		}
-		auth = "session"
+		if auth, err = s.reportOwner(r.Context(), req.NodeName, ss.Session.KubeletKeySHA256); err != nil {
+			s.refuse(w, d, err)
+			return
+		}
 	}
 	if ok, wait := s.o.Limits.PerIdentity.Allow("report/" + req.NodeName); !ok {
 		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many reports for node %s; retry later", req.NodeName)))
 		return
 	}
 	detail := cleanDetail(req.Detail)
-	reason, msg := ReasonNodeReport, fmt.Sprintf("node %s (pool %s) reports %s failed: %s: %s (sender proved the kubelet key of its session; from %s)",
+	reason, msg := ReasonNodeReport, fmt.Sprintf("node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key its node name is bound to; from %s)",
 		req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
+	if auth == "session" {
+		msg = fmt.Sprintf("a machine trying to enrol as node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key of its own session; no identity owns the name; from %s)",
+			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
+	}
 	if auth == "none" {
 		reason, msg = ReasonNodeReportUnauthenticated, fmt.Sprintf("UNAUTHENTICATED report (used for no decision) for node %s (pool %s): %s failed: %s: %s (from %s)",
 			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
@@ -121,9 +137,24 @@ func cleanDetail(s string) string {
 		}
 		return r
 	}, strings.ToValidUTF8(s, " "))
-	for len(s) > api.MaxReportDetail {
-		s = s[:api.MaxReportDetail]
-		s = strings.ToValidUTF8(s, "")
+	if len(s) > api.MaxReportDetail {
+		s = strings.ToValidUTF8(s[:api.MaxReportDetail], "") // a rune cut in two is dropped
 	}
 	return s
+}
+
+// reportOwner is how far a report with a proven session is authenticated
+// for node: "owner" when node's binding holds the session's kubelet key,
+// "none" when it holds another, "session" when no identity owns node.
+func (s *Server) reportOwner(ctx context.Context, node string, keySHA256 []byte) (string, error) {
+	b, err := s.o.Store.Binding(ctx, node)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return "session", nil
+	case err != nil:
+		return "", later(time.Second, deny(ReasonUnavailable, "the store: %v", err))
+	case attest.Equal(b.KubeletKeySHA256, keySHA256):
+		return "owner", nil
+	}
+	return "none", nil
 }

@@ -95,8 +95,28 @@ func TestNodeReportAttacks(t *testing.T) {
 		t.Errorf("Events %q", evs)
 	}
 
-	// The detail is cut and cannot forge lines.
+	// Once the name is bound, a session proves ownership only with the
+	// binding's kubelet key: another genuine machine that asked for the
+	// name at its challenge is recorded as unauthenticated.
+	if vr, r := e.verify(e.verifyBody(m, ch)); vr == nil {
+		t.Fatalf("enrolment of rep-1: %d %s", r.status, r.reason)
+	}
+	attacktable.Check(t, "node reports", "the enrolled machine reports for its own node with a session", "200 owner", e.postReport("", ok))
+	m2 := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
+	ch2, r2 := e.challenge(m2, "worker", "rep-1")
+	if ch2 == nil {
+		t.Fatalf("challenge of a second machine: %d %s", r2.status, r2.reason)
+	}
+	proof2, _ := attest.SignKeyProof(m2.kubelet, ch2.Session)
 	before := len(e.events.all())
+	attacktable.Check(t, "node reports", "another genuine TPM asks for an enrolled node's name at its challenge and reports for it with that session",
+		"200 none", e.postReport("", with(func(r *api.ReportRequest) { r.Session, r.KubeletKeyProof = ch2.Session, proof2 })))
+	if evs := e.events.all(); len(evs) != before+1 || !strings.Contains(evs[before], string(mcs.ReasonNodeReportUnauthenticated)+": UNAUTHENTICATED") {
+		t.Errorf("the impostor's report: %q", evs[before:])
+	}
+
+	// The detail is cut and cannot forge lines.
+	before = len(e.events.all())
 	got := e.postReport("", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "agent", Reason: "Error", Detail: "first\nnodeproof: FORGED line\r" + strings.Repeat("é", 2000)})
 	if got != "200 none" || len(e.events.all()) != before+1 {
 		t.Fatalf("a long detail: %s", got)

@@ -305,15 +305,19 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 			return
 		}
 		s.serveConfig(w, r, port, d)
-	case r.URL.Path == api.PathChallenge || r.URL.Path == api.PathVerify:
+	case r.URL.Path == api.PathChallenge || r.URL.Path == api.PathVerify || r.URL.Path == api.PathReport:
 		if !methodIs(w, r, d, s, http.MethodPost) {
 			return
 		}
 		if port == Insecure {
-			s.refuse(w, d, deny(ReasonInsecurePort, "attestation is only served over TLS"))
+			s.refuse(w, d, deny(ReasonInsecurePort, "attestation and reports are only served over TLS"))
 			return
 		}
 		if !s.admit(w, r, d, s.o.Limits.AttestPerSource) {
+			return
+		}
+		if r.URL.Path == api.PathReport {
+			s.report(w, r, d) // no evidence to verify: not held to the attestations in flight
 			return
 		}
 		leave := s.o.Limits.Attestations.Enter(r.Context())
@@ -327,18 +331,6 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 		} else {
 			s.verify(w, r, d)
 		}
-	case r.URL.Path == api.PathReport:
-		if !methodIs(w, r, d, s, http.MethodPost) {
-			return
-		}
-		if port == Insecure {
-			s.refuse(w, d, deny(ReasonInsecurePort, "reports are only taken over TLS"))
-			return
-		}
-		if !s.admit(w, r, d, s.o.Limits.AttestPerSource) {
-			return
-		}
-		s.report(w, r, d)
 	default:
 		s.refuse(w, d, deny(ReasonNotFound, "no such endpoint"))
 	}

@@ -102,6 +102,17 @@ func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
 	if err != nil {
 		return attest.BootState{}, attest.Deny(attest.ReasonEventLogInvalid, "the event log does not parse as a TCG PC Client event log: %v", err)
 	}
+	events, err := replayLog(raw, bank, impliedPCRs(el, bank))
+	if err != nil {
+		return attest.BootState{}, err
+	}
+	return bootState(events, bank)
+}
+
+// impliedPCRs are the values of the SRTM PCRs (0-16) that el's events in
+// bank extend from a fresh TPM, for the PCRs el measures: what a quote
+// would hold if the log were true. Nothing vouches for them.
+func impliedPCRs(el *tcg.EventLog, bank crypto.Hash) map[int][]byte {
 	alg := register.HashSHA256
 	if bank == crypto.SHA1 {
 		alg = register.HashSHA1
@@ -120,11 +131,7 @@ func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
 		h.Write(e.Digest)
 		implied[e.Index] = h.Sum(nil)
 	}
-	events, err := replayLog(raw, bank, implied)
-	if err != nil {
-		return attest.BootState{}, err
-	}
-	return bootState(events, bank)
+	return implied
 }
 
 // LogDump is a machine's event log as `nodeproof-agent --dump-evidence`

@@ -2,7 +2,6 @@ package tpm
 
 import (
 	"crypto"
-	"crypto/sha256"
 	"slices"
 	"testing"
 
@@ -21,16 +20,11 @@ func pcrsOf(raw []byte) map[int][]byte {
 	if err != nil {
 		return nil
 	}
-	pcrs := map[int][]byte{}
+	pcrs := impliedPCRs(el, crypto.SHA256)
 	for i := 0; i <= lastSRTMPCR; i++ {
-		pcrs[i] = make([]byte, 32)
-	}
-	for _, e := range el.Events(register.HashSHA256) {
-		if e.Type == tcg.NoAction || e.Index > lastSRTMPCR || len(e.Digest) != 32 {
-			continue
+		if pcrs[i] == nil {
+			pcrs[i] = make([]byte, 32) // quoted, never extended
 		}
-		s := sha256.Sum256(append(append([]byte(nil), pcrs[e.Index]...), e.Digest...))
-		pcrs[e.Index] = s[:]
 	}
 	return pcrs
 }

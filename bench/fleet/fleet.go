@@ -242,7 +242,14 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 
 	state := mkdir(o.Dir, "server")
 	w.StateDir = state
-	secure, plain := freePort(), freePort()
+	secure, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
+	plain, err := FreePort()
+	if err != nil {
+		return nil, err
+	}
 	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
 		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
@@ -413,11 +420,13 @@ func mkdir(parent, name string) string {
 	return d
 }
 
-func freePort() int {
+// FreePort is a loopback TCP port free a moment ago, for a process that
+// takes its port as a flag.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		panic(err)
+		return 0, err
 	}
 	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }

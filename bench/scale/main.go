@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -123,7 +122,10 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	if b, err := exec.Command("go", "build", "-o", bin, "./cmd/nodeproof").CombinedOutput(); err != nil {
 		return "", false, fmt.Errorf("go build (run from the module root): %v\n%s", err, b)
 	}
-	debug := freePort()
+	debug, err := fleet.FreePort()
+	if err != nil {
+		return "", false, err
+	}
 	w, err := fleet.Start(ctx, fakes, fleet.Options{
 		Dir: dir, Nodeproof: bin, GrowConfig: true,
 		// As deploy/ runs them: a soft memory limit under the container's
@@ -535,15 +537,6 @@ func report(n, nGCP, nAWS, grown int, spread, all time.Duration, outs []*outcome
 		fmt.Fprintln(&b, "problem:", e)
 	}
 	return b.String(), len(errs) > 0 || audit.Lost > 0 || audit.Duplicated > 0
-}
-
-func freePort() int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 // reattestRuns re-attests the provisioned machines: all at once (a

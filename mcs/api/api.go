@@ -42,8 +42,9 @@ var ReportStages = []string{"attestation", "config fetch", "re-attestation", "ag
 // its console. It is authenticated as well as the failure allows: with
 // Session (the sealed session of the failed attempt, when the challenge
 // got that far) and KubeletKeyProof over it, the report comes from the
-// machine that holds the kubelet key that session bound; without them it
-// is recorded as unauthenticated. Either way it is never used for a
+// machine that holds the kubelet key that session bound, and counts as
+// the node's own when that key is the one the node name is bound to;
+// otherwise it is recorded as unauthenticated. It is never used for a
 // decision.
 type ReportRequest struct {
 	Pool     string `json:"pool"`
@@ -61,8 +62,10 @@ type ReportRequest struct {
 
 // ReportResponse says how the report was recorded.
 type ReportResponse struct {
-	// Authenticated is "session" (the key proof over a session the server
-	// issued verified) or "none".
+	// Authenticated is "owner" (the sender proved the kubelet key the
+	// node name is bound to), "session" (it proved its session's key, and
+	// no identity owns the name: a machine that could not enrol) or
+	// "none".
 	Authenticated string `json:"authenticated"`
 }
 

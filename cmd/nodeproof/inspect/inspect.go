@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -170,9 +171,9 @@ func (s Sources) line(b *store.Binding, now time.Time) Node {
 	switch {
 	case ok:
 		n.State = StateAttested
-	case b.Revoked != nil:
+	case reason == attest.ReasonRevoked:
 		n.State, n.Reason, n.Message = StateRevoked, string(reason), b.Revoked.Reason
-	case b.Status.LastAttempt.After(b.EnrolledAt) && !b.Status.Passed:
+	case reason == attest.ReasonAttestationFailed:
 		n.State, n.Reason, n.Message = StateFailed, b.Status.Reason, b.Status.Message
 	default:
 		n.State, n.Reason = StateStale, string(reason)
