@@ -381,23 +381,11 @@ func writeAtomic(t *testing.T, path string, b []byte) {
 // pointerCA returns the CA bundle an Ignition pointer config carries.
 func pointerCA(t *testing.T, ptr []byte) []byte {
 	t.Helper()
-	var p struct {
-		Ignition struct {
-			Security struct {
-				TLS struct {
-					CertificateAuthorities []struct{ Source string } `json:"certificateAuthorities"`
-				} `json:"tls"`
-			} `json:"security"`
-		} `json:"ignition"`
-	}
-	if err := json.Unmarshal(ptr, &p); err != nil || len(p.Ignition.Security.TLS.CertificateAuthorities) != 1 {
-		t.Fatalf("pointer config: %v\n%s", err, ptr)
-	}
-	du, err := dataurl.DecodeString(p.Ignition.Security.TLS.CertificateAuthorities[0].Source)
+	ca, _, err := parsePointer(ptr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return du.Data
+	return ca
 }
 
 // TestServeUserDataAsDeployed runs `nodeproof serve` as the OpenShift

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +21,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/vincent-petithory/dataurl"
 
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -191,10 +192,11 @@ func parsePointer(b []byte) (ca []byte, token string, err error) {
 	if err := json.Unmarshal(b, &p); err != nil || len(p.Ignition.Security.TLS.CertificateAuthorities) != 1 {
 		return nil, "", fmt.Errorf("pointer config: %v: %s", err, b)
 	}
-	_, data, _ := strings.Cut(p.Ignition.Security.TLS.CertificateAuthorities[0].Source, "base64,")
-	if ca, err = base64.StdEncoding.DecodeString(data); err != nil {
+	du, err := dataurl.DecodeString(p.Ignition.Security.TLS.CertificateAuthorities[0].Source)
+	if err != nil {
 		return nil, "", err
 	}
+	ca = du.Data
 	for _, m := range p.Ignition.Config.Merge {
 		for _, h := range m.HTTPHeaders {
 			if h.Name == "Authorization" {
@@ -302,6 +304,7 @@ func TestClusterCertificatesLifetime(t *testing.T) {
 		fleet    = []machine{y0, y0installer}
 		failures []string
 		fetches  atomic.Int64
+		passes   atomic.Int64
 	)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -314,6 +317,7 @@ func TestClusterCertificatesLifetime(t *testing.T) {
 				return
 			default:
 			}
+			passes.Add(1)
 			mu.Lock()
 			ms := append([]machine(nil), fleet...)
 			mu.Unlock()
@@ -336,12 +340,15 @@ func TestClusterCertificatesLifetime(t *testing.T) {
 	}
 	leave := func(name string) {
 		mu.Lock()
-		defer mu.Unlock()
 		for i := range fleet {
 			if fleet[i].name == name {
 				fleet = append(fleet[:i], fleet[i+1:]...)
-				return
+				break
 			}
+		}
+		mu.Unlock()
+		// A pass that began before it left may still be fetching for it.
+		for p := passes.Load(); passes.Load() < p+2; time.Sleep(10 * time.Millisecond) {
 		}
 	}
 	served := func(url string) *x509.Certificate {
