@@ -19,6 +19,7 @@ type LeaderOptions struct {
 	Namespace string // the Lease's namespace (required)
 	Name      string // the Lease's name (default "nodeproof-approver")
 	Identity  string // this replica (required; e.g. the pod name)
+	Role      string // what leads, for logs (default "approver"; the server's keeper says "server")
 	// Lease timing (each zero one defaults to 15 s, 10 s, 2 s: client-go's
 	// usual values; client-go requires LeaseDuration > RenewDeadline >
 	// RetryPeriod).
@@ -58,6 +59,9 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 	if o.Name == "" {
 		o.Name = "nodeproof-approver"
 	}
+	if o.Role == "" {
+		o.Role = "approver"
+	}
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = 15 * time.Second
 	}
@@ -84,7 +88,7 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 			return nil
 		}
 		if led {
-			o.Log.Warn("approver stopped acting: the leader term ended before shutdown (lease lost or not renewed); caches dropped, campaigning again",
+			o.Log.Warn(o.Role+" stopped acting: the leader term ended before shutdown (lease lost or not renewed); caches dropped, campaigning again",
 				"identity", o.Identity, "lease", o.Namespace+"/"+o.Name, "term", term)
 		}
 		select {
@@ -132,7 +136,7 @@ func campaign(ctx context.Context, o LeaderOptions, lock resourcelock.Interface,
 	}()
 	select {
 	case lctx := <-leading:
-		o.Log.Info("approver leading", "identity", o.Identity, "lease", o.Namespace+"/"+o.Name, "term", term)
+		o.Log.Info(o.Role+" leading", "identity", o.Identity, "lease", o.Namespace+"/"+o.Name, "term", term)
 		run(lctx) // until the term ends
 		cancel()
 		<-done

@@ -47,7 +47,7 @@ var kustomizations = []string{"base", "overlays/openshift"}
 // persist the nodeproof Namespace it creates, so the objects in it would be
 // refused ("namespace not found"); the OpenShift ones exist on any OpenShift
 // cluster; kube-system exists everywhere.
-var namespaces = []string{"nodeproof", "openshift-machine-config-operator", "openshift-machine-api"}
+var namespaces = []string{"nodeproof", "openshift-machine-config-operator", "openshift-machine-api", "openshift-config"}
 
 // kubectl runs the cached kubectl with args, and returns its combined output.
 func kubectl(t *testing.T, kubeconfig string, args ...string) (string, error) {
@@ -198,6 +198,24 @@ func TestKustomizeRender(t *testing.T) {
 		mustHave(t, objs, "Role", "kube-system", "nodeproof-server-bootstrap-tokens")
 		mustHave(t, objs, "ClusterRoleBinding", "", "nodeproof-node-bootstrapper")
 		mustNotHave(t, objs, "DaemonSet", "openshift-machine-config-operator", "nodeproof-machine-config-server")
+		// The certificates and token kept in the cluster, and the Lease
+		// that decides who writes them: the server's alone.
+		for _, role := range []string{"nodeproof-server-state", "nodeproof-server-lease"} {
+			if got := boundTo(t, objs, "Role", role); !slices.Equal(got, []string{"nodeproof/nodeproof-server"}) {
+				t.Errorf("%s is bound to %v, want only nodeproof/nodeproof-server", role, got)
+			}
+		}
+		state := mustHave(t, objs, "Role", "nodeproof", "nodeproof-server-state")
+		if rules := nested[[]any](t, state, "rules"); len(rules) != 3 ||
+			!slices.Equal(stringsOf(rules[1].(map[string]any)["resourceNames"]), []string{"machine-config-server-ca", "machine-config-server-tls", "machineconfig-auth"}) {
+			t.Errorf("nodeproof-server-state rules = %v, want get/update of the three named Secrets, the bundle ConfigMap, and create", rules)
+		}
+		args := stringsOf(nested[[]any](t, server, "spec", "template", "spec", "containers")[0].(map[string]any)["args"])
+		for _, want := range []string{"--cert-store=cluster", "--certs-namespace=nodeproof", "--token-store=cluster", "--token-secret-namespace=nodeproof"} {
+			if !slices.Contains(args, want) {
+				t.Errorf("server args %v lack %s", args, want)
+			}
+		}
 	})
 
 	t.Run("openshift", func(t *testing.T) {
@@ -220,9 +238,9 @@ func TestKustomizeRender(t *testing.T) {
 		ud := mustHave(t, objs, "Role", "openshift-machine-api", "nodeproof-server-user-data")
 		if rules := nested[[]any](t, ud, "rules"); len(rules) != 1 ||
 			!slices.Equal(stringsOf(rules[0].(map[string]any)["resources"]), []string{"secrets"}) ||
-			!slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"master-user-data-managed", "worker-user-data-managed"}) ||
+			!slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"master-user-data", "master-user-data-managed", "worker-user-data", "worker-user-data-managed"}) ||
 			!slices.Equal(stringsOf(rules[0].(map[string]any)["verbs"]), []string{"get", "update"}) {
-			t.Errorf("user-data Role rules = %v, want get and update of the two user-data Secrets only", rules)
+			t.Errorf("user-data Role rules = %v, want get and update of the four user-data Secrets only", rules)
 		}
 		if got := boundTo(t, objs, "Role", "nodeproof-server-user-data"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
 			t.Errorf("nodeproof-server-user-data is bound to %v, want only openshift-machine-config-operator/nodeproof-server", got)
@@ -263,6 +281,19 @@ func TestKustomizeRender(t *testing.T) {
 			t.Errorf("SCC Role rules = %v, want use of hostnetwork-v2 only", rules)
 		}
 		mustHave(t, objs, "RoleBinding", "openshift-machine-config-operator", "nodeproof-server-scc")
+		// The token where seed 004 keeps it, and the Lease, for the
+		// DaemonSet's account.
+		if got := boundTo(t, objs, "Role", "nodeproof-server-token"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
+			t.Errorf("nodeproof-server-token is bound to %v, want only openshift-machine-config-operator/nodeproof-server", got)
+		}
+		tok := mustHave(t, objs, "Role", "openshift-config", "nodeproof-server-token")
+		if rules := nested[[]any](t, tok, "rules"); len(rules) != 2 || !slices.Equal(stringsOf(rules[0].(map[string]any)["resourceNames"]), []string{"machineconfig-auth"}) {
+			t.Errorf("nodeproof-server-token rules = %v, want get/update of machineconfig-auth and create", rules)
+		}
+		if got := boundTo(t, objs, "Role", "nodeproof-server-lease"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
+			t.Errorf("nodeproof-server-lease is bound to %v, want only the DaemonSet's account", got)
+		}
+		mustNotHave(t, objs, "Role", "nodeproof", "nodeproof-server-state")
 
 		// The base's server and everything only it used are gone: no
 		// unused, privileged service account is left behind.
@@ -642,7 +673,8 @@ func testUserDataRBAC(t *testing.T, cfg *rest.Config) {
 		{"update master", "update", ns, "master-user-data-managed", true},
 		{"patch worker", "patch", ns, "worker-user-data-managed", false},
 		{"delete worker", "delete", ns, "worker-user-data-managed", false},
-		{"get the unmanaged user data", "get", ns, "worker-user-data", false},
+		{"get the installer's user data", "get", ns, "worker-user-data", true},
+		{"update the installer's user data", "update", ns, "master-user-data", true},
 		{"get another Secret", "get", ns, "some-credentials", false},
 		{"list Secrets", "list", ns, "", false},
 		{"watch Secrets", "watch", ns, "", false},

@@ -252,7 +252,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	}
 	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
-		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
+		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file", "--policy", policyFile,
 		"--state-dir", state, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
 		"--gcp-audience-url", w.URL, "--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}, o.ServeArgs...)}

@@ -247,7 +247,7 @@ func start(t *testing.T, opts ...worldOption) *world {
 	secure, plain := testenv.FreePort(t), testenv.FreePort(t)
 	w.url, w.plainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
 	w.server = process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
-		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir,
+		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
 		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
 		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts,

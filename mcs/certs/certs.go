@@ -253,3 +253,42 @@ func Ensure(dir string, o Options) (*State, error) {
 		Changes:         changes,
 	}, nil
 }
+
+// Next is [Ensure] for a keeper of the state other than a directory (the
+// cluster's objects, mcs/certs/kubecerts): from the current generation cur
+// (empty on first use; where names the place of each file and hint ends a
+// refusal), it returns the next generation and what it holds, with the
+// same rotations and the same checks. Nothing is written: the caller
+// stores next, and stores nothing when Changes is empty and cur already
+// holds exactly next. The State's paths are empty.
+func Next(cur Files, where Where, hint string, o Options) (next Files, st *State, err error) {
+	if o.Clock == nil {
+		return nil, nil, errors.New("certs: Options.Clock is required")
+	}
+	hosts, err := normalizeHosts(o.Hosts)
+	if err != nil {
+		return nil, nil, err
+	}
+	var m *material
+	if len(cur) > 0 {
+		if m, err = loadFiles(cur, where, hint); err != nil {
+			return nil, nil, err
+		}
+	}
+	n, changes, err := plan(m, hosts, o.Clock(), o.RotateCA, o.RotateServing)
+	if err != nil {
+		return nil, nil, err
+	}
+	next = Files{}
+	for name, f := range n.render() {
+		next[name] = f.data
+	}
+	return next, &State{
+		CABundlePEM:   next[CABundleFileName],
+		CABundle:      n.bundle,
+		CACert:        n.ca,
+		CrossSignedCA: n.cross,
+		ServingCert:   n.leaf,
+		Changes:       changes,
+	}, nil
+}

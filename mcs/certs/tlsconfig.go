@@ -39,7 +39,7 @@ func DefaultCipherSuites() []uint16 {
 // http.Server.ServeTLS is used instead, also set the server's Protocols to
 // HTTP/1 only (or TLSNextProto to an empty map): ServeTLS otherwise adds
 // "h2" to NextProtos.
-func TLSConfig(r *Reloader, minVersion uint16, cipherSuites []uint16) *tls.Config {
+func TLSConfig(r Served, minVersion uint16, cipherSuites []uint16) *tls.Config {
 	if minVersion < tls.VersionTLS12 {
 		minVersion = tls.VersionTLS12
 	}

@@ -71,6 +71,7 @@ type Source struct {
 	log      *slog.Logger
 	kc       kubernetes.Interface
 	userData *userdata.Syncer // nil: the user-data Secrets are not managed
+	leading  func() bool      // whether this replica writes them
 
 	// mu guards what the last render was made of, so a CA bundle change
 	// re-renders the public tier without waiting for the inputs to change.
@@ -113,9 +114,12 @@ func NewSource(o SourceOptions) (*Source, error) {
 // Client is the Source's clientset (for the user-data Syncer).
 func (s *Source) Client() kubernetes.Interface { return s.kc }
 
-// ManageUserData makes Run keep the user-data Secrets current with u.
-// Call it before Run.
-func (s *Source) ManageUserData(u *userdata.Syncer) { s.userData = u }
+// ManageUserData makes Run keep the user-data Secrets current with u
+// while leading reports true (nil: always; with several replicas, only
+// the leader writes). Call it before Run.
+func (s *Source) ManageUserData(u *userdata.Syncer, leading func() bool) {
+	s.userData, s.leading = u, leading
+}
 
 // String names the API server.
 func (s *Source) String() string { return "cluster " + s.cfg.Host }
@@ -236,11 +240,11 @@ func (s *Source) housekeeping(ctx context.Context) {
 	lastGC := s.clock()
 	for {
 		s.caChanged()
-		if s.userData != nil {
+		if s.userData != nil && (s.leading == nil || s.leading()) {
 			if wrote, err := s.userData.Sync(ctx); err != nil {
 				s.log.Error("user-data secrets", "err", err.Error())
 			} else if len(wrote) > 0 {
-				s.log.Info("user-data secrets updated", "roles", strings.Join(wrote, ","))
+				s.log.Info("user-data secrets updated", "secrets", strings.Join(wrote, ","))
 			}
 		}
 		select {

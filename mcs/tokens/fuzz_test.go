@@ -51,7 +51,7 @@ func FuzzTokens(f *testing.F) {
 
 	path := filepath.Join(f.TempDir(), "tokens.json")
 	retired, gone := now.Add(-30*time.Minute), now.Add(-2*time.Hour)
-	file, _ := json.Marshal([]provToken{
+	file, _ := json.Marshal([]Token{
 		{Value: "Q3VycmVudC1wcm92aXNpb25pbmctdG9rZW4tMDAwMDA=", Created: now.Add(-30 * time.Minute)},
 		{Value: "UHJldmlvdXMtcHJvdmlzaW9uaW5nLXRva2VuLTAwMDA=", Created: now.Add(-3 * time.Hour), Retired: &retired},
 		{Value: "R29uZS1wcm92aXNpb25pbmctdG9rZW4tMDAwMDAwMDA=", Created: now.Add(-5 * time.Hour), Retired: &gone},

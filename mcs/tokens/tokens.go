@@ -12,6 +12,7 @@ package tokens
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/base64"
@@ -19,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"sync"
@@ -32,69 +34,149 @@ import (
 // bytes, base64).
 const ProvisioningTokenBytes = 32
 
-type provToken struct {
+// Token is one provisioning token.
+type Token struct {
 	Value   string     `json:"value"`
 	Created time.Time  `json:"created"`
 	Retired *time.Time `json:"retired,omitempty"`
 }
 
-// Provisioning is the set of valid provisioning tokens, kept in a file
-// (mode 0600, rewritten atomically). Safe for concurrent use.
+// Store keeps the list of provisioning tokens, newest first: a file
+// ([FileStore]) or the cluster's Secret (mcs/cluster.TokenSecret).
+type Store interface {
+	// Load returns the list; an error wrapping fs.ErrNotExist when there
+	// is none yet.
+	Load(ctx context.Context) ([]Token, error)
+	// Save replaces the list.
+	Save(ctx context.Context, tokens []Token) error
+	// String names where the tokens are kept.
+	String() string
+}
+
+// FileStore keeps the tokens in a JSON file, mode 0600, rewritten
+// atomically.
+type FileStore string
+
+// Load reads the file.
+func (f FileStore) Load(context.Context) ([]Token, error) {
+	b, err := os.ReadFile(string(f))
+	if err != nil {
+		return nil, fmt.Errorf("read provisioning tokens: %w", err)
+	}
+	var t []Token
+	if err := json.Unmarshal(b, &t); err != nil || len(t) == 0 {
+		return nil, fmt.Errorf("provisioning token file %s is malformed", string(f))
+	}
+	return t, nil
+}
+
+// Save writes the file.
+func (f FileStore) Save(_ context.Context, t []Token) error {
+	b, err := json.Marshal(t)
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(string(f), b, 0o600); err != nil {
+		return fmt.Errorf("write provisioning tokens: %w", err)
+	}
+	return nil
+}
+
+func (f FileStore) String() string { return string(f) }
+
+// storeTimeout bounds each Store call.
+const storeTimeout = 15 * time.Second
+
+// Provisioning is the set of valid provisioning tokens, kept in a Store.
+// Safe for concurrent use.
 type Provisioning struct {
 	mu     sync.RWMutex
-	path   string
-	tokens []provToken // newest first
+	store  Store
+	tokens []Token // newest first
 	grace  time.Duration
 	clock  func() time.Time
+	also   []alsoSet // other sets whose tokens are also accepted, for a while
 }
 
 // LoadProvisioning reads the token file at path, creating it with one new
 // token when missing. grace is how long a rotated-out token stays valid.
 func LoadProvisioning(path string, grace time.Duration, clock func() time.Time) (*Provisioning, error) {
-	p := &Provisioning{path: path, grace: grace, clock: clock}
-	b, err := os.ReadFile(path)
+	return Open(context.Background(), FileStore(path), grace, clock, true)
+}
+
+// Open reads the tokens from st. When there are none yet, create makes
+// one (and saves it); otherwise that is an error.
+func Open(ctx context.Context, st Store, grace time.Duration, clock func() time.Time, create bool) (*Provisioning, error) {
+	p := &Provisioning{store: st, grace: grace, clock: clock}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	t, err := st.Load(ctx)
 	switch {
-	case errors.Is(err, os.ErrNotExist):
-		if err := p.rotate(); err != nil {
+	case errors.Is(err, fs.ErrNotExist) && create:
+		if err := p.Rotate(); err != nil {
 			return nil, err
 		}
 		return p, nil
 	case err != nil:
-		return nil, fmt.Errorf("read provisioning tokens: %w", err)
+		return nil, err
 	}
-	if err := json.Unmarshal(b, &p.tokens); err != nil || len(p.tokens) == 0 {
-		return nil, fmt.Errorf("provisioning token file %s is malformed", path)
-	}
+	p.tokens = t
 	return p, nil
 }
 
-// Reload re-reads the token file, so a rotation made by another process
-// (`nodeproof token rotate`) takes effect, and reports whether the tokens
-// changed. A file that no longer parses is an error and changes nothing.
-func (p *Provisioning) Reload() (bool, error) {
-	b, err := os.ReadFile(p.path)
-	if err != nil {
-		return false, fmt.Errorf("read provisioning tokens: %w", err)
-	}
-	var next []provToken
-	if err := json.Unmarshal(b, &next); err != nil || len(next) == 0 {
-		return false, fmt.Errorf("provisioning token file %s is malformed", p.path)
-	}
+type alsoSet struct {
+	p     *Provisioning
+	until time.Time
+}
+
+// Also makes p accept other's valid tokens as well, until the time until
+// (read-only: other's current token is never given out by p). For a
+// store being migrated from, e.g. the file beside the cluster's Secret:
+// its tokens count as retired at the migration, so until is the
+// migration plus the grace period, and a token that leaked from the old
+// store stops working like any rotated-out one.
+func (p *Provisioning) Also(other *Provisioning, until time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	old, err := json.Marshal(p.tokens)
-	if err != nil {
-		return false, err
+	p.also = append(p.also, alsoSet{other, until})
+}
+
+// List returns the tokens, newest first (to import them elsewhere).
+func (p *Provisioning) List() []Token {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return append([]Token(nil), p.tokens...)
+}
+
+// Reload re-reads the tokens, so a rotation made by another process
+// (`nodeproof token rotate`, the leader) takes effect, and reports whether
+// they changed. Tokens that no longer load are an error and change
+// nothing. Sets given to Also are reloaded too.
+func (p *Provisioning) Reload() (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	next, err := p.store.Load(ctx)
+	if err == nil && len(next) == 0 {
+		err = fmt.Errorf("%s holds no provisioning token", p.store)
 	}
-	now, err := json.Marshal(next)
-	if err != nil {
-		return false, err
+	p.mu.Lock()
+	also := p.also
+	changed := false
+	if err == nil {
+		old, _ := json.Marshal(p.tokens)
+		now, _ := json.Marshal(next)
+		if !bytes.Equal(old, now) {
+			p.tokens, changed = next, true
+		}
 	}
-	if bytes.Equal(old, now) {
-		return false, nil
+	p.mu.Unlock()
+	errs := []error{err}
+	for _, o := range also {
+		c, err := o.p.Reload()
+		changed = changed || c
+		errs = append(errs, err)
 	}
-	p.tokens = next
-	return true, nil
+	return changed, errors.Join(errs...)
 }
 
 // Current returns the token new pointer configs should carry.
@@ -104,17 +186,51 @@ func (p *Provisioning) Current() string {
 	return p.tokens[0].Value
 }
 
-// Valid returns every token still accepted: the current one and those
-// retired less than the grace period ago (newest first). Pointer configs in
-// a cluster must keep working for all of them.
-func (p *Provisioning) Valid() []string {
+// Published returns the token to publish in pointer configs now: the
+// current one once it is older than settle, else the one before it (still
+// valid: it was retired less than settle ago, and settle is shorter than
+// the grace period). Replicas pick a rotation up at their next reload;
+// publishing a token only after that lets every replica accept it before
+// any machine presents it.
+func (p *Provisioning) Published(settle time.Duration) string {
 	now := p.clock()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
+	if len(p.tokens) > 1 && now.Sub(p.tokens[0].Created) < settle && p.valid(p.tokens[1], now) {
+		return p.tokens[1].Value
+	}
+	return p.tokens[0].Value
+}
+
+// Age returns how long ago the current token was made.
+func (p *Provisioning) Age() time.Duration {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.clock().Sub(p.tokens[0].Created)
+}
+
+func (p *Provisioning) valid(t Token, now time.Time) bool {
+	return t.Retired == nil || now.Before(t.Retired.Add(p.grace))
+}
+
+// Valid returns every token still accepted: the current one and those
+// retired less than the grace period ago (newest first), then those of the
+// sets given to Also. Pointer configs in a cluster must keep working for
+// all of them.
+func (p *Provisioning) Valid() []string {
+	now := p.clock()
+	p.mu.RLock()
 	var out []string
 	for _, t := range p.tokens {
-		if t.Retired == nil || now.Before(t.Retired.Add(p.grace)) {
+		if p.valid(t, now) {
 			out = append(out, t.Value)
+		}
+	}
+	also := p.also
+	p.mu.RUnlock()
+	for _, o := range also {
+		if now.Before(o.until) {
+			out = append(out, o.p.Valid()...)
 		}
 	}
 	return out
@@ -130,41 +246,29 @@ func (p *Provisioning) Check(presented string) bool {
 	return ok == 1
 }
 
-// Rotate makes a new current token; the old one stays valid for the grace
-// period. Tokens past their grace are dropped from the file.
+// Rotate makes a new current token and saves the list; the old one stays
+// valid for the grace period. Tokens past their grace are dropped.
 func (p *Provisioning) Rotate() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.rotateLocked()
-}
-
-func (p *Provisioning) rotate() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.rotateLocked()
-}
-
-func (p *Provisioning) rotateLocked() error {
 	now := p.clock()
 	raw := make([]byte, ProvisioningTokenBytes)
 	if _, err := io.ReadFull(rand.Reader, raw); err != nil {
 		return err
 	}
-	next := []provToken{{Value: base64.StdEncoding.EncodeToString(raw), Created: now}}
+	next := []Token{{Value: base64.StdEncoding.EncodeToString(raw), Created: now}}
 	for _, t := range p.tokens {
 		if t.Retired == nil {
 			t.Retired = &now
 		}
-		if now.Before(t.Retired.Add(p.grace)) {
+		if p.valid(t, now) {
 			next = append(next, t)
 		}
 	}
-	b, err := json.Marshal(next)
-	if err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := p.store.Save(ctx, next); err != nil {
 		return err
-	}
-	if err := fsutil.WriteFileAtomic(p.path, b, 0o600); err != nil {
-		return fmt.Errorf("write provisioning tokens: %w", err)
 	}
 	p.tokens = next
 	return nil

@@ -18,8 +18,19 @@
 // machine that read the Secret just before the update still fetches its
 // config.
 //
+// # The installer's <role>-user-data Secrets
+//
+// Machines made before the MCO managed user data boot from
+// openshift-machine-api/<role>-user-data, written by the installer. As the
+// MCO's certificate controller does (seed 000), Sync keeps the CA bundle in
+// each such Secret that exists current, and, when its pointer config
+// carries a provisioning token (an Authorization header or ?token=) and the
+// pool takes the token tier, the token too. Everything else in it stays as
+// the installer wrote it; the result must parse as an Ignition 3 config, or
+// the Secret is left alone and the error reported. Sync never creates one.
+//
 // What the Syncer calls: get and update of each <role>-user-data-managed
-// Secret, and create when one is missing. The OpenShift overlay grants get
+// and <role>-user-data Secret, and create when a managed one is missing. The OpenShift overlay grants get
 // and update of exactly those Secrets (deploy/overlays/openshift): RBAC
 // cannot narrow create to a name, and the MCO makes them.
 package userdata
@@ -27,13 +38,17 @@ package userdata
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
 
+	ignconfig "github.com/coreos/ignition/v2/config"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +61,8 @@ import (
 const (
 	DefaultNamespace = "openshift-machine-api"
 	SecretSuffix     = "-user-data-managed"
+	// InstallerSuffix names the installer's Secrets (<role>-user-data).
+	InstallerSuffix = "-user-data"
 	// UserDataKey holds the pointer config; other keys of a Secret (the
 	// MCO sets disableTemplating) are kept as they are.
 	UserDataKey = "userData"
@@ -106,20 +123,27 @@ func (s *Syncer) Pointer(role string) ([]byte, error) {
 	})
 }
 
-// Sync makes every role's Secret hold its current pointer config: created
-// when missing, updated when different (with the resourceVersion it read,
+// Sync makes every role's managed Secret hold its current pointer config:
+// created when missing, updated when different (with the resourceVersion it read,
 // so a concurrent writer is not overwritten blindly: the conflict is an
-// error and the next Sync retries), left alone when equal. It returns the
-// roles it wrote.
+// error and the next Sync retries), left alone when equal; and it brings
+// the installer's Secret of each role, where one exists, up to date (see
+// the package documentation). It returns the Secrets it wrote.
 func (s *Syncer) Sync(ctx context.Context) ([]string, error) {
 	var wrote []string
 	var errs []error
 	for _, role := range slices.Sorted(maps.Keys(s.o.Roles)) {
 		changed, err := s.syncRole(ctx, role)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("userdata: %s: %w", role, err))
+			errs = append(errs, fmt.Errorf("userdata: %s: %w", role+SecretSuffix, err))
 		} else if changed {
-			wrote = append(wrote, role)
+			wrote = append(wrote, role+SecretSuffix)
+		}
+		changed, err = s.syncInstaller(ctx, role)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("userdata: %s: %w", role+InstallerSuffix, err))
+		} else if changed {
+			wrote = append(wrote, role+InstallerSuffix)
 		}
 	}
 	return wrote, errors.Join(errs...)
@@ -156,4 +180,116 @@ func (s *Syncer) syncRole(ctx context.Context, role string) (bool, error) {
 	sec.Data[UserDataKey] = want
 	_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
 	return err == nil, err
+}
+
+// syncInstaller updates <role>-user-data's CA bundle (and token) in place.
+func (s *Syncer) syncInstaller(ctx context.Context, role string) (bool, error) {
+	ca, err := s.o.CABundle()
+	if err != nil {
+		return false, fmt.Errorf("CA bundle: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	secrets := s.o.Client.CoreV1().Secrets(s.o.Namespace)
+	sec, err := secrets.Get(ctx, role+InstallerSuffix, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	old, ok := sec.Data[UserDataKey]
+	if !ok {
+		return false, fmt.Errorf("no key %q", UserDataKey)
+	}
+	want, changed, err := Patch(old, ca, s.o.Token(s.o.Roles[role]))
+	if err != nil || !changed {
+		return false, err
+	}
+	sec = sec.DeepCopy()
+	sec.Data[UserDataKey] = want
+	_, err = secrets.Update(ctx, sec, metav1.UpdateOptions{})
+	return err == nil, err
+}
+
+// Patch sets the CA bundle a pointer config (Ignition 3) trusts to ca and,
+// when token is not empty and the config already carries a provisioning
+// token in a merge or replace source (an "Authorization: Bearer" header,
+// or ?token= in the URL), that token to token. The rest of the config is
+// kept. It reports whether anything changed; the result must parse with
+// Ignition's own parser.
+func Patch(raw, ca []byte, token string) ([]byte, bool, error) {
+	if _, rpt, err := ignconfig.Parse(raw); err != nil {
+		return nil, false, fmt.Errorf("the pointer config does not parse as Ignition 3: %w: %s", err, rpt.String())
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		return nil, false, err
+	}
+	before, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	ign := child(cfg, "ignition")
+	tls := child(child(ign, "security"), "tls")
+	tls["certificateAuthorities"] = []any{map[string]any{"source": "data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString(ca)}}
+	if token != "" {
+		conf, _ := ign["config"].(map[string]any)
+		var sources []any
+		if m, ok := conf["merge"].([]any); ok {
+			sources = append(sources, m...)
+		}
+		if r, ok := conf["replace"].(map[string]any); ok {
+			sources = append(sources, r)
+		}
+		for _, src := range sources {
+			setToken(src, token)
+		}
+	}
+	after, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	if bytes.Equal(before, after) {
+		return raw, false, nil
+	}
+	if _, rpt, err := ignconfig.Parse(after); err != nil {
+		return nil, false, fmt.Errorf("the updated pointer config does not parse: %w: %s", err, rpt.String())
+	}
+	return after, true, nil
+}
+
+// child returns m[key] as an object, making it when absent.
+func child(m map[string]any, key string) map[string]any {
+	if c, ok := m[key].(map[string]any); ok {
+		return c
+	}
+	c := map[string]any{}
+	m[key] = c
+	return c
+}
+
+// setToken replaces the token a config source carries, if it carries one.
+func setToken(src any, token string) {
+	m, ok := src.(map[string]any)
+	if !ok {
+		return
+	}
+	if hs, ok := m["httpHeaders"].([]any); ok {
+		for _, h := range hs {
+			if hm, ok := h.(map[string]any); ok && strings.EqualFold(fmt.Sprint(hm["name"]), "Authorization") {
+				if v, ok := hm["value"].(string); ok && strings.HasPrefix(v, "Bearer ") {
+					hm["value"] = "Bearer " + token
+				}
+			}
+		}
+	}
+	if s, ok := m["source"].(string); ok {
+		if u, err := url.Parse(s); err == nil && u.Query().Has("token") {
+			q := u.Query()
+			q.Set("token", token)
+			u.RawQuery = q.Encode()
+			m["source"] = u.String()
+		}
+	}
 }

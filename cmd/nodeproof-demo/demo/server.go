@@ -145,6 +145,7 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 		served <- cli.Serve(sctx, cli.ServeConfig{
 			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 			Kubeconfig: admin, APIServerURL: cfg.Host, TokenDir: tokenDir,
+			CertStore: "state-dir", TokenStore: "file",
 			Policy: policyFile, StateDir: state, Hosts: []string{"127.0.0.1"},
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 10 * time.Second, Clock: o.Clock, Log: quiet,
 			Ready: func(secure, _ net.Addr) { ready <- secure },

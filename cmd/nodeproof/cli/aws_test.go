@@ -218,7 +218,7 @@ func TestAWSReenrolment(t *testing.T) {
 			}
 			kubeconfig := clustertest.AdminKubeconfig(t, cfg)
 			tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-			return []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir,
+			return []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 					"--store", "kubernetes", "--store-namespace", "nodeproof"},
 				[]string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--store-namespace", "nodeproof"}
 		}, true},

@@ -14,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
@@ -212,16 +215,32 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("token", stderr)
 	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
 	grace := fs.Duration("grace", 24*time.Hour, "how long the previous token stays valid after a rotation")
+	kubeconfig := fs.String("kubeconfig", "", "the token kept in the cluster (Secret machineconfig-auth, as serve --token-store=cluster keeps it): this kubeconfig's cluster; empty: --state-dir's file")
+	ns := fs.String("namespace", cluster.TokenSecretNamespace, "with --kubeconfig: namespace of the Secret machineconfig-auth")
 	action, err := parseAction(fs, args, "token")
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(*dir, 0o700); err != nil {
-		return err
-	}
-	p, err := tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now)
-	if err != nil {
-		return err
+	var p *tokens.Provisioning
+	if *kubeconfig != "" {
+		cfg, err := restConfig(*kubeconfig)
+		if err != nil {
+			return err
+		}
+		kc, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		if p, err = tokens.Open(context.Background(), &cluster.TokenSecret{Client: kc, Namespace: *ns}, *grace, time.Now, true); err != nil {
+			return err
+		}
+	} else {
+		if err := os.MkdirAll(*dir, 0o700); err != nil {
+			return err
+		}
+		if p, err = tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now); err != nil {
+			return err
+		}
 	}
 	switch action {
 	case "", "show":

@@ -44,20 +44,20 @@ func (c ServeConfig) limits(cfg *rest.Config) {
 
 // clusterSource is cluster mode's config source, with the user-data
 // Secrets managed when --user-data-url is set.
-func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning) (*cluster.Source, error) {
+func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning, cs *clusterState) (*cluster.Source, error) {
 	cfg, err := restConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	c.limits(cfg)
-	cs, err := cluster.NewSource(cluster.SourceOptions{
+	src, err := cluster.NewSource(cluster.SourceOptions{
 		REST: cfg, APIServerURL: c.APIServerURL, TokenDir: c.TokenDir, CABundle: c.caBundle, Clock: c.Clock, Log: c.Log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: cluster mode: %w", err)
 	}
 	if c.UserDataURL == "" {
-		return cs, nil
+		return src, nil
 	}
 	// The user-data Secrets carry the CA bundle (nodeproof's own, or
 	// --ca-bundle with --cert, re-read at every sync), and the provisioning
@@ -66,11 +66,12 @@ func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning
 		return nil, errors.New("serve: --user-data-url with --cert needs --ca-bundle (the CA bundle that signed --cert, which the pointer configs carry)")
 	}
 	u, err := userdata.New(userdata.Options{
-		Client: cs.Client(), Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
+		Client: src.Client(), Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
 		CABundle: c.caBundle,
 		Token: func(pool string) string {
 			if pol.ServeFor(pool).Token {
-				return prov.Current()
+				// A new token only once every replica accepts it.
+				return prov.Published(c.settle())
 			}
 			return ""
 		},
@@ -78,6 +79,10 @@ func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning
 	if err != nil {
 		return nil, err
 	}
-	cs.ManageUserData(u)
-	return cs, nil
+	var leading func() bool // nil: always (nothing kept in the cluster, no election)
+	if cs != nil {
+		leading = cs.leading.Load
+	}
+	src.ManageUserData(u, leading)
+	return src, nil
 }

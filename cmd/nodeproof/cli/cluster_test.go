@@ -118,6 +118,7 @@ func TestServeClusterMode(t *testing.T) {
 		done <- Serve(sctx, ServeConfig{
 			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
 			Kubeconfig: clustertest.AdminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
+			CertStore: storeStateDir, TokenStore: storeFile,
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy:        policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
@@ -380,23 +381,11 @@ func writeAtomic(t *testing.T, path string, b []byte) {
 // pointerCA returns the CA bundle an Ignition pointer config carries.
 func pointerCA(t *testing.T, ptr []byte) []byte {
 	t.Helper()
-	var p struct {
-		Ignition struct {
-			Security struct {
-				TLS struct {
-					CertificateAuthorities []struct{ Source string } `json:"certificateAuthorities"`
-				} `json:"tls"`
-			} `json:"security"`
-		} `json:"ignition"`
-	}
-	if err := json.Unmarshal(ptr, &p); err != nil || len(p.Ignition.Security.TLS.CertificateAuthorities) != 1 {
-		t.Fatalf("pointer config: %v\n%s", err, ptr)
-	}
-	du, err := dataurl.DecodeString(p.Ignition.Security.TLS.CertificateAuthorities[0].Source)
+	ca, _, err := parsePointer(ptr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return du.Data
+	return ca
 }
 
 // TestServeUserDataAsDeployed runs `nodeproof serve` as the OpenShift
@@ -414,7 +403,7 @@ func TestServeUserDataAsDeployed(t *testing.T) {
 	cfg, kc, c := testCluster(t)
 	ctx := context.Background()
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc) // makes openshift-machine-config-operator
-	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
+	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof", cluster.TokenSecretNamespace} {
 		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -485,6 +474,7 @@ pools:
 			CertFile: certFile, KeyFile: keyFile, CABundleFile: bundleFile,
 			Kubeconfig:   clustertest.ServiceAccountKubeconfig(t, cfg, "openshift-machine-config-operator", "nodeproof-server"),
 			APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
+			// The token as deployed: in openshift-config/machineconfig-auth.
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy:        policyFile, StateDir: stateDir, Hosts: []string{"127.0.0.1"},
@@ -508,6 +498,9 @@ pools:
 		t.Fatal("serve did not start")
 	}
 	url := fmt.Sprintf("https://127.0.0.1:%d", port)
+	if !strings.Contains(log.String(), "nodeproof rotates nothing") {
+		t.Errorf("with --cert the server did not say at start that it rotates nothing:\n%s", log)
+	}
 	// trusting reports whether the server's certificate verifies under
 	// bundle alone.
 	trusting := func(bundle []byte) error {
@@ -653,8 +646,12 @@ pools:
 
 	// The provisioning token the master user data carries is never logged.
 	var toks []struct{ Value string }
-	if err := json.Unmarshal(read(filepath.Join(stateDir, "tokens.json")), &toks); err != nil || len(toks) == 0 || toks[0].Value == "" {
-		t.Fatalf("tokens.json: %v %d", err, len(toks))
+	tokSec, err := kc.CoreV1().Secrets(cluster.TokenSecretNamespace).Get(ctx, cluster.TokenSecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(tokSec.Data[cluster.TokenHistoryKey], &toks); err != nil || len(toks) == 0 || toks[0].Value == "" {
+		t.Fatalf("%s: %v %d", cluster.TokenHistoryKey, err, len(toks))
 	}
 	for _, tok := range toks {
 		if strings.Contains(log.String(), tok.Value) {

@@ -100,7 +100,7 @@ func newEnrolEnv(t *testing.T) *enrolEnv {
 	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
 	e.storeFlags = []string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--store-namespace", "nodeproof"}
-	e.cmdServer = setup.serve(t, []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir,
+	e.cmdServer = setup.serve(t, []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 		"--store", "kubernetes", "--store-namespace", "nodeproof"},
 		"--gcp-jwks-url", e.gce.JWKSURL(), "--gcp-audience-url", "https://mcs.nodeproof.test:22623")
 	return e

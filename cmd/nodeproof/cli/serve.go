@@ -105,14 +105,37 @@ type ServeConfig struct {
 	DebugAddr string
 	// MetricsAddr, if set, serves Prometheus metrics (/metrics) there.
 	MetricsAddr string
-	TokenTTL    time.Duration
-	Grace       time.Duration
-	Reload      time.Duration // how often inputs and certificates are checked
+	// CertStore is where nodeproof keeps its CA and serving certificate
+	// when --cert is not given: "cluster" (the default in cluster mode:
+	// the MCO's objects, mcs/certs/kubecerts, in CertsNamespace) or
+	// "state-dir" (StateDir/certs, the default in directory mode).
+	CertStore      string
+	CertsNamespace string
+	// TokenStore is where the provisioning tokens are: "cluster" (the
+	// default in cluster mode: Secret machineconfig-auth in
+	// TokenSecretNamespace, seed 004; TokensFile's tokens, when the file
+	// exists, are also accepted) or "file" (TokensFile).
+	TokenStore           string
+	TokenSecretNamespace string
+	// TokenRotateEvery, when not zero, has the leader rotate the
+	// provisioning token kept in the cluster this often.
+	TokenRotateEvery time.Duration
+	// Identity and the lease timings are the server's leader election
+	// (Lease nodeproof-server in the store namespace), which decides who
+	// writes what cluster mode keeps in the cluster.
+	Identity                                  string
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	TokenTTL                                  time.Duration
+	Grace                                     time.Duration
+	Reload                                    time.Duration // how often inputs and certificates are checked
 	// Limits bound what one source address or identity may ask.
 	Limits LimitConfig
 	Clock  func() time.Time
 	Log    *slog.Logger
 	Ready  func(secure, insecure net.Addr) // called once both ports listen
+
+	// bundleFrom, when set, is where caBundle reads (the cluster's objects).
+	bundleFrom func() ([]byte, error)
 }
 
 // defaultPolicy serves the public tier of every pool and nothing else: a
@@ -170,6 +193,15 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
 	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
+	fs.StringVar(&c.CertStore, "cert-store", "", "where nodeproof keeps its CA and serving certificate without --cert: cluster (default in cluster mode: ConfigMap and Secret machine-config-server-ca, Secret machine-config-server-tls) or state-dir (default otherwise)")
+	fs.StringVar(&c.CertsNamespace, "certs-namespace", "openshift-machine-config-operator", "--cert-store=cluster: namespace of the certificate objects")
+	fs.StringVar(&c.TokenStore, "token-store", "", "where the provisioning tokens are: cluster (default in cluster mode: Secret machineconfig-auth, key token; --tokens-file is still accepted when it exists) or file (--tokens-file)")
+	fs.StringVar(&c.TokenSecretNamespace, "token-secret-namespace", "openshift-config", "--token-store=cluster: namespace of the Secret machineconfig-auth")
+	fs.DurationVar(&c.TokenRotateEvery, "token-rotate-every", 0, "--token-store=cluster: rotate the provisioning token this often (the previous one stays valid for --token-grace); 0: only by hand")
+	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity in the Lease nodeproof-server (default: $POD_NAME, else the host name)")
+	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "leader election: how long another replica waits after the leader's last renewal")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "leader election: the leader stops writing when it could not renew for this long")
+	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "leader election: how often the Lease is tried")
 	limitFlags(fs, &c.Limits)
 	return func() {
 		c.AWSLiveVPCs = splitList(*vpcs)
@@ -200,20 +232,29 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
-	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode)
+	// What cluster mode keeps in the cluster (certificates, tokens) is
+	// there, or made by the leader, before anything is served.
+	cs, err := c.startClusterState(ctx, clusterMode)
+	if err != nil {
+		return err
+	}
+	if cs != nil && cs.keeper != nil {
+		c.bundleFrom = cs.caBundle
+	}
+	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode, cs.provisioning())
 	if err != nil {
 		return err
 	}
 	defer closeAll()
 	// The certificates first: nodeproof's own CA bundle, made here on
 	// first start, is what the sources put in the public tier.
-	tlsConf, reloader, err := c.tlsConfig()
+	tlsConf, served, err := c.tlsConfig(cs)
 	if err != nil {
 		return err
 	}
 	var src mcs.Source
 	if clusterMode {
-		src, err = c.clusterSource(opts.Policy, opts.Provisioning)
+		src, err = c.clusterSource(opts.Policy, opts.Provisioning, cs)
 	} else {
 		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
 	}
@@ -240,7 +281,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
 		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
 	if c.MetricsAddr != "" {
-		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, reloader, c.caBundle)); err != nil {
+		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, served, c.caBundle)); err != nil {
 			ports.close()
 			return err
 		}
@@ -264,7 +305,11 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		defer stopDebug()
 	}
 	go src.Run(ctx, srv)
-	go c.maintain(ctx, opts.Store, opts.Keys, opts.Provisioning, reloader)
+	prov := opts.Provisioning
+	if cs.provisioning() != nil {
+		prov = nil // cs keeps it current
+	}
+	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, served)
 	ports.serve(ctx, c.Log)
 	return nil
 }
@@ -286,6 +331,18 @@ func (c ServeConfig) check() (clusterMode bool, err error) {
 		return false, errors.New("serve: cluster mode needs --apiserver-url (the API server URL the served kubeconfigs name)")
 	case !clusterMode && c.BootstrapKube == "":
 		return false, errors.New("serve: directory mode needs --bootstrap-kubeconfig (the full config carries it)")
+	case !slices.Contains([]string{"", storeCluster, storeStateDir}, c.CertStore):
+		return false, fmt.Errorf("serve: --cert-store %q: want cluster or state-dir", c.CertStore)
+	case !slices.Contains([]string{"", storeCluster, storeFile}, c.TokenStore):
+		return false, fmt.Errorf("serve: --token-store %q: want cluster or file", c.TokenStore)
+	case c.CertFile != "" && c.CertStore != "":
+		return false, errors.New("serve: --cert and --cert-store exclude each other (with --cert nodeproof keeps no certificate)")
+	case c.TokenRotateEvery < 0:
+		return false, errors.New("serve: --token-rotate-every is negative")
+	case c.TokenRotateEvery > 0 && c.tokenStore(clusterMode) != storeCluster:
+		return false, errors.New("serve: --token-rotate-every needs the provisioning tokens in the cluster (--token-store=cluster, cluster mode)")
+	case c.TokenRotateEvery > 0 && c.Grace <= c.settle():
+		return false, fmt.Errorf("serve: --token-grace %s must be longer than 3 x --reload-interval (%s): a rotated-out token must stay valid until every replica and user-data Secret has the new one", c.Grace, c.settle())
 	}
 	return clusterMode, nil
 }
@@ -295,7 +352,7 @@ func (c ServeConfig) check() (clusterMode bool, err error) {
 // kinds the policy takes, the store, Events, sealing keys, provisioning
 // tokens and admission limits (and those of the listeners, returned
 // apart). closeAll releases what was opened.
-func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
+func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
 	var closers []func()
 	release := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -342,8 +399,10 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool) (o mcs
 	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
 		return o, conns, nil, err
 	}
-	if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
-		return o, conns, nil, err
+	if o.Provisioning = prov; prov == nil {
+		if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
+			return o, conns, nil, err
+		}
 	}
 	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
 		return o, conns, nil, err
@@ -457,7 +516,7 @@ func newHTTPServer(h http.Handler, readHeader time.Duration, log *slog.Logger) *
 
 // maintain renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, r *certs.Reloader) {
+func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
@@ -472,13 +531,15 @@ func (c ServeConfig) maintain(ctx context.Context, st store.Store, keys *seal.Ke
 		} else if changed {
 			c.Log.Info("sealing keys reloaded (rotated)")
 		}
-		if changed, err := prov.Reload(); err != nil {
+		if prov == nil {
+			// kept current by the cluster state
+		} else if changed, err := prov.Reload(); err != nil {
 			c.Log.Error("provisioning tokens", "err", err.Error())
 		} else if changed {
 			c.Log.Info("provisioning tokens reloaded (rotated)")
 		}
 		now := c.Clock()
-		if c.CertFile == "" && now.Sub(lastCerts) > time.Hour {
+		if c.certStore(clusterMode) == storeStateDir && now.Sub(lastCerts) > time.Hour {
 			lastCerts = now
 			if stt, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts}); err != nil {
 				c.Log.Error("certificates", "err", err.Error())
@@ -488,7 +549,7 @@ func (c ServeConfig) maintain(ctx context.Context, st store.Store, keys *seal.Ke
 				}
 			}
 		}
-		if r != nil {
+		if r, ok := served.(*certs.Reloader); ok {
 			if err := r.LastError(); err != nil {
 				c.Log.Error("serving certificate reload", "err", err.Error())
 			}
@@ -504,7 +565,9 @@ func (c ServeConfig) maintain(ctx context.Context, st store.Store, keys *seal.Ke
 	}
 }
 
-func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
+// tlsConfig is the secure port's TLS configuration, with the certificate
+// from --cert, the cluster's objects (cs) or the state directory.
+func (c ServeConfig) tlsConfig(cs *clusterState) (*tls.Config, certs.Served, error) {
 	minV, err := certs.ParseTLSMinVersion(c.TLSMinVersion)
 	if err != nil {
 		return nil, nil, err
@@ -515,8 +578,19 @@ func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
 			return nil, nil, err
 		}
 	}
+	if c.CABundleFile != "" && c.CertFile == "" {
+		return nil, nil, errors.New("--ca-bundle is the CA bundle of --cert; without --cert nodeproof keeps its own")
+	}
 	certFile, keyFile := c.CertFile, c.KeyFile
-	if certFile == "" {
+	switch {
+	case c.CertFile != "":
+		if keyFile == "" {
+			return nil, nil, errors.New("--cert needs --key")
+		}
+		c.Log.Info("serving the certificate given by --cert: nodeproof rotates nothing (renew it, and its --ca-bundle, yourself; both are re-read when they change)", "cert", c.CertFile)
+	case cs != nil && cs.keeper != nil:
+		return certs.TLSConfig(&cs.holder, minV, suites), &cs.holder, nil
+	default:
 		st, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts})
 		if err != nil {
 			return nil, nil, err
@@ -525,11 +599,6 @@ func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
 			c.Log.Info("certificates", "change", ch)
 		}
 		certFile, keyFile = st.ServingCertFile, st.ServingKeyFile
-	} else if keyFile == "" {
-		return nil, nil, errors.New("--cert needs --key")
-	}
-	if c.CABundleFile != "" && c.CertFile == "" {
-		return nil, nil, errors.New("--ca-bundle is the CA bundle of --cert; without --cert nodeproof keeps its own")
 	}
 	r, err := certs.NewReloader(certFile, keyFile, c.Clock)
 	if err != nil {
@@ -542,6 +611,9 @@ func (c ServeConfig) tlsConfig() (*tls.Config, *certs.Reloader, error) {
 // with --cert (read on every call: a rotated file is picked up), none with
 // --cert alone, nodeproof's own when it manages certificates.
 func (c ServeConfig) caBundle() ([]byte, error) {
+	if c.bundleFrom != nil {
+		return c.bundleFrom()
+	}
 	if c.CABundleFile != "" {
 		b, err := os.ReadFile(c.CABundleFile)
 		if err != nil {

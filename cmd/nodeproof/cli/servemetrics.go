@@ -62,7 +62,7 @@ func listenerMetrics(reg prometheus.Registerer, p *ports) error {
 // certMetrics registers the certificates' expiry gauges: the one served
 // now, and the newest CA of the bundle machines are given (none with
 // --cert and no --ca-bundle).
-func certMetrics(reg prometheus.Registerer, r *certs.Reloader, bundle func() ([]byte, error)) error {
+func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byte, error)) error {
 	expiry := func(cert string, f func() float64) error {
 		return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "nodeproof_server_certificate_expiry_timestamp_seconds", Help: "When a certificate expires (Unix seconds): serving, the one served now; ca, the newest CA in the bundle machines are given (nodeproof rotates it at 80% of its life).",
