@@ -304,7 +304,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	d.record = rec.ID
 	exp := now.Add(s.o.ConfigTokenTTL)
 	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{
-		ID: tokenID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp,
+		ID: tokenID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp, Bootstrap: rec.BootstrapTokenSecret,
 	})
 	if err != nil {
 		s.refuse(w, d, err)

@@ -132,6 +132,9 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 		return
 	}
+	if rec.BootstrapTokenID != "" {
+		rec.BootstrapTokenSecret = ct.Bootstrap // sealed with the token: no read of its Secret
+	}
 	// The enrolment must still stand: not revoked, not released since.
 	switch b, err := s.o.Store.Binding(ctx, rec.NodeName); {
 	case errors.Is(err, store.ErrNotFound):

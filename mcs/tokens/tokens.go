@@ -282,6 +282,11 @@ type ConfigToken struct {
 	NodeName string    `json:"node"`
 	Pool     string    `json:"pool"`
 	Expires  time.Time `json:"exp"`
+	// Bootstrap is the secret of the record's bootstrap token (cluster
+	// mode): the node receives it in its kubeconfig with this token's
+	// config, so sealing it here reveals nothing more, and the fetch needs
+	// no read of the token's Secret.
+	Bootstrap string `json:"bt,omitempty"`
 }
 
 const configTokenPurpose = "config-token"
