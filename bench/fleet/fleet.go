@@ -88,8 +88,9 @@ type Options struct {
 	// GrowConfig grows the rendered worker config by ~500 KB of file
 	// contents, a realistically large config.
 	GrowConfig bool
-	// ServeArgs and ApproveArgs are added to the processes' flags.
-	ServeArgs, ApproveArgs []string
+	// ServeArgs and ApproveArgs are added to the processes' flags;
+	// FirstServeArgs to the first server's only (a port of its own, say).
+	ServeArgs, ApproveArgs, FirstServeArgs []string
 	// Env is added to the processes' environment (GOMEMLIMIT, say).
 	Env []string
 	// ClientQPS and ClientBurst bound this program's own API client
@@ -306,7 +307,11 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 		if i > 0 {
 			name, logName = fmt.Sprint("serve-", i), fmt.Sprintf("serve-%d.log", i)
 		}
-		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env, Args: append(args, o.ServeArgs...)}
+		args = append(args, o.ServeArgs...)
+		if i == 0 {
+			args = append(args, o.FirstServeArgs...)
+		}
+		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env, Args: args}
 		if err := p.Start(); err != nil {
 			return nil, err
 		}

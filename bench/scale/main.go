@@ -135,10 +135,10 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 		Dir: dir, Nodeproof: bin, GrowConfig: true,
 		// As deploy/ runs them: a soft memory limit under the container's
 		// (GOMEMLIMIT), so the garbage collector works before memory grows.
-		Env:       []string{"GOMEMLIMIT=160MiB"},
-		ServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
-		Log:       log.Printf,
-		Replicas:  replicas, Approvers: approvers,
+		Env:            []string{"GOMEMLIMIT=160MiB"},
+		FirstServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
+		Log:            log.Printf,
+		Replicas:       replicas, Approvers: approvers,
 	})
 	if err != nil {
 		return "", false, err
