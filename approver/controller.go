@@ -272,11 +272,13 @@ func (c *Controller) handle(ctx context.Context, name string) (time.Duration, er
 	}
 	c.forgetLeft(csr.Name)
 	c.observe(csr, dec)
-	evType := corev1.EventTypeNormal
+	// A denial is an Event (a Warning: something to look at). An approval
+	// is not: its condition on the CSR already carries the reason and the
+	// record, and an Event per machine would be one more API write for
+	// every node that joins.
 	if dec.Action == Deny {
-		evType = corev1.EventTypeWarning
+		c.recorder.Event(csr, corev1.EventTypeWarning, string(dec.Reason), dec.Message)
 	}
-	c.recorder.Event(csr, evType, string(dec.Reason), dec.Message)
 	log.Info("csr decided", "detail", dec.Message)
 	return 0, nil
 }

@@ -76,8 +76,14 @@ type Decision struct {
 
 // Decider decides CSRs from the store's NodeAttestation records.
 type Decider struct {
-	// Store holds the records the server wrote.
+	// Store holds the records the server wrote. It may answer from a
+	// watch (kubestore.Cached) when Fresh is set.
 	Store store.Store
+	// Fresh, when set, is Store without a cache: a denial is final, so a
+	// decision to deny made on Store is made again on Fresh, and only a
+	// denial there is written (a watch a moment behind, e.g. a re-enrolment
+	// with a new kubelet key, must not deny a machine for good).
+	Fresh store.Store
 	// Clock tells the time (required).
 	Clock func() time.Time
 	// DenyUnattested denies kubelet CSRs without evidence (no record for
@@ -112,7 +118,8 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // approves with (store.ConsumeRecord), so the caller must write the
 // approval; deciding again for the same CSR after a failed write finds
 // the record consumed by this CSR and approves again (idempotent). An
-// error is a store failure: retry later.
+// error is a store failure: retry later. With Fresh set, a denial decided
+// on Store is decided again on Fresh, and that decision stands.
 //
 // Every decision rests on the node name's binding (store.Binding): the
 // identity that enrolled with the name first owns it, and only records of
@@ -169,6 +176,16 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // and is NoAttestation, left pending for the cluster's own approver (or
 // denied with DenyUnattested), like any CSR nodeproof has no evidence for.
 func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
+	dec, err := d.decide(ctx, csr)
+	if err != nil || dec.Action != Deny || d.Fresh == nil {
+		return dec, err
+	}
+	fresh := *d
+	fresh.Store, fresh.Fresh = d.Fresh, nil
+	return fresh.decide(ctx, csr)
+}
+
+func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
 	k, reason, msg := recognize(csr)
 	if k == nil {
 		if reason == ReasonNotKubelet {

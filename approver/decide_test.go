@@ -404,3 +404,37 @@ func TestDecideRace(t *testing.T) {
 		t.Fatalf("%d CSRs approved with one attestation", approved)
 	}
 }
+
+// TestDecideFresh: a denial decided on a cache (Store) a moment behind is
+// decided again on the API server's state (Fresh), which stands: a
+// re-enrolment with a new kubelet key the cache has not seen yet does not
+// deny the node's CSR for good, and a true denial is still a denial.
+func TestDecideFresh(t *testing.T) {
+	ctx := context.Background()
+	stale, fresh := openStore(t), openStore(t)
+	oldKey, newKey := mustKey(t), mustKey(t)
+	enrol := func(st store.Store, id string, key crypto.Signer) {
+		t.Helper()
+		if err := st.Enrol(ctx, &store.Record{ID: id, NodeName: "n", Kind: attest.KindTPM, Identity: "tpm-ek:n", KubeletKeySHA256: keyHash(t, key),
+			CreatedAt: now, Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enrol(stale, "rec-old", oldKey) // what the watch still shows
+	enrol(fresh, "rec-new", newKey) // what the API server holds now
+	csr := makeCSR(t, clientCSR(t, "csr-new", "n", newKey, "u"))
+
+	if dec, err := (&Decider{Store: stale, Clock: clock}).Decide(ctx, csr); err != nil || dec.Action != Deny {
+		t.Fatalf("on the stale state alone: %s %s, %v; want a denial (else this test shows nothing)", dec.Action, dec.Reason, err)
+	}
+	dec, err := (&Decider{Store: stale, Fresh: fresh, Clock: clock}).Decide(ctx, csr)
+	if err != nil || dec.Action != Approve || dec.Record != "rec-new" {
+		t.Fatalf("with Fresh: %s %s (record %s), %v; want approved with rec-new", dec.Action, dec.Reason, dec.Record, err)
+	}
+	// Now consumed on both: a second CSR with that key is denied, on Fresh too.
+	again := makeCSR(t, clientCSR(t, "csr-again", "n", newKey, "u"))
+	dec, err = (&Decider{Store: fresh, Fresh: fresh, Clock: clock}).Decide(ctx, again)
+	if err != nil || dec.Action != Deny || dec.Reason != ReasonRecordConsumed {
+		t.Fatalf("a second CSR: %s %s, %v; want denied as consumed", dec.Action, dec.Reason, err)
+	}
+}

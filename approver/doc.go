@@ -12,8 +12,9 @@
 // its Reason). The Controller runs the decisions over client-go informers
 // and a work queue, writes Approved or Denied conditions through the
 // approval subresource (reason and message name the evidence kind and the
-// record), emits an event on the CSR for every decision, including CSRs
-// it leaves pending (kubectl describe csr shows why), and counts them in
+// record), emits a Warning event on the CSR for every denial and every
+// CSR it leaves pending (kubectl describe csr shows why; an approval's
+// condition says why by itself, so it writes no event), and counts them in
 // Prometheus metrics. A per-node-name rate limit replaces the single
 // global breaker of other approvers: a flood of CSRs for one name delays
 // only that name. Several replicas run under leader election on a Lease

@@ -599,9 +599,11 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"watch CSRs", "watch", csrGroup, "certificatesigningrequests", "", "", true},
 		{"create CSRs", "create", csrGroup, "certificatesigningrequests", "", "", false},
 		{"delete CSRs", "delete", csrGroup, "certificatesigningrequests", "", "", false},
-		// Records: what kubestore's approver path uses (RecordsForNode
-		// lists, ConsumeRecord gets and updates the status) ...
+		// Records: what kubestore's approver path uses (the decision
+		// cache lists and watches, RecordsForNode lists on a miss,
+		// ConsumeRecord gets and updates the status) ...
 		{"list records", "list", npGroup, "nodeattestations", ns, "", true},
+		{"watch records", "watch", npGroup, "nodeattestations", ns, "", true},
 		{"get a record", "get", npGroup, "nodeattestations", ns, "", true},
 		{"consume a record", "update", npGroup, "nodeattestations/status", ns, "", true},
 		// ... and nothing that could forge, alter or remove one.
@@ -610,7 +612,6 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"update a record's spec", "update", npGroup, "nodeattestations", ns, "", false},
 		{"patch a record", "patch", npGroup, "nodeattestations", ns, "", false},
 		{"patch a record's status", "patch", npGroup, "nodeattestations/status", ns, "", false},
-		{"watch records", "watch", npGroup, "nodeattestations", ns, "", false},
 		{"list records elsewhere", "list", npGroup, "nodeattestations", "default", "", false},
 		{"create a marker", "create", npGroup, "attestationmarkers", ns, "", false},
 		{"get a marker", "get", npGroup, "attestationmarkers", ns, "", false},

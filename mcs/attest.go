@@ -197,8 +197,9 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // requested when the pool allows it: NodeNameNotEstablished); the
 // identity's rate (RateLimited). In cluster mode the node's bootstrap
 // token is issued next. Then, in one durable store write (store.Enrol),
-// the NodeAttestation record is written, the session marked used, and the
-// node name bound to the identity; enrol gives the rules of who may enrol
+// the NodeAttestation record is written (its name, derived from the
+// session's nonce, marks the session used), and the node name bound to
+// the identity; enrol gives the rules of who may enrol
 // (NodeNameTaken, IdentityAlreadyEnrolled). Only then is the config token
 // returned. No refusal writes anything.
 //
@@ -208,8 +209,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // connection, when the record was already written — gets a token for that
 // same record with that same single-use ID, as long as that config has not
 // been delivered: a session still yields at most one config. Once it was
-// delivered, the session answered again is refused (SessionReused), as is
-// one whose marker is set without a record of its own.
+// delivered, the session answered again is refused (SessionReused).
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	var req api.VerifyRequest
 	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
@@ -295,16 +295,19 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 	}
-	once := []store.Once{{Key: "session/" + hex.EncodeToString(sess.Nonce), Expires: sess.Expires}}
+	// The record's name, derived from the session's nonce, is the
+	// session's single-use marker: a second record of the same session
+	// cannot be created (no marker object of its own: one write less).
 	tokenID := derivedID(configTokenLabel, sess.Nonce)
-	if rec, err = s.enrol(r.Context(), rec, once, tokenID, proven); err != nil {
+	if rec, err = s.enrol(r.Context(), rec, tokenID, proven); err != nil {
 		s.refuse(w, d, err)
 		return
 	}
 	d.record = rec.ID
 	exp := now.Add(s.o.ConfigTokenTTL)
 	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{
-		ID: tokenID, RecordID: id, NodeName: node, Pool: sess.Pool, Expires: exp,
+		ID: tokenID, RecordID: rec.ID, NodeName: node, Pool: sess.Pool, Expires: exp, Bootstrap: rec.BootstrapTokenSecret,
+		Identity: rec.Identity, BootstrapTokenID: rec.BootstrapTokenID, RecordExpires: rec.Expires,
 	})
 	if err != nil {
 		s.refuse(w, d, err)
@@ -328,7 +331,7 @@ func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) 
 	return node
 }
 
-// enrol writes rec with its single-use markers as an enrolment of its
+// enrol writes rec as an enrolment of its
 // identity under its node name (store.Enrol) and returns the record the
 // answer names: rec, or the record an earlier answer to the same session
 // wrote (answeredBefore). The rules, in one place (docs/protocol.md,
@@ -345,8 +348,8 @@ func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) 
 //   - a refusal writes nothing (but an Event for the operator).
 //
 // On any error, the bootstrap token issued for rec is revoked.
-func (s *Server) enrol(ctx context.Context, rec *store.Record, once []store.Once, tokenID string, proven bool) (*store.Record, error) {
-	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{}, once...)
+func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, proven bool) (*store.Record, error) {
+	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{})
 	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrIdentityEnrolled) {
 		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID)
 		switch {
@@ -359,7 +362,7 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, once []store.Once
 			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", rec.NodeName, "record", prev.ID)
 			return prev, nil
 		case errors.Is(err, store.ErrIdentityEnrolled):
-			err = s.enrolAgain(ctx, rec, once, proven)
+			err = s.enrolAgain(ctx, rec, proven)
 		}
 	}
 	if err == nil {
@@ -384,7 +387,7 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, once []store.Once
 // enrolAgain decides whether rec's identity, already enrolled, may enrol
 // again (see enrol) and, if so, writes it. A refusal is a Denial; it
 // writes nothing but an Event.
-func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, once []store.Once, proven bool) error {
+func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool) error {
 	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
 	if errors.Is(err, store.ErrNotFound) {
 		// Released, or an enrolment still completing: the machine retries.
@@ -413,7 +416,7 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, once []store
 	default:
 		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)")
 	}
-	if err := s.o.Store.Enrol(ctx, rec, o, once...); err != nil {
+	if err := s.o.Store.Enrol(ctx, rec, o); err != nil {
 		return err
 	}
 	msg := fmt.Sprintf("%s enrolled again as node %s with the kubelet key its enrolment bound (possession proven), record %s", rec.Identity, rec.NodeName, rec.ID)

@@ -123,7 +123,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take attested fetches", pool))
 		return
 	}
-	rec, err := s.o.Store.GetRecord(ctx, ct.RecordID)
+	rec, err := s.tokenRecord(ctx, ct)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
 			s.refuse(w, d, deny(ReasonTokenInvalid, "config token's record is gone"))
@@ -164,6 +164,26 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		}
 	}
 	s.deliver(w, r, d, s.full(pool, accept, rec), release)
+}
+
+// tokenRecord is what the fetch needs of the config token's record: sealed
+// in the token at verify (its identity, bootstrap token and expiry), so no
+// read of it; from the store for a token of an older server. The bootstrap
+// token's secret comes with the token either way (no read of its Secret).
+// Whether the enrolment still stands is the binding's to say, read next.
+func (s *Server) tokenRecord(ctx context.Context, ct *tokens.ConfigToken) (*store.Record, error) {
+	rec := &store.Record{ID: ct.RecordID, NodeName: ct.NodeName, Pool: ct.Pool, Identity: ct.Identity,
+		BootstrapTokenID: ct.BootstrapTokenID, Expires: ct.RecordExpires}
+	if ct.Identity == "" {
+		var err error
+		if rec, err = s.o.Store.GetRecord(ctx, ct.RecordID); err != nil {
+			return nil, err
+		}
+	}
+	if rec.BootstrapTokenID != "" {
+		rec.BootstrapTokenSecret = ct.Bootstrap
+	}
+	return rec, nil
 }
 
 // configTokenOnce is the single-use marker of a config token.

@@ -60,6 +60,12 @@ type Record struct {
 	// with the config, when there is one: the CSR's requester must be
 	// system:bootstrap:<BootstrapTokenID>.
 	BootstrapTokenID string `json:"bootstrapTokenID,omitempty"`
+	// BootstrapTokenSecret is that token's secret, in memory only: set
+	// when the token is issued (for the config token, which carries it
+	// sealed to the node the kubeconfig goes to anyway) and, at fetch,
+	// from the config token, so the kubeconfig is built without reading
+	// the token's Secret back. Never stored.
+	BootstrapTokenSecret string `json:"-"`
 	// Summary is a short human description of the evidence (EK trust,
 	// Secure Boot, boot digests) for `kubectl describe`-style output.
 	Summary string `json:"summary,omitempty"`

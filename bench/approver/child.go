@@ -91,6 +91,14 @@ func runChild(kind, kubeconfig, namespace string, qps float64, burst, workers in
 		if err != nil {
 			return err
 		}
+		cached, err := kubestore.NewCached(cfg, st)
+		if err != nil {
+			return err
+		}
+		go cached.Start(ctx)
+		if !cached.WaitForSync(ctx) {
+			return ctx.Err()
+		}
 		reg := prometheus.NewRegistry()
 		m, err := approver.NewMetrics(reg)
 		if err != nil {
@@ -98,7 +106,7 @@ func runChild(kind, kubeconfig, namespace string, qps float64, burst, workers in
 		}
 		h := &watchHandler{Handler: slog.NewJSONHandler(os.Stderr, nil), ready: ready, errors: new(atomic.Int64)}
 		ctl, err := approver.New(approver.Options{
-			Client: kc, Decider: &approver.Decider{Store: st, Clock: time.Now},
+			Client: kc, Decider: &approver.Decider{Store: cached, Fresh: st, Clock: time.Now},
 			Workers: workers, Metrics: m, Clock: time.Now, Log: slog.New(h),
 		})
 		if err != nil {

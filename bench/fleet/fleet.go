@@ -26,6 +26,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,8 +45,10 @@ import (
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/seal"
 )
 
 // Policy is the world's attestation policy: TPM machines trusted through
@@ -85,8 +88,9 @@ type Options struct {
 	// GrowConfig grows the rendered worker config by ~500 KB of file
 	// contents, a realistically large config.
 	GrowConfig bool
-	// ServeArgs and ApproveArgs are added to the processes' flags.
-	ServeArgs, ApproveArgs []string
+	// ServeArgs and ApproveArgs are added to the processes' flags;
+	// FirstServeArgs to the first server's only (a port of its own, say).
+	ServeArgs, ApproveArgs, FirstServeArgs []string
 	// Env is added to the processes' environment (GOMEMLIMIT, say).
 	Env []string
 	// ClientQPS and ClientBurst bound this program's own API client
@@ -99,6 +103,18 @@ type Options struct {
 	APIProxy bool
 	// Log, if set, hears what the world does.
 	Log func(format string, args ...any)
+	// Replicas is how many servers run (default 1). With more than one
+	// they share what replicas share in a real deployment: the sealing
+	// keyring (one file), and the CA, serving certificate and provisioning
+	// token kept in the cluster (--cert-store=cluster, --token-store=cluster
+	// in namespace nodeproof, the leader of Lease nodeproof-server writing);
+	// and every machine sends each of its requests to the next replica in
+	// turn, so a challenge, its verify and the fetch land on different
+	// servers.
+	Replicas int
+	// Approvers is how many `nodeproof approve` run (default 1), leader
+	// elected on the Lease nodeproof-approver: one acts at a time.
+	Approvers int
 }
 
 // World is a control plane with nodeproof's server and approver running,
@@ -114,8 +130,12 @@ type World struct {
 	Bundle []byte
 	// GrownBytes is how much the worker config was grown.
 	GrownBytes int
-	// Server and Approver are the processes.
+	// Server and Approver are the processes (the first of each).
 	Server, Approver *Process
+	// Servers and Approvers are all of them (Options.Replicas,
+	// Options.Approvers); URLs the servers' TLS ports, URL the first.
+	Servers, Approvers []*Process
+	URLs, PlainURLs    []string
 	// CPDir holds the control plane's files (to find its processes).
 	CPDir string
 	// Proxy stands between the API server and the world (Options.APIProxy).
@@ -240,42 +260,99 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 		return nil, err
 	}
 
-	state := mkdir(o.Dir, "server")
-	w.StateDir = state
-	secure, err := FreePort()
-	if err != nil {
-		return nil, err
+	if o.Replicas < 1 {
+		o.Replicas = 1
 	}
-	plain, err := FreePort()
-	if err != nil {
-		return nil, err
+	if o.Approvers < 1 {
+		o.Approvers = 1
 	}
-	w.URL, w.PlainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
-	w.Server = &Process{Name: "serve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "serve.log"), Env: o.Env, Args: append([]string{"serve",
-		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file", "--policy", policyFile,
-		"--state-dir", state, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
-		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
-		"--gcp-audience-url", w.URL, "--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}, o.ServeArgs...)}
-	if err := w.Server.Start(); err != nil {
-		return nil, err
+	common := []string{"serve",
+		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
+		"--hosts", "127.0.0.1", "--listen", "127.0.0.1",
+		"--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}
+	if o.Replicas == 1 {
+		common = append(common, "--cert-store=state-dir", "--token-store=file")
+	} else {
+		// What replicas share: the keyring file (made here, before any
+		// replica starts), and the state the leader keeps in the cluster.
+		keys := filepath.Join(mkdir(o.Dir, "shared"), "keys.json")
+		if _, err := seal.LoadOrCreate(keys, time.Now); err != nil {
+			return nil, err
+		}
+		common = append(common, "--keys-file", keys, "--cert-store=cluster", "--certs-namespace", "nodeproof",
+			"--token-store=cluster", "--token-secret-namespace", "nodeproof", "--reload-interval", "1s")
 	}
-	if err := w.WaitServing(time.Minute); err != nil {
-		return nil, err
+	for i := range o.Replicas {
+		state := mkdir(o.Dir, fmt.Sprint("server-", i))
+		if i == 0 {
+			state = mkdir(o.Dir, "server")
+			w.StateDir = state
+		}
+		secure, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		plain, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		u, pu := fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
+		if i == 0 {
+			w.URL, w.PlainURL = u, pu
+		}
+		w.URLs, w.PlainURLs = append(w.URLs, u), append(w.PlainURLs, pu)
+		args := append(append([]string(nil), common...), "--state-dir", state, "--leader-elect-id", fmt.Sprint("serve-", i),
+			"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain), "--gcp-audience-url", w.URL)
+		name, logName := "serve", "serve.log"
+		if i > 0 {
+			name, logName = fmt.Sprint("serve-", i), fmt.Sprintf("serve-%d.log", i)
+		}
+		args = append(args, o.ServeArgs...)
+		if i == 0 {
+			args = append(args, o.FirstServeArgs...)
+		}
+		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env, Args: args}
+		if err := p.Start(); err != nil {
+			return nil, err
+		}
+		w.Servers = append(w.Servers, p)
 	}
-	if w.Bundle, err = os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName)); err != nil {
-		return nil, err
+	w.Server = w.Servers[0]
+	for i, pu := range w.PlainURLs {
+		if err := waitServing(pu, time.Minute); err != nil {
+			return nil, fmt.Errorf("%w\n%s", err, w.Servers[i].Tail())
+		}
 	}
-	w.Approver = &Process{Name: "approve", Bin: o.Nodeproof, Log: filepath.Join(o.Dir, "approve.log"), Env: o.Env, Args: append([]string{"approve",
-		"--kubeconfig", approverKC, "--leader-elect-id", "fleet", "--metrics-addr", "127.0.0.1:0"}, o.ApproveArgs...)}
-	if err := w.Approver.Start(); err != nil {
-		return nil, err
+	if o.Replicas == 1 {
+		if w.Bundle, err = os.ReadFile(filepath.Join(w.StateDir, "certs", "current", certs.CABundleFileName)); err != nil {
+			return nil, err
+		}
+	} else {
+		cm, err := w.KC.CoreV1().ConfigMaps("nodeproof").Get(ctx, kubecerts.CAName, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		w.Bundle = []byte(cm.Data[kubecerts.BundleKey])
 	}
+	for i := range o.Approvers {
+		name, logName := "approve", "approve.log"
+		if i > 0 {
+			name, logName = fmt.Sprint("approve-", i), fmt.Sprintf("approve-%d.log", i)
+		}
+		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env, Args: append([]string{"approve",
+			"--kubeconfig", approverKC, "--leader-elect-id", fmt.Sprint("fleet-", i), "--metrics-addr", "127.0.0.1:0"}, o.ApproveArgs...)}
+		if err := p.Start(); err != nil {
+			return nil, err
+		}
+		w.Approvers = append(w.Approvers, p)
+	}
+	w.Approver = w.Approvers[0]
 	return w, nil
 }
 
 // Close stops the processes and the control plane.
 func (w *World) Close() {
-	for _, p := range []*Process{w.Approver, w.Server} {
+	for _, p := range append(append([]*Process(nil), w.Approvers...), w.Servers...) {
 		if p != nil {
 			p.Stop()
 		}
@@ -290,9 +367,17 @@ func (w *World) Close() {
 
 // WaitServing waits until the server answers on its plain port.
 func (w *World) WaitServing(timeout time.Duration) error {
+	if err := waitServing(w.PlainURL, timeout); err != nil {
+		return fmt.Errorf("%w\n%s", err, w.Server.Tail())
+	}
+	return nil
+}
+
+// waitServing waits until plainURL serves the worker pool.
+func waitServing(plainURL string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
-		if resp, err := http.Get(w.PlainURL + "/config/worker"); err == nil {
+		if resp, err := http.Get(plainURL + "/config/worker"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
@@ -300,7 +385,32 @@ func (w *World) WaitServing(timeout time.Duration) error {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("fleet: the server does not serve the worker pool\n%s", w.Server.Tail())
+	return fmt.Errorf("fleet: %s does not serve the worker pool", plainURL)
+}
+
+// spread sends each request to the next of the world's servers in turn
+// (a load balancer without affinity); with one server it changes nothing.
+type spread struct {
+	base http.RoundTripper
+	urls []string
+	next atomic.Uint64
+}
+
+func (s *spread) RoundTrip(req *http.Request) (*http.Response, error) {
+	if len(s.urls) > 1 {
+		u, err := url.Parse(s.urls[s.next.Add(1)%uint64(len(s.urls))])
+		if err != nil {
+			return nil, err
+		}
+		req = req.Clone(req.Context())
+		req.URL.Host, req.Host = u.Host, u.Host
+	}
+	return s.base.RoundTrip(req)
+}
+
+// spreadClient makes c send its requests across the world's servers.
+func (w *World) spreadClient(c *http.Client) {
+	c.Transport = &spread{base: c.Transport, urls: w.URLs}
 }
 
 func (w *World) path(p string) string { return filepath.Join(w.o.Root, p) }

@@ -139,6 +139,7 @@ func (w *World) Provision(ctx context.Context, m *Machine, o ProvisionOptions) e
 	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext
+	w.spreadClient(c.HTTP)
 	vr, full, err := c.AttestAndFetch(ctx, m.Evidence, "worker", m.Name, m.Pub)
 	m.Attestations = c.Challenges
 	if vr != nil {
@@ -227,6 +228,7 @@ func (w *World) Reattest(ctx context.Context, m *Machine, o ProvisionOptions) (t
 	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext
+	w.spreadClient(c.HTTP)
 	vr, err := m.Evidence.Attest(ctx, c, "worker", m.NodeName, m.Pub)
 	if err != nil {
 		return 0, fmt.Errorf("%s: re-attestation: %w", m.Name, err)

@@ -64,9 +64,14 @@ func main() {
 	steadyRate := flag.Float64("steady-rate", 20, "re-attestations per second of the steady re-attestation run (0: skip both re-attestation runs)")
 	steadyFor := flag.Duration("steady-for", 30*time.Second, "length of the steady re-attestation run")
 	out := flag.String("o", "", "also write the report (markdown) here")
+	replicas := flag.Int("replicas", 1, "servers (more than one: sharing the keyring and the state kept in the cluster; each request to the next in turn; the re-attestation runs are skipped)")
+	approvers := flag.Int("approvers", 1, "approvers, leader elected")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
-	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly, *steadyRate, *steadyFor)
+	if *replicas > 1 {
+		*steadyRate = 0
+	}
+	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly, *steadyRate, *steadyFor, *replicas, *approvers)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -103,7 +108,7 @@ type outcome struct {
 	err      error
 }
 
-func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, steadyRate float64, steadyFor time.Duration) (string, bool, error) {
+func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, steadyRate float64, steadyFor time.Duration, replicas, approvers int) (string, bool, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Minute)
 	defer cancel()
 	if nGCP+nAWS > n {
@@ -130,9 +135,10 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 		Dir: dir, Nodeproof: bin, GrowConfig: true,
 		// As deploy/ runs them: a soft memory limit under the container's
 		// (GOMEMLIMIT), so the garbage collector works before memory grows.
-		Env:       []string{"GOMEMLIMIT=160MiB"},
-		ServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
-		Log:       log.Printf,
+		Env:            []string{"GOMEMLIMIT=160MiB"},
+		FirstServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
+		Log:            log.Printf,
+		Replicas:       replicas, Approvers: approvers,
 	})
 	if err != nil {
 		return "", false, err
@@ -174,8 +180,9 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	if err != nil {
 		return "", false, err
 	}
-	server, approver := w.Server.PID(), w.Approver.PID()
-	cpuS0, cpuA0 := proc.CPU(server), proc.CPU(approver)
+	server := w.Server.PID()
+	servers, approverPIDs := pids(w.Servers), pids(w.Approvers)
+	cpuS0, cpuA0 := cpuOf(servers), cpuOf(approverPIDs)
 	apiPID, etcdPID := proc.Find("kube-apiserver", w.CPDir), proc.Find("etcd", w.CPDir)
 	cpuAPI0, cpuEtcd0, cpuSelf0 := proc.CPU(apiPID), proc.CPU(etcdPID), proc.CPU(os.Getpid())
 	log.Printf("go: %d machines within %s", n, spread)
@@ -211,7 +218,7 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	if err != nil {
 		return "", false, err
 	}
-	cpuS, cpuA := proc.CPU(server)-cpuS0, proc.CPU(approver)-cpuA0
+	cpuS, cpuA := cpuOf(servers)-cpuS0, cpuOf(approverPIDs)-cpuA0
 	others := map[string]time.Duration{
 		"kube-apiserver": proc.CPU(apiPID) - cpuAPI0, "etcd": proc.CPU(etcdPID) - cpuEtcd0,
 		"load generator (this process: the machines' TPM model, TLS, JSON, metadata fakes)": proc.CPU(os.Getpid()) - cpuSelf0,
@@ -232,8 +239,11 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	top := profileTop("nodeproof serve", bin, profile, <-profiled) +
 		profileTop("kube-apiserver", "", apiProfile, <-apiProfiled) +
 		profileTop("load generator", "", loadProfile, nil)
-	r, failed := report(n, nGCP, nAWS, w.GrownBytes, spread, all, outs, cpuS, cpuA, proc.PeakRSS(server), proc.PeakRSS(approver),
+	r, failed := report(n, nGCP, nAWS, w.GrownBytes, spread, all, outs, cpuS, cpuA, peakOf(servers), peakOf(approverPIDs),
 		audit, perAttest, floor)
+	if replicas > 1 || approvers > 1 {
+		r = fmt.Sprintf("\n%d server replicas (each request to the next in turn; CPU summed, RSS the largest) and %d approvers (leader elected; CPU summed)\n", replicas, approvers) + r
+	}
 	var provisioned []*fleet.Machine
 	for _, o := range outs {
 		if o.err == nil {
@@ -629,4 +639,30 @@ func reattestRuns(ctx context.Context, w *fleet.World, ms []*fleet.Machine, serv
 	}
 	b.WriteString("\nAPI requests are everything the API server counted during the run (the server's, the approver's and node controller's, this program's), per re-attestation.\n")
 	return b.String(), failed, nil
+}
+
+func pids(ps []*fleet.Process) []int {
+	var out []int
+	for _, p := range ps {
+		out = append(out, p.PID())
+	}
+	return out
+}
+
+// cpuOf sums the processes' CPU time.
+func cpuOf(pids []int) time.Duration {
+	var t time.Duration
+	for _, p := range pids {
+		t += proc.CPU(p)
+	}
+	return t
+}
+
+// peakOf is the largest peak RSS of the processes.
+func peakOf(pids []int) int64 {
+	var m int64
+	for _, p := range pids {
+		m = max(m, proc.PeakRSS(p))
+	}
+	return m
 }

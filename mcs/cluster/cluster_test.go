@@ -385,6 +385,21 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Issue left the secret in memory (for the config token): the same
+	// kubeconfig as reading the token's Secret back, without that read.
+	readBack := *rec
+	readBack.BootstrapTokenSecret = ""
+	if rec.BootstrapTokenSecret == "" {
+		t.Fatal("Issue did not keep the token's secret for the config token")
+	}
+	if kb, err := tokens.Kubeconfig(ctx, &readBack); err != nil || !bytes.Equal(kb, kubeconfig) {
+		t.Fatalf("the kubeconfig read back differs from the one built from the sealed secret: %v", err)
+	}
+	bad := *rec
+	bad.BootstrapTokenSecret = "short"
+	if _, err := tokens.Kubeconfig(ctx, &bad); err == nil {
+		t.Error("a malformed secret built a kubeconfig")
+	}
 	// The MCS's kubeconfig shape: cluster "local", user and context
 	// "kubelet", the configured URL and CA.
 	kcfg, err := clientcmd.Load(kubeconfig)
@@ -441,7 +456,7 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 
 	// A token is only handed out for the record it was issued for.
 	other := *rec
-	other.ID = "rec-other"
+	other.ID, other.BootstrapTokenSecret = "rec-other", "" // read back
 	if _, err := tokens.Kubeconfig(ctx, &other); err == nil {
 		t.Error("Kubeconfig handed record rec-1's token to another record")
 	}
@@ -492,8 +507,8 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := tokens.Kubeconfig(ctx, rec); err == nil {
-		t.Error("a kubeconfig was built for a revoked token")
+	if _, err := tokens.Kubeconfig(ctx, &readBack); err == nil {
+		t.Error("a kubeconfig was built for a revoked token read back")
 	}
 }
 
@@ -537,6 +552,36 @@ func testRBAC(t *testing.T, cfg *rest.Config, c client.Client, caFile string) {
 	ca := cluster.MCOCABundle(skc, filepath.Join(t.TempDir(), "no-such-ca.crt"))
 	if got, err := ca(ctx); err != nil || !bytes.Equal(got, cfg.CAData) {
 		t.Fatalf("CA from the ConfigMap: %v", err)
+	}
+	// The same through the watch the server keeps (list and watch of that
+	// one ConfigMap), and a change to it is followed.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	cw := cluster.NewCABundleWatch(skc, filepath.Join(t.TempDir(), "no-such-ca.crt"))
+	go cw.Run(wctx)
+	for deadline := time.Now().Add(30 * time.Second); !cw.Synced(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the kubeconfig-data watch did not sync as the service account (list/watch of that ConfigMap)")
+		}
+	}
+	if got, err := cw.Get(ctx); err != nil || !bytes.Equal(got, cfg.CAData) {
+		t.Fatalf("CA from the watched ConfigMap: %v", err)
+	}
+	cm.BinaryData[cluster.KubeconfigDataCAKey] = []byte("rotated")
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if got, _ := cw.Get(ctx); string(got) == "rotated" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watch did not follow a change of kubeconfig-data")
+		}
+	}
+	cm.BinaryData[cluster.KubeconfigDataCAKey] = cfg.CAData
+	if err := c.Update(ctx, cm); err != nil {
+		t.Fatal(err)
 	}
 
 	tokens, err := cluster.NewTokens(cluster.TokenOptions{Client: skc, Server: cfg.Host, CABundle: ca, Clock: time.Now})

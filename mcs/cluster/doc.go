@@ -89,7 +89,8 @@
 //	                                   must live in kube-system, and RBAC cannot narrow create/list/delete to
 //	                                   names not yet known, so this grants reading and deleting every Secret
 //	                                   in kube-system: treat the service account as that powerful.
-//	""  configmaps  openshift-machine-config-operator  get (resourceNames: kubeconfig-data)  MCOCABundle
+//	""  configmaps  openshift-machine-config-operator  get list watch (resourceNames: kubeconfig-data)
+//	                                   CABundleWatch: a watch on that one ConfigMap, GET until it syncs
 //
 // The store's CRDs (NodeAttestation records) need their own rules; the
 // embedded store needs none.

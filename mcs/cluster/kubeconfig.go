@@ -10,7 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 )
@@ -99,3 +101,52 @@ func ServiceAccountKubeconfig(ctx context.Context, tokenDir, server string, ca f
 	}
 	return Kubeconfig(server, caData, string(tok))
 }
+
+// CABundleWatch is MCOCABundle without a GET per request: a watch on the
+// one ConfigMap kubeconfig-data (a client-go informer with a metadata.name
+// field selector, which RBAC's resourceNames allows for list and watch)
+// keeps it in memory. Until the watch has synced (and if it never does, e.g.
+// without list/watch permission) Get reads as MCOCABundle does, so nothing
+// is served from a cache that has not seen the cluster yet.
+type CABundleWatch struct {
+	get      func(context.Context) ([]byte, error) // the fallback: MCOCABundle
+	caFile   string
+	informer cache.SharedIndexInformer
+}
+
+// NewCABundleWatch prepares the watch; Run starts it.
+func NewCABundleWatch(client kubernetes.Interface, caFile string) *CABundleWatch {
+	lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "configmaps", MCONamespace,
+		fields.OneTermEqualSelector("metadata.name", KubeconfigDataConfigMap))
+	return &CABundleWatch{
+		get: MCOCABundle(client, caFile), caFile: caFile,
+		informer: cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{}),
+	}
+}
+
+// Run watches until ctx ends.
+func (w *CABundleWatch) Run(ctx context.Context) { w.informer.RunWithContext(ctx) }
+
+// Get returns the bundle: the ConfigMap's when it exists, else the file's.
+func (w *CABundleWatch) Get(ctx context.Context) ([]byte, error) {
+	if !w.informer.HasSynced() {
+		return w.get(ctx)
+	}
+	obj, ok, err := w.informer.GetStore().GetByKey(MCONamespace + "/" + KubeconfigDataConfigMap)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: CA bundle from ConfigMap %s/%s: %w", MCONamespace, KubeconfigDataConfigMap, err)
+	}
+	if cm, isCM := obj.(*corev1.ConfigMap); ok && isCM {
+		if ca := cm.BinaryData[KubeconfigDataCAKey]; len(ca) > 0 {
+			return ca, nil
+		}
+	}
+	ca, err := os.ReadFile(w.caFile)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: CA bundle: %w", err)
+	}
+	return ca, nil
+}
+
+// Synced reports whether the watch has synced.
+func (w *CABundleWatch) Synced() bool { return w.informer.HasSynced() }

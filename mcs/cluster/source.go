@@ -66,6 +66,7 @@ type Source struct {
 	tokenDir string
 	tokens   *Tokens
 	ca       func(context.Context) ([]byte, error)
+	caWatch  *CABundleWatch // behind ca
 	caBundle func() ([]byte, error) // nodeproof's own CA bundle, for the public tier
 	clock    func() time.Time
 	log      *slog.Logger
@@ -100,13 +101,14 @@ func NewSource(o SourceOptions) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	ca := MCOCABundle(kc, filepath.Join(o.TokenDir, corev1.ServiceAccountRootCAKey))
+	caWatch := NewCABundleWatch(kc, filepath.Join(o.TokenDir, corev1.ServiceAccountRootCAKey))
+	ca := caWatch.Get
 	tokens, err := NewTokens(TokenOptions{Client: kc, Server: o.APIServerURL, CABundle: ca, Clock: o.Clock})
 	if err != nil {
 		return nil, err
 	}
 	return &Source{
-		cfg: cfg, server: o.APIServerURL, tokenDir: o.TokenDir, tokens: tokens, ca: ca,
+		cfg: cfg, server: o.APIServerURL, tokenDir: o.TokenDir, tokens: tokens, ca: ca, caWatch: caWatch,
 		caBundle: o.CABundle, clock: o.Clock, log: o.Log, kc: kc,
 	}, nil
 }
@@ -148,6 +150,7 @@ func (s *Source) kubeconfig(rec *store.Record) ([]byte, error) {
 // deletes expired bootstrap tokens, until ctx ends. A watch that fails is
 // restarted after a pause; what was served stays served meanwhile.
 func (s *Source) Run(ctx context.Context, srv *mcs.Server) {
+	go s.caWatch.Run(ctx)
 	go s.housekeeping(ctx)
 	for ctx.Err() == nil {
 		err := Watch(ctx, s.cfg, WatchOptions{

@@ -176,7 +176,7 @@ func (t *Tokens) Issue(ctx context.Context, rec *store.Record) error {
 		if err != nil {
 			return fmt.Errorf("cluster: create bootstrap token: %w", err)
 		}
-		rec.BootstrapTokenID = id
+		rec.BootstrapTokenID, rec.BootstrapTokenSecret = id, secret
 		return nil
 	}
 	return errors.New("cluster: create bootstrap token: token IDs keep colliding")
@@ -196,14 +196,32 @@ func (t *Tokens) Revoke(ctx context.Context, rec *store.Record) error {
 }
 
 // Kubeconfig returns the kubeconfig for rec's node: Kubeconfig(Server,
-// CABundle, "<id>.<secret>") with rec's token, read back from its Secret.
+// CABundle, "<id>.<secret>") with rec's token. The secret is
+// rec.BootstrapTokenSecret when set (from the sealed config token issued
+// with the record: no API call), else read back from its Secret.
 // Errors (each a 503 for the fetch, which Ignition retries): the record has
-// no token; the Secret is gone, is not a bootstrap token, or is not the
-// one issued for this record (its token-id or record annotation differ);
-// the token has expired.
+// no token; a secret that is not a token secret; read back, the Secret is
+// gone, is not a bootstrap token, or is not the one issued for this record
+// (its token-id or record annotation differ); the token (the record) has
+// expired.
 func (t *Tokens) Kubeconfig(ctx context.Context, rec *store.Record) ([]byte, error) {
 	if rec.BootstrapTokenID == "" {
 		return nil, errors.New("cluster: record has no bootstrap token")
+	}
+	if sec := rec.BootstrapTokenSecret; sec != "" {
+		// From the sealed config token, issued with this record: its
+		// expiry is the record's.
+		if len(sec) != tokenSecretLen {
+			return nil, fmt.Errorf("cluster: bootstrap token of record %s: malformed secret", rec.ID)
+		}
+		if !rec.Expires.After(t.o.Clock()) {
+			return nil, fmt.Errorf("cluster: bootstrap token of record %s has expired", rec.ID)
+		}
+		ca, err := t.o.CABundle(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return Kubeconfig(t.o.Server, ca, rec.BootstrapTokenID+"."+sec)
 	}
 	s, err := t.o.Client.CoreV1().Secrets(BootstrapTokenNamespace).Get(ctx, BootstrapTokenPrefix+rec.BootstrapTokenID, metav1.GetOptions{})
 	if err != nil {

@@ -282,6 +282,18 @@ type ConfigToken struct {
 	NodeName string    `json:"node"`
 	Pool     string    `json:"pool"`
 	Expires  time.Time `json:"exp"`
+	// Bootstrap is the secret of the record's bootstrap token (cluster
+	// mode): the node receives it in its kubeconfig with this token's
+	// config, so sealing it here reveals nothing more, and the fetch needs
+	// no read of the token's Secret.
+	Bootstrap string `json:"bt,omitempty"`
+	// Identity, BootstrapTokenID and RecordExpires are the record's, so the
+	// fetch needs no read of it (the binding, read at fetch, says whether
+	// the enrolment still stands). Empty in a token of an older server:
+	// the fetch then reads the record.
+	Identity         string    `json:"idn,omitempty"`
+	BootstrapTokenID string    `json:"btid,omitempty"`
+	RecordExpires    time.Time `json:"rexp,omitzero"`
 }
 
 const configTokenPurpose = "config-token"

@@ -106,6 +106,7 @@ func TestKubeStore(t *testing.T) {
 	t.Run("paging and bounds", func(t *testing.T) { testPaging(t, k) })
 	t.Run("crash between marker and record", func(t *testing.T) { testOrphanMarkers(t, k) })
 	t.Run("crash between identity marker and binding", func(t *testing.T) { testOrphanIdentityMarker(t, k) })
+	t.Run("the approver's decision cache", func(t *testing.T) { testDecisionCache(t, k) })
 	t.Run("a client without the types is refused", func(t *testing.T) {
 		c, err := client.New(cfg, client.Options{Scheme: runtime.NewScheme()})
 		if err != nil {

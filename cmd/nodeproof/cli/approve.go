@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -156,29 +157,49 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	}
 	// newController makes a controller for one term: nothing of a previous
 	// term's caches or queue is carried over.
-	newController := func() (*approver.Controller, error) {
+	newController := func(reads, fresh store.Store) (*approver.Controller, error) {
 		return approver.New(approver.Options{
-			Client: kc, EventClient: events, Decider: &approver.Decider{Store: st, Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
+			Client: kc, EventClient: events, Decider: &approver.Decider{Store: reads, Fresh: fresh, Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
 			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 			Metrics: metrics, Clock: c.Clock, Log: c.Log,
 		})
 	}
-	if _, err := newController(); err != nil { // check the options before serving
+	if _, err := newController(st, nil); err != nil { // check the options before serving
 		return err
 	}
 	// runTerm runs the CSR controller and, with c.Nodes, the node
 	// controller on a binding cache of its own, until ctx ends or either
 	// stops.
 	runTerm := func(ctx context.Context) error {
-		ctl, err := newController()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		// Decisions read records and bindings from a watch of their own
+		// (kubestore.Cached): no GET or LIST per CSR.
+		cached, err := kubestore.NewCached(cfg, st)
+		if err != nil {
+			return err
+		}
+		cacheErr := make(chan error, 1)
+		go func() { cacheErr <- cached.Start(ctx) }()
+		sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
+		synced := cached.WaitForSync(sctx)
+		scancel()
+		if !synced {
+			return errors.New("approve: the NodeAttestation and NodeBinding watch did not sync within 2 minutes (does the approver may list and watch them?)")
+		}
+		ctl, err := newController(cached, st)
 		if err != nil {
 			return err
 		}
 		if !c.Nodes {
+			go func() {
+				if err := <-cacheErr; err != nil && ctx.Err() == nil {
+					c.Log.Error("record and binding watch stopped", "err", err.Error())
+					cancel()
+				}
+			}()
 			return ctl.Run(ctx)
 		}
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
 		bc, err := kubestore.NewBindingCache(cfg, orDefault(c.StoreNamespace, "nodeproof"))
 		if err != nil {
 			return err
@@ -188,7 +209,8 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		if err != nil {
 			return err
 		}
-		errs := make(chan error, 3)
+		errs := make(chan error, 4)
+		go func() { errs <- <-cacheErr }()
 		go func() { errs <- bc.Start(ctx) }()
 		go func() {
 			if !bc.WaitForSync(ctx) {

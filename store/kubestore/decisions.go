@@ -1,0 +1,160 @@
+package kubestore
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
+)
+
+// recordNodeIndex indexes cached NodeAttestations by spec.nodeName.
+const recordNodeIndex = "spec.nodeName"
+
+// Cached is the approver's Store: Binding and RecordsForNode read from a
+// watch of the namespace's NodeBindings and NodeAttestations instead of a
+// GET and a LIST per CSR, and ConsumeRecord first writes with the cached
+// record's resourceVersion instead of reading it again. Everything else is
+// the Store's.
+//
+// What the cache may get wrong, and why decisions stay sound:
+//   - a miss (no binding for the name, or no record for the node: an
+//     object written a moment ago that the watch has not brought yet) is
+//     read from the API server, so a lagging watch never leaves a CSR
+//     undecided or denies it for want of a record;
+//   - a stale record cannot be consumed twice: the consumption is a status
+//     update carrying the cached resourceVersion, which the API server
+//     refuses (Conflict) if the record changed since; then it is read
+//     again and decided as the Store does. A record the cache shows
+//     consumed stays consumed (nothing unsets it);
+//   - a stale binding (a revocation or release the watch has not brought
+//     yet, milliseconds) is read as a direct read made that much earlier
+//     would have been: the decision is ordered before the revocation.
+type Cached struct {
+	*Store
+	watch cache.Cache
+}
+
+// NewCached returns the cache over st's namespace; Start it and wait for
+// it to sync before deciding.
+func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, fmt.Errorf("kubestore: %w", err)
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{st.ns: {}},
+		ByObject: map[client.Object]cache.ByObject{&v1alpha1.NodeBinding{}: {}, &v1alpha1.NodeAttestation{}: {}}})
+	if err != nil {
+		return nil, fmt.Errorf("kubestore: decision cache: %w", err)
+	}
+	ctx := context.Background()
+	if err := c.IndexField(ctx, &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.NodeAttestation).Spec.NodeName}
+	}); err != nil {
+		return nil, fmt.Errorf("kubestore: record index: %w", err)
+	}
+	if _, err := c.GetInformer(ctx, &v1alpha1.NodeBinding{}); err != nil {
+		return nil, fmt.Errorf("kubestore: binding informer: %w", err)
+	}
+	return &Cached{Store: st, watch: c}, nil
+}
+
+// Start runs the watches until ctx ends.
+func (c *Cached) Start(ctx context.Context) error { return c.watch.Start(ctx) }
+
+// WaitForSync waits for the first lists; false if ctx ended first.
+func (c *Cached) WaitForSync(ctx context.Context) bool { return c.watch.WaitForCacheSync(ctx) }
+
+// Binding implements store.Store from the cache; a miss reads the API.
+func (c *Cached) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
+	}
+	var obj v1alpha1.NodeBinding
+	err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: nodeName}, &obj)
+	switch {
+	case err == nil:
+		return fromBinding(&obj)
+	case apierrors.IsNotFound(err):
+		return c.Store.Binding(ctx, nodeName)
+	}
+	return nil, fmt.Errorf("kubestore: cached binding %s: %w", nodeName, err)
+}
+
+// RecordsForNode implements store.Store from the cache (newest first); a
+// node with no cached record is read from the API.
+func (c *Cached) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
+	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return nil, nil
+	}
+	var l v1alpha1.NodeAttestationList
+	if err := c.watch.List(ctx, &l, client.InNamespace(c.ns), client.MatchingFields{recordNodeIndex: nodeName}); err != nil {
+		return nil, fmt.Errorf("kubestore: cached records for %s: %w", nodeName, err)
+	}
+	if len(l.Items) == 0 {
+		return c.Store.RecordsForNode(ctx, nodeName)
+	}
+	out := make([]*store.Record, 0, len(l.Items))
+	for i := range l.Items {
+		if l.Items[i].Spec.NodeName != nodeName {
+			continue
+		}
+		r, err := fromObject(&l.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	sortNewestFirst(out)
+	return out, nil
+}
+
+// ConsumeRecord implements store.Store: one status update with the cached
+// record's resourceVersion; on a conflict, a miss or anything unexpected,
+// the Store's read-then-write.
+func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time) error {
+	if validID(id) != nil {
+		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
+	}
+	var obj v1alpha1.NodeAttestation
+	if err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: id}, &obj); err != nil {
+		return c.Store.ConsumeRecord(ctx, id, by, at)
+	}
+	if obj.Status.ConsumedAt != nil {
+		return fmt.Errorf("kubestore: record %s (by %s): %w", id, obj.Status.ConsumedBy, store.ErrConsumed)
+	}
+	t := metav1.NewMicroTime(at.UTC())
+	obj.Status.ConsumedAt, obj.Status.ConsumedBy = &t, by
+	bctx, cancel := bound(ctx)
+	err := c.Store.c.Status().Update(bctx, &obj) // carries the cached resourceVersion
+	cancel()
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("kubestore: record %s: %w", id, store.ErrNotFound)
+	}
+	// A conflict (the record changed since the watch brought it) or a
+	// failed call: read it and write as the Store does.
+	return c.Store.ConsumeRecord(ctx, id, by, at)
+}
+
+// sortNewestFirst orders records as RecordsForNode returns them.
+func sortNewestFirst(out []*store.Record) {
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.After(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+}

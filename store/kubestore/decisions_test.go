@@ -1,0 +1,138 @@
+package kubestore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/storetest"
+)
+
+// testDecisionCache: the approver's cached reads answer what the API
+// server holds, a miss is read through, and a record is consumed once
+// however stale the cache that tries.
+func testDecisionCache(t *testing.T, k *cluster) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sc, err := NewClient(k.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := k.namespace(t)
+	now := time.Now().Truncate(time.Second)
+	st := k.store(t, sc, ns, func() time.Time { return now })
+	cached := func() *Cached {
+		c, err := NewCached(k.cfg, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go c.Start(ctx)
+		if !c.WaitForSync(ctx) {
+			t.Fatal("the decision cache did not sync")
+		}
+		return c
+	}
+	first := storetest.Record(storetest.ID(1), "worker-1", now)
+	if err := st.Enrol(ctx, first, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := cached(), cached()
+
+	t.Run("reads what the API server holds", func(t *testing.T) {
+		bd, err := a.Binding(ctx, "worker-1")
+		if err != nil || bd.Identity != first.Identity {
+			t.Fatalf("cached binding: %+v, %v", bd, err)
+		}
+		recs, err := a.RecordsForNode(ctx, "worker-1")
+		if err != nil || len(recs) != 1 || recs[0].ID != first.ID {
+			t.Fatalf("cached records: %v, %v", recs, err)
+		}
+		if _, err := a.Binding(ctx, "nobody"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a name nobody holds: %v", err)
+		}
+	})
+
+	t.Run("a record written a moment ago is read through", func(t *testing.T) {
+		r := storetest.Record(storetest.ID(2), "worker-2", now)
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// At once: the watch may not have brought them; the answer must
+		// not depend on it.
+		recs, err := a.RecordsForNode(ctx, "worker-2")
+		if err != nil || len(recs) != 1 || recs[0].ID != r.ID {
+			t.Fatalf("records right after the write: %v, %v", recs, err)
+		}
+		if bd, err := a.Binding(ctx, "worker-2"); err != nil || bd.Identity != r.Identity {
+			t.Fatalf("binding right after the write: %+v, %v", bd, err)
+		}
+	})
+
+	t.Run("two approvers with their own caches consume a record once", func(t *testing.T) {
+		r := storetest.Record(storetest.ID(3), "worker-3", now)
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []*Cached{a, b} { // both caches hold it, unconsumed
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				recs, _ := c.RecordsForNode(ctx, "worker-3")
+				if len(recs) == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the watch did not bring the record")
+				}
+			}
+		}
+		var won atomic.Int32
+		var wg sync.WaitGroup
+		for i, c := range []*Cached{a, b, a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := c.ConsumeRecord(ctx, r.ID, "csr-"+string(rune('a'+i))+"/uid", now)
+				switch {
+				case err == nil:
+					won.Add(1)
+				case !errors.Is(err, store.ErrConsumed):
+					t.Errorf("consume %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if won.Load() != 1 {
+			t.Fatalf("%d consumptions succeeded, want exactly 1", won.Load())
+		}
+	})
+
+	t.Run("a cache that has not seen the consumption is refused", func(t *testing.T) {
+		r := storetest.Record(storetest.ID(4), "worker-4", now)
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if recs, _ := a.RecordsForNode(ctx, "worker-4"); len(recs) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the watch did not bring the record")
+			}
+		}
+		// Consumed straight through the API; a's cached copy is (or may
+		// be) the unconsumed one.
+		if err := st.ConsumeRecord(ctx, r.ID, "csr-x/uid", now); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.ConsumeRecord(ctx, r.ID, "csr-y/uid", now); !errors.Is(err, store.ErrConsumed) {
+			t.Fatalf("consuming again through a stale cache: %v, want ErrConsumed", err)
+		}
+		got, err := st.GetRecord(ctx, r.ID)
+		if err != nil || got.ConsumedBy != "csr-x/uid" {
+			t.Fatalf("the record is consumed by %q (%v), want the first", got.ConsumedBy, err)
+		}
+	})
+}
