@@ -66,7 +66,7 @@ type Source struct {
 	tokenDir string
 	tokens   *Tokens
 	ca       func(context.Context) ([]byte, error)
-	caWatch  *CABundleWatch // behind ca
+	caWatch  *CABundleWatch         // behind ca
 	caBundle func() ([]byte, error) // nodeproof's own CA bundle, for the public tier
 	clock    func() time.Time
 	log      *slog.Logger
