@@ -463,7 +463,12 @@ func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID 
 	if !same {
 		return nil, false, nil
 	}
-	delivered, err := s.o.Store.IsUsed(ctx, configTokenOnce(tokenID))
+	var delivered bool
+	if s.o.Bootstrap != nil && prev.BootstrapTokenID != "" {
+		delivered, err = s.o.Bootstrap.Delivered(ctx, prev)
+	} else {
+		delivered, err = s.o.Store.IsUsed(ctx, configTokenOnce(tokenID))
+	}
 	if err != nil {
 		return nil, false, err
 	}

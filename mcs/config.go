@@ -147,8 +147,8 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked: %s", rec.NodeName, b.Revoked.Reason))
 		return
 	}
-	once := configTokenOnce(ct.ID)
-	if err := s.o.Store.UseOnce(ctx, once, ct.Expires); err != nil {
+	release, err := s.spendConfigToken(ctx, ct, rec)
+	if err != nil {
 		if errors.Is(err, store.ErrUsed) {
 			s.refuse(w, d, deny(ReasonTokenUsed, "config token was already used"))
 		} else {
@@ -157,12 +157,6 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	d.tier = "attested"
-	release := func() {
-		// No byte of the config left: the token may be used again.
-		if err := s.o.Store.ReleaseOnce(context.WithoutCancel(ctx), once); err != nil {
-			s.o.Log.Error("release config token marker", "record", ct.RecordID, "err", err.Error())
-		}
-	}
 	s.deliver(w, r, d, s.full(pool, accept, rec), release)
 }
 
@@ -184,6 +178,34 @@ func (s *Server) tokenRecord(ctx context.Context, ct *tokens.ConfigToken) (*stor
 		rec.BootstrapTokenSecret = ct.Bootstrap
 	}
 	return rec, nil
+}
+
+// spendConfigToken marks ct used, before any byte of its config leaves,
+// and returns what unmarks it (when no byte left after all). With
+// per-node bootstrap tokens (cluster mode) the mark is the record's token
+// Secret, made now (BootstrapTokens.Activate): one write for both. Else it
+// is a single-use marker of its own.
+func (s *Server) spendConfigToken(ctx context.Context, ct *tokens.ConfigToken, rec *store.Record) (release func(), err error) {
+	if s.o.Bootstrap != nil && rec.BootstrapTokenID != "" {
+		if err := s.o.Bootstrap.Activate(ctx, rec); err != nil {
+			return nil, err
+		}
+		return func() {
+			if err := s.o.Bootstrap.Revoke(context.WithoutCancel(ctx), rec); err != nil {
+				s.o.Log.Error("release config token (its bootstrap token)", "record", ct.RecordID, "err", err.Error())
+			}
+		}, nil
+	}
+	once := configTokenOnce(ct.ID)
+	if err := s.o.Store.UseOnce(ctx, once, ct.Expires); err != nil {
+		return nil, err
+	}
+	return func() {
+		// No byte of the config left: the token may be used again.
+		if err := s.o.Store.ReleaseOnce(context.WithoutCancel(ctx), once); err != nil {
+			s.o.Log.Error("release config token marker", "record", ct.RecordID, "err", err.Error())
+		}
+	}, nil
 }
 
 // configTokenOnce is the single-use marker of a config token.

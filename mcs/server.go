@@ -55,12 +55,22 @@ type PartsConfigs interface {
 	FullParts(pool, accept string, node *store.Record) ([][]byte, error)
 }
 
-// BootstrapTokens issues per-node Kubernetes bootstrap tokens.
+// BootstrapTokens issues per-node Kubernetes bootstrap tokens. A token is
+// drawn at verify (Issue, into the record and the config token) and made
+// real at the config's delivery (Activate), which is the config token's
+// single-use marker: no marker object of its own.
 type BootstrapTokens interface {
-	// Issue creates a token for rec's node, expiring with rec, and sets
-	// rec.BootstrapTokenID. An error that is not an attest.Denial is a 503.
+	// Issue draws a token for rec's node, expiring with rec, and sets
+	// rec.BootstrapTokenID (and its secret). An error that is not an
+	// attest.Denial is a 503.
 	Issue(ctx context.Context, rec *store.Record) error
-	// Revoke deletes the token of a record that was not written after all.
+	// Activate makes rec's token usable, once: a second Activate for the
+	// same record is store.ErrUsed.
+	Activate(ctx context.Context, rec *store.Record) error
+	// Delivered reports whether Activate has made rec's token.
+	Delivered(ctx context.Context, rec *store.Record) (bool, error)
+	// Revoke deletes rec's token: a record that was not written after
+	// all, or a delivery that sent nothing.
 	Revoke(ctx context.Context, rec *store.Record) error
 }
 

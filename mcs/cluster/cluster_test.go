@@ -349,6 +349,9 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 	if err := pastTokens.Issue(ctx, expired); err != nil {
 		t.Fatal(err)
 	}
+	if err := pastTokens.Activate(ctx, expired); err != nil {
+		t.Fatal(err)
+	}
 
 	rec := &store.Record{ID: "rec-1", NodeName: "worker-1", Pool: "worker", Expires: now.Add(time.Hour)}
 	if err := tokens.Issue(ctx, rec); err != nil {
@@ -356,6 +359,30 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 	}
 	if !regexp.MustCompile(`^[a-z0-9]{6}$`).MatchString(rec.BootstrapTokenID) {
 		t.Fatalf("BootstrapTokenID %q", rec.BootstrapTokenID)
+	}
+	// Issue draws the token; nothing exists until the config's delivery
+	// activates it, once.
+	if _, err := secrets.Get(ctx, "bootstrap-token-"+rec.BootstrapTokenID, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("a token Secret exists before its activation: %v", err)
+	}
+	if d, err := tokens.Delivered(ctx, rec); err != nil || d {
+		t.Fatalf("Delivered before Activate: %v, %v", d, err)
+	}
+	if err := tokens.Activate(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := tokens.Activate(ctx, rec); !errors.Is(err, store.ErrUsed) {
+		t.Fatalf("a second Activate: %v, want store.ErrUsed (the config token's single use)", err)
+	}
+	if d, err := tokens.Delivered(ctx, rec); err != nil || !d {
+		t.Fatalf("Delivered after Activate: %v, %v", d, err)
+	}
+	// Another record that drew the same ID (one in 2^31) is told so, not
+	// taken for a second use.
+	twin := &store.Record{ID: "rec-twin", NodeName: "worker-9", Pool: "worker", Expires: now.Add(time.Hour),
+		BootstrapTokenID: rec.BootstrapTokenID, BootstrapTokenSecret: rec.BootstrapTokenSecret}
+	if err := tokens.Activate(ctx, twin); !errors.Is(err, cluster.ErrTokenIDTaken) {
+		t.Fatalf("Activate of a colliding ID: %v, want ErrTokenIDTaken", err)
 	}
 	s, err := secrets.Get(ctx, "bootstrap-token-"+rec.BootstrapTokenID, metav1.GetOptions{})
 	if err != nil {
@@ -591,6 +618,9 @@ func testRBAC(t *testing.T, cfg *rest.Config, c client.Client, caFile string) {
 	rec := &store.Record{ID: "rec-rbac", NodeName: "worker-2", Pool: "worker", Expires: time.Now().Add(time.Hour)}
 	if err := tokens.Issue(ctx, rec); err != nil {
 		t.Fatalf("Issue as the service account: %v", err)
+	}
+	if err := tokens.Activate(ctx, rec); err != nil {
+		t.Fatalf("Activate as the service account: %v", err)
 	}
 	kubeconfig, err := tokens.Kubeconfig(ctx, rec)
 	if err != nil {

@@ -37,10 +37,13 @@
 // The in-cluster MCS puts one shared, long-lived credential into every
 // config: the node-bootstrapper service account's token. For an attested
 // node nodeproof instead creates a bootstrap token that is the node's
-// alone and expires with its NodeAttestation record (Tokens.Issue, called
-// by mcs before the record is written, Tokens.Revoke if it is not), and
-// serves that node a kubeconfig with it (Tokens.Kubeconfig, behind
-// mcs.Rendered.Kubeconfig). The kubeconfig is built as the MCS builds
+// alone and expires with its NodeAttestation record (Tokens.Issue draws
+// it when the record is written; Tokens.Activate creates its Secret at the
+// config's first delivery — the Secret is the config token's single-use
+// marker, so the delivery costs one write, not two — and Tokens.Revoke
+// deletes it when no byte of that config left), and serves that node a
+// kubeconfig with it (Tokens.Kubeconfig, behind mcs.Rendered.Kubeconfig;
+// the secret travels sealed in the config token, so nothing is read back). The kubeconfig is built as the MCS builds
 // its own (Kubeconfig, mirroring kubeconfigFromSecret in MCO
 // pkg/server/cluster_server.go): server = --apiserver-url (the internal
 // API URL), CA = MCOCABundle (ConfigMap
@@ -84,8 +87,9 @@
 //	machineconfiguration.openshift.io  machineconfigs, machineconfigpools,
 //	                                   controllerconfigs   get list watch   (cluster-wide) Watch's informers
 //	""  secrets     kube-system        create get delete list
-//	                                   create: Issue; get: Kubeconfig reads the token back (replicas share no
-//	                                   memory); delete: Revoke and GC; list: GC (by label). Bootstrap tokens
+//	                                   create: Activate; get: Delivered (a session answered again), and
+//	                                   Kubeconfig for a config token without the secret; delete: Revoke and
+//	                                   GC; list: GC (by label). Bootstrap tokens
 //	                                   must live in kube-system, and RBAC cannot narrow create/list/delete to
 //	                                   names not yet known, so this grants reading and deleting every Secret
 //	                                   in kube-system: treat the service account as that powerful.

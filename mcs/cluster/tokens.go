@@ -119,10 +119,12 @@ func NewTokens(o TokenOptions) (*Tokens, error) {
 	return &Tokens{o: o}, nil
 }
 
-// Issue implements mcs.BootstrapTokens: it creates rec's token and sets
-// rec.BootstrapTokenID. Refused (an error, so a 503, and nothing created):
-// a record without node, pool or ID, with no expiry or one not after now,
-// or for a pool whose name cannot be a bootstrap group (PoolGroup).
+// Issue implements mcs.BootstrapTokens: it draws rec's token (ID and
+// secret) and sets rec.BootstrapTokenID and rec.BootstrapTokenSecret; the
+// token's Secret is made by Activate, at the config's first delivery.
+// Refused (an error, so a 503): a record without node, pool or ID, with
+// no expiry or one not after now, or for a pool whose name cannot be a
+// bootstrap group (PoolGroup).
 func (t *Tokens) Issue(ctx context.Context, rec *store.Record) error {
 	switch {
 	case rec.ID == "" || rec.NodeName == "" || rec.Pool == "":
@@ -132,58 +134,109 @@ func (t *Tokens) Issue(ctx context.Context, rec *store.Record) error {
 	case rec.Expires.IsZero():
 		return errors.New("cluster: bootstrap token for a record that never expires")
 	}
+	if !rec.Expires.UTC().Truncate(time.Second).After(t.o.Clock()) {
+		return errors.New("cluster: bootstrap token for a record that has expired")
+	}
+	if _, err := PoolGroup(rec.Pool); err != nil {
+		return err
+	}
+	id, err := t.random(tokenIDLen)
+	if err != nil {
+		return err
+	}
+	secret, err := t.random(tokenSecretLen)
+	if err != nil {
+		return err
+	}
+	rec.BootstrapTokenID, rec.BootstrapTokenSecret = id, secret
+	return nil
+}
+
+// ErrTokenIDTaken is Activate's answer when another record's token has the
+// ID drawn for this one (about one in 2^31 per live token): the machine
+// attests again for a new one.
+var ErrTokenIDTaken = errors.New("cluster: the bootstrap token ID drawn for this record belongs to another token")
+
+// Activate implements mcs.BootstrapTokens: it creates rec's token Secret,
+// once. The Secret, named by the token ID the record holds, is the
+// config's single-use marker: a second Activate for the same record is
+// store.ErrUsed (the config was delivered). rec.BootstrapTokenSecret, when
+// empty (a record written by an earlier answer to the same session, whose
+// secret went with that answer's token), is drawn afresh: nothing used it.
+func (t *Tokens) Activate(ctx context.Context, rec *store.Record) error {
+	if rec.BootstrapTokenID == "" {
+		return errors.New("cluster: record has no bootstrap token")
+	}
 	exp := rec.Expires.UTC().Truncate(time.Second)
 	if !exp.After(t.o.Clock()) {
-		return errors.New("cluster: bootstrap token for a record that has expired")
+		return fmt.Errorf("cluster: bootstrap token of record %s has expired", rec.ID)
 	}
 	group, err := PoolGroup(rec.Pool)
 	if err != nil {
 		return err
 	}
-	for range maxCreateCollisions {
-		id, err := t.random(tokenIDLen)
-		if err != nil {
+	if rec.BootstrapTokenSecret == "" {
+		if rec.BootstrapTokenSecret, err = t.random(tokenSecretLen); err != nil {
 			return err
 		}
-		secret, err := t.random(tokenSecretLen)
-		if err != nil {
-			return err
-		}
-		s := &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name:      BootstrapTokenPrefix + id,
-				Namespace: BootstrapTokenNamespace,
-				Labels:    map[string]string{LabelManagedBy: ManagedBy},
-				Annotations: map[string]string{
-					AnnotationRecord: rec.ID, AnnotationNode: rec.NodeName, AnnotationPool: rec.Pool,
-				},
-			},
-			Type: corev1.SecretTypeBootstrapToken,
-			StringData: map[string]string{
-				keyTokenID:             id,
-				keyTokenSecret:         secret,
-				keyExpiration:          exp.Format(time.RFC3339),
-				keyUsageAuthentication: "true",
-				keyExtraGroups:         NodeGroup + "," + group,
-				keyDescription: fmt.Sprintf("nodeproof: bootstrap token of attested node %s (pool %s, NodeAttestation record %s)",
-					rec.NodeName, rec.Pool, rec.ID),
-			},
-		}
-		_, err = t.o.Client.CoreV1().Secrets(BootstrapTokenNamespace).Create(ctx, s, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			continue // another token has this ID: draw again
-		}
-		if err != nil {
-			return fmt.Errorf("cluster: create bootstrap token: %w", err)
-		}
-		rec.BootstrapTokenID, rec.BootstrapTokenSecret = id, secret
-		return nil
 	}
-	return errors.New("cluster: create bootstrap token: token IDs keep colliding")
+	id := rec.BootstrapTokenID
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      BootstrapTokenPrefix + id,
+			Namespace: BootstrapTokenNamespace,
+			Labels:    map[string]string{LabelManagedBy: ManagedBy},
+			Annotations: map[string]string{
+				AnnotationRecord: rec.ID, AnnotationNode: rec.NodeName, AnnotationPool: rec.Pool,
+			},
+		},
+		Type: corev1.SecretTypeBootstrapToken,
+		StringData: map[string]string{
+			keyTokenID:             id,
+			keyTokenSecret:         rec.BootstrapTokenSecret,
+			keyExpiration:          exp.Format(time.RFC3339),
+			keyUsageAuthentication: "true",
+			keyExtraGroups:         NodeGroup + "," + group,
+			keyDescription: fmt.Sprintf("nodeproof: bootstrap token of attested node %s (pool %s, NodeAttestation record %s)",
+				rec.NodeName, rec.Pool, rec.ID),
+		},
+	}
+	_, err = t.o.Client.CoreV1().Secrets(BootstrapTokenNamespace).Create(ctx, s, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		switch mine, gerr := t.Delivered(ctx, rec); {
+		case gerr != nil:
+			return gerr
+		case mine:
+			return fmt.Errorf("cluster: bootstrap token of record %s: %w", rec.ID, store.ErrUsed)
+		default:
+			return ErrTokenIDTaken
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: create bootstrap token: %w", err)
+	}
+	return nil
 }
 
-// Revoke implements mcs.BootstrapTokens: it deletes rec's token; a token
-// already gone is not an error.
+// Delivered implements mcs.BootstrapTokens: whether rec's token Secret
+// exists (Activate made it: the config was delivered).
+func (t *Tokens) Delivered(ctx context.Context, rec *store.Record) (bool, error) {
+	if rec.BootstrapTokenID == "" {
+		return false, nil
+	}
+	s, err := t.o.Client.CoreV1().Secrets(BootstrapTokenNamespace).Get(ctx, BootstrapTokenPrefix+rec.BootstrapTokenID, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("cluster: read bootstrap token of record %s: %w", rec.ID, err)
+	}
+	return s.Annotations[AnnotationRecord] == rec.ID, nil
+}
+
+// Revoke implements mcs.BootstrapTokens: it deletes rec's token Secret
+// (after a delivery that sent nothing, the config may be fetched again); a
+// token already gone, or never made, is not an error.
 func (t *Tokens) Revoke(ctx context.Context, rec *store.Record) error {
 	if rec.BootstrapTokenID == "" {
 		return nil
