@@ -217,8 +217,13 @@ func (s *Syncer) syncInstaller(ctx context.Context, role string) (bool, error) {
 // token in a merge or replace source (an "Authorization: Bearer" header,
 // or ?token= in the URL), that token to token. The rest of the config is
 // kept. It reports whether anything changed; the result must parse with
-// Ignition's own parser.
+// Ignition's own parser. A token that is not printable ASCII is refused.
 func Patch(raw, ca []byte, token string) ([]byte, bool, error) {
+	for _, r := range token {
+		if r < 0x21 || r > 0x7e {
+			return nil, false, errors.New("the token is not printable ASCII without spaces")
+		}
+	}
 	if _, rpt, err := ignconfig.Parse(raw); err != nil {
 		return nil, false, fmt.Errorf("the pointer config does not parse as Ignition 3: %w: %s", err, rpt.String())
 	}
