@@ -247,6 +247,9 @@ func TestControllerOnAPIServer(t *testing.T) {
 		if err := tokens.Issue(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
+		if err := tokens.Activate(ctx, rec); err != nil { // as the config's delivery does
+			t.Fatal(err)
+		}
 		if err := st.Enrol(ctx, rec, store.EnrolOptions{}); err != nil {
 			t.Fatal(err)
 		}

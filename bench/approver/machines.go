@@ -118,6 +118,9 @@ func (f *fleet) machine(ctx context.Context, node string) (*machine, error) {
 		if err := f.tokens.Issue(ctx, rec); err != nil {
 			return nil, err
 		}
+		if err := f.tokens.Activate(ctx, rec); err != nil { // as the config's delivery does
+			return nil, err
+		}
 	}
 	session := store.Once{Key: "session/" + randomHex(32), Expires: now.Add(10 * time.Minute)}
 	if err := f.server.Enrol(ctx, rec, store.EnrolOptions{}, session); err != nil {

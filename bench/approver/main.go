@@ -308,6 +308,9 @@ func (b *bench) setup(ctx context.Context, cfg *rest.Config) error {
 		if err := toks.Issue(ctx, shared); err != nil {
 			return err
 		}
+		if err := toks.Activate(ctx, shared); err != nil {
+			return err
+		}
 		kubeconfig, err := toks.Kubeconfig(ctx, shared)
 		if err != nil {
 			return err

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 )
 
@@ -32,8 +33,6 @@ const (
 	// period, with when each was made and retired (the token file's
 	// format). The current token is always TokenKey's.
 	TokenHistoryKey = "tokens.json"
-	// maxTokenLength bounds a token read from the Secret.
-	maxTokenLength = 4096
 )
 
 // TokenSecret keeps the provisioning tokens in the Secret
@@ -107,7 +106,7 @@ func (t *TokenSecret) parse(sec *corev1.Secret) ([]tokens.Token, error) {
 			t, TokenKey, strings.Join(slices.Sorted(maps.Keys(sec.Data)), ", "), TokenKey, t.ns(), t.name())
 	}
 	cur := strings.TrimSpace(string(raw))
-	if err := checkToken(cur); err != nil {
+	if err := pointer.CheckToken(cur); err != nil {
 		return nil, fmt.Errorf("%s key %q: %w", t, TokenKey, err)
 	}
 	var hist []tokens.Token
@@ -116,7 +115,7 @@ func (t *TokenSecret) parse(sec *corev1.Secret) ([]tokens.Token, error) {
 			return nil, fmt.Errorf("%s key %q does not parse: %w", t, TokenHistoryKey, err)
 		}
 		for i, h := range hist {
-			if err := checkToken(h.Value); err != nil {
+			if err := pointer.CheckToken(h.Value); err != nil {
 				return nil, fmt.Errorf("%s key %q entry %d: %w", t, TokenHistoryKey, i, err)
 			}
 		}
@@ -144,21 +143,6 @@ func (t *TokenSecret) parse(sec *corev1.Secret) ([]tokens.Token, error) {
 		out = append(out, h)
 	}
 	return out, nil
-}
-
-func checkToken(s string) error {
-	if s == "" {
-		return fmt.Errorf("empty token")
-	}
-	if len(s) > maxTokenLength {
-		return fmt.Errorf("token longer than %d bytes", maxTokenLength)
-	}
-	for _, r := range s {
-		if r < 0x21 || r > 0x7e {
-			return fmt.Errorf("token must be printable ASCII without spaces (e.g. base64 of 32 random bytes)")
-		}
-	}
-	return nil
 }
 
 // Save writes the list: the current token under "token", the list under

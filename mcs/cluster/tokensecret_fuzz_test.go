@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/nodeproof/nodeproof/mcs/pointer"
 )
 
 // FuzzTokenSecret: whatever the Secret machineconfig-auth holds, its
@@ -29,7 +31,7 @@ func FuzzTokenSecret(f *testing.F) {
 			t.Fatalf("current token %+v, want the token key's %q, not retired", list, tok)
 		}
 		for _, tk := range list {
-			if checkToken(tk.Value) != nil {
+			if pointer.CheckToken(tk.Value) != nil {
 				t.Fatalf("a token that is not printable or bounded was read: %q", tk.Value)
 			}
 		}

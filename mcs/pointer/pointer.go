@@ -124,7 +124,7 @@ func Build(o Options) ([]byte, error) {
 		return nil, err
 	}
 	if o.Token != "" {
-		if err := checkToken(o.Token); err != nil {
+		if err := CheckToken(o.Token); err != nil {
 			return nil, err
 		}
 		if o.TokenInURL {
@@ -229,7 +229,12 @@ func validPoolName(s string) bool {
 	return true
 }
 
-func checkToken(tok string) error {
+// CheckToken accepts a provisioning token a pointer config can carry:
+// printable ASCII without spaces, at most MaxTokenLength bytes, not empty.
+func CheckToken(tok string) error {
+	if tok == "" {
+		return errors.New("pointer: empty token")
+	}
 	if len(tok) > MaxTokenLength {
 		return fmt.Errorf("pointer: token longer than %d bytes", MaxTokenLength)
 	}

@@ -219,9 +219,9 @@ func (s *Syncer) syncInstaller(ctx context.Context, role string) (bool, error) {
 // kept. It reports whether anything changed; the result must parse with
 // Ignition's own parser. A token that is not printable ASCII is refused.
 func Patch(raw, ca []byte, token string) ([]byte, bool, error) {
-	for _, r := range token {
-		if r < 0x21 || r > 0x7e {
-			return nil, false, errors.New("the token is not printable ASCII without spaces")
+	if token != "" {
+		if err := pointer.CheckToken(token); err != nil {
+			return nil, false, err
 		}
 	}
 	if _, rpt, err := ignconfig.Parse(raw); err != nil {
