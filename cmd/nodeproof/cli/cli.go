@@ -4,6 +4,7 @@ package cli
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -14,9 +15,11 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/mcs/seal"
@@ -129,9 +132,14 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated")
 	bundle := fs.Bool("print-bundle", false, "print the CA bundle (PEM) to standard output")
 	servingOnly := fs.Bool("serving-only", false, "with rotate: a new serving certificate, the CA kept")
+	kubeconfig := fs.String("kubeconfig", "", "the CA kept in the cluster (serve --cert-store=cluster): this kubeconfig's cluster; empty: --state-dir")
+	ns := fs.String("certs-namespace", kubecerts.DefaultNamespace, "with --kubeconfig: namespace of the certificate objects")
 	action, err := parseAction(fs, args, "ca")
 	if err != nil {
 		return err
+	}
+	if *kubeconfig != "" {
+		return caInCluster(*kubeconfig, *ns, action, *hosts, *bundle, *servingOnly, stdout)
 	}
 	o := certs.Options{Clock: time.Now, Hosts: splitList(*hosts)}
 	switch action {
@@ -157,6 +165,79 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
+// caInCluster is `nodeproof ca --kubeconfig`: the objects serve
+// --cert-store=cluster keeps. show reads them (creating nothing: the
+// server's leader makes them); rotate rotates the CA (or, --serving-only,
+// the serving certificate) now, as the leader does at 80%, writing with the
+// resourceVersion read. The serving certificate keeps its names unless
+// --hosts is given.
+func caInCluster(kubeconfig, ns, action, hosts string, printBundle, servingOnly bool, stdout io.Writer) error {
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: []string{"localhost"}, Clock: time.Now})
+	if err != nil {
+		return err
+	}
+	snap, err := read.Read(ctx)
+	if err != nil {
+		return err
+	}
+	var changes []string
+	switch action {
+	case "", "show":
+	case "rotate":
+		names := append(append([]string(nil), snap.Serving.DNSNames...), ipStrings(snap.Serving)...)
+		if hostFlagSet(hosts) {
+			names = splitList(hosts)
+		}
+		k, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: names, Clock: time.Now})
+		if err != nil {
+			return err
+		}
+		if servingOnly {
+			snap, changes, err = k.RotateServing(ctx)
+		} else {
+			snap, changes, err = k.Ensure(ctx, true)
+		}
+		if err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("ca: unknown action %q (show or rotate)", action)
+	}
+	if printBundle {
+		_, err = stdout.Write(snap.BundlePEM)
+		return err
+	}
+	for _, ch := range changes {
+		fmt.Fprintln(stdout, ch)
+	}
+	fmt.Fprintf(stdout, "CA bundle:  ConfigMap %s/%s (%d CA)\nserving:    Secret %s/%s for %v\nvalid to:   %s\nowner:      %s\n",
+		ns, kubecerts.CAName, strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), ns, kubecerts.ServingName,
+		append(append([]string(nil), snap.Serving.DNSNames...), ipStrings(snap.Serving)...),
+		snap.Serving.NotAfter.UTC().Format(time.RFC3339), map[bool]string{true: "nodeproof", false: "not nodeproof (served as found)"}[snap.Owned])
+	return nil
+}
+
+func ipStrings(c *x509.Certificate) []string {
+	var out []string
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return out
+}
+
+// hostFlagSet tells a --hosts given from the flag's default.
+func hostFlagSet(hosts string) bool { return hosts != "localhost,127.0.0.1" }
+
 func cmdPointer(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("pointer", stderr)
 	pool := fs.String("pool", "worker", "pool")
@@ -169,20 +250,31 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 	version := fs.String("spec", pointer.DefaultVersion, "Ignition spec version of the pointer config")
 	timeout := fs.Duration("http-total", 0, "ignition.timeouts.httpTotal (0: Ignition's default, retry forever)")
 	out := fs.String("o", "", "write here instead of standard output")
+	kubeconfig := fs.String("kubeconfig", "", "the bundle and token serve keeps in the cluster (--cert-store=cluster, --token-store=cluster): this kubeconfig's cluster")
+	certsNS := fs.String("certs-namespace", kubecerts.DefaultNamespace, "with --kubeconfig: namespace of ConfigMap machine-config-server-ca")
+	tokenNS := fs.String("token-secret-namespace", cluster.TokenSecretNamespace, "with --kubeconfig and --token: namespace of Secret machineconfig-auth")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *url == "" {
 		return errors.New("--url is required")
 	}
-	if *caFile == "" {
-		*caFile = filepath.Join(*stateDir, "certs", "current", certs.CABundleFileName)
-	}
-	ca, err := os.ReadFile(*caFile)
-	if err != nil {
-		return fmt.Errorf("CA bundle: %w", err)
-	}
+	var ca []byte
 	var tok string
+	var err error
+	if *kubeconfig != "" {
+		if ca, tok, err = pointerFromCluster(*kubeconfig, *certsNS, *tokenNS, *caFile, *stateToken); err != nil {
+			return err
+		}
+		*stateToken = false
+	} else {
+		if *caFile == "" {
+			*caFile = filepath.Join(*stateDir, "certs", "current", certs.CABundleFileName)
+		}
+		if ca, err = os.ReadFile(*caFile); err != nil {
+			return fmt.Errorf("CA bundle: %w", err)
+		}
+	}
 	switch {
 	case *tokenFile != "":
 		b, err := os.ReadFile(*tokenFile)
@@ -209,6 +301,48 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return os.WriteFile(*out, append(b, '\n'), 0o600)
+}
+
+// pointerFromCluster reads the bundle (ConfigMap machine-config-server-ca,
+// unless caFile is given) and, with withToken, the current provisioning
+// token (Secret machineconfig-auth) from the cluster.
+func pointerFromCluster(kubeconfig, certsNS, tokenNS, caFile string, withToken bool) ([]byte, string, error) {
+	cfg, err := restConfig(kubeconfig)
+	if err != nil {
+		return nil, "", err
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var ca []byte
+	if caFile != "" {
+		if ca, err = os.ReadFile(caFile); err != nil {
+			return nil, "", fmt.Errorf("CA bundle: %w", err)
+		}
+	} else {
+		cm, err := kc.CoreV1().ConfigMaps(certsNS).Get(ctx, kubecerts.CAName, metav1.GetOptions{})
+		if err != nil {
+			return nil, "", fmt.Errorf("CA bundle: %w", err)
+		}
+		ca = []byte(cm.Data[kubecerts.BundleKey])
+	}
+	if !withToken {
+		return ca, "", nil
+	}
+	// The previous token is used only while it was retired less than 30 s
+	// ago, and serve's --token-grace is longer than that (it must exceed 3
+	// x --reload-interval): read with a grace just past 30 s.
+	p, err := tokens.Open(ctx, &cluster.TokenSecret{Client: kc, Namespace: tokenNS}, 31*time.Second, time.Now, false)
+	if err != nil {
+		return nil, "", err
+	}
+	// The token every replica knows: a token made in the last 30 s (3 x
+	// serve's default --reload-interval) waits, the previous one is still
+	// valid meanwhile.
+	return ca, p.Published(30 * time.Second), nil
 }
 
 func cmdToken(args []string, stdout, stderr io.Writer) error {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -45,10 +46,11 @@ func (c *offsetClock) Advance(d time.Duration) { c.off.Add(int64(d)) }
 // replicaSet is several `nodeproof serve` replicas in cluster mode with
 // the certificates and tokens kept in the cluster (the defaults).
 type replicaSet struct {
-	urls []string
-	logs []*testenv.LockedBuffer
-	kc   kubernetes.Interface
-	clk  *offsetClock
+	urls       []string
+	kubeconfig string // admin
+	logs       []*testenv.LockedBuffer
+	kc         kubernetes.Interface
+	clk        *offsetClock
 }
 
 const clusterStatePolicy = `apiVersion: nodeproof.io/v1alpha1
@@ -77,7 +79,7 @@ func startReplicas(t *testing.T, n int, edit func(*ServeConfig)) *replicaSet {
 	if err := os.WriteFile(policyFile, []byte(clusterStatePolicy), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	rs := &replicaSet{kc: kc, clk: &offsetClock{}}
+	rs := &replicaSet{kc: kc, clk: &offsetClock{}, kubeconfig: clustertest.AdminKubeconfig(t, cfg)}
 	ports := make([]int, n)
 	for i := range ports {
 		ports[i] = testenv.FreePort(t)
@@ -103,7 +105,7 @@ func startReplicas(t *testing.T, n int, edit func(*ServeConfig)) *replicaSet {
 		rs.urls = append(rs.urls, fmt.Sprintf("https://127.0.0.1:%d", ports[i]))
 		sc := ServeConfig{
 			Listen: "127.0.0.1", SecurePort: ports[i], TLSMinVersion: "VersionTLS12",
-			Kubeconfig: clustertest.AdminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
+			Kubeconfig: rs.kubeconfig, APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
 			UserDataURL: rs.urls[0], UserDataNamespace: userdata.DefaultNamespace, UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy: policyFile, StateDir: filepath.Join(dir, fmt.Sprint("state-", i)), Hosts: []string{"127.0.0.1"},
 			Identity: fmt.Sprint("replica-", i), LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
@@ -554,4 +556,46 @@ func TestTokensMovedToTheCluster(t *testing.T) {
 	if !strings.Contains(rs.allLogs(), "imported from --tokens-file") {
 		t.Errorf("the import was not logged\n%s", rs.allLogs())
 	}
+}
+
+// TestCAAndPointerFromTheCluster: `nodeproof ca --kubeconfig` shows and
+// rotates the CA kept in the cluster (the replica follows; a machine given
+// the bundle before still fetches), and `nodeproof pointer --kubeconfig
+// --token` writes a pointer config from the cluster's bundle and token
+// that fetches.
+func TestCAAndPointerFromTheCluster(t *testing.T) {
+	rs := startReplicas(t, 1, nil)
+	ctx := context.Background()
+	kubeconfig := rs.kubeconfig
+	run := func(args ...string) string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		if code := Run(ctx, args, &stdout, &stderr); code != 0 {
+			t.Fatalf("nodeproof %v: exit %d: %s", args, code, stderr.String())
+		}
+		return stdout.String()
+	}
+	before := rs.userDataMachine(t, "before the rotation", "master"+userdata.SecretSuffix)
+	eventually(t, 30*time.Second, "the replica serves", func() bool { return rs.fetch(before, rs.urls[0], "master") == nil }, rs.allLogs)
+	if out := run("ca", "show", "--kubeconfig", kubeconfig); !strings.Contains(out, "(1 CA)") || !strings.Contains(out, "owner:      nodeproof") {
+		t.Fatalf("ca show: %s", out)
+	}
+	out := run("ca", "rotate", "--kubeconfig", kubeconfig)
+	if !strings.Contains(out, "rotated CA") || !strings.Contains(out, "(2 CA)") || !strings.Contains(out, "127.0.0.1") {
+		t.Fatalf("ca rotate: %s", out)
+	}
+	ptr := filepath.Join(t.TempDir(), "pointer.ign")
+	run("pointer", "--kubeconfig", kubeconfig, "--token", "--pool", "master", "--url", rs.urls[0], "-o", ptr)
+	b, err := os.ReadFile(ptr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, tok, err := parsePointer(b)
+	if err != nil || strings.Count(string(ca), "BEGIN CERTIFICATE") != 2 || tok == "" {
+		t.Fatalf("pointer from the cluster: %d CAs, token %q, %v", strings.Count(string(ca), "BEGIN CERTIFICATE"), tok, err)
+	}
+	after := machine{name: "after the rotation", bundle: ca, token: tok}
+	eventually(t, 30*time.Second, "the replica serves the rotated certificate", func() bool {
+		return rs.fetch(after, rs.urls[0], "master") == nil && rs.fetch(before, rs.urls[0], "master") == nil
+	}, rs.allLogs)
 }

@@ -272,6 +272,16 @@ func (k *Keeper) whereFile(name string) string {
 // resourceVersion read, so a concurrent writer makes this pass fail (the
 // next one retries) instead of being overwritten.
 func (k *Keeper) Ensure(ctx context.Context, rotateCA bool) (*Snapshot, []string, error) {
+	return k.ensure(ctx, rotateCA, false)
+}
+
+// RotateServing is Ensure with a new serving certificate issued now, the CA
+// kept (a suspected leak of the serving key, a drill).
+func (k *Keeper) RotateServing(ctx context.Context) (*Snapshot, []string, error) {
+	return k.ensure(ctx, false, true)
+}
+
+func (k *Keeper) ensure(ctx context.Context, rotateCA, rotateServing bool) (*Snapshot, []string, error) {
 	o, err := k.get(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -279,6 +289,9 @@ func (k *Keeper) Ensure(ctx context.Context, rotateCA bool) (*Snapshot, []string
 	first := o.ca == nil && o.bundle == nil && o.serving == nil
 	if !first && !owned(o.ca) {
 		snap, err := k.snapshot(o)
+		if err == nil && (rotateCA || rotateServing) {
+			err = fmt.Errorf("kubecerts: %s is not nodeproof's (no %s=%s): its owner rotates it", k.where("Secret", CAName, corev1.TLSCertKey), LabelManagedBy, ManagedBy)
+		}
 		return snap, nil, err
 	}
 	var cur certs.Files
@@ -286,7 +299,7 @@ func (k *Keeper) Ensure(ctx context.Context, rotateCA bool) (*Snapshot, []string
 		cur = k.files(o)
 	}
 	next, st, err := certs.Next(cur, k.whereFile, "restore it, or delete the three objects to start over with a new CA (every pointer config must then be replaced)",
-		certs.Options{Clock: k.o.Clock, Hosts: k.o.Hosts, RotateCA: rotateCA})
+		certs.Options{Clock: k.o.Clock, Hosts: k.o.Hosts, RotateCA: rotateCA, RotateServing: rotateServing})
 	if err != nil {
 		return nil, nil, err
 	}

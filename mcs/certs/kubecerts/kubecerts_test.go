@@ -227,9 +227,19 @@ func TestKeeper(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		snap, changes, err := k.Ensure(ctx, true)
+		snap, changes, err := k.Ensure(ctx, false)
 		if err != nil || snap.Owned || len(changes) != 0 || snap.Version != before.Version {
 			t.Fatalf("Ensure on the MCO's objects: owned %v, changes %q, version %s→%s, %v", snap != nil && snap.Owned, changes, before.Version, snap.Version, err)
+		}
+		// Asked to rotate them (nodeproof ca rotate), it says whose they are.
+		if _, _, err := k.Ensure(ctx, true); err == nil || !strings.Contains(err.Error(), "its owner rotates it") {
+			t.Fatalf("a rotation of the MCO's CA: %v", err)
+		}
+		if _, _, err := k.RotateServing(ctx); err == nil {
+			t.Fatal("a serving rotation of the MCO's objects was accepted")
+		}
+		if after, err := k.Read(ctx); err != nil || after.Version != before.Version {
+			t.Fatalf("the MCO's objects changed: %v", err)
 		}
 	})
 }
