@@ -412,15 +412,13 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Issue left the secret in memory (for the config token): the same
-	// kubeconfig as reading the token's Secret back, without that read.
-	readBack := *rec
-	readBack.BootstrapTokenSecret = ""
-	if rec.BootstrapTokenSecret == "" {
-		t.Fatal("Issue did not keep the token's secret for the config token")
-	}
-	if kb, err := tokens.Kubeconfig(ctx, &readBack); err != nil || !bytes.Equal(kb, kubeconfig) {
-		t.Fatalf("the kubeconfig read back differs from the one built from the sealed secret: %v", err)
+	// The kubeconfig is built from the secret the record carries in
+	// memory (from the sealed config token), never read back: without it,
+	// or with one of the wrong length, there is none.
+	noSecret := *rec
+	noSecret.BootstrapTokenSecret = ""
+	if _, err := tokens.Kubeconfig(ctx, &noSecret); err == nil {
+		t.Error("a kubeconfig was built for a record without its token's secret")
 	}
 	bad := *rec
 	bad.BootstrapTokenSecret = "short"
@@ -481,13 +479,6 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 		t.Errorf("an expired bootstrap token: %v, want Unauthorized", err)
 	}
 
-	// A token is only handed out for the record it was issued for.
-	other := *rec
-	other.ID, other.BootstrapTokenSecret = "rec-other", "" // read back
-	if _, err := tokens.Kubeconfig(ctx, &other); err == nil {
-		t.Error("Kubeconfig handed record rec-1's token to another record")
-	}
-
 	// Refusals create nothing.
 	before, _ := secrets.List(ctx, metav1.ListOptions{})
 	for _, bad := range []*store.Record{
@@ -534,8 +525,8 @@ func testTokens(t *testing.T, cfg *rest.Config, kc kubernetes.Interface, caFile 
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if _, err := tokens.Kubeconfig(ctx, &readBack); err == nil {
-		t.Error("a kubeconfig was built for a revoked token read back")
+	if d, err := tokens.Delivered(ctx, rec); err != nil || d {
+		t.Errorf("a revoked token still counts as delivered: %v, %v", d, err)
 	}
 }
 

@@ -87,9 +87,8 @@
 //	machineconfiguration.openshift.io  machineconfigs, machineconfigpools,
 //	                                   controllerconfigs   get list watch   (cluster-wide) Watch's informers
 //	""  secrets     kube-system        create get delete list
-//	                                   create: Activate; get: Delivered (a session answered again), and
-//	                                   Kubeconfig for a config token without the secret; delete: Revoke and
-//	                                   GC; list: GC (by label). Bootstrap tokens
+//	                                   create: Activate; get: Delivered (a second delivery, a session
+//	                                   answered again); delete: Revoke and GC; list: GC (by label). Bootstrap tokens
 //	                                   must live in kube-system, and RBAC cannot narrow create/list/delete to
 //	                                   names not yet known, so this grants reading and deleting every Secret
 //	                                   in kube-system: treat the service account as that powerful.

@@ -249,58 +249,26 @@ func (t *Tokens) Revoke(ctx context.Context, rec *store.Record) error {
 }
 
 // Kubeconfig returns the kubeconfig for rec's node: Kubeconfig(Server,
-// CABundle, "<id>.<secret>") with rec's token. The secret is
-// rec.BootstrapTokenSecret when set (from the sealed config token issued
-// with the record: no API call), else read back from its Secret.
-// Errors (each a 503 for the fetch, which Ignition retries): the record has
-// no token; a secret that is not a token secret; read back, the Secret is
-// gone, is not a bootstrap token, or is not the one issued for this record
-// (its token-id or record annotation differ); the token (the record) has
-// expired.
+// CABundle, "<id>.<secret>") with rec's token, whose secret is
+// rec.BootstrapTokenSecret: drawn by Issue, sealed in the config token
+// with the record's ID, and made real by Activate before any config is
+// delivered, so nothing is read back. Errors (each a 503 for the fetch,
+// which Ignition retries): the record has no token, or no secret of the
+// right length; the record (and so its token) has expired.
 func (t *Tokens) Kubeconfig(ctx context.Context, rec *store.Record) ([]byte, error) {
-	if rec.BootstrapTokenID == "" {
+	switch sec := rec.BootstrapTokenSecret; {
+	case rec.BootstrapTokenID == "":
 		return nil, errors.New("cluster: record has no bootstrap token")
-	}
-	if sec := rec.BootstrapTokenSecret; sec != "" {
-		// From the sealed config token, issued with this record: its
-		// expiry is the record's.
-		if len(sec) != tokenSecretLen {
-			return nil, fmt.Errorf("cluster: bootstrap token of record %s: malformed secret", rec.ID)
-		}
-		if !rec.Expires.After(t.o.Clock()) {
-			return nil, fmt.Errorf("cluster: bootstrap token of record %s has expired", rec.ID)
-		}
-		ca, err := t.o.CABundle(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return Kubeconfig(t.o.Server, ca, rec.BootstrapTokenID+"."+sec)
-	}
-	s, err := t.o.Client.CoreV1().Secrets(BootstrapTokenNamespace).Get(ctx, BootstrapTokenPrefix+rec.BootstrapTokenID, metav1.GetOptions{})
-	if err != nil {
-		return nil, fmt.Errorf("cluster: read bootstrap token of record %s: %w", rec.ID, err)
-	}
-	id, secret := string(s.Data[keyTokenID]), string(s.Data[keyTokenSecret])
-	switch {
-	case s.Type != corev1.SecretTypeBootstrapToken:
-		return nil, fmt.Errorf("cluster: %s is not a bootstrap token", s.Name)
-	case id != rec.BootstrapTokenID || s.Annotations[AnnotationRecord] != rec.ID:
-		return nil, fmt.Errorf("cluster: %s was not issued for record %s", s.Name, rec.ID)
-	case len(secret) != tokenSecretLen:
-		return nil, fmt.Errorf("cluster: %s has no valid token-secret", s.Name)
-	}
-	exp, err := time.Parse(time.RFC3339, string(s.Data[keyExpiration]))
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %s: expiration: %w", s.Name, err)
-	}
-	if !exp.After(t.o.Clock()) {
+	case len(sec) != tokenSecretLen:
+		return nil, fmt.Errorf("cluster: bootstrap token of record %s: no secret of %d characters", rec.ID, tokenSecretLen)
+	case !rec.Expires.After(t.o.Clock()):
 		return nil, fmt.Errorf("cluster: bootstrap token of record %s has expired", rec.ID)
 	}
 	ca, err := t.o.CABundle(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return Kubeconfig(t.o.Server, ca, id+"."+secret)
+	return Kubeconfig(t.o.Server, ca, rec.BootstrapTokenID+"."+rec.BootstrapTokenSecret)
 }
 
 // GC deletes nodeproof's token Secrets whose expiration has passed (the

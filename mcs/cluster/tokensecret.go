@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -54,15 +55,8 @@ type TokenSecret struct {
 
 var _ tokens.Store = (*TokenSecret)(nil)
 
-func (t *TokenSecret) ns() string   { return cmp(t.Namespace, TokenSecretNamespace) }
-func (t *TokenSecret) name() string { return cmp(t.Name, TokenSecretName) }
-
-func cmp(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
-}
+func (t *TokenSecret) ns() string   { return cmp.Or(t.Namespace, TokenSecretNamespace) }
+func (t *TokenSecret) name() string { return cmp.Or(t.Name, TokenSecretName) }
 
 // Created is when the Secret was made (zero before it was read): when
 // the tokens moved to the cluster.

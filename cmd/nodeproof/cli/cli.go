@@ -139,7 +139,13 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *kubeconfig != "" {
-		return caInCluster(*kubeconfig, *ns, action, *hosts, *bundle, *servingOnly, stdout)
+		var names []string // the serving certificate's own, unless --hosts is given
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name == "hosts" {
+				names = splitList(*hosts)
+			}
+		})
+		return caInCluster(*kubeconfig, *ns, action, names, *bundle, *servingOnly, stdout)
 	}
 	o := certs.Options{Clock: time.Now, Hosts: splitList(*hosts)}
 	switch action {
@@ -171,7 +177,7 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 // the serving certificate) now, as the leader does at 80%, writing with the
 // resourceVersion read. The serving certificate keeps its names unless
 // --hosts is given.
-func caInCluster(kubeconfig, ns, action, hosts string, printBundle, servingOnly bool, stdout io.Writer) error {
+func caInCluster(kubeconfig, ns, action string, hosts []string, printBundle, servingOnly bool, stdout io.Writer) error {
 	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return err
@@ -182,7 +188,7 @@ func caInCluster(kubeconfig, ns, action, hosts string, printBundle, servingOnly 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: []string{"localhost"}, Clock: time.Now})
+	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Clock: time.Now})
 	if err != nil {
 		return err
 	}
@@ -194,11 +200,10 @@ func caInCluster(kubeconfig, ns, action, hosts string, printBundle, servingOnly 
 	switch action {
 	case "", "show":
 	case "rotate":
-		names := append(append([]string(nil), snap.Serving.DNSNames...), ipStrings(snap.Serving)...)
-		if hostFlagSet(hosts) {
-			names = splitList(hosts)
+		if hosts == nil {
+			hosts = certNames(snap.Serving)
 		}
-		k, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: names, Clock: time.Now})
+		k, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: hosts, Clock: time.Now})
 		if err != nil {
 			return err
 		}
@@ -222,21 +227,19 @@ func caInCluster(kubeconfig, ns, action, hosts string, printBundle, servingOnly 
 	}
 	fmt.Fprintf(stdout, "CA bundle:  ConfigMap %s/%s (%d CA)\nserving:    Secret %s/%s for %v\nvalid to:   %s\nowner:      %s\n",
 		ns, kubecerts.CAName, strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), ns, kubecerts.ServingName,
-		append(append([]string(nil), snap.Serving.DNSNames...), ipStrings(snap.Serving)...),
+		certNames(snap.Serving),
 		snap.Serving.NotAfter.UTC().Format(time.RFC3339), map[bool]string{true: "nodeproof", false: "not nodeproof (served as found)"}[snap.Owned])
 	return nil
 }
 
-func ipStrings(c *x509.Certificate) []string {
-	var out []string
+// certNames are a certificate's DNS names and IP addresses.
+func certNames(c *x509.Certificate) []string {
+	out := append([]string(nil), c.DNSNames...)
 	for _, ip := range c.IPAddresses {
 		out = append(out, ip.String())
 	}
 	return out
 }
-
-// hostFlagSet tells a --hosts given from the flag's default.
-func hostFlagSet(hosts string) bool { return hosts != "localhost,127.0.0.1" }
 
 func cmdPointer(args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("pointer", stderr)

@@ -75,7 +75,6 @@ type clusterState struct {
 	lastErr   string              // last refusal said, to say it once
 	leaderErr string              // the same, for the leader's passes
 	prov      *tokens.Provisioning
-	rotateCA  atomic.Bool // a CA rotation asked for (tests, drills)
 }
 
 // startClusterState begins leader election and waits until the objects it
@@ -311,7 +310,7 @@ func (s *clusterState) lead(ctx context.Context) {
 
 func (s *clusterState) leaderPass(ctx context.Context) {
 	if s.keeper != nil {
-		snap, changes, err := s.keeper.Ensure(ctx, s.rotateCA.Load())
+		snap, changes, err := s.keeper.Ensure(ctx, false)
 		switch {
 		case err != nil:
 			if s.leaderErr != err.Error() {
@@ -320,7 +319,6 @@ func (s *clusterState) leaderPass(ctx context.Context) {
 			}
 		default:
 			s.leaderErr = ""
-			s.rotateCA.Store(false)
 			for _, ch := range changes {
 				s.c.Log.Info("certificates", "change", ch)
 			}

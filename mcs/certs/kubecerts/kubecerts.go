@@ -53,7 +53,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -88,7 +87,8 @@ type Options struct {
 	Client kubernetes.Interface
 	// Namespace of the three objects (default DefaultNamespace).
 	Namespace string
-	// Hosts the serving certificate is for (certs.Options.Hosts).
+	// Hosts the serving certificate is for (certs.Options.Hosts): needed
+	// by Ensure and RotateServing, not by Read.
 	Hosts []string
 	// Clock decides validity and rotation (required).
 	Clock func() time.Time
@@ -99,8 +99,8 @@ type Keeper struct{ o Options }
 
 // New checks o.
 func New(o Options) (*Keeper, error) {
-	if o.Client == nil || o.Clock == nil || len(o.Hosts) == 0 {
-		return nil, errors.New("kubecerts: Client, Clock and Hosts are required")
+	if o.Client == nil || o.Clock == nil {
+		return nil, errors.New("kubecerts: Client and Clock are required")
 	}
 	if o.Namespace == "" {
 		o.Namespace = DefaultNamespace
@@ -393,7 +393,5 @@ func (k *Keeper) putBundle(ctx context.Context, cur *corev1.ConfigMap, bundle []
 
 // Names lists the objects, for logs.
 func (k *Keeper) Names() []string {
-	return slices.Clone([]string{
-		"ConfigMap " + k.o.Namespace + "/" + CAName, "Secret " + k.o.Namespace + "/" + CAName, "Secret " + k.o.Namespace + "/" + ServingName,
-	})
+	return []string{"ConfigMap " + k.o.Namespace + "/" + CAName, "Secret " + k.o.Namespace + "/" + CAName, "Secret " + k.o.Namespace + "/" + ServingName}
 }
