@@ -333,19 +333,42 @@ func callsPerMachine(before, after map[string]float64, n int) string {
 		key string
 		per float64
 	}
-	var rows []row
-	total := 0.0
+	var rows, rest []row
+	total, listed := 0.0, 0.0
 	for k, v := range after {
-		if d := v - before[k]; d >= float64(n)/10 {
+		d := v - before[k]
+		if d <= 0 {
+			continue
+		}
+		total += d
+		if d >= float64(n)/10 {
 			rows = append(rows, row{k, d / float64(n)})
-			total += d
+			listed += d
+		} else {
+			rest = append(rest, row{k, d / float64(n)})
 		}
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].per > rows[j].per })
+	byPer := func(rs []row) {
+		sort.Slice(rs, func(i, j int) bool { return rs[i].per > rs[j].per || rs[i].per == rs[j].per && rs[i].key < rs[j].key })
+	}
+	byPer(rows)
+	byPer(rest)
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nAPI calls per machine, measured (apiserver_request_total; verbs with at least one call per ten machines): %.1f in all\n\n| verb resource | per machine |\n|---|---|\n", total/float64(n))
+	fmt.Fprintf(&b, "\nAPI calls per machine, measured (apiserver_request_total, every verb): %.2f in all, %.2f in the verbs with at least one call per ten machines\n\n| verb resource | per machine |\n|---|---|\n",
+		total/float64(n), listed/float64(n))
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %.2f |\n", r.key, r.per)
+	}
+	if len(rest) > 0 {
+		var parts []string
+		for i, r := range rest {
+			if i == 8 {
+				parts = append(parts, fmt.Sprintf("and %d more", len(rest)-i))
+				break
+			}
+			parts = append(parts, fmt.Sprintf("%s %.3f", r.key, r.per))
+		}
+		fmt.Fprintf(&b, "\nThe rest, per machine: %s.\n", strings.Join(parts, ", "))
 	}
 	return b.String()
 }
