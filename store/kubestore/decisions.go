@@ -8,7 +8,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -51,31 +50,24 @@ type Cached struct {
 // NewCached returns the cache over st's namespace; Start it and wait for
 // it to sync before deciding.
 func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("kubestore: %w", err)
-	}
-	h := &watchHealth{clock: st.clock}
-	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{st.ns: {}},
-		ByObject:                 map[client.Object]cache.ByObject{&v1alpha1.NodeBinding{}: {}, &v1alpha1.NodeAttestation{}: {}},
-		DefaultWatchErrorHandler: h.handler})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{})
 	if err != nil {
-		return nil, fmt.Errorf("kubestore: decision cache: %w", err)
+		return nil, err
 	}
-	ctx := context.Background()
-	if err := c.IndexField(ctx, &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
+	if err := c.IndexField(context.Background(), &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.NodeAttestation).Spec.NodeName}
 	}); err != nil {
 		return nil, fmt.Errorf("kubestore: record index: %w", err)
 	}
-	if _, err := c.GetInformer(ctx, &v1alpha1.NodeBinding{}); err != nil {
-		return nil, fmt.Errorf("kubestore: binding informer: %w", err)
-	}
 	return &Cached{Store: st, watch: c, health: h}, nil
 }
 
-// Start runs the watches until ctx ends.
-func (c *Cached) Start(ctx context.Context) error { return c.watch.Start(ctx) }
+// Start runs the watches until ctx ends; once it returned, reads go to
+// the API server.
+func (c *Cached) Start(ctx context.Context) error {
+	defer c.health.stopped.Store(true)
+	return c.watch.Start(ctx)
+}
 
 // WaitForSync waits for the first lists; false if ctx ended first. Reads
 // go to the API server until it returned true.

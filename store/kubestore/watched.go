@@ -28,13 +28,14 @@ import (
 const WatchQuarantine = time.Minute
 
 // watchHealth says whether a watch's cache may answer reads: it has synced
-// once, and no watch error was reported within WatchQuarantine of now.
+// once, has not stopped, and no watch error was reported within
+// WatchQuarantine of now.
 type watchHealth struct {
-	clock  func() time.Time
-	synced atomic.Bool
-	mu     sync.Mutex
-	errAt  time.Time
-	err    error
+	clock           func() time.Time
+	synced, stopped atomic.Bool
+	mu              sync.Mutex
+	errAt           time.Time
+	err             error
 }
 
 // handler is the watch's error handler (cache.Options).
@@ -47,7 +48,7 @@ func (h *watchHealth) handler(ctx context.Context, r *toolscache.Reflector, err 
 
 // trusted reports whether the cache may answer now.
 func (h *watchHealth) trusted() bool {
-	if !h.synced.Load() {
+	if !h.synced.Load() || h.stopped.Load() {
 		return false
 	}
 	h.mu.Lock()
@@ -87,26 +88,41 @@ type Watched struct {
 // NewWatched returns the watch over st's namespace; Start it. Until it has
 // synced, reads go to the API server.
 func NewWatched(cfg *rest.Config, st *Store) (*Watched, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("kubestore: %w", err)
-	}
-	h := &watchHealth{clock: st.clock}
-	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{st.ns: {}},
-		ByObject:                 map[client.Object]cache.ByObject{&v1alpha1.NodeBinding{}: {}},
-		DefaultWatchErrorHandler: h.handler})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{})
 	if err != nil {
-		return nil, fmt.Errorf("kubestore: binding watch: %w", err)
-	}
-	if _, err := c.GetInformer(context.Background(), &v1alpha1.NodeBinding{}); err != nil {
-		return nil, fmt.Errorf("kubestore: binding informer: %w", err)
+		return nil, err
 	}
 	return &Watched{Store: st, watch: c, health: h}, nil
 }
 
+// newWatch is a cache of objs' kinds in namespace, with their informers
+// made and its watch errors going to the health it returns.
+func newWatch(cfg *rest.Config, namespace string, clock func() time.Time, objs ...client.Object) (cache.Cache, *watchHealth, error) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, nil, fmt.Errorf("kubestore: %w", err)
+	}
+	h := &watchHealth{clock: clock}
+	by := map[client.Object]cache.ByObject{}
+	for _, o := range objs {
+		by[o] = cache.ByObject{}
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{namespace: {}},
+		ByObject: by, DefaultWatchErrorHandler: h.handler})
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubestore: watch: %w", err)
+	}
+	for _, o := range objs {
+		if _, err := c.GetInformer(context.Background(), o); err != nil {
+			return nil, nil, fmt.Errorf("kubestore: informer for %T: %w", o, err)
+		}
+	}
+	return c, h, nil
+}
+
 // Start runs the watch until ctx ends; reads use it once it has synced.
 func (w *Watched) Start(ctx context.Context) error {
-	defer w.health.synced.Store(false) // a stopped watch answers nothing
+	defer w.health.stopped.Store(true) // a stopped watch answers nothing
 	go func() {
 		if w.watch.WaitForCacheSync(ctx) {
 			w.health.synced.Store(true)
