@@ -252,6 +252,14 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 	}
 	h.Set("Content-Length", strconv.Itoa(size))
 	h.Set("Cache-Control", "no-store")
+	if r.Method != http.MethodHead {
+		// A machine that has its config asks nothing more on this
+		// connection (it boots, or hands the config to Ignition): closed
+		// now, not held idle until IdleTimeout — thousands of idle TLS
+		// connections after a burst are tens of kilobytes each of heap,
+		// which under GOMEMLIMIT is GC work for everyone still attesting.
+		h.Set("Connection", "close")
+	}
 	w.WriteHeader(http.StatusOK)
 	d.status = http.StatusOK
 	if r.Method == http.MethodHead {

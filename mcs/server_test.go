@@ -217,6 +217,8 @@ type result struct {
 	body   []byte
 	header http.Header
 	reason attest.Reason
+	// closed: the server closes the connection after this response.
+	closed bool
 }
 
 func (e *env) do(method, url string, body []byte, header map[string]string) result {
@@ -235,7 +237,7 @@ func (e *env) do(method, url string, body []byte, header map[string]string) resu
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	r := result{status: resp.StatusCode, body: b, header: resp.Header}
+	r := result{status: resp.StatusCode, body: b, header: resp.Header, closed: resp.Close}
 	if resp.StatusCode >= 400 {
 		var ref api.Refusal
 		if err := json.Unmarshal(b, &ref); err != nil {
@@ -405,6 +407,12 @@ func TestAttestedFetch(t *testing.T) {
 			r := s.do()
 			if r.status != s.wantStatus || r.reason != s.wantReason {
 				t.Fatalf("status %d reason %q (%s); want %d %q", r.status, r.reason, r.body, s.wantStatus, s.wantReason)
+			}
+			// A delivered config ends its connection (the machine asks
+			// nothing more; no idle TLS connection is held for it); a HEAD
+			// delivers nothing and keeps it.
+			if wantClosed := r.status == 200 && s.name != "HEAD does not spend the token"; r.closed != wantClosed {
+				t.Fatalf("connection closed after the response: %v, want %v", r.closed, wantClosed)
 			}
 		})
 	}

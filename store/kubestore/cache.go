@@ -3,9 +3,9 @@ package kubestore
 import (
 	"context"
 	"fmt"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -26,17 +26,9 @@ type BindingCache struct {
 
 // NewBindingCache returns a cache of namespace's NodeBindings; Start it.
 func NewBindingCache(cfg *rest.Config, namespace string) (*BindingCache, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("kubestore: %w", err)
-	}
-	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{namespace: {}},
-		ByObject: map[client.Object]cache.ByObject{&v1alpha1.NodeBinding{}: {}}})
+	c, _, err := newWatch(cfg, namespace, time.Now, &v1alpha1.NodeBinding{})
 	if err != nil {
-		return nil, fmt.Errorf("kubestore: binding cache: %w", err)
-	}
-	if _, err := c.GetInformer(context.Background(), &v1alpha1.NodeBinding{}); err != nil {
-		return nil, fmt.Errorf("kubestore: binding informer: %w", err)
+		return nil, err
 	}
 	return &BindingCache{c: c, ns: namespace}, nil
 }

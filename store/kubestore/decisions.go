@@ -8,7 +8,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -39,56 +38,54 @@ const recordNodeIndex = "spec.nodeName"
 //     consumed stays consumed (nothing unsets it);
 //   - a stale binding (a revocation or release the watch has not brought
 //     yet, milliseconds) is read as a direct read made that much earlier
-//     would have been: the decision is ordered before the revocation.
+//     would have been: the decision is ordered before the revocation;
+//   - until the watch has synced, and for WatchQuarantine after it reported
+//     an error, every read goes to the API server (see Watched).
 type Cached struct {
 	*Store
-	watch cache.Cache
+	watch  cache.Cache
+	health *watchHealth
 }
 
 // NewCached returns the cache over st's namespace; Start it and wait for
 // it to sync before deciding.
 func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
-	s := runtime.NewScheme()
-	if err := v1alpha1.AddToScheme(s); err != nil {
-		return nil, fmt.Errorf("kubestore: %w", err)
-	}
-	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{st.ns: {}},
-		ByObject: map[client.Object]cache.ByObject{&v1alpha1.NodeBinding{}: {}, &v1alpha1.NodeAttestation{}: {}}})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{})
 	if err != nil {
-		return nil, fmt.Errorf("kubestore: decision cache: %w", err)
+		return nil, err
 	}
-	ctx := context.Background()
-	if err := c.IndexField(ctx, &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
+	if err := c.IndexField(context.Background(), &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.NodeAttestation).Spec.NodeName}
 	}); err != nil {
 		return nil, fmt.Errorf("kubestore: record index: %w", err)
 	}
-	if _, err := c.GetInformer(ctx, &v1alpha1.NodeBinding{}); err != nil {
-		return nil, fmt.Errorf("kubestore: binding informer: %w", err)
-	}
-	return &Cached{Store: st, watch: c}, nil
+	return &Cached{Store: st, watch: c, health: h}, nil
 }
 
-// Start runs the watches until ctx ends.
-func (c *Cached) Start(ctx context.Context) error { return c.watch.Start(ctx) }
+// Start runs the watches until ctx ends; once it returned, reads go to
+// the API server.
+func (c *Cached) Start(ctx context.Context) error {
+	defer c.health.stopped.Store(true)
+	return c.watch.Start(ctx)
+}
 
-// WaitForSync waits for the first lists; false if ctx ended first.
-func (c *Cached) WaitForSync(ctx context.Context) bool { return c.watch.WaitForCacheSync(ctx) }
-
-// Binding implements store.Store from the cache; a miss reads the API.
-func (c *Cached) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
-		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
+// WaitForSync waits for the first lists; false if ctx ended first. Reads
+// go to the API server until it returned true.
+func (c *Cached) WaitForSync(ctx context.Context) bool {
+	ok := c.watch.WaitForCacheSync(ctx)
+	if ok {
+		c.health.synced.Store(true)
 	}
-	var obj v1alpha1.NodeBinding
-	err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: nodeName}, &obj)
-	switch {
-	case err == nil:
-		return fromBinding(&obj)
-	case apierrors.IsNotFound(err):
+	return ok
+}
+
+// Binding implements store.Store from the cache; a miss, or a watch not
+// trusted now, reads the API.
+func (c *Cached) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	if !c.health.trusted() {
 		return c.Store.Binding(ctx, nodeName)
 	}
-	return nil, fmt.Errorf("kubestore: cached binding %s: %w", nodeName, err)
+	return cachedBinding(ctx, c.watch, c.Store, nodeName)
 }
 
 // RecordsForNode implements store.Store from the cache (newest first); a
@@ -96,6 +93,9 @@ func (c *Cached) Binding(ctx context.Context, nodeName string) (*store.Binding, 
 func (c *Cached) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
 	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
 		return nil, nil
+	}
+	if !c.health.trusted() {
+		return c.Store.RecordsForNode(ctx, nodeName)
 	}
 	var l v1alpha1.NodeAttestationList
 	if err := c.watch.List(ctx, &l, client.InNamespace(c.ns), client.MatchingFields{recordNodeIndex: nodeName}); err != nil {
@@ -127,6 +127,9 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
 	}
 	var obj v1alpha1.NodeAttestation
+	if !c.health.trusted() {
+		return c.Store.ConsumeRecord(ctx, id, by, at)
+	}
 	if err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: id}, &obj); err != nil {
 		return c.Store.ConsumeRecord(ctx, id, by, at)
 	}

@@ -107,6 +107,7 @@ func TestKubeStore(t *testing.T) {
 	t.Run("crash between marker and record", func(t *testing.T) { testOrphanMarkers(t, k) })
 	t.Run("crash between identity marker and binding", func(t *testing.T) { testOrphanIdentityMarker(t, k) })
 	t.Run("the approver's decision cache", func(t *testing.T) { testDecisionCache(t, k) })
+	t.Run("the server's binding watch", func(t *testing.T) { testWatched(t, k) })
 	t.Run("a client without the types is refused", func(t *testing.T) {
 		c, err := client.New(cfg, client.Options{Scheme: runtime.NewScheme()})
 		if err != nil {
@@ -384,6 +385,21 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			_, err := s.BindingOf(ctx, "tpm-ek:x")
 			return err
 		}},
+		{"nodebindings", "watch", nil, func(s *Store) error {
+			// The server's binding watch (the store itself never watches):
+			// refused, and reads go to the API server meanwhile.
+			w, err := NewWatched(kubetest.AsServiceAccount(k.cfg, saNamespace, saName), s)
+			if err != nil {
+				return err
+			}
+			wctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			go w.Start(wctx)
+			for deadline := time.Now().Add(10 * time.Second); w.WatchErr() == nil && time.Now().Before(deadline); {
+				time.Sleep(10 * time.Millisecond)
+			}
+			return w.WatchErr()
+		}},
 		{"nodebindings", "update", bindingObj, func(s *Store) error {
 			r := storetest.Record(storetest.ID(2), "worker-1", storetest.T0)
 			r.Identity, r.KubeletKeySHA256 = "tpm-ek:x", bytes.Repeat([]byte{0xab}, 32)
@@ -398,29 +414,14 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			return err
 		}},
 	}
-	granted := 0
-	for _, r := range role.Rules {
-		granted += len(r.Resources) * len(r.Verbs)
-	}
-	if granted != len(cases) {
+	if granted := verbs(role.Rules); granted != len(cases) {
 		t.Fatalf("%s grants %d resource verbs; this test covers %d", rbacFile, granted, len(cases))
 	}
 	for _, tc := range cases {
 		t.Run("without "+tc.verb+" "+tc.resource, func(t *testing.T) {
 			t.Parallel()
-			var rules []rbacv1.PolicyRule
-			found := false
-			for _, r := range role.Rules {
-				r := *r.DeepCopy()
-				if slices.Contains(r.Resources, tc.resource) && slices.Contains(r.Verbs, tc.verb) {
-					found = true
-					r.Verbs = slices.DeleteFunc(r.Verbs, func(v string) bool { return v == tc.verb })
-				}
-				if len(r.Verbs) > 0 {
-					rules = append(rules, r)
-				}
-			}
-			if !found {
+			rules := withoutVerb(role.Rules, tc.resource, tc.verb)
+			if verbs(rules) == verbs(role.Rules) {
 				t.Fatalf("the role does not grant %s %s", tc.verb, tc.resource)
 			}
 			ns := k.namespace(t)
@@ -434,6 +435,31 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			}
 		})
 	}
+}
+
+// verbs counts the resource verbs rules grant.
+func verbs(rules []rbacv1.PolicyRule) int {
+	n := 0
+	for _, r := range rules {
+		n += len(r.Resources) * len(r.Verbs)
+	}
+	return n
+}
+
+// withoutVerb is rules without verb on resource (a rule left with no verb
+// dropped).
+func withoutVerb(rules []rbacv1.PolicyRule, resource, verb string) []rbacv1.PolicyRule {
+	var out []rbacv1.PolicyRule
+	for _, r := range rules {
+		r := *r.DeepCopy()
+		if slices.Contains(r.Resources, resource) {
+			r.Verbs = slices.DeleteFunc(r.Verbs, func(v string) bool { return v == verb })
+		}
+		if len(r.Verbs) > 0 {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 func validSpec() v1alpha1.NodeAttestationSpec {

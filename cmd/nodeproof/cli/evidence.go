@@ -103,3 +103,26 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 	}
 	return nil, fmt.Errorf("serve: --store %q is not embedded or kubernetes", kind)
 }
+
+// watchBindings starts the server's watch of st's NodeBindings
+// (kubestore.Watched: a config fetch reads the node's binding from it, a
+// miss or an unhealthy watch from the API server); stop ends it.
+func (c ServeConfig) watchBindings(ctx context.Context, st *kubestore.Store) (w *kubestore.Watched, stop func(), err error) {
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.limits(cfg)
+	if w, err = kubestore.NewWatched(cfg, st); err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Start(ctx); err != nil && ctx.Err() == nil {
+			c.Log.Error("binding watch stopped; fetches read bindings from the API server", "err", err.Error())
+		}
+	}()
+	return w, func() { cancel(); <-done }, nil
+}

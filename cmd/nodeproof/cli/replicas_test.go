@@ -27,6 +27,7 @@ import (
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -307,6 +308,61 @@ func TestReplicasAndApprover(t *testing.T) {
 			t.Fatalf("record %s not consumed: %+v %v", vr.Record, rec, err)
 		}
 	})
+	t.Run("a node revoked after its verify is refused its config at every replica", func(t *testing.T) {
+		revokedAtEveryReplica(t, ctx, man, ac, hosts, st.CABundlePEM, kubeconfig, logs)
+	})
+}
+
+// revokedAtEveryReplica: a machine attests, an operator revokes its node
+// before it fetched; its config token is then refused Revoked at every
+// replica, though each reads bindings from a watch of its own
+// (kubestore.Watched). Each replica is asked with HEAD (which spends
+// nothing) until its watch has the revocation, then with GET.
+func revokedAtEveryReplica(t *testing.T, ctx context.Context, man *swtpm.Manufacturer, ac *agent.Client, hosts []string, caPEM []byte, kubeconfig string, logs fmt.Stringer) {
+	m, err := man.NewMachine(ctx, t.TempDir(), firmwaretestdata.MustLog("rhel8-uefi"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	vr, err := ac.AttestTPM(ctx, "worker", "worker-8", m.Collector, m.KubeletDER)
+	if err != nil {
+		t.Fatalf("attest: %v\n%s", err, logs)
+	}
+	var stderr bytes.Buffer
+	if code := Run(ctx, []string{"revoke", "--store", "kubernetes", "--kubeconfig", kubeconfig, "--reason", "stolen", vr.NodeName}, io.Discard, &stderr); code != 0 {
+		t.Fatalf("revoke: %s", stderr.String())
+	}
+	for i, h := range hosts {
+		c, err := agent.NewClient("https://"+h, caPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodHead, "https://"+h+api.PathConfig+"worker", nil)
+			req.Header.Set("Authorization", "Bearer "+vr.ConfigToken)
+			req.Header.Set("Accept", api.IgnitionAccept)
+			resp, err := c.HTTP.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusForbidden {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %d still answers HEAD %d for a node revoked 10 s ago\n%s", i, resp.StatusCode, logs)
+			}
+		}
+		_, err = c.FetchConfig(ctx, "worker", vr.ConfigToken)
+		got := "served"
+		if r, ok := err.(*agent.Refused); ok {
+			got = fmt.Sprintf("%d %s", r.Status, r.Refusal.Reason)
+		} else if err != nil {
+			got = err.Error()
+		}
+		attacktable.Check(t, "lifetime", fmt.Sprintf("a config token fetched after its node was revoked, at replica %d of 3 (each reads bindings from its own watch)", i+1),
+			fmt.Sprintf("403 %s", attest.ReasonRevoked), got)
+	}
 }
 
 func mustRequest(t *testing.T, url string, body []byte) *http.Request {

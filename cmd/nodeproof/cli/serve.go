@@ -387,6 +387,15 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 		return o, conns, nil, err
 	}
 	closers = append(closers, func() { o.Store.Close() })
+	if ks, ok := o.Store.(*kubestore.Store); ok {
+		// A fetch reads the node's binding from a watch, not a GET.
+		w, stop, err := c.watchBindings(ctx, ks)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		closers = append(closers, stop)
+		o.Store = w
+	}
 	kc, err := c.kubeClient(clusterMode)
 	if err != nil {
 		return o, conns, nil, err

@@ -1,0 +1,165 @@
+package kubestore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
+)
+
+// WatchQuarantine is how long after a watch error its cache is not read
+// (reads go to the API server): a watch that fails — RBAC without watch, an
+// API server that drops it — is only re-listed by client-go after a
+// backoff of up to 30 s, so a cache behind a failing watch may miss a
+// revocation for that long. A watch failing again before this passes keeps
+// its cache out of use.
+const WatchQuarantine = time.Minute
+
+// watchHealth says whether a watch's cache may answer reads: it has synced
+// once, has not stopped, and no watch error was reported within
+// WatchQuarantine of now.
+type watchHealth struct {
+	clock           func() time.Time
+	synced, stopped atomic.Bool
+	mu              sync.Mutex
+	errAt           time.Time
+	err             error
+}
+
+// handler is the watch's error handler (cache.Options).
+func (h *watchHealth) handler(ctx context.Context, r *toolscache.Reflector, err error) {
+	h.mu.Lock()
+	h.errAt, h.err = h.clock(), err
+	h.mu.Unlock()
+	toolscache.DefaultWatchErrorHandler(ctx, r, err)
+}
+
+// trusted reports whether the cache may answer now.
+func (h *watchHealth) trusted() bool {
+	if !h.synced.Load() || h.stopped.Load() {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.errAt.IsZero() || h.clock().Sub(h.errAt) >= WatchQuarantine
+}
+
+// lastErr is the last watch error reported (nil if none).
+func (h *watchHealth) lastErr() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Watched is the server's Store: Binding — what a config fetch reads to
+// see that the enrolment still stands — is answered from a watch of the
+// namespace's NodeBindings instead of a GET per fetch. Everything else is
+// the Store's; every write goes to the API server.
+//
+// Why a fetch stays sound on a cached binding:
+//   - a miss (a binding created a moment ago that the watch has not brought
+//     yet) is read from the API server, so a lagging watch never refuses a
+//     machine that just enrolled;
+//   - a stale binding (a revocation or release the watch has not brought
+//     yet) is read as a direct read made that much earlier would have been
+//     (the watch's delay, milliseconds): the fetch is ordered before the
+//     revocation, as the approver's decisions are (Cached);
+//   - until the watch has synced, and for WatchQuarantine after it reported
+//     an error, every read goes to the API server: a broken watch cannot
+//     hide a revocation for longer than it takes to notice it.
+type Watched struct {
+	*Store
+	watch  cache.Cache
+	health *watchHealth
+}
+
+// NewWatched returns the watch over st's namespace; Start it. Until it has
+// synced, reads go to the API server.
+func NewWatched(cfg *rest.Config, st *Store) (*Watched, error) {
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{})
+	if err != nil {
+		return nil, err
+	}
+	return &Watched{Store: st, watch: c, health: h}, nil
+}
+
+// newWatch is a cache of objs' kinds in namespace, with their informers
+// made and its watch errors going to the health it returns.
+func newWatch(cfg *rest.Config, namespace string, clock func() time.Time, objs ...client.Object) (cache.Cache, *watchHealth, error) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		return nil, nil, fmt.Errorf("kubestore: %w", err)
+	}
+	h := &watchHealth{clock: clock}
+	by := map[client.Object]cache.ByObject{}
+	for _, o := range objs {
+		by[o] = cache.ByObject{}
+	}
+	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{namespace: {}},
+		ByObject: by, DefaultWatchErrorHandler: h.handler})
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubestore: watch: %w", err)
+	}
+	for _, o := range objs {
+		if _, err := c.GetInformer(context.Background(), o); err != nil {
+			return nil, nil, fmt.Errorf("kubestore: informer for %T: %w", o, err)
+		}
+	}
+	return c, h, nil
+}
+
+// Start runs the watch until ctx ends; reads use it once it has synced.
+func (w *Watched) Start(ctx context.Context) error {
+	defer w.health.stopped.Store(true) // a stopped watch answers nothing
+	go func() {
+		if w.watch.WaitForCacheSync(ctx) {
+			w.health.synced.Store(true)
+		}
+	}()
+	return w.watch.Start(ctx)
+}
+
+// Trusted reports whether reads are answered from the watch now (synced,
+// no recent watch error).
+func (w *Watched) Trusted() bool { return w.health.trusted() }
+
+// WatchErr is the last error the watch reported, nil if none.
+func (w *Watched) WatchErr() error { return w.health.lastErr() }
+
+// Binding implements store.Store from the watch; a miss, or a watch not
+// trusted now, reads the API.
+func (w *Watched) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	if !w.health.trusted() {
+		return w.Store.Binding(ctx, nodeName)
+	}
+	return cachedBinding(ctx, w.watch, w.Store, nodeName)
+}
+
+// cachedBinding reads nodeName's binding from watch, or from st when the
+// watch has none.
+func cachedBinding(ctx context.Context, watch client.Reader, st *Store, nodeName string) (*store.Binding, error) {
+	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
+	}
+	var obj v1alpha1.NodeBinding
+	err := watch.Get(ctx, client.ObjectKey{Namespace: st.ns, Name: nodeName}, &obj)
+	switch {
+	case err == nil:
+		return fromBinding(&obj)
+	case apierrors.IsNotFound(err):
+		return st.Binding(ctx, nodeName)
+	}
+	return nil, fmt.Errorf("kubestore: cached binding %s: %w", nodeName, err)
+}
