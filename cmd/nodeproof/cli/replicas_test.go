@@ -68,15 +68,16 @@ func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 	return r.base.RoundTrip(req)
 }
 
-// TestReplicasAndApprover: three `nodeproof serve` replicas in cluster
+// TestReplicasAndApproverAttacks: three `nodeproof serve` replicas in cluster
 // mode share one API server (the kubernetes store), one keyring, one
 // provisioning token file and one serving certificate; a challenge from
 // one is answered at another, a replay at the third is refused, a config
 // token spent at one is refused at another; Ignition fetches the full
 // config; the kubelet's CSR, made with the attested key through the
 // bootstrap token the config carried, is approved by `nodeproof approve`
-// running under its RBAC.
-func TestReplicasAndApprover(t *testing.T) {
+// running under its RBAC; a node revoked after its verify is refused its
+// config at every replica (attack rows: `make attacks` runs this test).
+func TestReplicasAndApproverAttacks(t *testing.T) {
 	cfg, kc, c := testCluster(t)
 	ctx := context.Background()
 	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
