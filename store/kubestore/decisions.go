@@ -41,6 +41,9 @@ const recordNodeIndex = "spec.nodeName"
 //     would have been: the decision is ordered before the revocation;
 //   - until the watch has synced, and for WatchQuarantine after it reported
 //     an error, every read goes to the API server (see Watched).
+//
+// Cached bindings come without their status's claims (newWatch), which no
+// decision reads.
 type Cached struct {
 	*Store
 	watch  cache.Cache

@@ -65,8 +65,9 @@ func (h *watchHealth) lastErr() error {
 
 // Watched is the server's Store: Binding — what a config fetch reads to
 // see that the enrolment still stands — is answered from a watch of the
-// namespace's NodeBindings instead of a GET per fetch. Everything else is
-// the Store's; every write goes to the API server.
+// namespace's NodeBindings instead of a GET per fetch (without the status's
+// claims, which the watch does not keep: read them with the Store).
+// Everything else is the Store's; every write goes to the API server.
 //
 // Why a fetch stays sound on a cached binding:
 //   - a miss (a binding created a moment ago that the watch has not brought
@@ -96,7 +97,10 @@ func NewWatched(cfg *rest.Config, st *Store) (*Watched, error) {
 }
 
 // newWatch is a cache of objs' kinds in namespace, with their informers
-// made and its watch errors going to the health it returns.
+// made and its watch errors going to the health it returns. It keeps
+// objects without their managedFields, and bindings without their status's
+// claims (what no cached read uses: up to 128 KiB a binding, the bulk of
+// its size), so a cache of every node's binding stays small.
 func newWatch(cfg *rest.Config, namespace string, clock func() time.Time, objs ...client.Object) (cache.Cache, *watchHealth, error) {
 	s := runtime.NewScheme()
 	if err := v1alpha1.AddToScheme(s); err != nil {
@@ -108,7 +112,7 @@ func newWatch(cfg *rest.Config, namespace string, clock func() time.Time, objs .
 		by[o] = cache.ByObject{}
 	}
 	c, err := cache.New(cfg, cache.Options{Scheme: s, DefaultNamespaces: map[string]cache.Config{namespace: {}},
-		ByObject: by, DefaultWatchErrorHandler: h.handler})
+		ByObject: by, DefaultWatchErrorHandler: h.handler, DefaultTransform: slim})
 	if err != nil {
 		return nil, nil, fmt.Errorf("kubestore: watch: %w", err)
 	}
@@ -162,4 +166,13 @@ func cachedBinding(ctx context.Context, watch client.Reader, st *Store, nodeName
 		return st.Binding(ctx, nodeName)
 	}
 	return nil, fmt.Errorf("kubestore: cached binding %s: %w", nodeName, err)
+}
+
+// slim is the caches' transform: no managedFields, and a binding without
+// its status's claims.
+func slim(in any) (any, error) {
+	if b, ok := in.(*v1alpha1.NodeBinding); ok {
+		b.Status.Claims = ""
+	}
+	return cache.TransformStripManagedFields()(in)
 }

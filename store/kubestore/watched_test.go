@@ -63,6 +63,25 @@ func testWatched(t *testing.T, k *cluster) {
 		}
 	})
 
+	t.Run("the watch keeps no claims", func(t *testing.T) {
+		if _, err := st.UpdateStatus(ctx, "worker-2", storetest.Record(storetest.ID(2), "worker-2", now).Identity, func(b *store.Binding) error {
+			b.Status.Summary, b.Status.Claims = "attested", []byte(`{"kind":"tpm"}`)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the status update", func() bool {
+			b, err := w.Binding(ctx, "worker-2")
+			return err == nil && b.Status.Summary == "attested"
+		})
+		if b, _ := w.Binding(ctx, "worker-2"); len(b.Status.Claims) != 0 {
+			t.Fatalf("the watch kept the claims: %s", b.Status.Claims)
+		}
+		if b, err := st.Binding(ctx, "worker-2"); err != nil || string(b.Status.Claims) != `{"kind":"tpm"}` {
+			t.Fatalf("the store's binding: %+v, %v", b, err)
+		}
+	})
+
 	t.Run("a revocation reaches the reads", func(t *testing.T) {
 		if _, err := st.Revoke(ctx, "worker-1", "stolen", now); err != nil {
 			t.Fatal(err)
