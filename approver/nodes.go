@@ -39,7 +39,8 @@ const (
 )
 
 // BindingReader is where the node controller reads bindings: a cache kept
-// by a watch (store/kubestore.BindingCache).
+// by a watch (store/kubestore.Watched; the approver shares the decision
+// cache's, kubestore.Cached).
 type BindingReader interface {
 	Binding(ctx context.Context, nodeName string) (*store.Binding, error)
 	OnChange(ctx context.Context, fn func(nodeName string)) error

@@ -345,9 +345,9 @@ func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) 
 //     its config), or with any key in a pool that re-enrols always
 //     (policy reenrol: always); otherwise IdentityAlreadyEnrolled, and
 //     under another name always IdentityAlreadyEnrolled;
-//   - a refusal writes nothing (but an Event for the operator).
-//
-// On any error, the bootstrap token issued for rec is revoked.
+//   - a refusal writes nothing (but an Event for the operator). The
+//     bootstrap token Issue drew for rec exists only in rec until a config
+//     is delivered (Activate), so a refusal has none to undo.
 func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, proven bool) (*store.Record, error) {
 	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{})
 	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrIdentityEnrolled) {
@@ -357,8 +357,7 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 			err = perr
 		case ok:
 			// This session's record was written and its answer lost: keep
-			// that record (and its bootstrap token); drop this try's token.
-			s.revokeUnwritten(ctx, rec)
+			// that record; this try's token was only drawn.
 			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", rec.NodeName, "record", prev.ID)
 			return prev, nil
 		case errors.Is(err, store.ErrIdentityEnrolled):
@@ -368,7 +367,6 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 	if err == nil {
 		return rec, nil
 	}
-	s.revokeUnwritten(ctx, rec)
 	switch {
 	case errors.Is(err, store.ErrNameTaken):
 		owner := "another identity"
@@ -473,17 +471,6 @@ func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID 
 		return nil, false, err
 	}
 	return prev, !delivered, nil
-}
-
-// revokeUnwritten deletes the bootstrap token issued for rec, which was
-// not written.
-func (s *Server) revokeUnwritten(ctx context.Context, rec *store.Record) {
-	if rec.BootstrapTokenID == "" || s.o.Bootstrap == nil {
-		return
-	}
-	if err := s.o.Bootstrap.Revoke(context.WithoutCancel(ctx), rec); err != nil {
-		s.o.Log.Error("revoke bootstrap token of an unwritten record", "node", rec.NodeName, "err", err.Error())
-	}
 }
 
 // Labels of the IDs derived from a session's nonce.

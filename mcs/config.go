@@ -162,7 +162,10 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 
 // tokenRecord is what the fetch needs of the config token's record: sealed
 // in the token at verify (its identity, bootstrap token and expiry), so no
-// read of it; from the store for a token of an older server. The bootstrap
+// read of it; from the store for a token of an older server (which helps
+// without per-node bootstrap tokens only: in cluster mode such a token finds
+// the token Secret the older server made at verify, is refused TokenUsed,
+// and the agent attests again). The bootstrap
 // token's secret comes with the token either way (no read of its Secret).
 // Whether the enrolment still stands is the binding's to say, read next.
 func (s *Server) tokenRecord(ctx context.Context, ct *tokens.ConfigToken) (*store.Record, error) {

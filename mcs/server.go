@@ -69,8 +69,7 @@ type BootstrapTokens interface {
 	Activate(ctx context.Context, rec *store.Record) error
 	// Delivered reports whether Activate has made rec's token.
 	Delivered(ctx context.Context, rec *store.Record) (bool, error)
-	// Revoke deletes rec's token: a record that was not written after
-	// all, or a delivery that sent nothing.
+	// Revoke deletes rec's token: a delivery that sent nothing.
 	Revoke(ctx context.Context, rec *store.Record) error
 }
 

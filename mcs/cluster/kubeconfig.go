@@ -110,7 +110,7 @@ func ServiceAccountKubeconfig(ctx context.Context, tokenDir, server string, ca f
 // is served from a cache that has not seen the cluster yet.
 type CABundleWatch struct {
 	get      func(context.Context) ([]byte, error) // the fallback: MCOCABundle
-	caFile   string
+	file     func(context.Context) ([]byte, error) // MCOCABundle without a client: the file
 	informer cache.SharedIndexInformer
 }
 
@@ -119,7 +119,7 @@ func NewCABundleWatch(client kubernetes.Interface, caFile string) *CABundleWatch
 	lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), "configmaps", MCONamespace,
 		fields.OneTermEqualSelector("metadata.name", KubeconfigDataConfigMap))
 	return &CABundleWatch{
-		get: MCOCABundle(client, caFile), caFile: caFile,
+		get: MCOCABundle(client, caFile), file: MCOCABundle(nil, caFile),
 		informer: cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{}),
 	}
 }
@@ -141,11 +141,7 @@ func (w *CABundleWatch) Get(ctx context.Context) ([]byte, error) {
 			return ca, nil
 		}
 	}
-	ca, err := os.ReadFile(w.caFile)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: CA bundle: %w", err)
-	}
-	return ca, nil
+	return w.file(ctx)
 }
 
 // Synced reports whether the watch has synced.

@@ -42,15 +42,14 @@ const NodeGroup = "system:bootstrappers:nodeproof"
 
 // Labels and annotations on nodeproof's token Secrets.
 const (
-	LabelManagedBy      = "app.kubernetes.io/managed-by"
-	ManagedBy           = "nodeproof"
-	AnnotationRecord    = "nodeproof.io/record"
-	AnnotationNode      = "nodeproof.io/node"
-	AnnotationPool      = "nodeproof.io/pool"
-	tokenIDLen          = 6
-	tokenSecretLen      = 16
-	tokenAlphabet       = "abcdefghijklmnopqrstuvwxyz0123456789"
-	maxCreateCollisions = 5
+	LabelManagedBy   = "app.kubernetes.io/managed-by"
+	ManagedBy        = "nodeproof"
+	AnnotationRecord = "nodeproof.io/record"
+	AnnotationNode   = "nodeproof.io/node"
+	AnnotationPool   = "nodeproof.io/pool"
+	tokenIDLen       = 6
+	tokenSecretLen   = 16
+	tokenAlphabet    = "abcdefghijklmnopqrstuvwxyz0123456789"
 )
 
 // bootstrapGroupRE is what the API server accepts in auth-extra-groups
@@ -163,6 +162,14 @@ var ErrTokenIDTaken = errors.New("cluster: the bootstrap token ID drawn for this
 // store.ErrUsed (the config was delivered). rec.BootstrapTokenSecret, when
 // empty (a record written by an earlier answer to the same session, whose
 // secret went with that answer's token), is drawn afresh: nothing used it.
+//
+// The marker is the credential itself, so deleting the Secret by hand
+// (kubeadm token delete) while the config token is still valid
+// (ConfigTokenTTL, 10 minutes by default) lets that token deliver once
+// more, with the token made again: to take a node's credentials away,
+// revoke the node (nodeproof revoke), which every fetch checks. The
+// trade — one write per machine fewer than a marker of its own — is in
+// docs/scaling.md and docs/security.md.
 func (t *Tokens) Activate(ctx context.Context, rec *store.Record) error {
 	if rec.BootstrapTokenID == "" {
 		return errors.New("cluster: record has no bootstrap token")

@@ -156,7 +156,7 @@ func (t *TokenSecret) Save(ctx context.Context, list []tokens.Token) error {
 	var sec *corev1.Secret
 	if t.last == nil {
 		sec, err = secrets.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: t.name(), Namespace: t.ns(), Labels: map[string]string{"app.kubernetes.io/managed-by": "nodeproof"}},
+			ObjectMeta: metav1.ObjectMeta{Name: t.name(), Namespace: t.ns(), Labels: map[string]string{LabelManagedBy: ManagedBy}},
 			Type:       corev1.SecretTypeOpaque,
 			Data:       map[string][]byte{TokenKey: []byte(list[0].Value), TokenHistoryKey: hist},
 		}, metav1.CreateOptions{})

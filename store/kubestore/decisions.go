@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/store"
@@ -20,9 +19,9 @@ import (
 // recordNodeIndex indexes cached NodeAttestations by spec.nodeName.
 const recordNodeIndex = "spec.nodeName"
 
-// Cached is the approver's Store: Binding and RecordsForNode read from a
-// watch of the namespace's NodeBindings and NodeAttestations instead of a
-// GET and a LIST per CSR, and ConsumeRecord first writes with the cached
+// Cached is the approver's Store: Watched (Binding from a watch, and the
+// node controller's OnChange), and RecordsForNode read from a watch of the
+// namespace's NodeAttestations instead of a LIST per CSR, and ConsumeRecord first writes with the cached
 // record's resourceVersion instead of reading it again. Everything else is
 // the Store's.
 //
@@ -45,9 +44,7 @@ const recordNodeIndex = "spec.nodeName"
 // Cached bindings come without their status's claims (newWatch), which no
 // decision reads.
 type Cached struct {
-	*Store
-	watch  cache.Cache
-	health *watchHealth
+	*Watched
 }
 
 // NewCached returns the cache over st's namespace; Start it and wait for
@@ -62,33 +59,7 @@ func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("kubestore: record index: %w", err)
 	}
-	return &Cached{Store: st, watch: c, health: h}, nil
-}
-
-// Start runs the watches until ctx ends; once it returned, reads go to
-// the API server.
-func (c *Cached) Start(ctx context.Context) error {
-	defer c.health.stopped.Store(true)
-	return c.watch.Start(ctx)
-}
-
-// WaitForSync waits for the first lists; false if ctx ended first. Reads
-// go to the API server until it returned true.
-func (c *Cached) WaitForSync(ctx context.Context) bool {
-	ok := c.watch.WaitForCacheSync(ctx)
-	if ok {
-		c.health.synced.Store(true)
-	}
-	return ok
-}
-
-// Binding implements store.Store from the cache; a miss, or a watch not
-// trusted now, reads the API.
-func (c *Cached) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
-	if !c.health.trusted() {
-		return c.Store.Binding(ctx, nodeName)
-	}
-	return cachedBinding(ctx, c.watch, c.Store, nodeName)
+	return &Cached{&Watched{Store: st, watch: c, health: h}}, nil
 }
 
 // RecordsForNode implements store.Store from the cache (newest first); a
@@ -129,10 +100,10 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 	if validID(id) != nil {
 		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
 	}
-	var obj v1alpha1.NodeAttestation
 	if !c.health.trusted() {
 		return c.Store.ConsumeRecord(ctx, id, by, at)
 	}
+	var obj v1alpha1.NodeAttestation
 	if err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: id}, &obj); err != nil {
 		return c.Store.ConsumeRecord(ctx, id, by, at)
 	}

@@ -127,12 +127,18 @@ func newWatch(cfg *rest.Config, namespace string, clock func() time.Time, objs .
 // Start runs the watch until ctx ends; reads use it once it has synced.
 func (w *Watched) Start(ctx context.Context) error {
 	defer w.health.stopped.Store(true) // a stopped watch answers nothing
-	go func() {
-		if w.watch.WaitForCacheSync(ctx) {
-			w.health.synced.Store(true)
-		}
-	}()
+	go w.WaitForSync(ctx)
 	return w.watch.Start(ctx)
+}
+
+// WaitForSync waits for the first lists; false if ctx ended first. Reads
+// go to the API server until the watch has synced.
+func (w *Watched) WaitForSync(ctx context.Context) bool {
+	ok := w.watch.WaitForCacheSync(ctx)
+	if ok {
+		w.health.synced.Store(true)
+	}
+	return ok
 }
 
 // Trusted reports whether reads are answered from the watch now (synced,
@@ -175,4 +181,26 @@ func slim(in any) (any, error) {
 		b.Status.Claims = ""
 	}
 	return cache.TransformStripManagedFields()(in)
+}
+
+// OnChange calls fn with the node name of every binding added, changed or
+// deleted (and of every one at the first list): what the approver's node
+// controller queues its judgements by.
+func (w *Watched) OnChange(ctx context.Context, fn func(nodeName string)) error {
+	inf, err := w.watch.GetInformer(ctx, &v1alpha1.NodeBinding{})
+	if err != nil {
+		return err
+	}
+	name := func(obj any) {
+		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if o, ok := obj.(*v1alpha1.NodeBinding); ok {
+			fn(o.Name)
+		}
+	}
+	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: name, UpdateFunc: func(_, n any) { name(n) }, DeleteFunc: name,
+	})
+	return err
 }

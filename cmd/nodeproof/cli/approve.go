@@ -168,8 +168,8 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		return err
 	}
 	// runTerm runs the CSR controller and, with c.Nodes, the node
-	// controller on a binding cache of its own, until ctx ends or either
-	// stops.
+	// controller, both on one watch of records and bindings, until ctx
+	// ends or either stops.
 	runTerm := func(ctx context.Context) error {
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel()
@@ -200,25 +200,16 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			}()
 			return ctl.Run(ctx)
 		}
-		bc, err := kubestore.NewBindingCache(cfg, orDefault(c.StoreNamespace, "nodeproof"))
-		if err != nil {
-			return err
-		}
-		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: bc,
+		// The node controller reads the decisions' binding watch: one
+		// watch of the bindings, not two.
+		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: cached,
 			Lifetime: lifetime, Clock: c.Clock, Log: c.Log, Metrics: metrics})
 		if err != nil {
 			return err
 		}
-		errs := make(chan error, 4)
+		errs := make(chan error, 3)
 		go func() { errs <- <-cacheErr }()
-		go func() { errs <- bc.Start(ctx) }()
-		go func() {
-			if !bc.WaitForSync(ctx) {
-				errs <- ctx.Err()
-				return
-			}
-			errs <- nc.Run(ctx)
-		}()
+		go func() { errs <- nc.Run(ctx) }()
 		go func() { errs <- ctl.Run(ctx) }()
 		err = <-errs
 		cancel()

@@ -24,6 +24,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 // Version is set at build time with -ldflags "-X ...cli.Version=...".
@@ -256,6 +257,7 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 	kubeconfig := fs.String("kubeconfig", "", "the bundle and token serve keeps in the cluster (--cert-store=cluster, --token-store=cluster): this kubeconfig's cluster")
 	certsNS := fs.String("certs-namespace", kubecerts.DefaultNamespace, "with --kubeconfig: namespace of ConfigMap machine-config-server-ca")
 	tokenNS := fs.String("token-secret-namespace", cluster.TokenSecretNamespace, "with --kubeconfig and --token: namespace of Secret machineconfig-auth")
+	reload := fs.Duration("reload-interval", 10*time.Second, "with --kubeconfig and --token: serve's --reload-interval (a token newer than 3 times it is not yet known to every replica)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -266,7 +268,7 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 	var tok string
 	var err error
 	if *kubeconfig != "" {
-		if ca, tok, err = pointerFromCluster(*kubeconfig, *certsNS, *tokenNS, *caFile, *stateToken); err != nil {
+		if ca, tok, err = pointerFromCluster(*kubeconfig, *certsNS, *tokenNS, *caFile, *stateToken, ServeConfig{Reload: *reload}.settle()); err != nil {
 			return err
 		}
 		*stateToken = false
@@ -277,6 +279,11 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 		if ca, err = os.ReadFile(*caFile); err != nil {
 			return fmt.Errorf("CA bundle: %w", err)
 		}
+	}
+	// A pointer config without the CA its server's certificate chains to
+	// would fail at first boot: refuse a missing or broken bundle now.
+	if _, err := pemcert.Parse(ca); err != nil {
+		return fmt.Errorf("CA bundle: %w", err)
 	}
 	switch {
 	case *tokenFile != "":
@@ -309,7 +316,7 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 // pointerFromCluster reads the bundle (ConfigMap machine-config-server-ca,
 // unless caFile is given) and, with withToken, the current provisioning
 // token (Secret machineconfig-auth) from the cluster.
-func pointerFromCluster(kubeconfig, certsNS, tokenNS, caFile string, withToken bool) ([]byte, string, error) {
+func pointerFromCluster(kubeconfig, certsNS, tokenNS, caFile string, withToken bool, settle time.Duration) ([]byte, string, error) {
 	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, "", err
@@ -335,17 +342,17 @@ func pointerFromCluster(kubeconfig, certsNS, tokenNS, caFile string, withToken b
 	if !withToken {
 		return ca, "", nil
 	}
-	// The previous token is used only while it was retired less than 30 s
-	// ago, and serve's --token-grace is longer than that (it must exceed 3
-	// x --reload-interval): read with a grace just past 30 s.
-	p, err := tokens.Open(ctx, &cluster.TokenSecret{Client: kc, Namespace: tokenNS}, 31*time.Second, time.Now, false)
+	// The previous token is used only while it was retired less than
+	// settle ago, and serve's --token-grace is longer than that (it must
+	// exceed 3 x --reload-interval): read with a grace just past settle.
+	p, err := tokens.Open(ctx, &cluster.TokenSecret{Client: kc, Namespace: tokenNS}, settle+time.Second, time.Now, false)
 	if err != nil {
 		return nil, "", err
 	}
-	// The token every replica knows: a token made in the last 30 s (3 x
-	// serve's default --reload-interval) waits, the previous one is still
-	// valid meanwhile.
-	return ca, p.Published(30 * time.Second), nil
+	// The token every replica knows: a token made in the last settle (3 x
+	// serve's --reload-interval) waits, the previous one is still valid
+	// meanwhile.
+	return ca, p.Published(settle), nil
 }
 
 func cmdToken(args []string, stdout, stderr io.Writer) error {

@@ -64,7 +64,6 @@ func (c ServeConfig) tokenStore(clusterMode bool) string {
 // --token-rotate-every schedule, and keeps the user-data Secrets current.
 type clusterState struct {
 	c       ServeConfig
-	kc      kubernetes.Interface
 	keeper  *kubecerts.Keeper    // nil: certificates are not kept here
 	tokSec  *cluster.TokenSecret // nil: tokens are not kept here
 	holder  certs.Holder
@@ -98,7 +97,7 @@ func (c ServeConfig) startClusterState(ctx context.Context, clusterMode bool) (*
 	}
 	// client-go's leader election logs through klog (process-wide).
 	klog.SetSlogLogger(c.Log)
-	s := &clusterState{c: c, kc: kc}
+	s := &clusterState{c: c}
 	if certsHere {
 		if s.keeper, err = kubecerts.New(kubecerts.Options{Client: kc, Namespace: c.CertsNamespace, Hosts: c.Hosts, Clock: c.Clock}); err != nil {
 			return nil, err
