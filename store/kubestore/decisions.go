@@ -50,7 +50,7 @@ type Cached struct {
 // NewCached returns the cache over st's namespace; Start it and wait for
 // it to sync before deciding.
 func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
-	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{}, &v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{})
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +93,10 @@ func (c *Cached) RecordsForNode(ctx context.Context, nodeName string) ([]*store.
 	return out, nil
 }
 
-// ConsumeRecord implements store.Store: one status update with the cached
+// ConsumeRecord implements store.Store: ErrRevoked when the watch holds a
+// ban of the record's identity, else one status update with the cached
 // record's resourceVersion; on a conflict, a miss or anything unexpected,
-// the Store's read-then-write.
+// the Store's read-then-write (which reads the ban from the API server).
 func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time) error {
 	if validID(id) != nil {
 		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
@@ -109,6 +110,9 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 	}
 	if obj.Status.ConsumedAt != nil {
 		return fmt.Errorf("kubestore: record %s (by %s): %w", id, obj.Status.ConsumedBy, store.ErrConsumed)
+	}
+	if c.cachedBan(ctx, obj.Spec.Identity) {
+		return fmt.Errorf("kubestore: record %s: %s is banned: %w", id, obj.Spec.Identity, store.ErrRevoked)
 	}
 	t := metav1.NewMicroTime(at.UTC())
 	obj.Status.ConsumedAt, obj.Status.ConsumedBy = &t, by

@@ -308,3 +308,137 @@ func (in *Revocation) DeepCopy() *Revocation {
 	in.DeepCopyInto(out)
 	return out
 }
+
+// Hand-written until `make generate` (controller-gen) replaces them.
+
+func (in *IdentityBan) DeepCopyInto(out *IdentityBan) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	in.Spec.DeepCopyInto(&out.Spec)
+}
+
+func (in *IdentityBan) DeepCopy() *IdentityBan {
+	if in == nil {
+		return nil
+	}
+	out := new(IdentityBan)
+	in.DeepCopyInto(out)
+	return out
+}
+
+func (in *IdentityBan) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+func (in *IdentityBanList) DeepCopyInto(out *IdentityBanList) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ListMeta.DeepCopyInto(&out.ListMeta)
+	if in.Items != nil {
+		in, out := &in.Items, &out.Items
+		*out = make([]IdentityBan, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+}
+
+func (in *IdentityBanList) DeepCopy() *IdentityBanList {
+	if in == nil {
+		return nil
+	}
+	out := new(IdentityBanList)
+	in.DeepCopyInto(out)
+	return out
+}
+
+func (in *IdentityBanList) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+func (in *IdentityBanSpec) DeepCopyInto(out *IdentityBanSpec) {
+	*out = *in
+	in.At.DeepCopyInto(&out.At)
+}
+
+func (in *NodeNameHistory) DeepCopyInto(out *NodeNameHistory) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ObjectMeta.DeepCopyInto(&out.ObjectMeta)
+	in.Spec.DeepCopyInto(&out.Spec)
+}
+
+func (in *NodeNameHistory) DeepCopy() *NodeNameHistory {
+	if in == nil {
+		return nil
+	}
+	out := new(NodeNameHistory)
+	in.DeepCopyInto(out)
+	return out
+}
+
+func (in *NodeNameHistory) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+func (in *NodeNameHistoryList) DeepCopyInto(out *NodeNameHistoryList) {
+	*out = *in
+	out.TypeMeta = in.TypeMeta
+	in.ListMeta.DeepCopyInto(&out.ListMeta)
+	if in.Items != nil {
+		in, out := &in.Items, &out.Items
+		*out = make([]NodeNameHistory, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+}
+
+func (in *NodeNameHistoryList) DeepCopy() *NodeNameHistoryList {
+	if in == nil {
+		return nil
+	}
+	out := new(NodeNameHistoryList)
+	in.DeepCopyInto(out)
+	return out
+}
+
+func (in *NodeNameHistoryList) DeepCopyObject() runtime.Object {
+	if c := in.DeepCopy(); c != nil {
+		return c
+	}
+	return nil
+}
+
+func (in *NodeNameHistorySpec) DeepCopyInto(out *NodeNameHistorySpec) {
+	*out = *in
+	if in.Released != nil {
+		in, out := &in.Released, &out.Released
+		*out = make([]ReleasedBinding, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
+	if in.Adopted != nil {
+		in, out := &in.Adopted, &out.Adopted
+		*out = new(OperatorAct)
+		(*in).At.DeepCopyInto(&(*out).At)
+		(*out).By, (*out).Reason = (*in).By, (*in).Reason
+	}
+}
+
+func (in *ReleasedBinding) DeepCopyInto(out *ReleasedBinding) {
+	*out = *in
+	in.CreatedAt.DeepCopyInto(&out.CreatedAt)
+	in.Released.At.DeepCopyInto(&out.Released.At)
+}
