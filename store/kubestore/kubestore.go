@@ -56,6 +56,21 @@
 // the identity replaces it. Enrolling again updates the binding with the
 // resourceVersion it read, after the record exists.
 //
+// # Bans and name histories
+//
+// An identity's ban (store.Ban) is an IdentityBan named BanName(identity);
+// Ban also sets the identity's enrolment marker, so a first enrolment,
+// which must create that marker, finds it in the way and reads the ban
+// (ErrRevoked): identities never banned pay nothing for the check. Ban
+// then revokes the identity's binding (spec.revoked), waiting out an
+// enrolment in flight (see Ban). Release writes the released binding to
+// the name's NodeNameHistory (named by the node name) before it deletes
+// the binding, and keeps the identity's marker while the identity is
+// banned; Unban deletes the ban, clears the revocation, and the marker
+// when the identity holds no name. Watched and Cached also watch both
+// kinds (a ban made by hand, without the marker, is refused from the
+// watch; the node controller reads histories from it).
+//
 // # Bounds
 //
 // Every call runs under the caller's context, and under DefaultTimeout when
