@@ -264,7 +264,7 @@ func TestEnrolmentAttacks(t *testing.T) {
 		}
 		e.mustEnrol(t, "machine A again with its enrolled kubelet key, proven (a lost answer)", a, "worker", "master-0", ka, true)
 		out := e.release(t, "master-0")
-		if !strings.Contains(out, "master-0 released: it was bound to tpm-ek:") {
+		if !strings.Contains(out, "it was bound to tpm-ek:") {
 			t.Fatalf("release said %q", out)
 		}
 		if msg := e.event(t, "master-0", "Released"); !strings.Contains(msg, "bound to tpm-ek:") {
