@@ -78,11 +78,11 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	src := inspect.Sources{Store: st, Kube: kc, Clock: c.Clock,
 		Fresh: func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }}
 	if node == "" {
-		nodes, err := inspect.List(ctx, src)
+		o, err := inspect.ListAll(ctx, src)
 		if err != nil {
 			return err
 		}
-		return inspect.WriteList(stdout, *format, nodes)
+		return inspect.WriteOverview(stdout, *format, o)
 	}
 	story, err := inspect.StoryOf(ctx, src, node)
 	if err != nil {
