@@ -52,10 +52,10 @@ const (
 	// LabelIdentity indexes a token by the identity it was issued to
 	// (v1alpha1.LabelValue of it), so a revocation finds all of them
 	// (DeleteIdentityTokens).
-	LabelIdentity = v1alpha1.IdentityLabel
-	tokenIDLen       = 6
-	tokenSecretLen   = 16
-	tokenAlphabet    = "abcdefghijklmnopqrstuvwxyz0123456789"
+	LabelIdentity  = v1alpha1.IdentityLabel
+	tokenIDLen     = 6
+	tokenSecretLen = 16
+	tokenAlphabet  = "abcdefghijklmnopqrstuvwxyz0123456789"
 )
 
 // bootstrapGroupRE is what the API server accepts in auth-extra-groups

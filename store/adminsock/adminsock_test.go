@@ -106,7 +106,9 @@ func TestAdminSocket(t *testing.T) {
 
 	// The server's own operations are not an operator's.
 	for name, op := range map[string]func() error{
-		"Enrol":         func() error { return c.Enrol(ctx, storetest.Record(storetest.ID(2), "x", time.Now()), store.EnrolOptions{}) },
+		"Enrol": func() error {
+			return c.Enrol(ctx, storetest.Record(storetest.ID(2), "x", time.Now()), store.EnrolOptions{})
+		},
 		"CreateRecord":  func() error { return c.CreateRecord(ctx, storetest.Record(storetest.ID(2), "x", time.Now())) },
 		"ConsumeRecord": func() error { return c.ConsumeRecord(ctx, storetest.ID(1), "csr", time.Now()) },
 		"UseOnce":       func() error { return c.UseOnce(ctx, "k", time.Now().Add(time.Hour)) },
