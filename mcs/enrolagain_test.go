@@ -173,7 +173,7 @@ func TestEnrolAgainAttacks(t *testing.T) {
 	}
 	row("TPM: revoked, then its name released: the machine enrols under a new name", forbidden(attest.ReasonRevoked), e.enrol(m.machine, "worker", "w-2"))
 	row("TPM: revoked, then its name released: the machine enrols under its old name in another pool", forbidden(attest.ReasonRevoked), e.enrol(m.machine, "master", "w-1"))
-	row("TPM: revoked, then its name released: the machine re-attests", forbidden(attest.ReasonNotEnrolled), e.reattestAs(m.machine, "w-1"))
+	row("TPM: revoked, then its name released: the machine re-attests", forbidden(attest.ReasonRevoked), e.reattestAs(m.machine, "w-1"))
 	if _, err := e.store.Binding(ctx, "w-2"); err == nil {
 		t.Fatal("the banned identity was bound")
 	}

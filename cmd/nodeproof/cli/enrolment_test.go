@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
@@ -66,6 +67,7 @@ type enrolEnv struct {
 	kc         kubernetes.Interface
 	objects    client.Client // reads the store's objects
 	storeFlags []string
+	cfg        *rest.Config
 }
 
 func newEnrolEnv(t *testing.T) *enrolEnv {
@@ -89,7 +91,7 @@ func newEnrolEnv(t *testing.T) *enrolEnv {
 		t.Fatal(err)
 	}
 	cfg, kc, _ := testCluster(t)
-	e.kc = kc
+	e.kc, e.cfg = kc, cfg
 	if e.objects, err = kubestore.NewClient(cfg); err != nil {
 		t.Fatal(err)
 	}
