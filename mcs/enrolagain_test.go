@@ -185,4 +185,3 @@ func TestEnrolAgainAttacks(t *testing.T) {
 		t.Fatalf("enrolment once the ban is lifted: %s", got)
 	}
 }
-
