@@ -151,13 +151,28 @@ func (w *Watched) Trusted() bool { return w.health.trusted() }
 // WatchErr is the last error the watch reported, nil if none.
 func (w *Watched) WatchErr() error { return w.health.lastErr() }
 
-// Binding implements store.Store from the watch; a miss, or a watch not
-// trusted now, reads the API.
+// Binding implements store.Store from the watch, revoked when the watch
+// holds a ban of its identity; a miss, or a watch not trusted now, reads
+// the API.
 func (w *Watched) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
 	if !w.health.trusted() {
 		return w.Store.Binding(ctx, nodeName)
 	}
-	return cachedBinding(ctx, w.watch, w.Store, nodeName)
+	b, err := cachedBinding(ctx, w.watch, w.Store, nodeName)
+	if err == nil && b.Revoked == nil {
+		w.banned(ctx, b)
+	}
+	return b, err
+}
+
+// banned sets b.Revoked from a ban of its identity that the watch holds:
+// a ban `nodeproof revoke` made has revoked the binding already, but one
+// written by hand (an IdentityBan applied with kubectl) has not.
+func (w *Watched) banned(ctx context.Context, b *store.Binding) {
+	var ban v1alpha1.IdentityBan
+	if err := w.watch.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: v1alpha1.BanName(b.Identity)}, &ban); err == nil && ban.Spec.Identity == b.Identity {
+		b.Revoked = fromBan(&ban).Revocation()
+	}
 }
 
 // Enrol implements store.Store: ErrRevoked when the watch holds a ban of
