@@ -347,16 +347,7 @@ func (s *Store) Unban(ctx context.Context, identity string) (*store.Ban, error) 
 
 // BanOf implements store.Store.
 func (s *Store) BanOf(ctx context.Context, identity string) (*store.Ban, error) {
-	var out *store.Ban
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		out, err = getJSON[store.Ban](tx.Bucket(bucketBans), identity)
-		return err
-	})
-	if err == nil && out == nil {
-		err = store.ErrNotFound
-	}
-	return out, err
+	return viewJSON[store.Ban](s.db, bucketBans, identity)
 }
 
 // Bans implements store.Store.
@@ -391,16 +382,7 @@ func (s *Store) Adopt(ctx context.Context, nodeName string, how store.Act) (*sto
 
 // History implements store.Store.
 func (s *Store) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
-	var out *store.NameHistory
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		out, err = getJSON[store.NameHistory](tx.Bucket(bucketHistory), nodeName)
-		return err
-	})
-	if err == nil && out == nil {
-		err = store.ErrNotFound
-	}
-	return out, err
+	return viewJSON[store.NameHistory](s.db, bucketHistory, nodeName)
 }
 
 // Histories implements store.Store.
@@ -469,6 +451,21 @@ func getJSON[T any](b *bolt.Bucket, key string) (*T, error) {
 		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	return out, nil
+}
+
+// viewJSON reads key's value in bucket as a T (store.ErrNotFound when
+// absent).
+func viewJSON[T any](db *bolt.DB, bucket []byte, key string) (*T, error) {
+	var out *T
+	err := db.View(func(tx *bolt.Tx) error {
+		var err error
+		out, err = getJSON[T](tx.Bucket(bucket), key)
+		return err
+	})
+	if err == nil && out == nil {
+		err = store.ErrNotFound
+	}
+	return out, err
 }
 
 func putJSON(b *bolt.Bucket, key string, v any) error {

@@ -91,6 +91,43 @@ func actFlags(fs *flag.FlagSet) (reason, by *string) {
 	return reason, by
 }
 
+// opCmd is an operator's command with its flags parsed and its store open
+// (close it).
+type opCmd struct {
+	c           ServeConfig
+	node        string
+	identity    string
+	reason, who string
+	st          store.Store
+}
+
+// startOp parses an operator's command: the store flags, --reason and
+// --by, and either one NODE or, with byIdentity, NODE or --identity ID;
+// then it opens the store.
+func startOp(ctx context.Context, name string, args []string, stderr io.Writer, byIdentity bool) (*opCmd, error) {
+	fs := newFlagSet(name, stderr)
+	op := &opCmd{}
+	storeFlags(fs, &op.c)
+	reason, by := actFlags(fs)
+	identity := new(string)
+	var err error
+	if byIdentity {
+		identity = fs.String("identity", "", "the identity (tpm-ek:…, gcp:…, aws:…; nodeproof inspect lists them), instead of NODE's")
+		op.node, err = nodeOrIdentity(fs, args, identity)
+	} else {
+		op.node, err = parseOneNode(fs, args)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	op.c.Clock = time.Now
+	op.identity, op.reason, op.who = *identity, *reason, op.c.operator(ctx, *by)
+	if op.st, err = op.c.openOperatorStore(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return op, nil
+}
+
 // cmdRelease frees a node name from the identity that owns it (its
 // binding), so that another machine — or the same one, reinstalled, with
 // a new kubelet key, or enrolling in another pool — may enrol with it. The
@@ -188,24 +225,15 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // changes; `nodeproof unban` lifts it. Kubelet certificates already issued
 // stay valid until they expire (the signer's duration; docs/lifetime.md).
 func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("revoke", stderr)
-	var c ServeConfig
-	storeFlags(fs, &c)
-	reason, by := actFlags(fs)
-	identity := fs.String("identity", "", "the identity to ban (tpm-ek:…, gcp:…, aws:…), instead of NODE's")
-	node, err := nodeOrIdentity(fs, args, identity)
+	op, err := startOp(ctx, "revoke", args, stderr, true)
 	if err != nil {
-		return fmt.Errorf("revoke: %w", err)
+		return err
 	}
-	c.Clock = time.Now
-	st, err := c.openOperatorStore(ctx)
-	if err != nil {
-		return fmt.Errorf("revoke: %w", err)
-	}
+	c, st := op.c, op.st
 	defer st.Close()
-	ban, err := st.Ban(ctx, store.Ban{Identity: *identity, NodeName: node, At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason})
+	ban, err := st.Ban(ctx, store.Ban{Identity: op.identity, NodeName: op.node, At: c.Clock(), By: op.who, Reason: op.reason})
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("revoke: node %s is not bound to any machine (a machine that holds no name: --identity ID)", node)
+		return fmt.Errorf("revoke: node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
 	} else if err != nil {
 		return fmt.Errorf("revoke: %w", err)
 	}
@@ -251,24 +279,15 @@ func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // holding it, or --identity ID. The identity may then re-attest and, if
 // it holds no name, enrol again (after attesting, as any machine).
 func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("unban", stderr)
-	var c ServeConfig
-	storeFlags(fs, &c)
-	reason, by := actFlags(fs)
-	identity := fs.String("identity", "", "the banned identity (nodeproof inspect lists bans)")
-	node, err := nodeOrIdentity(fs, args, identity)
+	op, err := startOp(ctx, "unban", args, stderr, true)
 	if err != nil {
-		return fmt.Errorf("unban: %w", err)
+		return err
 	}
-	c.Clock = time.Now
-	st, err := c.openOperatorStore(ctx)
-	if err != nil {
-		return fmt.Errorf("unban: %w", err)
-	}
+	c, st := op.c, op.st
 	defer st.Close()
-	id := *identity
+	id := op.identity
 	if id == "" {
-		if id, err = bannedAt(ctx, st, node); err != nil {
+		if id, err = bannedAt(ctx, st, op.node); err != nil {
 			return fmt.Errorf("unban: %w", err)
 		}
 	}
@@ -278,10 +297,10 @@ func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	} else if err != nil {
 		return fmt.Errorf("unban: %w", err)
 	}
-	msg := fmt.Sprintf("ban of %s lifted by %s (it was banned at %s by %s: %s)", ban.Identity, c.operator(ctx, *by),
+	msg := fmt.Sprintf("ban of %s lifted by %s (it was banned at %s by %s: %s)", ban.Identity, op.who,
 		ban.At.UTC().Format(time.RFC3339), dash(ban.By), dash(ban.Reason))
-	if *reason != "" {
-		msg += "; reason: " + *reason
+	if op.reason != "" {
+		msg += "; reason: " + op.reason
 	}
 	fmt.Fprintln(stdout, msg)
 	if ban.NodeName == "" {
@@ -323,21 +342,13 @@ func bannedAt(ctx context.Context, st store.Store, node string) (string, error) 
 // history. The name is nodeproof's from then on: once a machine enrols
 // with it, releasing it keeps the Node tainted until another enrols.
 func cmdAdopt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("adopt", stderr)
-	var c ServeConfig
-	storeFlags(fs, &c)
-	reason, by := actFlags(fs)
-	node, err := parseOneNode(fs, args)
+	op, err := startOp(ctx, "adopt", args, stderr, false)
 	if err != nil {
-		return fmt.Errorf("adopt: %w", err)
+		return err
 	}
-	c.Clock = time.Now
-	st, err := c.openOperatorStore(ctx)
-	if err != nil {
-		return fmt.Errorf("adopt: %w", err)
-	}
+	c, st, node := op.c, op.st, op.node
 	defer st.Close()
-	h, err := st.Adopt(ctx, node, store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason})
+	h, err := st.Adopt(ctx, node, store.Act{At: c.Clock(), By: op.who, Reason: op.reason})
 	if err != nil {
 		return fmt.Errorf("adopt: %w", err)
 	}
