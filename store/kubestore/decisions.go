@@ -130,6 +130,28 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 	return c.Store.ConsumeRecord(ctx, id, by, at)
 }
 
+// History implements store.Store from the watch. Unlike the server's
+// (Watched.History), a miss is the answer (ErrNotFound), not a read: the
+// node controller asks for the history of every Node without a binding,
+// most of them never nodeproof's, and a read per judgement of each would
+// cost the API server what the watch saves; a history the watch brings a
+// moment later queues its node again (OnChange). A watch not trusted now
+// reads the API.
+func (c *Cached) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
+	if !c.health.trusted() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return c.Store.History(ctx, nodeName)
+	}
+	var obj v1alpha1.NodeNameHistory
+	err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: nodeName}, &obj)
+	switch {
+	case err == nil:
+		return fromHistory(&obj), nil
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("kubestore: history of %s: %w", nodeName, store.ErrNotFound)
+	}
+	return nil, fmt.Errorf("kubestore: cached history %s: %w", nodeName, err)
+}
+
 // sortNewestFirst orders records as RecordsForNode returns them.
 func sortNewestFirst(out []*store.Record) {
 	sort.SliceStable(out, func(i, j int) bool {
