@@ -195,7 +195,9 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // kind's verifier (every check in its doc comment; expiry included);
 // policy for the session's pool; a node name (from the evidence, or
 // requested when the pool allows it: NodeNameNotEstablished); the
-// identity's rate (RateLimited). In cluster mode the node's bootstrap
+// identity's rate (RateLimited); a requested name is not that of a Node
+// nodeproof never owned (NodeNotAdopted, cluster mode: claimable). In
+// cluster mode the node's bootstrap
 // token is issued next. Then, in one durable store write (store.Enrol),
 // the NodeAttestation record is written (its name, derived from the
 // session's nonce, marks the session used), and the node name bound to
