@@ -38,11 +38,12 @@ const (
 	ReasonAttestedNode = "Attested"
 )
 
-// BindingReader is where the node controller reads bindings: a cache kept
-// by a watch (store/kubestore.Watched; the approver shares the decision
-// cache's, kubestore.Cached).
+// BindingReader is where the node controller reads bindings and the
+// names' histories: a cache kept by a watch (store/kubestore.Watched; the
+// approver shares the decision cache's, kubestore.Cached).
 type BindingReader interface {
 	Binding(ctx context.Context, nodeName string) (*store.Binding, error)
+	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
 	OnChange(ctx context.Context, fn func(nodeName string)) error
 }
 
@@ -76,10 +77,15 @@ type NodeOptions struct {
 // (store.Binding.Attested: not revoked, its latest attestation passed
 // within its pool's window) and nothing else, so it untaints only a node
 // whose identity passed, and a node whose binding it cannot read keeps
-// what it has. A node with no binding and no Attested condition is not
-// nodeproof's and is left alone; one that had the condition and lost its
-// binding (released) is unattested, NoExecute. Run it under leader election
-// beside the CSR controller.
+// what it has. A node whose name was ever bound stays nodeproof's: with no
+// binding now and a released binding in the name's history (the store
+// keeps it), it is unattested, NoExecute, whatever the Node says of itself
+// — deleting or flipping its own condition changes nothing, the next
+// judgement (the Node's change queues it) puts both back. A node with no
+// binding and no history is not nodeproof's unless it carries the
+// Attested condition (a binding deleted by hand, not released): then it is
+// unattested, NoExecute, too. Run it under leader election beside the CSR
+// controller.
 type NodeController struct {
 	o        NodeOptions
 	queue    workqueue.TypedRateLimitingInterface[string]
@@ -188,12 +194,22 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 	b, err := c.o.Bindings.Binding(ctx, name)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
-		if condition(node) == nil {
+		h, herr := c.o.Bindings.History(ctx, name)
+		switch {
+		case herr == nil && len(h.Released) > 0:
+			r := h.Released[0]
+			j = judgement{reason: string(attest.ReasonNotEnrolled), effect: corev1.TaintEffectNoExecute,
+				message: fmt.Sprintf("no identity owns this node name since %s released it from %s at %s: the machine behind it is no longer attested",
+					dashed(r.Act.By), r.Identity, r.Act.At.UTC().Format(time.RFC3339))}
+		case herr != nil && !errors.Is(herr, store.ErrNotFound):
+			return 0, herr // keep what the node has
+		case condition(node) == nil:
 			c.o.Metrics.node(name, "")
 			return 0, nil // never nodeproof's
+		default:
+			j = judgement{reason: string(attest.ReasonNotEnrolled), effect: corev1.TaintEffectNoExecute,
+				message: "no identity owns this node name any more: the machine behind it is no longer attested"}
 		}
-		j = judgement{reason: string(attest.ReasonNotEnrolled), effect: corev1.TaintEffectNoExecute,
-			message: "no identity owns this node name any more (released): the machine behind it is no longer attested"}
 	case err != nil:
 		return 0, err // keep what the node has
 	default:
@@ -227,6 +243,13 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 	}
 	c.o.Metrics.node(name, j.reason)
 	return after, nil
+}
+
+func dashed(s string) string {
+	if s == "" {
+		return "an operator"
+	}
+	return s
 }
 
 func condition(n *corev1.Node) *corev1.NodeCondition {

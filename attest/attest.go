@@ -350,9 +350,18 @@ const (
 	// the kubelet key the enrolment bound, no release, and a pool that
 	// does not re-enrol always.
 	ReasonIdentityEnrolled Reason = "IdentityAlreadyEnrolled"
+	// ReasonEnrolledInAnotherPool: the identity enrolled in another pool;
+	// enrolling again cannot move it (an operator releases the node, and
+	// the machine enrols in the new pool).
+	ReasonEnrolledInAnotherPool Reason = "EnrolledInAnotherPool"
+	// ReasonNodeNotAdopted: a Node of the requested name exists that
+	// nodeproof never owned (it predates nodeproof); a requested name
+	// cannot claim it until an operator adopts it (nodeproof adopt NODE).
+	ReasonNodeNotAdopted Reason = "NodeNotAdopted"
 	// Lifetime: a node's attestations after its enrolment.
 	//
-	// ReasonRevoked: an operator revoked the identity (nodeproof revoke).
+	// ReasonRevoked: an operator revoked (banned) the identity (nodeproof
+	// revoke): refused everything, under any name and pool, until lifted.
 	ReasonRevoked Reason = "Revoked"
 	// ReasonAttestationFailed: the node's latest attestation was refused.
 	ReasonAttestationFailed Reason = "AttestationFailed"

@@ -148,7 +148,8 @@ func TestKustomizeRender(t *testing.T) {
 	t.Run("base", func(t *testing.T) {
 		objs := index(render(t, "base"))
 		mustHave(t, objs, "Namespace", "", "nodeproof")
-		for _, crd := range []string{"nodeattestations.nodeproof.io", "attestationmarkers.nodeproof.io", "nodebindings.nodeproof.io"} {
+		for _, crd := range []string{"nodeattestations.nodeproof.io", "attestationmarkers.nodeproof.io", "nodebindings.nodeproof.io",
+			"identitybans.nodeproof.io", "nodenamehistories.nodeproof.io"} {
 			mustHave(t, objs, "CustomResourceDefinition", "", crd)
 		}
 
@@ -620,6 +621,15 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"get a binding", "get", npGroup, "nodebindings", ns, "", true},
 		{"watch bindings", "watch", npGroup, "nodebindings", ns, "", true},
 		{"update a binding's status", "update", npGroup, "nodebindings/status", ns, "", false},
+		// Bans and name histories: read, to refuse a banned identity's
+		// record and keep a released name's Node tainted; never written.
+		{"watch bans", "watch", npGroup, "identitybans", ns, "", true},
+		{"get a ban", "get", npGroup, "identitybans", ns, "", true},
+		{"create a ban", "create", npGroup, "identitybans", ns, "", false},
+		{"delete a ban (lift it)", "delete", npGroup, "identitybans", ns, "", false},
+		{"watch name histories", "watch", npGroup, "nodenamehistories", ns, "", true},
+		{"update a name's history", "update", npGroup, "nodenamehistories", ns, "", false},
+		{"delete a name's history", "delete", npGroup, "nodenamehistories", ns, "", false},
 		// Nodes: the Attested condition and the unattested taint, no more.
 		{"patch a node", "patch", "", "nodes", "", "", true},
 		{"patch a node's status", "patch", "", "nodes/status", "", "", true},

@@ -195,7 +195,9 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // kind's verifier (every check in its doc comment; expiry included);
 // policy for the session's pool; a node name (from the evidence, or
 // requested when the pool allows it: NodeNameNotEstablished); the
-// identity's rate (RateLimited). In cluster mode the node's bootstrap
+// identity's rate (RateLimited); a requested name is not that of a Node
+// nodeproof never owned (NodeNotAdopted, cluster mode: claimable). In
+// cluster mode the node's bootstrap
 // token is issued next. Then, in one durable store write (store.Enrol),
 // the NodeAttestation record is written (its name, derived from the
 // session's nonce, marks the session used), and the node name bound to
@@ -282,6 +284,12 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this identity; retry later")))
 		return
 	}
+	if s.nodeName(sess.Pool, claims, "") == "" { // a requested name
+		if err := s.claimable(r.Context(), node, claims.Identity); err != nil {
+			s.refuse(w, d, err)
+			return
+		}
+	}
 	now := s.o.Clock()
 	id := derivedID(recordLabel, sess.Nonce)
 	rec := &store.Record{
@@ -316,6 +324,43 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
 }
 
+// claimable refuses a requested node name that belongs to a Node nodeproof
+// never owned (Options.Nodes): a Node exists with that name, no identity
+// holds it, and the name has no history — never released, never adopted
+// (NodeNotAdopted). Such a Node predates nodeproof (or was made by
+// something else); letting the first machine that asks for its name bind
+// it would taint a running node and hand its name to a stranger. An
+// operator adopts it first (nodeproof adopt NODE). Costs nothing when no
+// such Node exists (the Nodes come from a watch; the binding and the
+// history too, in cluster mode).
+func (s *Server) claimable(ctx context.Context, node, identity string) error {
+	if s.o.Nodes == nil {
+		return nil
+	}
+	exists, err := s.o.Nodes.Exists(node)
+	if err != nil {
+		return later(time.Second, deny(ReasonUnavailable, "the cluster's Nodes are not known yet: %v", err))
+	}
+	if !exists {
+		return nil
+	}
+	switch _, err := s.o.Store.Binding(ctx, node); {
+	case err == nil:
+		return nil // bound: the enrolment rules decide (NodeNameTaken, enrolling again)
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	switch _, err := s.o.Store.History(ctx, node); {
+	case err == nil:
+		return nil // nodeproof's before (released) or adopted
+	case !errors.Is(err, store.ErrNotFound):
+		return err
+	}
+	s.event(node, true, attest.ReasonNodeNotAdopted, fmt.Sprintf("%s asked for node %s, a Node that nodeproof never owned (it existed before); refused. If that machine should take the name, adopt it first: nodeproof adopt %s",
+		identity, node, node))
+	return deny(attest.ReasonNodeNotAdopted, "a Node named %s exists that nodeproof never owned; an operator adopts it first: nodeproof adopt %s", node, node)
+}
+
 // nodeName is the node name an attestation for pool establishes: the
 // evidence's (the TPM inventory's, the cloud instance's; for AWS per the
 // pool's aws.nodeName), else the requested one when the pool takes
@@ -345,6 +390,8 @@ func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) 
 //     its config), or with any key in a pool that re-enrols always
 //     (policy reenrol: always); otherwise IdentityAlreadyEnrolled, and
 //     under another name always IdentityAlreadyEnrolled;
+//   - a banned identity (nodeproof revoke) enrols under no name, in no
+//     pool (Revoked), released or not;
 //   - a refusal writes nothing (but an Event for the operator). The
 //     bootstrap token Issue drew for rec exists only in rec until a config
 //     is delivered (Activate), so a refusal has none to undo.
@@ -378,13 +425,30 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 		return nil, deny(attest.ReasonNodeNameTaken, "node %s belongs to another machine (the identity that enrolled with it first); an operator can release it: nodeproof release %s", rec.NodeName, rec.NodeName)
 	case errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists):
 		return nil, deny(attest.ReasonSessionReused, "this session was already answered")
+	case errors.Is(err, store.ErrRevoked):
+		s.event(rec.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, which an operator revoked, attested for node %s (pool %s); refused", rec.Identity, rec.NodeName, rec.Pool))
+		return nil, deny(attest.ReasonRevoked, "this machine was revoked by an operator; it enrols under no name until the ban is lifted (nodeproof unban)")
+	case errors.Is(err, store.ErrPoolFixed):
+		return nil, deny(attest.ReasonEnrolledInAnotherPool, "this machine is enrolled in another pool; moving it is an operator's act: nodeproof release %s, then enrol", rec.NodeName)
 	}
 	return nil, err
 }
 
 // enrolAgain decides whether rec's identity, already enrolled, may enrol
 // again (see enrol) and, if so, writes it. A refusal is a Denial; it
-// writes nothing but an Event.
+// writes nothing but an Event. Beyond the enrolment rules:
+//   - the binding is not revoked (Revoked);
+//   - the pool is the binding's (EnrolledInAnotherPool): a node's pool is
+//     fixed by its enrolment, so the attestation just verified was judged
+//     by the policy of the pool the node is enrolled in;
+//   - the node's latest attestation did not fail (AttestationFailed): only
+//     a passing re-attestation replaces a failed one (with its checks: a
+//     TPM's reset count, the order of sessions), so a failing node cannot
+//     launder its failure by enrolling again;
+//   - the identity holds fewer than MaxLiveEnrolments unexpired records
+//     for the name (RateLimited, until the oldest expires): each
+//     enrolment mints a bootstrap token, and a machine must not mint them
+//     without bound.
 func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool) error {
 	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
 	if errors.Is(err, store.ErrNotFound) {
@@ -405,6 +469,10 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	switch {
 	case b.NodeName != rec.NodeName:
 		return refuse("an identity enrols under one node name")
+	case b.Pool != rec.Pool:
+		s.event(b.NodeName, true, attest.ReasonEnrolledInAnotherPool, fmt.Sprintf("%s, enrolled as node %s in pool %s, attested again for pool %s; refused: a node's pool is fixed by its enrolment. To move it: nodeproof release %s, then let it enrol",
+			rec.Identity, b.NodeName, b.Pool, rec.Pool, b.NodeName))
+		return deny(attest.ReasonEnrolledInAnotherPool, "node %s is enrolled in pool %s, not %s; moving a node is an operator's act: nodeproof release %s, then enrol", b.NodeName, b.Pool, rec.Pool, b.NodeName)
 	case proven && attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
 		o = store.EnrolOptions{Again: true}
 	case s.o.Policy.ReenrolsAlways(rec.Pool):
@@ -413,6 +481,14 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 		return refuse("enrolling again needs a proof of possession of the kubelet key the enrolment bound")
 	default:
 		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)")
+	}
+	if ok, why, at := b.Attested(s.o.Clock(), time.Duration(1<<63-1)); !ok && why == attest.ReasonAttestationFailed {
+		s.event(b.NodeName, true, attest.ReasonAttestationFailed, fmt.Sprintf("%s, node %s, whose re-attestation at %s was refused (%s), tried to enrol again; refused: only a passing re-attestation replaces a failed one",
+			rec.Identity, b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason))
+		return deny(attest.ReasonAttestationFailed, "node %s's latest attestation (%s) was refused: %s; only a passing re-attestation replaces it", b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason)
+	}
+	if err := s.liveEnrolments(ctx, b, rec); err != nil {
+		return err
 	}
 	if err := s.o.Store.Enrol(ctx, rec, o); err != nil {
 		return err
@@ -424,6 +500,29 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	s.event(rec.NodeName, false, "Reenrolled", msg)
 	s.o.Log.Info(msg, "node", rec.NodeName, "record", rec.ID)
 	return nil
+}
+
+// liveEnrolments refuses rec (RateLimited) when its identity already holds
+// MaxLiveEnrolments unexpired records for its node name. A store read of
+// the name's records, on this path only.
+func (s *Server) liveEnrolments(ctx context.Context, b *store.Binding, rec *store.Record) error {
+	recs, err := s.o.Store.RecordsForNode(ctx, b.NodeName)
+	if err != nil {
+		return err
+	}
+	now := s.o.Clock()
+	var live []time.Time
+	for _, r := range recs {
+		if r.Identity == rec.Identity && r.Expires.After(now) {
+			live = append(live, r.Expires)
+		}
+	}
+	if len(live) < s.o.MaxLiveEnrolments {
+		return nil
+	}
+	slices.SortFunc(live, func(a, b time.Time) int { return a.Compare(b) })
+	wait := live[len(live)-s.o.MaxLiveEnrolments].Sub(now)
+	return later(wait, deny(ReasonRateLimited, "node %s already holds %d unexpired enrolments (each with its own bootstrap token); retry when the oldest expires", b.NodeName, len(live)))
 }
 
 // keyState describes the kubelet key of an enrolment attempt for an Event.

@@ -33,8 +33,9 @@ const ReasonTPMClockRollback attest.Reason = "TPMClockRollback"
 //   - the identity's rate (RateLimited);
 //   - a node name the evidence establishes, if any, is the one the node
 //     names (NodeNameTaken);
-//   - the node name is bound to this identity (NotEnrolled when unbound;
-//     NodeNameTaken when bound to another, e.g. a swapped TPM);
+//   - the node name is bound to this identity (NotEnrolled when unbound,
+//     Revoked when unbound and the identity is banned; NodeNameTaken when
+//     bound to another, e.g. a swapped TPM);
 //   - the binding is not revoked (Revoked);
 //   - the claims pass the policy of the binding's pool — the pool the
 //     node enrolled in, whatever pool the session named — without the
@@ -123,6 +124,10 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		s.refuse(w, d, deny(attest.ReasonSessionReused, "this session, or a later one, was already answered"))
 		return
 	case errors.Is(err, store.ErrNotFound):
+		if ban, berr := s.o.Store.BanOf(ctx, identity); berr == nil {
+			s.refuse(w, d, deny(attest.ReasonRevoked, "this machine was revoked at %s: %s", ban.At.UTC().Format(time.RFC3339), ban.Reason))
+			return
+		}
 		s.refuse(w, d, deny(attest.ReasonNotEnrolled, "node %s is bound to no machine: enrol first", node))
 		return
 	case errors.Is(err, store.ErrNameTaken):

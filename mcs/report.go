@@ -145,7 +145,8 @@ func cleanDetail(s string) string {
 
 // reportOwner is how far a report with a proven session is authenticated
 // for node: "owner" when node's binding holds the session's kubelet key,
-// "none" when it holds another, "session" when no identity owns node.
+// "none" when it holds another or is revoked, "session" when no identity
+// owns node.
 func (s *Server) reportOwner(ctx context.Context, node string, keySHA256 []byte) (string, error) {
 	b, err := s.o.Store.Binding(ctx, node)
 	switch {
@@ -153,6 +154,8 @@ func (s *Server) reportOwner(ctx context.Context, node string, keySHA256 []byte)
 		return "session", nil
 	case err != nil:
 		return "", later(time.Second, deny(ReasonUnavailable, "the store: %v", err))
+	case b.Revoked != nil:
+		return "none", nil // a banned identity owns nothing, its reports included
 	case attest.Equal(b.KubeletKeySHA256, keySHA256):
 		return "owner", nil
 	}

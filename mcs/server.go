@@ -73,6 +73,14 @@ type BootstrapTokens interface {
 	Revoke(ctx context.Context, rec *store.Record) error
 }
 
+// Nodes says which Nodes exist in the cluster (cluster.Nodes: a watch of
+// their names, not a read per enrolment).
+type Nodes interface {
+	// Exists reports whether a Node named name exists; an error when the
+	// watch cannot tell (not synced), which refuses with a 503.
+	Exists(name string) (bool, error)
+}
+
 // EnrolmentEvents publishes enrolment decisions about a node name
 // (store/kubestore.BindingEvents).
 type EnrolmentEvents interface {
@@ -121,6 +129,16 @@ type Options struct {
 	// short-lived Kubernetes bootstrap token: Issue runs before the record
 	// is written and sets Record.BootstrapTokenID.
 	Bootstrap BootstrapTokens
+	// Nodes, when set (cluster mode), are the cluster's Nodes: a pool
+	// with requested names cannot bind the name of a Node that nodeproof
+	// never owned (no binding, no history) unless an operator adopted it
+	// (NodeNotAdopted).
+	Nodes Nodes
+	// MaxLiveEnrolments bounds the unexpired records — each with its own
+	// bootstrap token in cluster mode — one identity may hold for its node
+	// name: enrolling again past it is refused RateLimited until the
+	// oldest expires (default 4: the enrolment and three more).
+	MaxLiveEnrolments int
 	// ConfigTokenTTL bounds a config token's life (default 10 minutes).
 	ConfigTokenTTL time.Duration
 	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
@@ -157,6 +175,9 @@ type Limits struct {
 	Attestations *limit.Gate
 }
 
+// DefaultMaxLiveEnrolments is Options.MaxLiveEnrolments's default.
+const DefaultMaxLiveEnrolments = 4
+
 // Server serves the MCS endpoints.
 type Server struct {
 	o       Options
@@ -183,6 +204,9 @@ func New(o Options) (*Server, error) {
 	}
 	if o.RecordTTL == 0 {
 		o.RecordTTL = time.Hour
+	}
+	if o.MaxLiveEnrolments <= 0 {
+		o.MaxLiveEnrolments = DefaultMaxLiveEnrolments
 	}
 	s := &Server{o: o, limitLog: limit.NewBuckets(limit.Rate{PerSecond: 1, Burst: 5}, 0, o.Clock)}
 	s.configs.Store(&configsBox{o.Configs})

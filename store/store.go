@@ -1,8 +1,15 @@
 // Package store keeps what nodeproof's server replicas and the CSR approver
 // share: NodeAttestation records (what a successful attestation
 // established, including the kubelet key it bound), single-use markers
-// (a challenge answered, a config token spent), and node bindings (which
-// evidence identity owns a node name: the identity that enrolled first).
+// (a challenge answered, a config token spent), node bindings (which
+// evidence identity owns a node name: the identity that enrolled first),
+// bans (identities an operator revoked: refused everything, under any name,
+// until lifted) and each node name's history (the bindings released from
+// it, and an operator's adoption of a name nodeproof never owned).
+//
+// Ban and evict are different things: a ban (Ban, Revoke) belongs to the
+// identity and outlives every release; a release (Release) frees a name —
+// its binding goes to the name's history — and never lifts a ban.
 //
 // Backends: store/boltstore (embedded, on disk, for one host) and the
 // Kubernetes backend (CRDs; with the approver). Both guarantee that a write
@@ -34,7 +41,17 @@ var (
 	// ErrIdentityEnrolled: the identity is already enrolled (under
 	// another node name, or with another kubelet key).
 	ErrIdentityEnrolled = errors.New("identity already enrolled")
+	// ErrRevoked: the identity is banned (or its binding revoked): it
+	// enrols under no name and its records approve nothing.
+	ErrRevoked = errors.New("identity revoked")
+	// ErrPoolFixed: enrolling again named another pool than the
+	// binding's; a node's pool is fixed by its enrolment.
+	ErrPoolFixed = errors.New("node enrolled in another pool")
 )
+
+// MaxReleased is how many released bindings a node name's history keeps
+// (the newest).
+const MaxReleased = 16
 
 // Never is the expiry of what does not expire (a binding's identity
 // marker).
@@ -101,17 +118,86 @@ type Binding struct {
 	CreatedAt  time.Time `json:"createdAt"`
 	EnrolledAt time.Time `json:"enrolledAt"`
 	// Revoked, when set, refuses the identity everything — attestations,
-	// configs, certificates — until an operator releases the name.
+	// configs, certificates. It mirrors the identity's Ban: set by Ban
+	// (and Revoke), cleared only by Unban; a release keeps the ban.
 	Revoked *Revocation `json:"revoked,omitempty"`
 	// Status is what the node's attestations after its enrolment
 	// established (re-attestations); see Attested.
 	Status AttestationStatus `json:"status"`
 }
 
-// Revocation is an operator's refusal of an identity.
+// Revocation is an operator's refusal of an identity, as its binding
+// shows it.
 type Revocation struct {
 	At     time.Time `json:"at"`
+	By     string    `json:"by,omitempty"`
 	Reason string    `json:"reason,omitempty"`
+}
+
+// Ban is an operator's refusal of an identity (nodeproof revoke): while it
+// stands the identity enrols under no name and in no pool (ErrRevoked),
+// its binding, if it holds one, is Revoked (re-attestation, config fetches
+// with tokens issued before, every CSR and report ownership are refused),
+// and its records cannot be consumed (ErrRevoked). It outlives releases,
+// restarts and leader changes; only Unban lifts it.
+type Ban struct {
+	// Identity is the banned evidence identity; Kind its kind.
+	Identity string      `json:"identity"`
+	Kind     attest.Kind `json:"kind,omitempty"`
+	// NodeName is the name the identity held when it was banned ("" if
+	// none).
+	NodeName string `json:"nodeName,omitempty"`
+	// At, By and Reason say when, who (the operator) and why.
+	At     time.Time `json:"at"`
+	By     string    `json:"by,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// Revocation is the ban as a binding shows it.
+func (b *Ban) Revocation() *Revocation { return &Revocation{At: b.At, By: b.By, Reason: b.Reason} }
+
+// Act is an operator's action: when, who, why. A zero At is the store's
+// clock.
+type Act struct {
+	At     time.Time `json:"at"`
+	By     string    `json:"by,omitempty"`
+	Reason string    `json:"reason,omitempty"`
+}
+
+// Released is a binding an operator released, as the name's history keeps
+// it.
+type Released struct {
+	Identity string      `json:"identity"`
+	Kind     attest.Kind `json:"kind"`
+	Pool     string      `json:"pool"`
+	// CreatedAt is when the identity first enrolled under the name.
+	CreatedAt time.Time `json:"createdAt"`
+	// Revoked says whether the binding was revoked when released.
+	Revoked bool `json:"revoked,omitempty"`
+	// Act is the release: when, who, why.
+	Act Act `json:"released"`
+}
+
+// NameHistory is what the store keeps of a node name besides its binding.
+// A name with a history was nodeproof's (or was adopted): its Node stays
+// nodeproof's — tainted while no identity holds the name — whatever the
+// Node itself says. Histories do not expire.
+type NameHistory struct {
+	NodeName string `json:"nodeName"`
+	// Released are the bindings released from the name, newest first, at
+	// most MaxReleased.
+	Released []Released `json:"released,omitempty"`
+	// Adopted is an operator's adoption of a name whose Node existed
+	// before nodeproof: a pool with requested names may then bind it.
+	Adopted *Act `json:"adopted,omitempty"`
+}
+
+// AddReleased puts r first in h.Released, keeping at most MaxReleased.
+func (h *NameHistory) AddReleased(r Released) {
+	h.Released = append([]Released{r}, h.Released...)
+	if len(h.Released) > MaxReleased {
+		h.Released = h.Released[:MaxReleased]
+	}
 }
 
 // AttestationStatus is the outcome of a node's latest attestation after
@@ -184,14 +270,17 @@ type Once struct {
 // Store is the shared state. Implementations are safe for concurrent use.
 type Store interface {
 	// Enrol stores r as an enrolment of r.Identity under r.NodeName,
-	// with its markers, and binds the name to the identity:
+	// with its markers, and binds the name to the identity. A banned
+	// identity is ErrRevoked, whatever the name and options. Then:
 	//   - first enrolment (o.Again false): the name must be unbound
 	//     (ErrNameTaken if another identity holds it) and the identity
 	//     bound to no name (ErrIdentityEnrolled); the binding is created;
 	//   - again (o.Again): the name must be bound to r.Identity
 	//     (ErrNameTaken if to another; a binding released meanwhile is
 	//     enrolled as a first one) with r's kubelet key unless
-	//     o.ReplaceKey (ErrIdentityEnrolled); the binding is updated.
+	//     o.ReplaceKey (ErrIdentityEnrolled), in the binding's pool
+	//     (ErrPoolFixed), and not revoked (ErrRevoked); the binding is
+	//     updated.
 	// Completing a call that was cut off (a crash) with the same record
 	// succeeds. On any error nothing this call wrote is kept, except where
 	// the outcome of a write is unknown; then, as with CreateRecord, the
@@ -202,8 +291,12 @@ type Store interface {
 	// BindingOf returns the binding an identity holds (ErrNotFound).
 	BindingOf(ctx context.Context, identity string) (*Binding, error)
 	// Release deletes the binding of a node name and returns it, so the
-	// name may be taken and the identity enrol again (ErrNotFound).
-	Release(ctx context.Context, nodeName string) (*Binding, error)
+	// name may be taken and the identity — unless banned — enrol again
+	// (ErrNotFound). The binding goes to the name's history (with how,
+	// when given: who and why); a revoked binding's revocation becomes
+	// the identity's ban if it had none (a hand-set revocation survives
+	// the release too).
+	Release(ctx context.Context, nodeName string, how ...Act) (*Binding, error)
 	// Bindings lists every binding, page by page.
 	Bindings(ctx context.Context) ([]*Binding, error)
 	// UpdateStatus changes the attestation status of nodeName's binding,
@@ -212,9 +305,31 @@ type Store interface {
 	// one (fn may run again on a fresh read). It returns the binding as
 	// written.
 	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
-	// Revoke marks nodeName's binding revoked (ErrNotFound) and returns
-	// it; revoking again keeps the first revocation.
+	// Revoke bans the identity bound to nodeName (ErrNotFound when none;
+	// Ban with that name, reason and time) and returns its binding, now
+	// revoked.
 	Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*Binding, error)
+	// Ban bans b.Identity — or, when it is empty, the identity bound to
+	// b.NodeName (ErrNotFound when none) — and revokes its binding, if it
+	// holds one, before it returns. Banning again keeps the first ban. It
+	// returns the ban as stored.
+	Ban(ctx context.Context, b Ban) (*Ban, error)
+	// Unban lifts an identity's ban and clears its binding's revocation
+	// (ErrNotFound when it is not banned), and returns the ban lifted.
+	Unban(ctx context.Context, identity string) (*Ban, error)
+	// BanOf returns an identity's ban (ErrNotFound).
+	BanOf(ctx context.Context, identity string) (*Ban, error)
+	// Bans lists every ban.
+	Bans(ctx context.Context) ([]*Ban, error)
+	// Adopt records an operator's adoption of a node name (see
+	// NameHistory.Adopted) and returns the name's history; adopting again
+	// keeps the first adoption.
+	Adopt(ctx context.Context, nodeName string, how Act) (*NameHistory, error)
+	// History returns a node name's history (ErrNotFound when it has
+	// none: never released, never adopted).
+	History(ctx context.Context, nodeName string) (*NameHistory, error)
+	// Histories lists every name's history.
+	Histories(ctx context.Context) ([]*NameHistory, error)
 	// CreateRecord stores r and, in the same atomic and durable write, sets
 	// every marker in once (a session answered; an instance enrolled). If
 	// any is already set it returns ErrUsed and stores nothing; an existing
@@ -230,7 +345,8 @@ type Store interface {
 	// add records for it (Enrol), so no third party can grow the list.
 	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
 	// ConsumeRecord marks a record as having approved the CSR by;
-	// ErrConsumed if it already did, ErrNotFound if there is none.
+	// ErrConsumed if it already did, ErrNotFound if there is none,
+	// ErrRevoked if its identity is banned.
 	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
 	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
 	UseOnce(ctx context.Context, key string, expires time.Time) error

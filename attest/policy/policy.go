@@ -180,6 +180,17 @@ func (p *Policy) ReenrolsAlways(pool string) bool {
 	return p.Pools[pool].Reenrol == ReenrolAlways
 }
 
+// TakesRequestedNames reports whether any pool takes requested node names
+// (serve.nodeNames: requested).
+func (p *Policy) TakesRequestedNames() bool {
+	for pool := range p.Pools {
+		if p.ServeFor(pool).NodeNames == "requested" {
+			return true
+		}
+	}
+	return false
+}
+
 // Serve is a pool's release policy (DESIGN.md, "Tiers").
 type Serve struct {
 	// Public serves the public tier (MachineConfigs marked safe before node

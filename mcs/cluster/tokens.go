@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
 
 // The bootstrap token Secret format (k8s.io/cluster-bootstrap/token/api,
@@ -47,9 +49,13 @@ const (
 	AnnotationRecord = "nodeproof.io/record"
 	AnnotationNode   = "nodeproof.io/node"
 	AnnotationPool   = "nodeproof.io/pool"
-	tokenIDLen       = 6
-	tokenSecretLen   = 16
-	tokenAlphabet    = "abcdefghijklmnopqrstuvwxyz0123456789"
+	// LabelIdentity indexes a token by the identity it was issued to
+	// (v1alpha1.LabelValue of it), so a revocation finds all of them
+	// (DeleteIdentityTokens).
+	LabelIdentity  = v1alpha1.IdentityLabel
+	tokenIDLen     = 6
+	tokenSecretLen = 16
+	tokenAlphabet  = "abcdefghijklmnopqrstuvwxyz0123456789"
 )
 
 // bootstrapGroupRE is what the API server accepts in auth-extra-groups
@@ -188,11 +194,15 @@ func (t *Tokens) Activate(ctx context.Context, rec *store.Record) error {
 		}
 	}
 	id := rec.BootstrapTokenID
+	labels := map[string]string{LabelManagedBy: ManagedBy}
+	if rec.Identity != "" {
+		labels[LabelIdentity] = v1alpha1.LabelValue(rec.Identity)
+	}
 	s := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:      BootstrapTokenPrefix + id,
 			Namespace: BootstrapTokenNamespace,
-			Labels:    map[string]string{LabelManagedBy: ManagedBy},
+			Labels:    labels,
 			Annotations: map[string]string{
 				AnnotationRecord: rec.ID, AnnotationNode: rec.NodeName, AnnotationPool: rec.Pool,
 			},
@@ -253,6 +263,40 @@ func (t *Tokens) Revoke(ctx context.Context, rec *store.Record) error {
 		return fmt.Errorf("cluster: delete bootstrap token: %w", err)
 	}
 	return nil
+}
+
+// DeleteIdentityTokens deletes every nodeproof bootstrap token Secret of
+// identity — labelled with it (LabelIdentity), or, for tokens made before
+// that label, made for one of records (AnnotationRecord) — and returns the
+// names it deleted: what a revocation does to the node's credentials at
+// once (`nodeproof revoke`), rather than when they expire. It lists
+// nodeproof's token Secrets in kube-system (list and delete on secrets
+// there: the operator's credentials).
+func DeleteIdentityTokens(ctx context.Context, kc kubernetes.Interface, identity string, records []string) ([]string, error) {
+	list, err := kc.CoreV1().Secrets(BootstrapTokenNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: labels.SelectorFromSet(labels.Set{LabelManagedBy: ManagedBy}).String(),
+		FieldSelector: "type=" + string(corev1.SecretTypeBootstrapToken),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: list bootstrap tokens: %w", err)
+	}
+	mine := v1alpha1.LabelValue(identity)
+	var deleted []string
+	var errs []error
+	for _, s := range list.Items {
+		if s.Labels[LabelIdentity] != mine && !slices.Contains(records, s.Annotations[AnnotationRecord]) {
+			continue
+		}
+		uid := s.UID
+		err := kc.CoreV1().Secrets(BootstrapTokenNamespace).Delete(ctx, s.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		switch {
+		case err == nil:
+			deleted = append(deleted, s.Name)
+		case !apierrors.IsNotFound(err):
+			errs = append(errs, fmt.Errorf("cluster: delete bootstrap token %s: %w", s.Name, err))
+		}
+	}
+	return deleted, errors.Join(errs...)
 }
 
 // Kubeconfig returns the kubeconfig for rec's node: Kubeconfig(Server,

@@ -24,6 +24,8 @@ var (
 	bucketOnce    = []byte("once")       // key -> expiry (RFC 3339)
 	bucketBinds   = []byte("bindings")   // nodeName -> Binding JSON
 	bucketIDs     = []byte("identities") // identity -> nodeName
+	bucketBans    = []byte("bans")       // identity -> Ban JSON
+	bucketHistory = []byte("history")    // nodeName -> NameHistory JSON
 )
 
 // Store is a bbolt-backed store.Store.
@@ -46,7 +48,7 @@ func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, e
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs} {
+		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -126,6 +128,9 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		bb, ib := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs)
+		if tx.Bucket(bucketBans).Get([]byte(r.Identity)) != nil {
+			return store.ErrRevoked
+		}
 		b, err := getBinding(bb, r.NodeName)
 		if err != nil {
 			return err
@@ -133,6 +138,8 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		switch {
 		case b != nil && b.Identity != r.Identity:
 			return store.ErrNameTaken
+		case b != nil && b.Revoked != nil:
+			return store.ErrRevoked
 		case b != nil && b.RecordID == r.ID:
 			// The same enrolment again: the record decides (ErrExists).
 			return s.createRecord(tx, r, data, once)
@@ -146,8 +153,10 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 			return store.ErrIdentityEnrolled
 		case !o.ReplaceKey && !bytes.Equal(b.KubeletKeySHA256, r.KubeletKeySHA256):
 			return store.ErrIdentityEnrolled
+		case b.Pool != r.Pool:
+			return store.ErrPoolFixed
 		default:
-			b.Pool, b.KubeletKeySHA256 = r.Pool, r.KubeletKeySHA256
+			b.KubeletKeySHA256 = r.KubeletKeySHA256
 		}
 		b.RecordID, b.EnrolledAt = r.ID, r.CreatedAt
 		bd, err := json.Marshal(b)
@@ -258,31 +267,140 @@ func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn 
 
 // Revoke implements store.Store.
 func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
-	var out *store.Binding
+	if _, err := s.Ban(ctx, store.Ban{NodeName: nodeName, Reason: reason, At: at}); err != nil {
+		return nil, err
+	}
+	return s.Binding(ctx, nodeName)
+}
+
+// Ban implements store.Store: the ban and its binding's revocation in one
+// transaction.
+func (s *Store) Ban(ctx context.Context, ban store.Ban) (*store.Ban, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *store.Ban
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		bb := tx.Bucket(bucketBinds)
-		b, err := getBinding(bb, nodeName)
-		if err != nil {
+		bb, ib, nb := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs), tx.Bucket(bucketBans)
+		var b *store.Binding
+		var err error
+		if ban.Identity == "" {
+			if b, err = getBinding(bb, ban.NodeName); err != nil {
+				return err
+			} else if b == nil {
+				return store.ErrNotFound
+			}
+			ban.Identity = b.Identity
+		} else if name := ib.Get([]byte(ban.Identity)); name != nil {
+			if b, err = getBinding(bb, string(name)); err != nil {
+				return err
+			}
+		}
+		if b != nil {
+			ban.NodeName, ban.Kind = b.NodeName, b.Kind
+		}
+		if old, err := getJSON[store.Ban](nb, ban.Identity); err != nil {
+			return err
+		} else if old != nil {
+			ban = *old // the first ban stands
+		} else if err := putJSON(nb, ban.Identity, &ban); err != nil {
 			return err
 		}
-		if b == nil {
-			return store.ErrNotFound
+		out = &ban
+		if b == nil || b.Revoked != nil {
+			return nil
 		}
-		if b.Revoked == nil {
-			b.Revoked = &store.Revocation{At: at, Reason: reason}
-		}
-		data, err := json.Marshal(b)
-		if err != nil {
-			return err
-		}
-		out = b
-		return bb.Put([]byte(nodeName), data)
+		b.Revoked = ban.Revocation()
+		return putJSON(bb, b.NodeName, b)
 	})
 	return out, err
 }
 
-// Release implements store.Store.
-func (s *Store) Release(ctx context.Context, nodeName string) (*store.Binding, error) {
+// Unban implements store.Store.
+func (s *Store) Unban(ctx context.Context, identity string) (*store.Ban, error) {
+	var out *store.Ban
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		nb := tx.Bucket(bucketBans)
+		var err error
+		if out, err = getJSON[store.Ban](nb, identity); err != nil {
+			return err
+		} else if out == nil {
+			return store.ErrNotFound
+		}
+		if err := nb.Delete([]byte(identity)); err != nil {
+			return err
+		}
+		name := tx.Bucket(bucketIDs).Get([]byte(identity))
+		if name == nil {
+			return nil
+		}
+		bb := tx.Bucket(bucketBinds)
+		b, err := getBinding(bb, string(name))
+		if err != nil || b == nil || b.Revoked == nil {
+			return err
+		}
+		b.Revoked = nil
+		return putJSON(bb, b.NodeName, b)
+	})
+	return out, err
+}
+
+// BanOf implements store.Store.
+func (s *Store) BanOf(ctx context.Context, identity string) (*store.Ban, error) {
+	return viewJSON[store.Ban](s.db, bucketBans, identity)
+}
+
+// Bans implements store.Store.
+func (s *Store) Bans(ctx context.Context) ([]*store.Ban, error) {
+	return listJSON[store.Ban](s.db, bucketBans)
+}
+
+// Adopt implements store.Store.
+func (s *Store) Adopt(ctx context.Context, nodeName string, how store.Act) (*store.NameHistory, error) {
+	if how.At.IsZero() {
+		how.At = s.clock()
+	}
+	var out *store.NameHistory
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		hb := tx.Bucket(bucketHistory)
+		h, err := getJSON[store.NameHistory](hb, nodeName)
+		if err != nil {
+			return err
+		}
+		if h == nil {
+			h = &store.NameHistory{NodeName: nodeName}
+		}
+		out = h
+		if h.Adopted != nil {
+			return nil
+		}
+		h.Adopted = &how
+		return putJSON(hb, nodeName, h)
+	})
+	return out, err
+}
+
+// History implements store.Store.
+func (s *Store) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
+	return viewJSON[store.NameHistory](s.db, bucketHistory, nodeName)
+}
+
+// Histories implements store.Store.
+func (s *Store) Histories(ctx context.Context) ([]*store.NameHistory, error) {
+	return listJSON[store.NameHistory](s.db, bucketHistory)
+}
+
+// Release implements store.Store: the binding's deletion, its identity
+// index, the name's history and (for a revoked binding) the identity's
+// ban in one transaction.
+func (s *Store) Release(ctx context.Context, nodeName string, how ...store.Act) (*store.Binding, error) {
+	var act store.Act
+	if len(how) > 0 {
+		act = how[0]
+	}
+	if act.At.IsZero() {
+		act.At = s.clock()
+	}
 	var b *store.Binding
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		bb := tx.Bucket(bucketBinds)
@@ -293,12 +411,85 @@ func (s *Store) Release(ctx context.Context, nodeName string) (*store.Binding, e
 		if err := bb.Delete([]byte(nodeName)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketIDs).Delete([]byte(b.Identity))
+		if err := tx.Bucket(bucketIDs).Delete([]byte(b.Identity)); err != nil {
+			return err
+		}
+		if b.Revoked != nil {
+			nb := tx.Bucket(bucketBans)
+			if nb.Get([]byte(b.Identity)) == nil {
+				ban := store.Ban{Identity: b.Identity, Kind: b.Kind, NodeName: b.NodeName, At: b.Revoked.At, By: b.Revoked.By, Reason: b.Revoked.Reason}
+				if err := putJSON(nb, b.Identity, &ban); err != nil {
+					return err
+				}
+			}
+		}
+		hb := tx.Bucket(bucketHistory)
+		h, err := getJSON[store.NameHistory](hb, nodeName)
+		if err != nil {
+			return err
+		}
+		if h == nil {
+			h = &store.NameHistory{NodeName: nodeName}
+		}
+		h.AddReleased(store.Released{Identity: b.Identity, Kind: b.Kind, Pool: b.Pool, CreatedAt: b.CreatedAt, Revoked: b.Revoked != nil, Act: act})
+		return putJSON(hb, nodeName, h)
 	})
 	if err == nil && b == nil {
 		err = store.ErrNotFound
 	}
 	return b, err
+}
+
+// getJSON reads key's value in b as a T (nil when absent).
+func getJSON[T any](b *bolt.Bucket, key string) (*T, error) {
+	v := b.Get([]byte(key))
+	if v == nil {
+		return nil, nil
+	}
+	out := new(T)
+	if err := json.Unmarshal(v, out); err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	return out, nil
+}
+
+// viewJSON reads key's value in bucket as a T (store.ErrNotFound when
+// absent).
+func viewJSON[T any](db *bolt.DB, bucket []byte, key string) (*T, error) {
+	var out *T
+	err := db.View(func(tx *bolt.Tx) error {
+		var err error
+		out, err = getJSON[T](tx.Bucket(bucket), key)
+		return err
+	})
+	if err == nil && out == nil {
+		err = store.ErrNotFound
+	}
+	return out, err
+}
+
+func putJSON(b *bolt.Bucket, key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(key), data)
+}
+
+// listJSON reads every value of bucket as a T.
+func listJSON[T any](db *bolt.DB, bucket []byte) ([]*T, error) {
+	var out []*T
+	err := db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {
+			x := new(T)
+			if err := json.Unmarshal(v, x); err != nil {
+				return fmt.Errorf("%s %s: %w", bucket, k, err)
+			}
+			out = append(out, x)
+			return nil
+		})
+	})
+	return out, err
 }
 
 // GetRecord implements store.Store.
@@ -353,6 +544,9 @@ func (s *Store) ConsumeRecord(ctx context.Context, id, by string, at time.Time) 
 		}
 		if r.ConsumedAt != nil {
 			return store.ErrConsumed
+		}
+		if r.Identity != "" && tx.Bucket(bucketBans).Get([]byte(r.Identity)) != nil {
+			return store.ErrRevoked
 		}
 		r.ConsumedAt, r.ConsumedBy = &at, by
 		data, err := json.Marshal(&r)

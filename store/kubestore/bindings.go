@@ -113,9 +113,10 @@ func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.On
 
 // setIdentityMarker sets r.Identity's enrolment marker for r's record, or
 // finds it set for r's record by an earlier, cut-off call (not isNew). A
-// marker set for another record is ErrIdentityEnrolled, unless it is an
-// orphan (no binding of the identity, older than OrphanAge): then it is
-// replaced.
+// marker set otherwise is ErrRevoked when the identity is banned (Ban
+// sets the marker, so this read costs nothing to identities never banned),
+// else ErrIdentityEnrolled, unless it is an orphan (no binding of the
+// identity, older than OrphanAge): then it is replaced.
 func (s *Store) setIdentityMarker(ctx context.Context, r *store.Record) (*v1alpha1.AttestationMarker, bool, error) {
 	key := IdentityMarkerKey(r.Identity)
 	m, isNew, err := s.setMarker(ctx, key, store.Never, r.ID)
@@ -125,6 +126,11 @@ func (s *Store) setIdentityMarker(ctx context.Context, r *store.Record) (*v1alph
 	var old v1alpha1.AttestationMarker
 	if gerr := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: v1alpha1.MarkerName(key)}, &old); gerr != nil {
 		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+	}
+	if banned, berr := s.banned(ctx, r.Identity); berr != nil {
+		return nil, false, berr
+	} else if banned {
+		return nil, false, fmt.Errorf("kubestore: %s is banned: %w", r.Identity, store.ErrRevoked)
 	}
 	if _, berr := s.BindingOf(ctx, r.Identity); !errors.Is(berr, store.ErrNotFound) || s.clock().Sub(old.CreationTimestamp.Time) < OrphanAge {
 		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
@@ -147,8 +153,12 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 		switch {
 		case b.Spec.Identity != r.Identity:
 			return fmt.Errorf("kubestore: node %s is bound to %s: %w", r.NodeName, b.Spec.Identity, store.ErrNameTaken)
+		case b.Spec.Revoked != nil:
+			return fmt.Errorf("kubestore: node %s is revoked: %w", r.NodeName, store.ErrRevoked)
 		case !o.ReplaceKey && b.Spec.KubeletKeySHA256 != key:
 			return fmt.Errorf("kubestore: %s enrolled %s with another kubelet key: %w", r.Identity, r.NodeName, store.ErrIdentityEnrolled)
+		case b.Spec.Pool != r.Pool:
+			return fmt.Errorf("kubestore: %s enrolled %s in pool %s, not %s: %w", r.Identity, r.NodeName, b.Spec.Pool, r.Pool, store.ErrPoolFixed)
 		}
 		return nil
 	}
@@ -163,7 +173,7 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 			return nil
 		}
 		at := metav1.NewMicroTime(r.CreatedAt.UTC())
-		b.Spec.RecordID, b.Spec.KubeletKeySHA256, b.Spec.Pool, b.Spec.EnrolledAt = r.ID, key, r.Pool, &at
+		b.Spec.RecordID, b.Spec.KubeletKeySHA256, b.Spec.EnrolledAt = r.ID, key, &at
 		err := s.c.Update(ctx, b)
 		switch {
 		case err == nil:
@@ -244,32 +254,6 @@ func (s *Store) BindingOf(ctx context.Context, identity string) (*store.Binding,
 	return fromBinding(found)
 }
 
-// Release implements store.Store: it deletes the binding (the exact object
-// it read) and then the identity's marker.
-func (s *Store) Release(ctx context.Context, nodeName string) (*store.Binding, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	b, err := s.getBinding(ctx, nodeName)
-	if err != nil {
-		return nil, err
-	}
-	out, err := fromBinding(b)
-	if err != nil {
-		return nil, err
-	}
-	uid := b.UID
-	if err := s.c.Delete(ctx, b, client.Preconditions{UID: &uid}); err != nil {
-		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return nil, fmt.Errorf("kubestore: binding %s: %w", nodeName, store.ErrNotFound)
-		}
-		return nil, fmt.Errorf("kubestore: delete binding %s: %w", nodeName, err)
-	}
-	if err := s.ReleaseOnce(ctx, IdentityMarkerKey(b.Spec.Identity)); err != nil {
-		return out, err
-	}
-	return out, nil
-}
-
 func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 	key, err := hex.DecodeString(b.Spec.KubeletKeySHA256)
 	if err != nil || len(key) != 32 {
@@ -284,7 +268,7 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 		out.EnrolledAt = b.Spec.EnrolledAt.UTC()
 	}
 	if r := b.Spec.Revoked; r != nil {
-		out.Revoked = &store.Revocation{At: r.At.UTC(), Reason: r.Reason}
+		out.Revoked = &store.Revocation{At: r.At.UTC(), By: r.By, Reason: r.Reason}
 	}
 	return out, nil
 }
@@ -363,18 +347,6 @@ func (s *Store) UpdateStatus(ctx context.Context, nodeName, identity string, fn 
 			return false, err
 		}
 		obj.Status = toStatus(b.Status)
-		return true, nil
-	})
-}
-
-// Revoke implements store.Store: spec.revoked, with the resourceVersion
-// read.
-func (s *Store) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
-	return s.updateBinding(ctx, nodeName, "revoke", maxAttempts, false, func(obj *v1alpha1.NodeBinding) (bool, error) {
-		if obj.Spec.Revoked != nil {
-			return false, nil // revoked already: nothing to write
-		}
-		obj.Spec.Revoked = &v1alpha1.Revocation{At: metav1.NewMicroTime(at.UTC()), Reason: reason}
 		return true, nil
 	})
 }

@@ -50,7 +50,7 @@ type Cached struct {
 // NewCached returns the cache over st's namespace; Start it and wait for
 // it to sync before deciding.
 func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
-	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{}, &v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{})
 	if err != nil {
 		return nil, err
 	}
@@ -93,9 +93,10 @@ func (c *Cached) RecordsForNode(ctx context.Context, nodeName string) ([]*store.
 	return out, nil
 }
 
-// ConsumeRecord implements store.Store: one status update with the cached
+// ConsumeRecord implements store.Store: ErrRevoked when the watch holds a
+// ban of the record's identity, else one status update with the cached
 // record's resourceVersion; on a conflict, a miss or anything unexpected,
-// the Store's read-then-write.
+// the Store's read-then-write (which reads the ban from the API server).
 func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time) error {
 	if validID(id) != nil {
 		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
@@ -109,6 +110,9 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 	}
 	if obj.Status.ConsumedAt != nil {
 		return fmt.Errorf("kubestore: record %s (by %s): %w", id, obj.Status.ConsumedBy, store.ErrConsumed)
+	}
+	if c.cachedBan(ctx, obj.Spec.Identity) {
+		return fmt.Errorf("kubestore: record %s: %s is banned: %w", id, obj.Spec.Identity, store.ErrRevoked)
 	}
 	t := metav1.NewMicroTime(at.UTC())
 	obj.Status.ConsumedAt, obj.Status.ConsumedBy = &t, by
@@ -124,6 +128,28 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 	// A conflict (the record changed since the watch brought it) or a
 	// failed call: read it and write as the Store does.
 	return c.Store.ConsumeRecord(ctx, id, by, at)
+}
+
+// History implements store.Store from the watch. Unlike the server's
+// (Watched.History), a miss is the answer (ErrNotFound), not a read: the
+// node controller asks for the history of every Node without a binding,
+// most of them never nodeproof's, and a read per judgement of each would
+// cost the API server what the watch saves; a history the watch brings a
+// moment later queues its node again (OnChange). A watch not trusted now
+// reads the API.
+func (c *Cached) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
+	if !c.health.trusted() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return c.Store.History(ctx, nodeName)
+	}
+	var obj v1alpha1.NodeNameHistory
+	err := c.watch.Get(ctx, client.ObjectKey{Namespace: c.ns, Name: nodeName}, &obj)
+	switch {
+	case err == nil:
+		return fromHistory(&obj), nil
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("kubestore: history of %s: %w", nodeName, store.ErrNotFound)
+	}
+	return nil, fmt.Errorf("kubestore: cached history %s: %w", nodeName, err)
 }
 
 // sortNewestFirst orders records as RecordsForNode returns them.

@@ -56,6 +56,31 @@ func testDecisionCache(t *testing.T, k *cluster) {
 		}
 	})
 
+	t.Run("name histories and bans come from the watch", func(t *testing.T) {
+		if _, err := a.History(ctx, "hist-1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("the history of a name never released: %v", err)
+		}
+		r := storetest.Record(storetest.ID(50), "hist-1", now)
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Ban(ctx, store.Ban{NodeName: "hist-1", At: now, By: "alice"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Release(ctx, "hist-1", store.Act{By: "bob"}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the history in the cache", func() bool {
+			h, err := a.History(ctx, "hist-1")
+			return err == nil && len(h.Released) == 1 && h.Released[0].Act.By == "bob" && h.Released[0].Revoked
+		})
+		// The banned identity's record is refused from the cache.
+		waitFor(t, "the ban in the cache", func() bool { return a.cachedBan(ctx, r.Identity) })
+		if err := a.ConsumeRecord(ctx, r.ID, "csr-x", now); !errors.Is(err, store.ErrRevoked) {
+			t.Fatalf("ConsumeRecord of a banned identity's record through the cache: %v, want ErrRevoked", err)
+		}
+	})
+
 	t.Run("a record written a moment ago is read through", func(t *testing.T) {
 		r := storetest.Record(storetest.ID(2), "worker-2", now)
 		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {

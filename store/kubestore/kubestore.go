@@ -56,6 +56,21 @@
 // the identity replaces it. Enrolling again updates the binding with the
 // resourceVersion it read, after the record exists.
 //
+// # Bans and name histories
+//
+// An identity's ban (store.Ban) is an IdentityBan named BanName(identity);
+// Ban also sets the identity's enrolment marker, so a first enrolment,
+// which must create that marker, finds it in the way and reads the ban
+// (ErrRevoked): identities never banned pay nothing for the check. Ban
+// then revokes the identity's binding (spec.revoked), waiting out an
+// enrolment in flight (see Ban). Release writes the released binding to
+// the name's NodeNameHistory (named by the node name) before it deletes
+// the binding, and keeps the identity's marker while the identity is
+// banned; Unban deletes the ban, clears the revocation, and the marker
+// when the identity holds no name. Watched and Cached also watch both
+// kinds (a ban made by hand, without the marker, is refused from the
+// watch; the node controller reads histories from it).
+//
 // # Bounds
 //
 // Every call runs under the caller's context, and under DefaultTimeout when
@@ -133,7 +148,8 @@ func New(c client.Client, namespace string, clock func() time.Time) (*Store, err
 	if errs := validation.IsDNS1123Label(namespace); len(errs) > 0 {
 		return nil, fmt.Errorf("kubestore: namespace %q: %v", namespace, errs)
 	}
-	for _, obj := range []runtime.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}, &v1alpha1.NodeBinding{}} {
+	for _, obj := range []runtime.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}, &v1alpha1.NodeBinding{},
+		&v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{}} {
 		if _, _, err := c.Scheme().ObjectKinds(obj); err != nil {
 			return nil, fmt.Errorf("kubestore: the client's scheme lacks %s (v1alpha1.AddToScheme): %w", v1alpha1.GroupVersion, err)
 		}
@@ -381,9 +397,10 @@ func (s *Store) eachPage(ctx context.Context, list client.ObjectList, opts []cli
 	}
 }
 
-// ConsumeRecord implements store.Store: a status update carrying the
-// resourceVersion that was read, so of two concurrent consumers the API
-// server lets exactly one through; the other re-reads and finds it consumed.
+// ConsumeRecord implements store.Store: a read of the record and of its
+// identity's ban, then a status update carrying the resourceVersion that
+// was read, so of two concurrent consumers the API server lets exactly one
+// through; the other re-reads and finds it consumed.
 func (s *Store) ConsumeRecord(ctx context.Context, id, by string, at time.Time) error {
 	if validID(id) != nil {
 		return fmt.Errorf("kubestore: record %q: %w", id, store.ErrNotFound)
@@ -400,6 +417,13 @@ func (s *Store) ConsumeRecord(ctx context.Context, id, by string, at time.Time) 
 		}
 		if obj.Status.ConsumedAt != nil {
 			return fmt.Errorf("kubestore: record %s (by %s): %w", id, obj.Status.ConsumedBy, store.ErrConsumed)
+		}
+		if obj.Spec.Identity != "" {
+			if banned, err := s.banned(ctx, obj.Spec.Identity); err != nil {
+				return err
+			} else if banned {
+				return fmt.Errorf("kubestore: record %s: %s is banned: %w", id, obj.Spec.Identity, store.ErrRevoked)
+			}
 		}
 		t := metav1.NewMicroTime(at.UTC())
 		obj.Status.ConsumedAt, obj.Status.ConsumedBy = &t, by

@@ -338,6 +338,35 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			t.Fatal(err)
 		}
 	}
+	banObj := func(ns string) {
+		b := &v1alpha1.IdentityBan{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.BanName("tpm-ek:y"), Namespace: ns},
+			Spec: v1alpha1.IdentityBanSpec{Identity: "tpm-ek:y", At: metav1.NewMicroTime(storetest.T0)}}
+		if err := k.admin.Create(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	historyObj := func(ns string) {
+		h := &v1alpha1.NodeNameHistory{ObjectMeta: metav1.ObjectMeta{Name: "legacy-1", Namespace: ns},
+			Spec: v1alpha1.NodeNameHistorySpec{NodeName: "legacy-1"}}
+		if err := k.admin.Create(ctx, h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// watchRefused starts the server's watch (the store itself never
+	// watches): refused, and reads go to the API server meanwhile.
+	watchRefused := func(s *Store) error {
+		w, err := NewWatched(kubetest.AsServiceAccount(k.cfg, saNamespace, saName), s)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go w.Start(wctx)
+		for deadline := time.Now().Add(10 * time.Second); w.WatchErr() == nil && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return w.WatchErr()
+	}
 	cases := []struct {
 		resource, verb string
 		setup          func(ns string)
@@ -385,21 +414,7 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 			_, err := s.BindingOf(ctx, "tpm-ek:x")
 			return err
 		}},
-		{"nodebindings", "watch", nil, func(s *Store) error {
-			// The server's binding watch (the store itself never watches):
-			// refused, and reads go to the API server meanwhile.
-			w, err := NewWatched(kubetest.AsServiceAccount(k.cfg, saNamespace, saName), s)
-			if err != nil {
-				return err
-			}
-			wctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go w.Start(wctx)
-			for deadline := time.Now().Add(10 * time.Second); w.WatchErr() == nil && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
-			}
-			return w.WatchErr()
-		}},
+		{"nodebindings", "watch", nil, watchRefused},
 		{"nodebindings", "update", bindingObj, func(s *Store) error {
 			r := storetest.Record(storetest.ID(2), "worker-1", storetest.T0)
 			r.Identity, r.KubeletKeySHA256 = "tpm-ek:x", bytes.Repeat([]byte{0xab}, 32)
@@ -411,6 +426,40 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 		}},
 		{"nodebindings/status", "update", bindingObj, func(s *Store) error {
 			_, err := s.UpdateStatus(ctx, "worker-1", "tpm-ek:x", func(b *store.Binding) error { b.Status.Boots++; return nil })
+			return err
+		}},
+		{"identitybans", "create", nil, func(s *Store) error {
+			_, err := s.Ban(ctx, store.Ban{Identity: "tpm-ek:y", At: storetest.T0})
+			return err
+		}},
+		{"identitybans", "get", nil, func(s *Store) error {
+			_, err := s.BanOf(ctx, "tpm-ek:y")
+			return err
+		}},
+		{"identitybans", "list", nil, func(s *Store) error {
+			_, err := s.Bans(ctx)
+			return err
+		}},
+		{"identitybans", "watch", nil, watchRefused},
+		{"identitybans", "delete", banObj, func(s *Store) error {
+			_, err := s.Unban(ctx, "tpm-ek:y")
+			return err
+		}},
+		{"nodenamehistories", "create", nil, func(s *Store) error {
+			_, err := s.Adopt(ctx, "legacy-1", store.Act{At: storetest.T0})
+			return err
+		}},
+		{"nodenamehistories", "get", nil, func(s *Store) error {
+			_, err := s.History(ctx, "legacy-1")
+			return err
+		}},
+		{"nodenamehistories", "list", nil, func(s *Store) error {
+			_, err := s.Histories(ctx)
+			return err
+		}},
+		{"nodenamehistories", "watch", nil, watchRefused},
+		{"nodenamehistories", "update", historyObj, func(s *Store) error {
+			_, err := s.Adopt(ctx, "legacy-1", store.Act{At: storetest.T0})
 			return err
 		}},
 	}

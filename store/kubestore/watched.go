@@ -66,7 +66,10 @@ func (h *watchHealth) lastErr() error {
 // Watched is the server's Store: Binding — what a config fetch reads to
 // see that the enrolment still stands — is answered from a watch of the
 // namespace's NodeBindings instead of a GET per fetch (without the status's
-// claims, which the watch does not keep: read them with the Store).
+// claims, which the watch does not keep: read them with the Store). It
+// also watches IdentityBans (Enrol refuses a banned identity from the
+// watch first, so a ban written by hand, without the enrolment marker
+// `nodeproof revoke` sets, is enforced too) and NodeNameHistories (History).
 // Everything else is the Store's; every write goes to the API server.
 //
 // Why a fetch stays sound on a cached binding:
@@ -89,7 +92,7 @@ type Watched struct {
 // NewWatched returns the watch over st's namespace; Start it. Until it has
 // synced, reads go to the API server.
 func NewWatched(cfg *rest.Config, st *Store) (*Watched, error) {
-	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{})
 	if err != nil {
 		return nil, err
 	}
@@ -148,13 +151,66 @@ func (w *Watched) Trusted() bool { return w.health.trusted() }
 // WatchErr is the last error the watch reported, nil if none.
 func (w *Watched) WatchErr() error { return w.health.lastErr() }
 
-// Binding implements store.Store from the watch; a miss, or a watch not
-// trusted now, reads the API.
+// Binding implements store.Store from the watch, revoked when the watch
+// holds a ban of its identity; a miss, or a watch not trusted now, reads
+// the API.
 func (w *Watched) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
 	if !w.health.trusted() {
 		return w.Store.Binding(ctx, nodeName)
 	}
-	return cachedBinding(ctx, w.watch, w.Store, nodeName)
+	b, err := cachedBinding(ctx, w.watch, w.Store, nodeName)
+	if err == nil && b.Revoked == nil {
+		w.banned(ctx, b)
+	}
+	return b, err
+}
+
+// banned sets b.Revoked from a ban of its identity that the watch holds:
+// a ban `nodeproof revoke` made has revoked the binding already, but one
+// written by hand (an IdentityBan applied with kubectl) has not.
+func (w *Watched) banned(ctx context.Context, b *store.Binding) {
+	var ban v1alpha1.IdentityBan
+	if err := w.watch.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: v1alpha1.BanName(b.Identity)}, &ban); err == nil && ban.Spec.Identity == b.Identity {
+		b.Revoked = fromBan(&ban).Revocation()
+	}
+}
+
+// Enrol implements store.Store: ErrRevoked when the watch holds a ban of
+// r's identity, else the Store's Enrol (which finds the bans `nodeproof
+// revoke` made through the identity's enrolment marker).
+func (w *Watched) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
+	if w.cachedBan(ctx, r.Identity) {
+		return fmt.Errorf("kubestore: %s is banned: %w", r.Identity, store.ErrRevoked)
+	}
+	return w.Store.Enrol(ctx, r, o, once...)
+}
+
+// History implements store.Store from the watch; a miss, or a watch not
+// trusted now, reads the API.
+func (w *Watched) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
+	if !w.health.trusted() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return w.Store.History(ctx, nodeName)
+	}
+	var obj v1alpha1.NodeNameHistory
+	err := w.watch.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: nodeName}, &obj)
+	switch {
+	case err == nil:
+		return fromHistory(&obj), nil
+	case apierrors.IsNotFound(err):
+		return w.Store.History(ctx, nodeName)
+	}
+	return nil, fmt.Errorf("kubestore: cached history %s: %w", nodeName, err)
+}
+
+// cachedBan reports whether the watch holds a ban of identity (false when
+// the watch is not trusted now).
+func (w *Watched) cachedBan(ctx context.Context, identity string) bool {
+	if identity == "" || !w.health.trusted() {
+		return false
+	}
+	var ban v1alpha1.IdentityBan
+	err := w.watch.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: v1alpha1.BanName(identity)}, &ban)
+	return err == nil && ban.Spec.Identity == identity
 }
 
 // cachedBinding reads nodeName's binding from watch, or from st when the
@@ -183,24 +239,36 @@ func slim(in any) (any, error) {
 	return cache.TransformStripManagedFields()(in)
 }
 
-// OnChange calls fn with the node name of every binding added, changed or
-// deleted (and of every one at the first list): what the approver's node
-// controller queues its judgements by.
+// OnChange calls fn with the node name of every binding and name history
+// added, changed or deleted (and of every one at the first list), and of
+// the name a ban names: what the approver's node controller queues its
+// judgements by.
 func (w *Watched) OnChange(ctx context.Context, fn func(nodeName string)) error {
-	inf, err := w.watch.GetInformer(ctx, &v1alpha1.NodeBinding{})
-	if err != nil {
-		return err
-	}
 	name := func(obj any) {
 		if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 			obj = t.Obj
 		}
-		if o, ok := obj.(*v1alpha1.NodeBinding); ok {
+		switch o := obj.(type) {
+		case *v1alpha1.NodeBinding:
 			fn(o.Name)
+		case *v1alpha1.NodeNameHistory:
+			fn(o.Name)
+		case *v1alpha1.IdentityBan:
+			if o.Spec.NodeName != "" {
+				fn(o.Spec.NodeName)
+			}
 		}
 	}
-	_, err = inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-		AddFunc: name, UpdateFunc: func(_, n any) { name(n) }, DeleteFunc: name,
-	})
-	return err
+	for _, kind := range []client.Object{&v1alpha1.NodeBinding{}, &v1alpha1.NodeNameHistory{}, &v1alpha1.IdentityBan{}} {
+		inf, err := w.watch.GetInformer(ctx, kind)
+		if err != nil {
+			return err
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: name, UpdateFunc: func(_, n any) { name(n) }, DeleteFunc: name,
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 	"github.com/nodeproof/nodeproof/store/storetest"
 )
 
@@ -60,6 +62,30 @@ func testWatched(t *testing.T, k *cluster) {
 		}
 		if _, err := w.Binding(ctx, "nobody"); !errors.Is(err, store.ErrNotFound) {
 			t.Fatalf("a name nobody holds: %v", err)
+		}
+	})
+
+	t.Run("a ban written by hand revokes the binding and refuses the enrolment", func(t *testing.T) {
+		// An IdentityBan applied with kubectl (GitOps), not `nodeproof
+		// revoke`: no enrolment marker set, no binding revoked.
+		r := storetest.Record(storetest.ID(30), "worker-30", now)
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		other := storetest.Record(storetest.ID(40), "worker-40", now)
+		for _, id := range []string{r.Identity, other.Identity} {
+			ban := &v1alpha1.IdentityBan{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.BanName(id), Namespace: ns},
+				Spec: v1alpha1.IdentityBanSpec{Identity: id, At: metav1.NewMicroTime(now), By: "gitops"}}
+			if err := k.admin.Create(ctx, ban); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, "the ban in the watch", func() bool {
+			b, err := w.Binding(ctx, "worker-30")
+			return err == nil && b.Revoked != nil && b.Revoked.By == "gitops"
+		})
+		if err := w.Enrol(ctx, other, store.EnrolOptions{}); !errors.Is(err, store.ErrRevoked) {
+			t.Fatalf("the enrolment of an identity banned by hand: %v, want ErrRevoked", err)
 		}
 	})
 

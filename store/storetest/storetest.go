@@ -4,7 +4,9 @@
 // in what the MCS and the approver rely on: all-or-nothing CreateRecord,
 // markers that stop counting when they expire, newest-first RecordsForNode,
 // single consumption, GC, node bindings (one identity per name, one name
-// per identity, until released) — and the same under concurrent callers.
+// per identity, until released), bans (an identity's, outliving releases,
+// until lifted), each name's history (releases, adoption) — and the same
+// under concurrent callers.
 //
 // Times in the suite are whole seconds, so a backend that keeps times to the
 // microsecond (kubestore) round-trips them exactly.
@@ -716,7 +718,7 @@ var cases = []struct {
 			t.Fatalf("boots = %d after %d concurrent increments", b.Status.Boots, Concurrency)
 		}
 	}},
-	{"revoke: once, kept by enrolling again and by status updates, gone with release", func(t *testing.T, e *env) {
+	{"revoke: once, kept by status updates; the next owner of the released name is not revoked", func(t *testing.T, e *env) {
 		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
 		e.enrol(t, a, store.EnrolOptions{})
 		at := T0.Add(time.Minute)
@@ -771,5 +773,247 @@ var cases = []struct {
 		if !b.CreatedAt.Equal(T0) || !b.EnrolledAt.Equal(T0.Add(time.Hour)) {
 			t.Fatalf("CreatedAt %v EnrolledAt %v", b.CreatedAt, b.EnrolledAt)
 		}
+	}},
+	{"ban: the identity's, under any name and pool, through release, until lifted", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		at := T0.Add(time.Minute)
+		ban, err := e.s.Ban(e.ctx, store.Ban{NodeName: "worker-1", At: at, By: "alice", Reason: "disk stolen"})
+		if err != nil || ban.Identity != a.Identity || ban.NodeName != "worker-1" || ban.Kind != a.Kind || ban.By != "alice" ||
+			ban.Reason != "disk stolen" || !ban.At.Equal(at) {
+			t.Fatalf("Ban = %+v, %v", ban, err)
+		}
+		b, _ := e.s.Binding(e.ctx, "worker-1")
+		if b.Revoked == nil || b.Revoked.By != "alice" || b.Revoked.Reason != "disk stolen" || !b.Revoked.At.Equal(at) {
+			t.Fatalf("the binding's revocation: %+v", b.Revoked)
+		}
+		// Records of the banned identity approve nothing.
+		is(t, "ConsumeRecord of a banned identity's record", e.s.ConsumeRecord(e.ctx, a.ID, "csr-1", at), store.ErrRevoked)
+		if r := e.get(t, a.ID); r.ConsumedAt != nil {
+			t.Fatal("a refused consumption consumed the record")
+		}
+		is(t, "Enrol again (the same name, key and pool)", e.s.Enrol(e.ctx, enrolment(2, "worker-1", a.Identity, "key-a"), store.EnrolOptions{Again: true}), store.ErrRevoked)
+		e.absent(t, ID(2))
+		if _, err := e.s.Release(e.ctx, "worker-1", store.Act{At: at.Add(time.Minute), By: "bob", Reason: "RMA"}); err != nil {
+			t.Fatal(err)
+		}
+		for _, tc := range []struct {
+			name string
+			r    *store.Record
+			o    store.EnrolOptions
+		}{
+			{"the released name", enrolment(3, "worker-1", a.Identity, "key-a"), store.EnrolOptions{}},
+			{"a new name", enrolment(4, "worker-2", a.Identity, "key-new"), store.EnrolOptions{}},
+			{"a new name, again", enrolment(5, "worker-3", a.Identity, "key-new"), store.EnrolOptions{Again: true, ReplaceKey: true}},
+		} {
+			tc.r.Pool = "master"
+			is(t, "Enrol of the banned identity after its release: "+tc.name, e.s.Enrol(e.ctx, tc.r, tc.o, once("session/"+tc.r.ID, T0.Add(time.Minute))), store.ErrRevoked)
+			e.absent(t, tc.r.ID)
+			e.unset(t, "session/"+tc.r.ID)
+		}
+		e.unbound(t, "worker-2", a.Identity)
+		if got, err := e.s.BanOf(e.ctx, a.Identity); err != nil || got.By != "alice" || !got.At.Equal(at) {
+			t.Fatalf("BanOf after the release = %+v, %v", got, err)
+		}
+		// Another identity takes the released name; it is not banned.
+		other := enrolment(6, "worker-1", "tpm-ek:bbb", "key-b")
+		e.enrol(t, other, store.EnrolOptions{})
+		if b, _ := e.s.Binding(e.ctx, "worker-1"); b.Revoked != nil {
+			t.Fatal("the next owner inherited the ban")
+		}
+		is(t, "ConsumeRecord of the next owner's record", e.s.ConsumeRecord(e.ctx, other.ID, "csr-2", at), nil)
+		// Lifted: the identity enrols again, after attesting.
+		lifted, err := e.s.Unban(e.ctx, a.Identity)
+		if err != nil || lifted.By != "alice" {
+			t.Fatalf("Unban = %+v, %v", lifted, err)
+		}
+		if _, err := e.s.BanOf(e.ctx, a.Identity); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("BanOf after Unban: %v", err)
+		}
+		if _, err := e.s.Unban(e.ctx, a.Identity); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Unban again: %v", err)
+		}
+		e.enrol(t, enrolment(7, "worker-2", a.Identity, "key-new"), store.EnrolOptions{})
+		e.bound(t, enrolment(7, "worker-2", a.Identity, "key-new"))
+		is(t, "ConsumeRecord once the ban is lifted", e.s.ConsumeRecord(e.ctx, ID(7), "csr-3", at), nil)
+	}},
+	{"ban: of an identity that holds no name refuses its first enrolment", func(t *testing.T, e *env) {
+		ban, err := e.s.Ban(e.ctx, store.Ban{Identity: "gcp:1/us-a/7", Kind: attest.KindGCP, At: T0, By: "alice"})
+		if err != nil || ban.Identity != "gcp:1/us-a/7" || ban.NodeName != "" {
+			t.Fatalf("Ban = %+v, %v", ban, err)
+		}
+		r := enrolment(1, "worker-1", "gcp:1/us-a/7", "key-a")
+		is(t, "Enrol of a banned identity", e.s.Enrol(e.ctx, r, store.EnrolOptions{}, once("session/1", T0.Add(time.Minute))), store.ErrRevoked)
+		e.absent(t, r.ID)
+		e.unset(t, "session/1")
+		e.unbound(t, "worker-1", r.Identity)
+		// Lifted: its first enrolment goes through.
+		if _, err := e.s.Unban(e.ctx, r.Identity); err != nil {
+			t.Fatal(err)
+		}
+		e.enrol(t, enrolment(2, "worker-1", r.Identity, "key-a"), store.EnrolOptions{})
+	}},
+	{"ban: again keeps the first; an unbound name is ErrNotFound; Bans lists them", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		if _, err := e.s.Ban(e.ctx, store.Ban{NodeName: "worker-1", At: T0, By: "alice", Reason: "first"}); err != nil {
+			t.Fatal(err)
+		}
+		again, err := e.s.Ban(e.ctx, store.Ban{Identity: a.Identity, At: T0.Add(time.Hour), By: "bob", Reason: "second"})
+		if err != nil || again.By != "alice" || again.Reason != "first" || !again.At.Equal(T0) {
+			t.Fatalf("Ban again = %+v, %v; want the first", again, err)
+		}
+		if b, err := e.s.Revoke(e.ctx, "worker-1", "third", T0.Add(2*time.Hour)); err != nil || b.Revoked.Reason != "first" {
+			t.Fatalf("Revoke of a banned node = %+v, %v; want the first ban", b, err)
+		}
+		if _, err := e.s.Ban(e.ctx, store.Ban{NodeName: "worker-9", At: T0}); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Ban of an unbound name: %v", err)
+		}
+		if _, err := e.s.Ban(e.ctx, store.Ban{Identity: "aws:1/r/i-2", At: T0}); err != nil {
+			t.Fatal(err)
+		}
+		bans, err := e.s.Bans(e.ctx)
+		var got []string
+		for _, b := range bans {
+			got = append(got, b.Identity)
+		}
+		slices.Sort(got)
+		if err != nil || !slices.Equal(got, []string{"aws:1/r/i-2", a.Identity}) {
+			t.Fatalf("Bans = %v, %v", got, err)
+		}
+		if _, err := e.s.BanOf(e.ctx, "tpm-ek:nobody"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("BanOf of an identity never banned: %v", err)
+		}
+	}},
+	{"release: a revoked binding's revocation becomes the identity's ban", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		if _, err := e.s.Revoke(e.ctx, "worker-1", "stolen", T0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s.Release(e.ctx, "worker-1"); err != nil {
+			t.Fatal(err)
+		}
+		if ban, err := e.s.BanOf(e.ctx, a.Identity); err != nil || ban.Reason != "stolen" {
+			t.Fatalf("BanOf after releasing a revoked node = %+v, %v", ban, err)
+		}
+		is(t, "Enrol under another name", e.s.Enrol(e.ctx, enrolment(2, "worker-2", a.Identity, "key-b"), store.EnrolOptions{}), store.ErrRevoked)
+	}},
+	{"history: each release, newest first, with who and why, at most MaxReleased", func(t *testing.T, e *env) {
+		if _, err := e.s.History(e.ctx, "worker-1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("History of a name never released: %v", err)
+		}
+		n := store.MaxReleased + 2
+		for i := range n {
+			r := enrolment(i, "worker-1", fmt.Sprintf("tpm-ek:%d", i), fmt.Sprint("key-", i))
+			e.enrol(t, r, store.EnrolOptions{})
+			if i == 0 {
+				if _, err := e.s.Revoke(e.ctx, "worker-1", "", T0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			at := T0.Add(time.Duration(i+1) * time.Minute)
+			if _, err := e.s.Release(e.ctx, "worker-1", store.Act{At: at, By: fmt.Sprint("op-", i), Reason: "replaced"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h, err := e.s.History(e.ctx, "worker-1")
+		if err != nil || h.NodeName != "worker-1" || len(h.Released) != store.MaxReleased {
+			t.Fatalf("History = %+v, %v; want %d releases", h, err, store.MaxReleased)
+		}
+		for j, r := range h.Released {
+			i := n - 1 - j
+			if r.Identity != fmt.Sprintf("tpm-ek:%d", i) || r.Act.By != fmt.Sprint("op-", i) || r.Act.Reason != "replaced" ||
+				!r.Act.At.Equal(T0.Add(time.Duration(i+1)*time.Minute)) || r.Pool != "worker" || r.Kind != attest.KindTPM || !r.CreatedAt.Equal(T0) || r.Revoked {
+				t.Fatalf("release %d = %+v; want identity %d's", j, r, i)
+			}
+		}
+		// A release without who and when: the store's clock.
+		e.enrol(t, enrolment(100, "worker-2", "tpm-ek:x", "key-x"), store.EnrolOptions{})
+		e.clock.Set(T0.Add(5 * time.Hour))
+		if _, err := e.s.Release(e.ctx, "worker-2"); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := e.s.History(e.ctx, "worker-2"); err != nil || len(h.Released) != 1 || !h.Released[0].Act.At.Equal(T0.Add(5*time.Hour)) {
+			t.Fatalf("History of worker-2 = %+v, %v", h, err)
+		}
+		hs, err := e.s.Histories(e.ctx)
+		if err != nil || len(hs) != 2 {
+			t.Fatalf("Histories = %d, %v; want 2", len(hs), err)
+		}
+	}},
+	{"history: a revoked release says so", func(t *testing.T, e *env) {
+		e.enrol(t, enrolment(1, "worker-1", "tpm-ek:aaa", "key-a"), store.EnrolOptions{})
+		if _, err := e.s.Revoke(e.ctx, "worker-1", "", T0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.s.Release(e.ctx, "worker-1"); err != nil {
+			t.Fatal(err)
+		}
+		if h, err := e.s.History(e.ctx, "worker-1"); err != nil || len(h.Released) != 1 || !h.Released[0].Revoked {
+			t.Fatalf("History = %+v, %v", h, err)
+		}
+	}},
+	{"adopt: once, kept by releases", func(t *testing.T, e *env) {
+		h, err := e.s.Adopt(e.ctx, "legacy-1", store.Act{At: T0, By: "alice", Reason: "predates nodeproof"})
+		if err != nil || h.Adopted == nil || h.Adopted.By != "alice" || !h.Adopted.At.Equal(T0) {
+			t.Fatalf("Adopt = %+v, %v", h, err)
+		}
+		if h, err := e.s.Adopt(e.ctx, "legacy-1", store.Act{At: T0.Add(time.Hour), By: "bob"}); err != nil || h.Adopted.By != "alice" {
+			t.Fatalf("Adopt again = %+v, %v; want the first", h, err)
+		}
+		e.enrol(t, enrolment(1, "legacy-1", "tpm-ek:aaa", "key-a"), store.EnrolOptions{})
+		if _, err := e.s.Release(e.ctx, "legacy-1"); err != nil {
+			t.Fatal(err)
+		}
+		h, err = e.s.History(e.ctx, "legacy-1")
+		if err != nil || h.Adopted == nil || h.Adopted.By != "alice" || len(h.Released) != 1 {
+			t.Fatalf("History = %+v, %v", h, err)
+		}
+	}},
+	{"enrolling again cannot move the node to another pool", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		for _, o := range []store.EnrolOptions{{Again: true}, {Again: true, ReplaceKey: true}} {
+			r := enrolment(2, "worker-1", a.Identity, "key-a")
+			r.Pool = "master"
+			is(t, fmt.Sprintf("Enrol again in another pool %+v", o), e.s.Enrol(e.ctx, r, o, once("session/2", T0.Add(time.Minute))), store.ErrPoolFixed)
+			e.absent(t, r.ID)
+			e.unset(t, "session/2")
+			is(t, "ReleaseOnce", e.s.ReleaseOnce(e.ctx, "session/2"), nil)
+		}
+		e.bound(t, a)
+		// Released, the machine may enrol in another pool: an operator's act.
+		if _, err := e.s.Release(e.ctx, "worker-1"); err != nil {
+			t.Fatal(err)
+		}
+		r := enrolment(3, "worker-1", a.Identity, "key-b")
+		r.Pool = "master"
+		e.enrol(t, r, store.EnrolOptions{Again: true})
+		e.bound(t, r)
+	}},
+	{"concurrent ban and enrolments of the identity: when Ban returns, no binding of it stands unrevoked", func(t *testing.T, e *env) {
+		const identity = "tpm-ek:racer"
+		errs := race(func(i int) error {
+			if i == 0 {
+				_, err := e.s.Ban(e.ctx, store.Ban{Identity: identity, At: T0, By: "alice"})
+				return err
+			}
+			return e.s.Enrol(e.ctx, enrolment(i, fmt.Sprintf("node-%d", i), identity, "key"), store.EnrolOptions{})
+		})
+		if errs[0] != nil {
+			t.Fatalf("Ban: %v", errs[0])
+		}
+		for i, err := range errs[1:] {
+			if err != nil && !errors.Is(err, store.ErrRevoked) && !errors.Is(err, store.ErrIdentityEnrolled) {
+				t.Fatalf("enrolment %d: %v", i+1, err)
+			}
+		}
+		if b, err := e.s.BindingOf(e.ctx, identity); err == nil && b.Revoked == nil {
+			t.Fatalf("binding %s of the banned identity is not revoked", b.NodeName)
+		} else if err != nil && !errors.Is(err, store.ErrNotFound) {
+			t.Fatal(err)
+		}
+		is(t, "Enrol after the ban", e.s.Enrol(e.ctx, enrolment(99, "node-99", identity, "key"), store.EnrolOptions{}), store.ErrRevoked)
 	}},
 }

@@ -35,8 +35,10 @@ const usage = `usage: nodeproof <command> [flags]
 commands:
   serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
   approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
-  release    NODE: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol
-  revoke     NODE [--reason TEXT]: refuse the node's machine everything from now on; its node is tainted NoExecute
+  release    NODE [--reason TEXT]: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol; a ban stays
+  revoke     NODE | --identity ID [--reason TEXT]: ban the machine: refused everything, under any name, until unban; its node is tainted NoExecute
+  unban      NODE | --identity ID [--reason TEXT]: lift a ban
+  adopt      NODE [--reason TEXT]: let a pool with requested names bind the name of a Node that existed before nodeproof
   inspect    [NODE] [-o table|json|yaml]: list nodes (owner, last attestation, state), or one node's whole story
   policy     check FILE [--against-records]: validate a policy (with --against-records, judge every node's last claims by it); learn --pool NAME --event-log FILE [--merge FILE]: a pool policy from a machine you trust
   enroll     --reset NODE: the same as release NODE (--reset KEY clears a single-use marker)
@@ -68,6 +70,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		err = cmdRelease(ctx, args[1:], stdout, stderr)
 	case "revoke":
 		err = cmdRevoke(ctx, args[1:], stdout, stderr)
+	case "unban":
+		err = cmdUnban(ctx, args[1:], stdout, stderr)
+	case "adopt":
+		err = cmdAdopt(ctx, args[1:], stdout, stderr)
 	case "inspect":
 		err = cmdInspect(ctx, args[1:], stdout, stderr)
 	case "policy":

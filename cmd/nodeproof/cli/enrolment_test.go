@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
@@ -66,6 +67,7 @@ type enrolEnv struct {
 	kc         kubernetes.Interface
 	objects    client.Client // reads the store's objects
 	storeFlags []string
+	cfg        *rest.Config
 }
 
 func newEnrolEnv(t *testing.T) *enrolEnv {
@@ -89,7 +91,7 @@ func newEnrolEnv(t *testing.T) *enrolEnv {
 		t.Fatal(err)
 	}
 	cfg, kc, _ := testCluster(t)
-	e.kc = kc
+	e.kc, e.cfg = kc, cfg
 	if e.objects, err = kubestore.NewClient(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +266,7 @@ func TestEnrolmentAttacks(t *testing.T) {
 		}
 		e.mustEnrol(t, "machine A again with its enrolled kubelet key, proven (a lost answer)", a, "worker", "master-0", ka, true)
 		out := e.release(t, "master-0")
-		if !strings.Contains(out, "master-0 released: it was bound to tpm-ek:") {
+		if !strings.Contains(out, "it was bound to tpm-ek:") {
 			t.Fatalf("release said %q", out)
 		}
 		if msg := e.event(t, "master-0", "Released"); !strings.Contains(msg, "bound to tpm-ek:") {

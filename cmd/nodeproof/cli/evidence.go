@@ -12,6 +12,8 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/ec2live"
+	"github.com/nodeproof/nodeproof/mcs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -102,6 +104,25 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 		return kubestore.New(cl, ns, c.Clock)
 	}
 	return nil, fmt.Errorf("serve: --store %q is not embedded or kubernetes", kind)
+}
+
+// watchNodes starts the watch of the cluster's Node names (cluster.Nodes)
+// into o.Nodes; stop ends it.
+func (c ServeConfig) watchNodes(ctx context.Context, o *mcs.Options) (stop func(), err error) {
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c.limits(cfg)
+	nodes, err := cluster.NewNodes(cfg)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() { defer close(done); nodes.Run(ctx) }()
+	o.Nodes = nodes
+	return func() { cancel(); <-done }, nil
 }
 
 // watchBindings starts the server's watch of st's NodeBindings

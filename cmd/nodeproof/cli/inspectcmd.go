@@ -18,9 +18,9 @@ import (
 // cmdInspect is `nodeproof inspect [NODE] [-o table|json|yaml]`: every
 // node (its owner, last attestation and state), or one node's story
 // (evidence, claims, records, and with the kubernetes store its Node's
-// condition and taints, CSRs and Events). It only reads. The embedded
-// store cannot be opened while the server runs (bbolt locks its file):
-// stop the server, or use the kubernetes store.
+// condition and taints, CSRs and Events), and the bans and released names.
+// It only reads. A running server with the embedded store is read through
+// its admin socket.
 func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("inspect", stderr)
 	var c ServeConfig
@@ -66,9 +66,9 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	c.Clock = time.Now
-	st, err := c.openStoreTimeout(false, time.Second)
+	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("open the store (with the embedded store, stop the server first): %w", err)
+		return err
 	}
 	defer st.Close()
 	kc, err := c.kubeClient(false)
@@ -78,11 +78,11 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	src := inspect.Sources{Store: st, Kube: kc, Clock: c.Clock,
 		Fresh: func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }}
 	if node == "" {
-		nodes, err := inspect.List(ctx, src)
+		o, err := inspect.ListAll(ctx, src)
 		if err != nil {
 			return err
 		}
-		return inspect.WriteList(stdout, *format, nodes)
+		return inspect.WriteOverview(stdout, *format, o)
 	}
 	story, err := inspect.StoryOf(ctx, src, node)
 	if err != nil {

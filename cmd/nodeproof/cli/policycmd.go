@@ -49,9 +49,9 @@ func cmdPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return nil
 	}
 	c.Clock = time.Now
-	st, err := c.openStoreTimeout(false, time.Second)
+	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("policy check: open the store (with the embedded store, stop the server first): %w", err)
+		return fmt.Errorf("policy check: %w", err)
 	}
 	defer st.Close()
 	bs, err := st.Bindings(ctx)
@@ -150,9 +150,9 @@ func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer
 	switch {
 	case *node != "":
 		c.Clock = time.Now
-		st, err := c.openStoreTimeout(false, time.Second)
+		st, err := c.openOperatorStore(ctx)
 		if err != nil {
-			return fmt.Errorf("open the store (with the embedded store, stop the server first): %w", err)
+			return err
 		}
 		defer st.Close()
 		b, err := st.Binding(ctx, *node)

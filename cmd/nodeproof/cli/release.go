@@ -6,65 +6,180 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/user"
 	"strings"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // storeFlags are the flags of the commands that open the store beside a
-// server: release and enroll.
+// server: release, revoke, unban, adopt, enroll, inspect, policy.
 func storeFlags(fs *flag.FlagSet, c *ServeConfig) {
 	fs.StringVar(&c.Store, "store", "embedded", "embedded or kubernetes")
-	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "embedded store: the server's state directory")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "embedded store: the server's state directory (a running server is reached on its admin socket there)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes store: kubeconfig (default: in-cluster)")
 	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace")
 }
 
+// openOperatorStore opens the store for an operator's command: with the
+// embedded store, the running server's admin socket when it answers (bbolt
+// locks the file while the server runs), else the file itself; with the
+// kubernetes store, the API server.
+func (c ServeConfig) openOperatorStore(ctx context.Context) (store.Store, error) {
+	if c.storeKind(false) == "embedded" {
+		if cl, err := adminsock.Dial(ctx, adminsock.Path(c.StateDir)); err == nil {
+			return cl, nil
+		}
+	}
+	st, err := c.openStoreTimeout(false, time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("open the store (no server answers on %s, and the file is locked): %w", adminsock.Path(c.StateDir), err)
+	}
+	return st, nil
+}
+
+// operator is who runs the command, as the store records it: --by when
+// given; with the kubernetes store, the user the API server authenticates
+// (a SelfSubjectReview), else the kubeconfig's user; else $SUDO_USER,
+// $USER or the process's user.
+func (c ServeConfig) operator(ctx context.Context, by string) string {
+	if by != "" {
+		return by
+	}
+	if c.storeKind(false) == "kubernetes" {
+		if cfg, err := restConfig(c.Kubeconfig); err == nil {
+			if kc, err := kubernetes.NewForConfig(cfg); err == nil {
+				ssr, err := kc.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+				if err == nil && ssr.Status.UserInfo.Username != "" {
+					return ssr.Status.UserInfo.Username
+				}
+			}
+		}
+		if c.Kubeconfig != "" {
+			if raw, err := clientcmd.LoadFromFile(c.Kubeconfig); err == nil {
+				if ctx, ok := raw.Contexts[raw.CurrentContext]; ok && ctx.AuthInfo != "" {
+					return ctx.AuthInfo
+				}
+			}
+		}
+	}
+	for _, v := range []string{"SUDO_USER", "USER"} {
+		if u := os.Getenv(v); u != "" {
+			return u
+		}
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return "unknown"
+}
+
+// actFlags are the flags of an operator's act: --reason and --by.
+func actFlags(fs *flag.FlagSet) (reason, by *string) {
+	reason = fs.String("reason", "", "why (kept in the store, and in the Event)")
+	by = fs.String("by", "", "who (default: the user the API server authenticates, or $SUDO_USER / $USER)")
+	return reason, by
+}
+
+// opCmd is an operator's command with its flags parsed and its store open
+// (close it).
+type opCmd struct {
+	c           ServeConfig
+	node        string
+	identity    string
+	reason, who string
+	st          store.Store
+}
+
+// startOp parses an operator's command: the store flags, --reason and
+// --by, and either one NODE or, with byIdentity, NODE or --identity ID;
+// then it opens the store.
+func startOp(ctx context.Context, name string, args []string, stderr io.Writer, byIdentity bool) (*opCmd, error) {
+	fs := newFlagSet(name, stderr)
+	op := &opCmd{}
+	storeFlags(fs, &op.c)
+	reason, by := actFlags(fs)
+	identity := new(string)
+	var err error
+	if byIdentity {
+		identity = fs.String("identity", "", "the identity (tpm-ek:…, gcp:…, aws:…; nodeproof inspect lists them), instead of NODE's")
+		op.node, err = nodeOrIdentity(fs, args, identity)
+	} else {
+		op.node, err = parseOneNode(fs, args)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	op.c.Clock = time.Now
+	op.identity, op.reason, op.who = *identity, *reason, op.c.operator(ctx, *by)
+	if op.st, err = op.c.openOperatorStore(ctx); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return op, nil
+}
+
 // cmdRelease frees a node name from the identity that owns it (its
 // binding), so that another machine — or the same one, reinstalled, with
-// a new kubelet key — may enrol with it. It says whose node it was, and
-// with the kubernetes store writes an Event on the NodeBinding. The
-// embedded store cannot be opened while the server runs (bbolt locks its
-// file): stop the server, or use the kubernetes store.
+// a new kubelet key, or enrolling in another pool — may enrol with it. The
+// binding goes to the name's history (who, when, why); a revoked
+// identity stays banned (nodeproof unban lifts that). It says whose node
+// it was, and with the kubernetes store writes an Event on the
+// NodeBinding. A running server with the embedded store is reached on its
+// admin socket.
 func cmdRelease(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("release", stderr)
 	var c ServeConfig
 	storeFlags(fs, &c)
-	reason := fs.String("reason", "", "why (goes into the Event)")
+	reason, by := actFlags(fs)
 	node, err := parseOneNode(fs, args)
 	if err != nil {
 		return fmt.Errorf("release: %w", err)
 	}
 	c.Clock = time.Now
-	return release(ctx, c, node, *reason, stdout)
+	return release(ctx, c, node, store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason}, stdout)
 }
 
-func release(ctx context.Context, c ServeConfig, node, reason string, stdout io.Writer) error {
-	st, err := c.openStoreTimeout(false, time.Second)
+func release(ctx context.Context, c ServeConfig, node string, act store.Act, stdout io.Writer) error {
+	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("release: open the store (with the embedded store, stop the server first): %w", err)
+		return fmt.Errorf("release: %w", err)
 	}
 	defer st.Close()
-	b, err := st.Release(ctx, node)
+	b, err := st.Release(ctx, node, act)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("release: node %s is not bound to any machine", node)
 	} else if err != nil {
 		return fmt.Errorf("release: %w", err)
 	}
-	msg := fmt.Sprintf("node %s released: it was bound to %s (%s evidence, pool %s, enrolled %s, last enrolment record %s); the next machine to enrol with this name owns it",
-		node, b.Identity, b.Kind, b.Pool, b.CreatedAt.UTC().Format(time.RFC3339), b.RecordID)
-	if reason != "" {
-		msg += "; reason: " + reason
+	msg := fmt.Sprintf("node %s released by %s: it was bound to %s (%s evidence, pool %s, enrolled %s, last enrolment record %s); the next machine to enrol with this name owns it",
+		node, act.By, b.Identity, b.Kind, b.Pool, b.CreatedAt.UTC().Format(time.RFC3339), b.RecordID)
+	if b.Revoked != nil {
+		msg += "; that machine stays revoked (banned) under any name: nodeproof unban --identity " + b.Identity + " lifts it"
+	}
+	if act.Reason != "" {
+		msg += "; reason: " + act.Reason
 	}
 	fmt.Fprintln(stdout, msg)
+	return c.bindingEvent(ctx, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock()})
+}
+
+// bindingEvent writes ev with the kubernetes store (nothing otherwise).
+func (c ServeConfig) bindingEvent(ctx context.Context, component string, ev kubestore.BindingEvent) error {
 	kc, err := c.kubeClient(false)
 	if err != nil || kc == nil {
 		return err
 	}
-	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-release",
-		kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock()})
+	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), component, ev)
 }
 
 // cmdEnroll --reset NODE releases a node name (release); --reset KEY, a
@@ -75,6 +190,7 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	reset := fs.String("reset", "", "the node to release (as nodeproof release NODE), or a single-use marker's key to clear")
 	var c ServeConfig
 	storeFlags(fs, &c)
+	by := fs.String("by", "", "who (default: the user the API server authenticates, or $SUDO_USER / $USER)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -83,11 +199,11 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	c.Clock = time.Now
 	if !strings.Contains(*reset, "/") {
-		return release(ctx, c, *reset, "enroll --reset", stdout)
+		return release(ctx, c, *reset, store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: "enroll --reset"}, stdout)
 	}
-	st, err := c.openStoreTimeout(false, time.Second)
+	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("enroll: open the store (with the embedded store, stop the server first): %w", err)
+		return fmt.Errorf("enroll: %w", err)
 	}
 	defer st.Close()
 	if err := st.ReleaseOnce(ctx, *reset); err != nil {
@@ -97,44 +213,179 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return nil
 }
 
-// cmdRevoke refuses a node's identity everything from now on — attestations,
-// configs, certificates — and (through the approver's node controller) taints
-// the node NoExecute. `nodeproof release NODE` afterwards frees the name for
-// another machine. Kubelet certificates already issued stay valid until they
-// expire (the signer's duration; docs/lifetime.md).
+// cmdRevoke bans a machine: the identity that holds NODE, or --identity ID
+// (enrolled or not). From then on the identity is refused everything —
+// enrolment under any name and in any pool, re-attestation, config
+// fetches with tokens issued before, every CSR, report ownership — and
+// its records approve nothing; the approver's node controller taints its
+// node NoExecute. With the kubernetes store the node's bootstrap token
+// Secrets are deleted at once (the operator's credentials must allow
+// list and delete of secrets in kube-system; a failure is reported, the
+// ban stands). The ban outlives `nodeproof release`, restarts and leader
+// changes; `nodeproof unban` lifts it. Kubelet certificates already issued
+// stay valid until they expire (the signer's duration; docs/lifetime.md).
 func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("revoke", stderr)
-	var c ServeConfig
-	storeFlags(fs, &c)
-	reason := fs.String("reason", "", "why (kept on the binding, and in the Event)")
-	node, err := parseOneNode(fs, args)
+	op, err := startOp(ctx, "revoke", args, stderr, true)
 	if err != nil {
-		return fmt.Errorf("revoke: %w", err)
+		return err
 	}
-	c.Clock = time.Now
-	st, err := c.openStoreTimeout(false, time.Second)
-	if err != nil {
-		return fmt.Errorf("revoke: open the store (with the embedded store, stop the server first): %w", err)
-	}
+	c, st := op.c, op.st
 	defer st.Close()
-	b, err := st.Revoke(ctx, node, *reason, c.Clock())
+	ban, err := st.Ban(ctx, store.Ban{Identity: op.identity, NodeName: op.node, At: c.Clock(), By: op.who, Reason: op.reason})
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("revoke: node %s is not bound to any machine", node)
+		return fmt.Errorf("revoke: node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
 	} else if err != nil {
 		return fmt.Errorf("revoke: %w", err)
 	}
-	msg := fmt.Sprintf("node %s revoked at %s (%s evidence, identity %s): attestations, configs and certificates are refused; release it to give the name to another machine",
-		node, b.Revoked.At.UTC().Format(time.RFC3339), b.Kind, b.Identity)
-	if b.Revoked.Reason != "" {
-		msg += "; reason: " + b.Revoked.Reason
+	where := "holding no node name"
+	if ban.NodeName != "" {
+		where = "node " + ban.NodeName
+	}
+	msg := fmt.Sprintf("%s (%s evidence, %s) revoked at %s by %s: enrolment under any name, re-attestation, configs, certificates and reports are refused until nodeproof unban",
+		ban.Identity, dash(string(ban.Kind)), where, ban.At.UTC().Format(time.RFC3339), ban.By)
+	if ban.Reason != "" {
+		msg += "; reason: " + ban.Reason
 	}
 	fmt.Fprintln(stdout, msg)
 	kc, err := c.kubeClient(false)
 	if err != nil || kc == nil {
 		return err
 	}
-	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
-		kubestore.BindingEvent{NodeName: node, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock()})
+	var records []string
+	if ban.NodeName != "" {
+		if recs, err := st.RecordsForNode(ctx, ban.NodeName); err == nil {
+			for _, r := range recs {
+				if r.Identity == ban.Identity {
+					records = append(records, r.ID)
+				}
+			}
+		}
+	}
+	deleted, derr := cluster.DeleteIdentityTokens(ctx, kc, ban.Identity, records)
+	if len(deleted) > 0 {
+		fmt.Fprintf(stdout, "deleted its bootstrap tokens: %s\n", strings.Join(deleted, ", "))
+	}
+	if derr != nil {
+		derr = fmt.Errorf("revoke: the ban stands, but its bootstrap tokens could not all be deleted (they expire with their records): %w", derr)
+	}
+	if ban.NodeName == "" {
+		return derr
+	}
+	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
+		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock()}))
+}
+
+// cmdUnban lifts a ban: the identity that holds NODE, or was banned while
+// holding it, or --identity ID. The identity may then re-attest and, if
+// it holds no name, enrol again (after attesting, as any machine).
+func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	op, err := startOp(ctx, "unban", args, stderr, true)
+	if err != nil {
+		return err
+	}
+	c, st := op.c, op.st
+	defer st.Close()
+	id := op.identity
+	if id == "" {
+		if id, err = bannedAt(ctx, st, op.node); err != nil {
+			return fmt.Errorf("unban: %w", err)
+		}
+	}
+	ban, err := st.Unban(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("unban: %s is not banned", id)
+	} else if err != nil {
+		return fmt.Errorf("unban: %w", err)
+	}
+	msg := fmt.Sprintf("ban of %s lifted by %s (it was banned at %s by %s: %s)", ban.Identity, op.who,
+		ban.At.UTC().Format(time.RFC3339), dash(ban.By), dash(ban.Reason))
+	if op.reason != "" {
+		msg += "; reason: " + op.reason
+	}
+	fmt.Fprintln(stdout, msg)
+	if ban.NodeName == "" {
+		return nil
+	}
+	return c.bindingEvent(ctx, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
+}
+
+// bannedAt is the banned identity that holds node, or that held it when
+// it was banned (exactly one).
+func bannedAt(ctx context.Context, st store.Store, node string) (string, error) {
+	if b, err := st.Binding(ctx, node); err == nil {
+		return b.Identity, nil
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	bans, err := st.Bans(ctx)
+	if err != nil {
+		return "", err
+	}
+	var ids []string
+	for _, b := range bans {
+		if b.NodeName == node {
+			ids = append(ids, b.Identity)
+		}
+	}
+	switch len(ids) {
+	case 0:
+		return "", fmt.Errorf("no banned identity holds or held node %s", node)
+	case 1:
+		return ids[0], nil
+	}
+	return "", fmt.Errorf("%d banned identities held node %s (%s): name one with --identity", len(ids), node, strings.Join(ids, ", "))
+}
+
+// cmdAdopt lets a pool with requested node names bind the name of a Node
+// that existed before nodeproof (cluster mode refuses such a name
+// NodeNotAdopted): it records the adoption (who, when, why) in the name's
+// history. The name is nodeproof's from then on: once a machine enrols
+// with it, releasing it keeps the Node tainted until another enrols.
+func cmdAdopt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	op, err := startOp(ctx, "adopt", args, stderr, false)
+	if err != nil {
+		return err
+	}
+	c, st, node := op.c, op.st, op.node
+	defer st.Close()
+	h, err := st.Adopt(ctx, node, store.Act{At: c.Clock(), By: op.who, Reason: op.reason})
+	if err != nil {
+		return fmt.Errorf("adopt: %w", err)
+	}
+	msg := fmt.Sprintf("node %s adopted by %s at %s: a machine may enrol with this name in a pool that takes requested names", node, h.Adopted.By, h.Adopted.At.UTC().Format(time.RFC3339))
+	fmt.Fprintln(stdout, msg)
+	return c.bindingEvent(ctx, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// nodeOrIdentity parses fs with args: exactly one NODE, or none and
+// --identity.
+func nodeOrIdentity(fs *flag.FlagSet, args []string, identity *string) (string, error) {
+	if err := fs.Parse(args); err != nil {
+		return "", err
+	}
+	var node string
+	if fs.NArg() > 0 {
+		node = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return "", err
+		}
+	}
+	switch {
+	case fs.NArg() != 0:
+		return "", errors.New("one NODE, or --identity ID")
+	case node == "" && *identity == "":
+		return "", errors.New("NODE or --identity ID is required")
+	case node != "" && *identity != "":
+		return "", errors.New("NODE and --identity exclude each other")
+	}
+	return node, nil
 }
 
 // parseOneNode parses fs with args, which hold exactly one node name,

@@ -30,6 +30,8 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/adminsock"
+	"github.com/nodeproof/nodeproof/store/boltstore"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -387,6 +389,30 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 		return o, conns, nil, err
 	}
 	closers = append(closers, func() { o.Store.Close() })
+	if bs, ok := o.Store.(*boltstore.Store); ok {
+		// Operators act on the running server's store through its admin
+		// socket (bbolt locks the file): revoke, release, unban, adopt.
+		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		go func() {
+			if err := as.Serve(); err != nil {
+				c.Log.Error("admin socket stopped", "err", err.Error())
+			}
+		}()
+		closers = append(closers, func() { as.Close() })
+	}
+	if clusterMode && o.Policy.TakesRequestedNames() {
+		// A requested name of a Node nodeproof never owned is refused
+		// until adopted: the Nodes' names from a watch, not a read per
+		// enrolment.
+		stop, err := c.watchNodes(ctx, &o)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		closers = append(closers, stop)
+	}
 	if ks, ok := o.Store.(*kubestore.Store); ok {
 		// A fetch reads the node's binding from a watch, not a GET.
 		w, stop, err := c.watchBindings(ctx, ks)

@@ -47,6 +47,10 @@ const (
 	// StateUnbound: records exist for the name, but no identity owns it
 	// (released, or never enrolled).
 	StateUnbound = "Unbound"
+	// StateReleased: no identity owns the name, and the name's history
+	// says an operator released it (or adopted it): its Node stays
+	// nodeproof's, tainted until a machine enrols with the name.
+	StateReleased = "Released"
 )
 
 // Sources are where inspect reads.
@@ -99,8 +103,53 @@ type Story struct {
 	Claims   json.RawMessage `json:"claims,omitempty"`
 	// Records are the enrolment records, newest first.
 	Records []*store.Record `json:"records"`
+	// Bans are the bans of the identity that holds the name and of every
+	// identity banned while holding it.
+	Bans []*store.Ban `json:"bans,omitempty"`
+	// History is the name's history: releases and adoption (nil: none).
+	History *store.NameHistory `json:"history,omitempty"`
 	// Cluster is what the cluster says (nil without one).
 	Cluster *Cluster `json:"cluster,omitempty"`
+}
+
+// Overview is everything `nodeproof inspect` lists: the bound nodes, the
+// banned identities, and the names released (or adopted) that no identity
+// holds now.
+type Overview struct {
+	Nodes    []Node               `json:"nodes"`
+	Bans     []*store.Ban         `json:"bans"`
+	Released []*store.NameHistory `json:"released"`
+}
+
+// ListAll returns the overview: List, every ban (by identity) and every
+// name with a history and no binding, by name.
+func ListAll(ctx context.Context, s Sources) (*Overview, error) {
+	nodes, err := List(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	o := &Overview{Nodes: nodes, Bans: []*store.Ban{}, Released: []*store.NameHistory{}}
+	bans, err := s.Store.Bans(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect: bans: %w", err)
+	}
+	o.Bans = append(o.Bans, bans...)
+	sort.Slice(o.Bans, func(i, j int) bool { return o.Bans[i].Identity < o.Bans[j].Identity })
+	hs, err := s.Store.Histories(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect: name histories: %w", err)
+	}
+	bound := map[string]bool{}
+	for _, n := range nodes {
+		bound[n.Name] = true
+	}
+	for _, h := range hs {
+		if !bound[h.NodeName] {
+			o.Released = append(o.Released, h)
+		}
+	}
+	sort.Slice(o.Released, func(i, j int) bool { return o.Released[i].NodeName < o.Released[j].NodeName })
+	return o, nil
 }
 
 // Cluster is a node as the cluster sees it.
@@ -190,23 +239,39 @@ func StoryOf(ctx context.Context, s Sources, node string) (*Story, error) {
 	if err != nil {
 		return nil, fmt.Errorf("inspect: records of %s: %w", node, err)
 	}
+	hist, err := s.Store.History(ctx, node)
+	if errors.Is(err, store.ErrNotFound) {
+		hist = nil
+	} else if err != nil {
+		return nil, fmt.Errorf("inspect: history of %s: %w", node, err)
+	}
 	b, err := s.Store.Binding(ctx, node)
 	switch {
 	case errors.Is(err, store.ErrNotFound):
 		b = nil
-		if len(recs) == 0 {
+		if len(recs) == 0 && hist == nil {
 			return s.neverEnrolled(ctx, node)
 		}
 	case err != nil:
 		return nil, fmt.Errorf("inspect: binding of %s: %w", node, err)
 	}
-	st := &Story{Records: recs}
+	st := &Story{Records: recs, History: hist}
+	if st.Bans, err = s.bansAt(ctx, node, b); err != nil {
+		return nil, err
+	}
 	if b != nil {
 		st.Node = s.line(b, s.Clock())
 		st.Evidence, st.Claims = b.Status.Summary, json.RawMessage(b.Status.Claims)
 		shown := *b
 		shown.Status.Claims = nil // shown once, as Claims
 		st.Binding = &shown
+	} else if hist != nil {
+		st.Node = Node{Name: node, State: StateReleased,
+			Message: "no identity owns the name; it was nodeproof's (released or adopted, see its history): its Node stays tainted until a machine enrols with it"}
+		if len(hist.Released) > 0 {
+			r := hist.Released[0]
+			st.Pool, st.Kind, st.Identity = r.Pool, string(r.Kind), r.Identity
+		}
 	} else {
 		r := recs[0]
 		st.Node = Node{Name: node, Pool: r.Pool, Kind: string(r.Kind), Identity: r.Identity, State: StateUnbound,
@@ -229,6 +294,22 @@ func StoryOf(ctx context.Context, s Sources, node string) (*Story, error) {
 		}
 	}
 	return st, nil
+}
+
+// bansAt are the bans of b's identity (when bound) and of identities
+// banned while holding node.
+func (s Sources) bansAt(ctx context.Context, node string, b *store.Binding) ([]*store.Ban, error) {
+	bans, err := s.Store.Bans(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("inspect: bans: %w", err)
+	}
+	var out []*store.Ban
+	for _, ban := range bans {
+		if ban.NodeName == node || (b != nil && ban.Identity == b.Identity) {
+			out = append(out, ban)
+		}
+	}
+	return out, nil
 }
 
 // neverEnrolled is the story of a name no machine enrolled under: what

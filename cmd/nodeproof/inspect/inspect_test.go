@@ -45,6 +45,7 @@ func world(t *testing.T) (inspect.Sources, *storetest.Clock) {
 	enrol(3, "failed-1")
 	enrol(4, "revoked-1")
 	enrol(5, "gone-1")
+	enrol(6, "banned-gone-1")
 	clock.Set(t0.Add(4*time.Hour + time.Minute))
 	claims, _ := json.Marshal(attest.Claims{Kind: attest.KindTPM, Identity: "ek:" + storetest.ID(3),
 		TPM: &attest.TPMClaims{ResetCount: 7, Boot: attest.BootState{SecureBootKnown: true}}})
@@ -58,7 +59,13 @@ func world(t *testing.T) (inspect.Sources, *storetest.Clock) {
 	if _, err := st.Revoke(ctx, "revoked-1", "RMA ticket 42", clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Release(ctx, "gone-1"); err != nil {
+	if _, err := st.Release(ctx, "gone-1", store.Act{By: "alice", Reason: "RMA"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Ban(ctx, store.Ban{NodeName: "banned-gone-1", At: clock.Now(), By: "bob", Reason: "disk stolen"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Release(ctx, "banned-gone-1", store.Act{By: "bob"}); err != nil {
 		t.Fatal(err)
 	}
 	return inspect.Sources{Store: st, Clock: clock.Now, Fresh: func(string) time.Duration { return 3 * time.Hour }}, clock
@@ -116,6 +123,44 @@ func TestList(t *testing.T) {
 	}
 }
 
+// TestListAll: the overview shows the banned identities (by identity, with
+// the name each held) and the released names no machine holds now.
+func TestListAll(t *testing.T) {
+	src, _ := world(t)
+	o, err := inspect.ListAll(context.Background(), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var bans, released []string
+	for _, b := range o.Bans {
+		bans = append(bans, b.Identity+"@"+b.NodeName+" by "+b.By)
+	}
+	for _, h := range o.Released {
+		released = append(released, h.NodeName)
+	}
+	wantBans := []string{"ek:" + storetest.ID(4) + "@revoked-1 by ", "ek:" + storetest.ID(6) + "@banned-gone-1 by bob"}
+	if len(o.Nodes) != 4 || strings.Join(bans, ",") != strings.Join(wantBans, ",") || strings.Join(released, ",") != "banned-gone-1,gone-1" {
+		t.Fatalf("overview: %d nodes, bans %q, released %q; want 4, %q, [banned-gone-1 gone-1]", len(o.Nodes), bans, released, wantBans)
+	}
+	var tbl bytes.Buffer
+	if err := inspect.WriteOverview(&tbl, inspect.FormatTable, o); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"Banned identities (2", "disk stolen", "Released names no machine holds now (2", "ek:" + storetest.ID(6) + " (revoked)", "alice"} {
+		if !strings.Contains(tbl.String(), w) {
+			t.Errorf("table lacks %q:\n%s", w, tbl.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := inspect.WriteOverview(&js, inspect.FormatJSON, o); err != nil {
+		t.Fatal(err)
+	}
+	var back inspect.Overview
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Nodes) != 4 || len(back.Bans) != 2 || len(back.Released) != 2 {
+		t.Fatalf("JSON read back: %+v, %v", back, err)
+	}
+}
+
 func TestStory(t *testing.T) {
 	src, _ := world(t)
 	ctx := context.Background()
@@ -129,7 +174,8 @@ func TestStory(t *testing.T) {
 			"EK trusted; Secure Boot off", "Claims (latest attestation):", "resetCount: 7", "2 since enrolment (TPM reset count 7"}},
 		{"revoked-1", inspect.StateRevoked, 1, []string{"Revoked (Revoked)", "RMA ticket 42"}},
 		{"stale-1", inspect.StateStale, 1, []string{"Stale (" + string(attest.ReasonAttestationStale) + ")", "window 3h0m0s"}},
-		{"gone-1", inspect.StateUnbound, 1, []string{"Unbound", "no identity owns the name", storetest.ID(5)}},
+		{"gone-1", inspect.StateReleased, 1, []string{"Released", "no identity owns the name", storetest.ID(5), "by alice from ek:" + storetest.ID(5)}},
+		{"banned-gone-1", inspect.StateReleased, 1, []string{"Banned:", "ek:" + storetest.ID(6), "by bob: disk stolen", ", revoked)"}},
 	}
 	for _, c := range cases {
 		t.Run(c.node, func(t *testing.T) {

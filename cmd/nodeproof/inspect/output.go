@@ -43,6 +43,50 @@ func WriteList(w io.Writer, format string, nodes []Node) error {
 	return tw.Flush()
 }
 
+// WriteOverview writes o in format: the nodes (as WriteList), then the
+// banned identities and the released names.
+func WriteOverview(w io.Writer, format string, o *Overview) error {
+	if format != FormatTable {
+		return write(w, format, o)
+	}
+	if err := WriteList(w, format, o.Nodes); err != nil {
+		return err
+	}
+	if len(o.Bans) > 0 {
+		fmt.Fprintf(w, "\nBanned identities (%d; nodeproof unban lifts a ban):\n", len(o.Bans))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  IDENTITY\tKIND\tNODE WHEN BANNED\tBANNED\tBY\tREASON")
+		for _, b := range o.Bans {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", b.Identity, dash(string(b.Kind)), dash(b.NodeName), stamp(b.At), dash(b.By), dash(b.Reason))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if len(o.Released) > 0 {
+		fmt.Fprintf(w, "\nReleased names no machine holds now (%d; their Nodes stay tainted):\n", len(o.Released))
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "  NODE\tLAST OWNER\tRELEASED\tBY\tREASON\tRELEASES\tADOPTED")
+		for _, h := range o.Released {
+			owner, at, by, reason := "-", "-", "-", "-"
+			if len(h.Released) > 0 {
+				r := h.Released[0]
+				owner, at, by, reason = r.Identity, stamp(r.Act.At), dash(r.Act.By), dash(r.Act.Reason)
+				if r.Revoked {
+					owner += " (revoked)"
+				}
+			}
+			adopted := "-"
+			if h.Adopted != nil {
+				adopted = stamp(h.Adopted.At) + " by " + dash(h.Adopted.By)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.NodeName, owner, at, by, reason, len(h.Released), adopted)
+		}
+		return tw.Flush()
+	}
+	return nil
+}
+
 // WriteStory writes a node's story in format.
 func WriteStory(w io.Writer, format string, s *Story) error {
 	if format != FormatTable {
@@ -73,7 +117,22 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 		}
 		row("Boots", fmt.Sprintf("%d since enrolment (TPM reset count %d, restart count %d)", b.Status.Boots, b.Status.ResetCount, b.Status.RestartCount))
 		if b.Revoked != nil {
-			row("Revoked", fmt.Sprintf("%s: %s", stamp(b.Revoked.At), dash(b.Revoked.Reason)))
+			row("Revoked", fmt.Sprintf("%s by %s: %s", stamp(b.Revoked.At), dash(b.Revoked.By), dash(b.Revoked.Reason)))
+		}
+	}
+	for _, ban := range s.Bans {
+		row("Banned", fmt.Sprintf("%s (%s evidence) at %s by %s: %s; held %s", ban.Identity, dash(string(ban.Kind)), stamp(ban.At), dash(ban.By), dash(ban.Reason), dash(ban.NodeName)))
+	}
+	if h := s.History; h != nil {
+		for _, r := range h.Released {
+			revoked := ""
+			if r.Revoked {
+				revoked = ", revoked"
+			}
+			row("Released", fmt.Sprintf("%s by %s from %s (%s evidence, pool %s, enrolled %s%s): %s", stamp(r.Act.At), dash(r.Act.By), r.Identity, r.Kind, r.Pool, stamp(r.CreatedAt), revoked, dash(r.Act.Reason)))
+		}
+		if a := h.Adopted; a != nil {
+			row("Adopted", fmt.Sprintf("%s by %s: %s", stamp(a.At), dash(a.By), dash(a.Reason)))
 		}
 	}
 	if s.Evidence != "" {

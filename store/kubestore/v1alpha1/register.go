@@ -20,6 +20,8 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&NodeAttestation{}, &NodeAttestationList{},
 		&AttestationMarker{}, &AttestationMarkerList{},
 		&NodeBinding{}, &NodeBindingList{},
+		&IdentityBan{}, &IdentityBanList{},
+		&NodeNameHistory{}, &NodeNameHistoryList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil

@@ -187,9 +187,10 @@ func MarkerName(key string) string {
 //
 // The status is the node's attestation over its life (re-attestations):
 // the server writes it; the approver's node controller reads it to set the
-// Node's Attested condition and the nodeproof.io/unattested taint. Setting
-// spec.revoked (`nodeproof revoke NODE`, or by hand for GitOps) refuses the
-// identity everything until the binding is deleted.
+// Node's Attested condition and the nodeproof.io/unattested taint.
+// spec.revoked mirrors the identity's IdentityBan (`nodeproof revoke`); set
+// by hand (GitOps) it refuses the identity everything as well, and
+// releasing the binding turns it into the identity's IdentityBan.
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced,categories=nodeproof
@@ -220,6 +221,10 @@ type Revocation struct {
 	// At is when it was revoked.
 	// +required
 	At metav1.MicroTime `json:"at"`
+	// By is who revoked it (the operator).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	By string `json:"by,omitempty"`
 	// Reason says why, for people.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024
@@ -305,7 +310,8 @@ type NodeBindingSpec struct {
 	// +optional
 	EnrolledAt *metav1.MicroTime `json:"enrolledAt,omitempty"`
 	// Revoked, when set, refuses the identity attestations, configs and
-	// certificates until the binding is deleted.
+	// certificates: it mirrors the identity's IdentityBan, and outlives
+	// the binding as that ban.
 	// +optional
 	Revoked *Revocation `json:"revoked,omitempty"`
 }
@@ -317,6 +323,159 @@ type NodeBindingList struct {
 	metav1.TypeMeta `json:",inline"`
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []NodeBinding `json:"items"`
+}
+
+// IdentityBan is an operator's ban of an evidence identity (store.Ban):
+// while it exists the identity enrols under no node name and in no pool,
+// its NodeBinding (if any) is revoked, and its NodeAttestations approve
+// nothing. Its name is BanName(spec.identity), so an identity has at most
+// one. `nodeproof revoke` creates it; deleting it (`nodeproof unban`)
+// lifts the ban.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:printcolumn:name="Node",type=string,JSONPath=".spec.nodeName"
+// +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
+// +kubebuilder:printcolumn:name="By",type=string,JSONPath=".spec.by"
+// +kubebuilder:printcolumn:name="At",type=date,JSONPath=".spec.at"
+// +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=".spec.reason"
+// +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=".spec.identity",priority=1
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.startsWith('ban-')",message="the name is BanName(spec.identity)"
+type IdentityBan struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="spec is immutable: delete the ban to lift it"
+	Spec IdentityBanSpec `json:"spec"`
+}
+
+// IdentityBanSpec is a store.Ban.
+type IdentityBanSpec struct {
+	// Identity is the banned evidence identity.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Identity string `json:"identity"`
+	// Kind is its kind of evidence, when known.
+	// +optional
+	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	Kind string `json:"kind,omitempty"`
+	// NodeName is the name the identity held when banned.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	NodeName string `json:"nodeName,omitempty"`
+	// At is when it was banned.
+	// +required
+	At metav1.MicroTime `json:"at"`
+	// By is who banned it (the operator).
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	By string `json:"by,omitempty"`
+	// Reason says why.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason,omitempty"`
+}
+
+// IdentityBanList is a list of IdentityBans.
+//
+// +kubebuilder:object:root=true
+type IdentityBanList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []IdentityBan `json:"items"`
+}
+
+// BanName is the name of an identity's IdentityBan: "ban-" and the
+// SHA-256 of the identity in hex.
+func BanName(identity string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return "ban-" + hex.EncodeToString(sum[:])
+}
+
+// NodeNameHistory is what nodeproof keeps of a node name besides its
+// NodeBinding (store.NameHistory): the bindings released from it, and an
+// operator's adoption of a name whose Node existed before nodeproof. Its
+// name is the node name. A name with a history stays nodeproof's: the
+// approver's node controller keeps its Node tainted while no identity holds
+// the name, whatever the Node says of itself.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced,categories=nodeproof
+// +kubebuilder:printcolumn:name="Last-Owner",type=string,JSONPath=".spec.released[0].identity"
+// +kubebuilder:printcolumn:name="Last-Released",type=date,JSONPath=".spec.released[0].released.at"
+// +kubebuilder:printcolumn:name="Adopted",type=date,JSONPath=".spec.adopted.at"
+// +kubebuilder:validation:XValidation:rule="self.metadata.name == self.spec.nodeName",message="the name is the node name"
+type NodeNameHistory struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// +required
+	// +kubebuilder:validation:XValidation:rule="self.nodeName == oldSelf.nodeName",message="the node name is immutable"
+	Spec NodeNameHistorySpec `json:"spec"`
+}
+
+// NodeNameHistorySpec is a store.NameHistory.
+type NodeNameHistorySpec struct {
+	// NodeName is the node name (and the object's name).
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`
+	NodeName string `json:"nodeName"`
+	// Released are the bindings released from the name, newest first.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=16
+	Released []ReleasedBinding `json:"released,omitempty"`
+	// Adopted is an operator's adoption of the name.
+	// +optional
+	Adopted *OperatorAct `json:"adopted,omitempty"`
+}
+
+// ReleasedBinding is a released NodeBinding (store.Released).
+type ReleasedBinding struct {
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Identity string `json:"identity"`
+	// +required
+	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	Kind string `json:"kind"`
+	// +required
+	// +kubebuilder:validation:MaxLength=253
+	Pool string `json:"pool"`
+	// CreatedAt is when the identity first enrolled under the name.
+	// +required
+	CreatedAt metav1.MicroTime `json:"createdAt"`
+	// Revoked says whether the binding was revoked when released.
+	// +optional
+	Revoked bool `json:"revoked,omitempty"`
+	// Released is the release.
+	// +required
+	Released OperatorAct `json:"released"`
+}
+
+// OperatorAct is an operator's action (store.Act).
+type OperatorAct struct {
+	// +required
+	At metav1.MicroTime `json:"at"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	By string `json:"by,omitempty"`
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Reason string `json:"reason,omitempty"`
+}
+
+// NodeNameHistoryList is a list of NodeNameHistories.
+//
+// +kubebuilder:object:root=true
+type NodeNameHistoryList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []NodeNameHistory `json:"items"`
 }
 
 // Labels that index objects for label selectors (a label value holds at

@@ -1,0 +1,434 @@
+// Package adminsock lets operators' commands act on the embedded store of
+// a running server. bbolt locks its file, so while `nodeproof serve` runs
+// (directory mode) no other process may open the store; the server instead
+// serves the store's operator operations on a unix socket in its state
+// directory (Serve), and the commands — revoke, unban, release, adopt,
+// enroll --reset, inspect, policy check --against-records — reach it there
+// (Dial: a store.Store) when the server runs, and open the file when it
+// does not. The operation then happens in the server's own store, at once:
+// a revocation refuses the next fetch, re-attestation or CSR, with no
+// restart.
+//
+// Who may use it: the socket is created 0600 in the state directory (0700),
+// so only the server's user (root) can connect, and Serve checks the peer's
+// credentials (SO_PEERCRED) too: a connection from another uid is closed
+// before a byte is read. Only operators' operations are served: the reads
+// (bindings, records, bans, histories, markers) and Ban, Revoke, Unban,
+// Release, Adopt and ReleaseOnce; what only the server does — enrol, create
+// or consume records, set markers, write attestation status, collect
+// garbage — is refused (ErrNotServed), so the socket adds no way to forge
+// an enrolment. Requests are bounded (MaxRequest bytes, RequestTimeout).
+//
+// The protocol is HTTP/1.1 over the socket: POST /v1/<operation> with a
+// JSON object of the operation's arguments; the answer is a JSON object
+// with the result, or the error as a kind (the store's sentinel errors
+// travel as kinds, so errors.Is works on the client) and a message.
+package adminsock
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nodeproof/nodeproof/store"
+)
+
+const (
+	// SocketName is the socket's name in the server's state directory.
+	SocketName = "admin.sock"
+	// MaxRequest bounds a request body.
+	MaxRequest = 64 << 10
+	// RequestTimeout bounds one operation.
+	RequestTimeout = 2 * time.Minute
+)
+
+// ErrNotServed: the operation is the server's own, not an operator's.
+var ErrNotServed = errors.New("adminsock: not an operator's operation (not served on the admin socket)")
+
+// Path is the socket of the server whose state directory is dir.
+func Path(dir string) string { return filepath.Join(dir, SocketName) }
+
+// The store's sentinel errors, by kind.
+var kinds = map[string]error{
+	"NotFound": store.ErrNotFound, "Consumed": store.ErrConsumed, "Used": store.ErrUsed, "Exists": store.ErrExists,
+	"NameTaken": store.ErrNameTaken, "IdentityEnrolled": store.ErrIdentityEnrolled, "Revoked": store.ErrRevoked,
+	"PoolFixed": store.ErrPoolFixed, "NotServed": ErrNotServed,
+}
+
+// args are every operation's arguments (each uses some).
+type args struct {
+	NodeName string     `json:"nodeName,omitempty"`
+	Identity string     `json:"identity,omitempty"`
+	ID       string     `json:"id,omitempty"`
+	Key      string     `json:"key,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	At       time.Time  `json:"at,omitempty"`
+	Ban      *store.Ban `json:"ban,omitempty"`
+	Act      *store.Act `json:"act,omitempty"`
+}
+
+type answer struct {
+	Result json.RawMessage `json:"result,omitempty"`
+	Kind   string          `json:"kind,omitempty"`
+	Error  string          `json:"error,omitempty"`
+}
+
+// ops are the operations served, by name.
+var ops = map[string]func(ctx context.Context, st store.Store, a args) (any, error){
+	"Binding":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.Binding(ctx, a.NodeName) },
+	"BindingOf": func(ctx context.Context, st store.Store, a args) (any, error) { return st.BindingOf(ctx, a.Identity) },
+	"Bindings":  func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bindings(ctx) },
+	"GetRecord": func(ctx context.Context, st store.Store, a args) (any, error) { return st.GetRecord(ctx, a.ID) },
+	"RecordsForNode": func(ctx context.Context, st store.Store, a args) (any, error) {
+		return st.RecordsForNode(ctx, a.NodeName)
+	},
+	"IsUsed":    func(ctx context.Context, st store.Store, a args) (any, error) { return st.IsUsed(ctx, a.Key) },
+	"BanOf":     func(ctx context.Context, st store.Store, a args) (any, error) { return st.BanOf(ctx, a.Identity) },
+	"Bans":      func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bans(ctx) },
+	"History":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.History(ctx, a.NodeName) },
+	"Histories": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Histories(ctx) },
+	"Revoke": func(ctx context.Context, st store.Store, a args) (any, error) {
+		return st.Revoke(ctx, a.NodeName, a.Reason, a.At)
+	},
+	"Ban": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Ban == nil {
+			return nil, errors.New("adminsock: Ban needs a ban")
+		}
+		return st.Ban(ctx, *a.Ban)
+	},
+	"Unban": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Unban(ctx, a.Identity) },
+	"Release": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Act == nil {
+			return st.Release(ctx, a.NodeName)
+		}
+		return st.Release(ctx, a.NodeName, *a.Act)
+	},
+	"Adopt": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Act == nil {
+			return nil, errors.New("adminsock: Adopt needs an act")
+		}
+		return st.Adopt(ctx, a.NodeName, *a.Act)
+	},
+	"ReleaseOnce": func(ctx context.Context, st store.Store, a args) (any, error) {
+		return struct{}{}, st.ReleaseOnce(ctx, a.Key)
+	},
+}
+
+// Handler serves st's operator operations.
+func Handler(st store.Store, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/{op}", func(w http.ResponseWriter, r *http.Request) {
+		op, ok := ops[r.PathValue("op")]
+		var a args
+		var res any
+		var err error
+		if !ok {
+			err = ErrNotServed
+		} else if err = json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxRequest)).Decode(&a); err == nil {
+			ctx, cancel := context.WithTimeout(r.Context(), RequestTimeout)
+			res, err = op(ctx, st, a)
+			cancel()
+		}
+		var ans answer
+		if err != nil {
+			ans.Error = err.Error()
+			for k, e := range kinds {
+				if errors.Is(err, e) {
+					ans.Kind = k
+				}
+			}
+		} else if ans.Result, err = json.Marshal(res); err != nil {
+			ans = answer{Error: err.Error()}
+		}
+		if isWrite(r.PathValue("op")) {
+			log.Info("admin socket", "op", r.PathValue("op"), "node", a.NodeName, "identity", a.Identity, "peer", peerOf(r.Context()), "error", ans.Error)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(&ans)
+	})
+	return mux
+}
+
+func isWrite(op string) bool {
+	switch op {
+	case "Revoke", "Ban", "Unban", "Release", "Adopt", "ReleaseOnce":
+		return true
+	}
+	return false
+}
+
+type peerKey struct{}
+
+// peerOf is the connection's peer credentials, as Serve found them.
+func peerOf(ctx context.Context) string {
+	p, _ := ctx.Value(peerKey{}).(string)
+	return p
+}
+
+// Server is the admin socket of a running server.
+type Server struct {
+	ln   net.Listener
+	http *http.Server
+	path string
+}
+
+// Listen creates the socket at path, 0600 (a socket left by a server that
+// died is replaced: the caller holds the store's lock, so no other server
+// uses it), and returns the Server; Serve it.
+func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("adminsock: %s exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("adminsock: remove the stale socket: %w", err)
+		}
+	}
+	ln, err := listenPrivate(path)
+	if err != nil {
+		return nil, fmt.Errorf("adminsock: %w", err)
+	}
+	uid := os.Geteuid()
+	srv := &http.Server{
+		Handler:           Handler(st, log),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      RequestTimeout + 10*time.Second,
+		MaxHeaderBytes:    8 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, peerKey{}, peerString(c))
+		},
+	}
+	return &Server{ln: &peerCheckListener{Listener: ln, uid: uid, log: log}, http: srv, path: path}, nil
+}
+
+// Serve serves until Close.
+func (s *Server) Serve() error {
+	err := s.http.Serve(s.ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops serving and removes the socket.
+func (s *Server) Close() error {
+	err := s.http.Close()
+	os.Remove(s.path)
+	return err
+}
+
+// peerCheckListener closes connections from another uid than the server's
+// (or root's) before anything is read.
+type peerCheckListener struct {
+	net.Listener
+	uid int
+	log *slog.Logger
+}
+
+func (l *peerCheckListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		uid, ok := peerUID(c)
+		if ok && (uid == l.uid || uid == 0) {
+			return c, nil
+		}
+		l.log.Warn("admin socket: connection refused: not the server's user", "peer", peerString(c))
+		c.Close()
+	}
+}
+
+func peerString(c net.Conn) string {
+	if uid, ok := peerUID(c); ok {
+		return fmt.Sprintf("uid %d", uid)
+	}
+	return "unknown"
+}
+
+// Client is a store.Store on a running server's admin socket: the
+// operators' operations; the server's own are ErrNotServed.
+type Client struct {
+	path string
+	http *http.Client
+}
+
+var _ store.Store = (*Client)(nil)
+
+// Dial connects to the socket at path: an error when no server answers
+// there (no socket, or one a dead server left).
+func Dial(ctx context.Context, path string) (*Client, error) {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return nil, err
+	}
+	c.Close()
+	return &Client{path: path, http: &http.Client{Timeout: RequestTimeout + 10*time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", path) },
+	}}}, nil
+}
+
+// call runs op with a and decodes its result into out.
+func (c *Client) call(ctx context.Context, op string, a args, out any) error {
+	body, err := json.Marshal(&a)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://nodeproof-admin/v1/"+op, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("adminsock: %s: %w", op, err)
+	}
+	defer resp.Body.Close()
+	var ans answer
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&ans); err != nil {
+		return fmt.Errorf("adminsock: %s: answer: %w", op, err)
+	}
+	if ans.Error != "" {
+		if e, ok := kinds[ans.Kind]; ok {
+			return fmt.Errorf("the server: %s: %w", ans.Error, e)
+		}
+		return fmt.Errorf("the server: %s", ans.Error)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(ans.Result, out)
+}
+
+func get[T any](ctx context.Context, c *Client, op string, a args) (T, error) {
+	var out T
+	err := c.call(ctx, op, a, &out)
+	return out, err
+}
+
+// Binding implements store.Store.
+func (c *Client) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
+	return get[*store.Binding](ctx, c, "Binding", args{NodeName: nodeName})
+}
+
+// BindingOf implements store.Store.
+func (c *Client) BindingOf(ctx context.Context, identity string) (*store.Binding, error) {
+	return get[*store.Binding](ctx, c, "BindingOf", args{Identity: identity})
+}
+
+// Bindings implements store.Store.
+func (c *Client) Bindings(ctx context.Context) ([]*store.Binding, error) {
+	return get[[]*store.Binding](ctx, c, "Bindings", args{})
+}
+
+// GetRecord implements store.Store.
+func (c *Client) GetRecord(ctx context.Context, id string) (*store.Record, error) {
+	return get[*store.Record](ctx, c, "GetRecord", args{ID: id})
+}
+
+// RecordsForNode implements store.Store.
+func (c *Client) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
+	return get[[]*store.Record](ctx, c, "RecordsForNode", args{NodeName: nodeName})
+}
+
+// IsUsed implements store.Store.
+func (c *Client) IsUsed(ctx context.Context, key string) (bool, error) {
+	return get[bool](ctx, c, "IsUsed", args{Key: key})
+}
+
+// BanOf implements store.Store.
+func (c *Client) BanOf(ctx context.Context, identity string) (*store.Ban, error) {
+	return get[*store.Ban](ctx, c, "BanOf", args{Identity: identity})
+}
+
+// Bans implements store.Store.
+func (c *Client) Bans(ctx context.Context) ([]*store.Ban, error) {
+	return get[[]*store.Ban](ctx, c, "Bans", args{})
+}
+
+// History implements store.Store.
+func (c *Client) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
+	return get[*store.NameHistory](ctx, c, "History", args{NodeName: nodeName})
+}
+
+// Histories implements store.Store.
+func (c *Client) Histories(ctx context.Context) ([]*store.NameHistory, error) {
+	return get[[]*store.NameHistory](ctx, c, "Histories", args{})
+}
+
+// Revoke implements store.Store.
+func (c *Client) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
+	return get[*store.Binding](ctx, c, "Revoke", args{NodeName: nodeName, Reason: reason, At: at})
+}
+
+// Ban implements store.Store.
+func (c *Client) Ban(ctx context.Context, b store.Ban) (*store.Ban, error) {
+	return get[*store.Ban](ctx, c, "Ban", args{Ban: &b, NodeName: b.NodeName, Identity: b.Identity})
+}
+
+// Unban implements store.Store.
+func (c *Client) Unban(ctx context.Context, identity string) (*store.Ban, error) {
+	return get[*store.Ban](ctx, c, "Unban", args{Identity: identity})
+}
+
+// Release implements store.Store.
+func (c *Client) Release(ctx context.Context, nodeName string, how ...store.Act) (*store.Binding, error) {
+	a := args{NodeName: nodeName}
+	if len(how) > 0 {
+		a.Act = &how[0]
+	}
+	return get[*store.Binding](ctx, c, "Release", a)
+}
+
+// Adopt implements store.Store.
+func (c *Client) Adopt(ctx context.Context, nodeName string, how store.Act) (*store.NameHistory, error) {
+	return get[*store.NameHistory](ctx, c, "Adopt", args{NodeName: nodeName, Act: &how})
+}
+
+// ReleaseOnce implements store.Store.
+func (c *Client) ReleaseOnce(ctx context.Context, key string) error {
+	return c.call(ctx, "ReleaseOnce", args{Key: key}, nil)
+}
+
+// Enrol is the server's own: ErrNotServed.
+func (c *Client) Enrol(context.Context, *store.Record, store.EnrolOptions, ...store.Once) error {
+	return ErrNotServed
+}
+
+// UpdateStatus is the server's own: ErrNotServed.
+func (c *Client) UpdateStatus(context.Context, string, string, func(*store.Binding) error) (*store.Binding, error) {
+	return nil, ErrNotServed
+}
+
+// CreateRecord is the server's own: ErrNotServed.
+func (c *Client) CreateRecord(context.Context, *store.Record, ...store.Once) error {
+	return ErrNotServed
+}
+
+// ConsumeRecord is the approver's own: ErrNotServed.
+func (c *Client) ConsumeRecord(context.Context, string, string, time.Time) error { return ErrNotServed }
+
+// UseOnce is the server's own: ErrNotServed.
+func (c *Client) UseOnce(context.Context, string, time.Time) error { return ErrNotServed }
+
+// GC is the server's own: ErrNotServed.
+func (c *Client) GC(context.Context, time.Time) (int, error) { return 0, ErrNotServed }
+
+// Close implements store.Store.
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return nil
+}
