@@ -5,7 +5,8 @@
 //     memory bounded however many keys an attacker makes up;
 //   - Listener: a cap on concurrent connections and on the rate of new
 //     connections per source address, enforced at accept, before any TLS
-//     work is spent on the connection;
+//     work is spent on the connection (and, behind mcs/proxied, before
+//     any byte of an unlisted peer's connection is read);
 //   - Gate: a cap on expensive requests in flight, with a bounded wait.
 //
 // Everything takes a clock; nothing logs (callers read the counters).
