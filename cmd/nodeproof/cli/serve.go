@@ -427,7 +427,13 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 		return o, conns, nil, err
 	}
 	if kc != nil {
-		be := kubestore.NewBindingEvents(kc, c.storeNamespace(), "nodeproof-server")
+		// Reports go through a client of their own: their writes cannot
+		// hold up the decisions' behind one rate limiter.
+		reports, err := c.kubeClient(clusterMode)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
 		closers = append(closers, be.Close)
 		o.Events = be
 	}
