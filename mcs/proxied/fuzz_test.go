@@ -2,9 +2,11 @@ package proxied_test
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +35,7 @@ func FuzzHeader(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	l, err := proxied.New(ln, proxied.Options{Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.0.2/32")}, Timeout: 50 * time.Millisecond})
+	l, err := proxied.New(ln, proxied.Options{Trusted: []netip.Prefix{netip.MustParsePrefix("127.0.2.0/24")}, Timeout: 50 * time.Millisecond})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -49,10 +51,14 @@ func FuzzHeader(f *testing.F) {
 		}
 	}()
 
+	// Each run dials from the next of 250 addresses: a closed
+	// connection's TIME_WAIT holds its port for a minute, and tens of
+	// thousands of runs from one address would use them all up.
+	var runs atomic.Uint32
 	f.Fuzz(func(t *testing.T, first []byte, fromBalancer bool) {
-		src := "127.0.0.3"
+		src := fmt.Sprintf("127.0.3.%d", runs.Add(1)%250+1)
 		if fromBalancer {
-			src = "127.0.0.2"
+			src = fmt.Sprintf("127.0.2.%d", runs.Load()%250+1)
 		}
 		before := l.Refused()
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 2 * time.Second}
