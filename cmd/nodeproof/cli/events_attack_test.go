@@ -194,9 +194,9 @@ func TestEventRecordAttacks(t *testing.T) {
 	if len(evs) == 1 {
 		msg = evs[0].Message
 	}
+	clean := msg != "" && logged != "" && !hidesText(msg) && !hidesText(logged) && strings.Contains(msg, "ok\ufffd\ufffdgnp.exe\ufffd\ufffdFORGED line\ufffd\ufffd\ufffd\ufffd")
 	attacktable.Check(t, "node reports", "a report whose detail carries U+202E, bidi isolates, U+2028, U+2029 and zero-width characters (a real API server)",
-		"replaced in the Event and the log line", map[bool]string{true: "replaced in the Event and the log line", false: fmt.Sprintf("Event %q, log %q", msg, logged)}[
-			msg != "" && logged != "" && !hidesText(msg) && !hidesText(logged) && strings.Contains(msg, "ok\ufffd\ufffdgnp.exe\ufffd\ufffdFORGED line\ufffd\ufffd\ufffd\ufffd")])
+		"replaced in the Event and the log line", map[bool]string{true: "replaced in the Event and the log line", false: fmt.Sprintf("Event %q, log %q", msg, logged)}[clean])
 
 	// Size: an unauthenticated report's detail is cut to 256 bytes; a
 	// body over 8 KiB is refused.

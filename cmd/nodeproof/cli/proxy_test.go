@@ -95,27 +95,43 @@ func startHAProxy(t *testing.T, secure, insecure string) (secureFront, insecureF
 	}
 }
 
+// behindHAProxy is serve, both ports behind the PROXY protocol from
+// haproxySource, with a real haproxy in front of them.
+type behindHAProxy struct {
+	*server
+	secure, insecure           string // the server's ports
+	secureFront, insecureFront string // haproxy's
+	bundle                     []byte // the CA bundle machines trust
+}
+
+func startBehindHAProxy(t *testing.T, limits LimitConfig) *behindHAProxy {
+	t.Helper()
+	insecurePort := testenv.FreePort(t)
+	s := startServerWith(t, nil, func(c *ServeConfig) {
+		c.Limits = limits
+		c.InsecurePort = insecurePort
+		c.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix(haproxySource + "/32")}
+	})
+	h := &behindHAProxy{server: s, secure: strings.TrimPrefix(s.url, "https://"), insecure: fmt.Sprintf("127.0.0.1:%d", insecurePort)}
+	h.secureFront, h.insecureFront = startHAProxy(t, h.secure, h.insecure)
+	var err error
+	if h.bundle, err = os.ReadFile(filepath.Join(s.stateDir, "certs", "current", "ca-bundle.crt")); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // TestProxyProtocolAttacksBehindHAProxy: a real haproxy forwards machines to the
 // server with PROXY protocol v2 (secure port) and v1 (plain port). Each
 // machine gets its own limit bucket and its own address in the logs; a
 // forged header sent directly, and a headerless connection from the
 // balancer's address, are refused.
 func TestProxyProtocolAttacksBehindHAProxy(t *testing.T) {
-	insecurePort := testenv.FreePort(t)
-	s := startServerWith(t, nil, func(c *ServeConfig) {
-		c.Limits = attackLimits()
-		c.Limits.ConfigPerSource = "0.2/3" // three fetches, then one per 5 s
-		c.InsecurePort = insecurePort
-		c.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix(haproxySource + "/32")}
-	})
-	secureAddr := strings.TrimPrefix(s.url, "https://")
-	insecureAddr := fmt.Sprintf("127.0.0.1:%d", insecurePort)
-	secureFront, insecureFront := startHAProxy(t, secureAddr, insecureAddr)
-	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", "ca-bundle.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &attackEnv{server: s, addr: secureAddr, bundle: bundle}
+	limits := attackLimits()
+	limits.ConfigPerSource = "0.2/3" // three fetches, then one per 5 s
+	h := startBehindHAProxy(t, limits)
+	s, secureAddr, insecureAddr, secureFront, insecureFront := h.server, h.secure, h.insecure, h.secureFront, h.insecureFront
+	e := &attackEnv{server: s, addr: secureAddr, bundle: h.bundle}
 
 	fetch := func(src, addr string, tlsOn bool) string { return fetchWorker(t, e.bundle, src, addr, tlsOn) }
 
@@ -249,20 +265,10 @@ func fetchWorker(t *testing.T, bundle []byte, src, addr string, tlsOn bool) stri
 // the listed balancer's capacity stays its own. (On a busy 2-core machine
 // a fetch through haproxy under this load takes tens of milliseconds.)
 func TestProxyHeaderQueueAttack(t *testing.T) {
-	insecurePort := testenv.FreePort(t)
-	s := startServerWith(t, nil, func(c *ServeConfig) {
-		c.Limits = attackLimits()                // 32 connections per source
-		c.Limits.ReadHeaderTimeout = time.Minute // the idle connections stay for the whole test
-		c.InsecurePort = insecurePort
-		c.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix(haproxySource + "/32")}
-	})
-	secureAddr := strings.TrimPrefix(s.url, "https://")
-	insecureAddr := fmt.Sprintf("127.0.0.1:%d", insecurePort)
-	secureFront, insecureFront := startHAProxy(t, secureAddr, insecureAddr)
-	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", "ca-bundle.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	limits := attackLimits()               // 32 connections per source
+	limits.ReadHeaderTimeout = time.Minute // the idle connections stay for the whole test
+	h := startBehindHAProxy(t, limits)
+	s, secureAddr, insecureAddr, secureFront, insecureFront, bundle := h.server, h.secure, h.insecure, h.secureFront, h.insecureFront, h.bundle
 
 	var idle []net.Conn
 	t.Cleanup(func() {
