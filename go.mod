@@ -29,6 +29,7 @@ require (
 	github.com/smallstep/pkcs7 v0.2.3
 	github.com/vincent-petithory/dataurl v1.0.0
 	go.etcd.io/bbolt v1.5.0
+	golang.org/x/sys v0.46.0
 	golang.org/x/time v0.13.0
 	gopkg.in/yaml.v3 v3.0.1
 	k8s.io/api v0.34.4
@@ -90,7 +91,6 @@ require (
 	golang.org/x/net v0.46.0 // indirect
 	golang.org/x/oauth2 v0.32.0 // indirect
 	golang.org/x/sync v0.20.0 // indirect
-	golang.org/x/sys v0.46.0 // indirect
 	golang.org/x/term v0.36.0 // indirect
 	golang.org/x/text v0.30.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect

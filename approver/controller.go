@@ -21,6 +21,8 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // Defaults of Options.
@@ -153,7 +155,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: events.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
-	c.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-approver"})
+	// Events carry a CSR's names (the requester's to choose): safetext.
+	c.recorder = kubestore.SafeRecorder(broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-approver"}))
 
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()

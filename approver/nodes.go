@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // What the node controller puts on a Node.
@@ -139,7 +140,7 @@ func (c *NodeController) Run(ctx context.Context) error {
 	b := record.NewBroadcaster()
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.o.EventClient.CoreV1().Events("")})
 	defer b.Shutdown()
-	c.recorder = b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-node-controller"})
+	c.recorder = kubestore.SafeRecorder(b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "nodeproof-node-controller"}))
 
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()

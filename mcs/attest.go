@@ -271,6 +271,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	if err := s.o.Policy.Evaluate(sess.Pool, claims); err != nil {
+		s.policyRefused(sess.Pool, claims, ss.NodeName, err)
 		s.refuse(w, d, err)
 		return
 	}
@@ -356,9 +357,36 @@ func (s *Server) claimable(ctx context.Context, node, identity string) error {
 	case !errors.Is(err, store.ErrNotFound):
 		return err
 	}
-	s.event(node, true, attest.ReasonNodeNotAdopted, fmt.Sprintf("%s asked for node %s, a Node that nodeproof never owned (it existed before); refused. If that machine should take the name, adopt it first: nodeproof adopt %s",
+	s.eventAbout(identity, node, true, attest.ReasonNodeNotAdopted, fmt.Sprintf("%s asked for node %s, a Node that nodeproof never owned (it existed before); refused. If that machine should take the name, adopt it first: nodeproof adopt %s",
 		identity, node, node))
 	return deny(attest.ReasonNodeNotAdopted, "a Node named %s exists that nodeproof never owned; an operator adopts it first: nodeproof adopt %s", node, node)
+}
+
+// ReasonPolicyRefused is the Event reason of an enrolment the policy
+// refused with an error that carries no reason of its own (the Event
+// carries the refusal's reason when it has one).
+const ReasonPolicyRefused attest.Reason = "PolicyRefused"
+
+// policyRefused records an enrolment the policy refused (authentic
+// evidence, a boot state or an identity pool does not allow) as an Event
+// on the node name it would have had, within the identity's rate
+// (Limits.PerIdentity: an identity that fails over and over spends its
+// own budget, not the Event path's). With no name, the log line is the
+// record.
+func (s *Server) policyRefused(pool string, claims *attest.Claims, requested string, refusal error) {
+	node := s.nodeName(pool, claims, requested)
+	if node == "" {
+		return
+	}
+	if ok, _ := s.o.Limits.PerIdentity.Allow(identityKey(claims)); !ok {
+		return
+	}
+	reason, ok := attest.ReasonOf(refusal)
+	if !ok {
+		reason = ReasonPolicyRefused
+	}
+	s.eventAbout(claims.Identity, node, true, reason, fmt.Sprintf("%s (%s evidence) asked to enrol as node %s in pool %s; refused by policy: %v",
+		claims.Identity, claims.Kind, node, pool, refusal))
 }
 
 // nodeName is the node name an attestation for pool establishes: the
@@ -420,13 +448,13 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 		if b, berr := s.o.Store.Binding(ctx, rec.NodeName); berr == nil {
 			owner = fmt.Sprintf("%s (%s evidence, enrolled %s)", b.Identity, b.Kind, b.CreatedAt.UTC().Format(time.RFC3339))
 		}
-		s.event(rec.NodeName, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s asked for node %s, which is bound to %s; refused. Release the name to give it to another machine: nodeproof release %s",
+		s.eventAbout(rec.Identity, rec.NodeName, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s asked for node %s, which is bound to %s; refused. Release the name to give it to another machine: nodeproof release %s",
 			rec.Identity, rec.NodeName, owner, rec.NodeName))
 		return nil, deny(attest.ReasonNodeNameTaken, "node %s belongs to another machine (the identity that enrolled with it first); an operator can release it: nodeproof release %s", rec.NodeName, rec.NodeName)
 	case errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists):
 		return nil, deny(attest.ReasonSessionReused, "this session was already answered")
 	case errors.Is(err, store.ErrRevoked):
-		s.event(rec.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, which an operator revoked, attested for node %s (pool %s); refused", rec.Identity, rec.NodeName, rec.Pool))
+		s.eventAbout(rec.Identity, rec.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, which an operator revoked, attested for node %s (pool %s); refused", rec.Identity, rec.NodeName, rec.Pool))
 		return nil, deny(attest.ReasonRevoked, "this machine was revoked by an operator; it enrols under no name until the ban is lifted (nodeproof unban)")
 	case errors.Is(err, store.ErrPoolFixed):
 		return nil, deny(attest.ReasonEnrolledInAnotherPool, "this machine is enrolled in another pool; moving it is an operator's act: nodeproof release %s, then enrol", rec.NodeName)
@@ -458,10 +486,12 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 		return err
 	}
 	if b.Revoked != nil {
+		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, enrolled as node %s and revoked at %s (%s), attested again for node %s; refused",
+			rec.Identity, b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason, rec.NodeName))
 		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked at %s: %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
 	}
 	refuse := func(why string) error {
-		s.event(b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",
+		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",
 			rec.Identity, b.NodeName, b.CreatedAt.UTC().Format(time.RFC3339), rec.NodeName, keyState(b, rec, proven), why, b.NodeName))
 		return deny(attest.ReasonIdentityEnrolled, "this machine already enrolled as node %s; %s. An operator can release it: nodeproof release %s", b.NodeName, why, b.NodeName)
 	}
@@ -470,7 +500,7 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	case b.NodeName != rec.NodeName:
 		return refuse("an identity enrols under one node name")
 	case b.Pool != rec.Pool:
-		s.event(b.NodeName, true, attest.ReasonEnrolledInAnotherPool, fmt.Sprintf("%s, enrolled as node %s in pool %s, attested again for pool %s; refused: a node's pool is fixed by its enrolment. To move it: nodeproof release %s, then let it enrol",
+		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonEnrolledInAnotherPool, fmt.Sprintf("%s, enrolled as node %s in pool %s, attested again for pool %s; refused: a node's pool is fixed by its enrolment. To move it: nodeproof release %s, then let it enrol",
 			rec.Identity, b.NodeName, b.Pool, rec.Pool, b.NodeName))
 		return deny(attest.ReasonEnrolledInAnotherPool, "node %s is enrolled in pool %s, not %s; moving a node is an operator's act: nodeproof release %s, then enrol", b.NodeName, b.Pool, rec.Pool, b.NodeName)
 	case proven && attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
@@ -483,7 +513,7 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)")
 	}
 	if ok, why, at := b.Attested(s.o.Clock(), time.Duration(1<<63-1)); !ok && why == attest.ReasonAttestationFailed {
-		s.event(b.NodeName, true, attest.ReasonAttestationFailed, fmt.Sprintf("%s, node %s, whose re-attestation at %s was refused (%s), tried to enrol again; refused: only a passing re-attestation replaces a failed one",
+		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonAttestationFailed, fmt.Sprintf("%s, node %s, whose re-attestation at %s was refused (%s), tried to enrol again; refused: only a passing re-attestation replaces a failed one",
 			rec.Identity, b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason))
 		return deny(attest.ReasonAttestationFailed, "node %s's latest attestation (%s) was refused: %s; only a passing re-attestation replaces it", b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason)
 	}
@@ -538,8 +568,14 @@ func keyState(b *store.Binding, rec *store.Record, proven bool) string {
 
 // event publishes an enrolment decision about nodeName (Options.Events).
 func (s *Server) event(nodeName string, warning bool, reason attest.Reason, msg string) {
+	s.eventAbout("", nodeName, warning, reason, msg)
+}
+
+// eventAbout publishes a decision about nodeName concerning identity: its
+// Events have a budget of their own (Options.Events).
+func (s *Server) eventAbout(identity, nodeName string, warning bool, reason attest.Reason, msg string) {
 	if s.o.Events != nil {
-		s.o.Events.Event(nodeName, warning, string(reason), msg)
+		s.o.Events.Decision(identity, nodeName, warning, string(reason), msg)
 	}
 }
 

@@ -125,13 +125,14 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		return
 	case errors.Is(err, store.ErrNotFound):
 		if ban, berr := s.o.Store.BanOf(ctx, identity); berr == nil {
+			s.eventAbout(identity, node, true, attest.ReasonRevoked, fmt.Sprintf("%s, which an operator revoked, re-attested as node %s; refused", identity, node))
 			s.refuse(w, d, deny(attest.ReasonRevoked, "this machine was revoked at %s: %s", ban.At.UTC().Format(time.RFC3339), ban.Reason))
 			return
 		}
 		s.refuse(w, d, deny(attest.ReasonNotEnrolled, "node %s is bound to no machine: enrol first", node))
 		return
 	case errors.Is(err, store.ErrNameTaken):
-		s.event(node, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s re-attested as node %s, which another identity owns (a swapped TPM or another machine); refused", identity, node))
+		s.eventAbout(identity, node, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s re-attested as node %s, which another identity owns (a swapped TPM or another machine); refused", identity, node))
 		s.refuse(w, d, deny(attest.ReasonNodeNameTaken, "node %s belongs to another identity; a new TPM is a new machine: release the node and enrol it", node))
 		return
 	case err != nil:

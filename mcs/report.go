@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
-	"strings"
 	"time"
-	"unicode"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/mcs/limit"
+	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -33,16 +33,16 @@ var reportReasonRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 const maxReportSessionAge = time.Hour
 
 // report records a node's report of its failure (api.ReportRequest) as an
-// Event on the node name's NodeBinding (Options.Events) and a log line.
-// Checks, in order:
+// Event on the node name's NodeBinding (Options.Events, on the report
+// path: its budget is not the decisions') and a log line. Checks, in
+// order:
 //   - the secure port only (InsecurePortRefused), within the source's
 //     attestation rate (RateLimited);
 //   - a JSON body of at most api.MaxReportBody, no unknown fields
 //     (BodyTooLarge, MalformedRequest);
 //   - a pool the server serves (UnknownPool), a node name that is a
 //     DNS-1123 subdomain, a stage of api.ReportStages and a reason of
-//     letters, digits and . _ - (MalformedRequest); the detail is cut to
-//     api.MaxReportDetail bytes and stripped of control characters;
+//     letters, digits and . _ - (MalformedRequest);
 //   - with a session: it opens (SessionInvalid), is for the report's pool
 //     and, if it named a node, that node (MalformedRequest), was issued
 //     within the last hour (SessionExpired), and the kubelet key proof
@@ -55,10 +55,18 @@ const maxReportSessionAge = time.Hour
 //     owns the name, it is "session"-authenticated: the machine that
 //     tried to enrol under that name says why it could not. Without a
 //     session it is recorded as unauthenticated. The Event says which;
-//   - at most the per-identity rate of reports per node name
-//     (RateLimited), so no sender can bury a node's Events.
+//   - an authenticated report: at most the per-identity rate of reports
+//     per node name (RateLimited);
+//   - an unauthenticated one: its detail cut to
+//     api.MaxUnauthenticatedReportDetail bytes, then within
+//     Limits.UnauthenticatedReports and Limits.UnauthenticatedReportBytes
+//     (its Event's message length), per source address and per node name
+//     (RateLimited), so that no sender can bury a node's Events or its own
+//     reports, nor write without bound.
 //
-// A report is never used for a decision: it only tells the operator.
+// The detail passes through safetext (control, format and separator
+// characters replaced) and is cut to api.MaxReportDetail bytes. A report
+// is never used for a decision: it only tells the operator.
 func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 	var req api.ReportRequest
 	if err := decodeBody(w, r, api.MaxReportBody, &req); err != nil {
@@ -107,40 +115,47 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 	}
-	if ok, wait := s.o.Limits.PerIdentity.Allow("report/" + req.NodeName); !ok {
-		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many reports for node %s; retry later", req.NodeName)))
-		return
-	}
-	detail := cleanDetail(req.Detail)
-	reason, msg := ReasonNodeReport, fmt.Sprintf("node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key its node name is bound to; from %s)",
-		req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
-	if auth == "session" {
+	reason, msg, detail := ReasonNodeReport, "", safetext.Cut(req.Detail, api.MaxReportDetail)
+	switch auth {
+	case "owner":
+		msg = fmt.Sprintf("node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key its node name is bound to; from %s)",
+			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
+	case "session":
 		msg = fmt.Sprintf("a machine trying to enrol as node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key of its own session; no identity owns the name; from %s)",
 			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
-	}
-	if auth == "none" {
+	default:
+		detail = safetext.Cut(req.Detail, api.MaxUnauthenticatedReportDetail)
 		reason, msg = ReasonNodeReportUnauthenticated, fmt.Sprintf("UNAUTHENTICATED report (used for no decision) for node %s (pool %s): %s failed: %s: %s (from %s)",
 			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
 	}
-	s.event(req.NodeName, true, reason, msg)
+	if ok, wait := s.allowReport(auth, req.NodeName, d.remote, len(msg)); !ok {
+		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many reports for node %s or from this address; retry later", req.NodeName)))
+		return
+	}
+	if s.o.Events != nil {
+		s.o.Events.Report(req.NodeName, string(reason), msg)
+	}
 	s.o.Log.Warn("node report", "node", req.NodeName, "pool", req.Pool, "stage", req.Stage, "reported", req.Reason, "authenticated", auth, "detail", detail, "remote", d.remote)
 	writeJSON(w, d, api.ReportResponse{Authenticated: auth})
 }
 
-// cleanDetail cuts a report's detail to api.MaxReportDetail bytes (on a
-// rune boundary) and replaces control characters, so it cannot forge
-// lines in a log or an Event.
-func cleanDetail(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || r == unicode.ReplacementChar {
-			return ' '
-		}
-		return r
-	}, strings.ToValidUTF8(s, " "))
-	if len(s) > api.MaxReportDetail {
-		s = strings.ToValidUTF8(s[:api.MaxReportDetail], "") // a rune cut in two is dropped
+// allowReport takes a report's share of its limits: an authenticated
+// one's from the per-identity rate of its node name; an unauthenticated
+// one's (whose Event message is size bytes) from the count and the byte
+// budgets of its source address and of its node name, all or none.
+func (s *Server) allowReport(auth, node, remote string, size int) (bool, time.Duration) {
+	if auth != "none" {
+		return s.o.Limits.PerIdentity.Allow("report/" + node)
 	}
-	return s
+	keys := []string{"source/" + limit.SourceKey(remote), "name/" + node}
+	undo, ok, wait := s.o.Limits.UnauthenticatedReports.Reserve(1, keys...)
+	if !ok {
+		return false, wait
+	}
+	if _, ok, wait = s.o.Limits.UnauthenticatedReportBytes.Reserve(size, keys...); !ok {
+		undo()
+	}
+	return ok, wait
 }
 
 // reportOwner is how far a report with a proven session is authenticated

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -16,8 +18,9 @@ import (
 
 // FuzzReport: whatever a node posts as its failure report, the answer is
 // 200 or a refusal with a reason, an accepted report writes exactly one
-// Event, one line long and bounded, on a valid node name, and one that
-// carries a session it cannot prove is recorded as unauthenticated never.
+// Event, one line of at most 1 KiB of UTF-8 without format or separator
+// characters, on a valid node name, and one that carries a session it
+// cannot prove is recorded as unauthenticated never.
 func FuzzReport(f *testing.F) {
 	clock := time.Now
 	_, pol, st, keys := fuzzState(f, clock)
@@ -33,6 +36,7 @@ func FuzzReport(f *testing.F) {
 		`{"pool":"worker","nodeName":"worker-0","stage":"agent","reason":"Error","detail":"a\nb\u0000c","session":"np1.AAAA","kubeletKeyProof":"AQ=="}`,
 		`{"pool":"worker","nodeName":"Worker_0","stage":"x","reason":"a b"}`,
 		`{"pool":"worker","nodeName":"w","stage":"agent","reason":"E","detail":"` + strings.Repeat("é", 600) + `"}`,
+		`{"pool":"worker","nodeName":"w","stage":"agent","reason":"E","detail":"a\u202eb\u2028c\u2029d\u200be\ufeff"}`,
 		`{"pool":"worker"} {"x":1}`, `[]`, `null`, ``,
 	} {
 		f.Add([]byte(seed))
@@ -62,7 +66,8 @@ func FuzzReport(f *testing.F) {
 		if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil || resp.Authenticated != "none" {
 			t.Fatalf("accepted as %q (%v): a fuzzed report cannot prove a session", resp.Authenticated, err)
 		}
-		if len(evs) != 1 || strings.ContainsAny(evs[0], "\r\n\x00") || len(evs[0]) > 2048 || !strings.Contains(evs[0], "UNAUTHENTICATED") {
+		if len(evs) != 1 || strings.ContainsAny(evs[0], "\r\n\x00") || len(evs[0]) > 1024 || !strings.Contains(evs[0], "UNAUTHENTICATED") ||
+			!utf8.ValidString(evs[0]) || strings.ContainsFunc(evs[0], func(r rune) bool { return unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029' }) {
 			t.Fatalf("Events %q for %q", evs, body)
 		}
 	})

@@ -1,14 +1,19 @@
 package mcs_test
 
 import (
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
@@ -122,27 +127,164 @@ func TestNodeReportAttacks(t *testing.T) {
 		t.Fatalf("a long detail: %s", got)
 	}
 	ev := e.events.all()[before]
-	attacktable.Check(t, "node reports", "a report whose detail forges lines and runs to 4 KiB", "one line, detail cut to 1 KiB",
-		map[bool]string{true: "one line, detail cut to 1 KiB", false: "not cut or not one line: " + ev}[!strings.ContainsAny(ev, "\r\n") && len(ev) < 1400])
+	attacktable.Check(t, "node reports", "an unauthenticated report whose detail forges lines and runs to 4 KiB", "one line, detail cut to 256 bytes",
+		map[bool]string{true: "one line, detail cut to 256 bytes", false: "not cut or not one line: " + ev}[!strings.ContainsAny(ev, "\r\n") &&
+			strings.Contains(ev, "first nodeproof: FORGED line "+strings.Repeat("é", 110)) && !strings.Contains(ev, strings.Repeat("é", 120)) && len(ev) < 600])
 
 	// A session more than an hour old no longer authenticates.
 	e.advance(2 * time.Hour)
 	attacktable.Check(t, "node reports", "a report with a session issued two hours ago", "403 "+string(attest.ReasonSessionExpired), e.postReport("", ok))
 }
 
-// TestNodeReportFloodAttack: reports for one node name are held to the
-// per-identity rate, so no sender can bury a node's Events.
+// postReportFrom is postReport from the source address src, straight to
+// the secure port's handler.
+func (e *env) postReportFrom(src string, rep api.ReportRequest) string {
+	e.t.Helper()
+	body, _ := json.Marshal(rep)
+	req := httptest.NewRequest("POST", api.PathReport, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.RemoteAddr = net.JoinHostPort(src, "40000")
+	rec := httptest.NewRecorder()
+	e.secure.Config.Handler.ServeHTTP(rec, req)
+	if rec.Code != 200 {
+		var r api.Refusal
+		json.Unmarshal(rec.Body.Bytes(), &r)
+		return fmt.Sprintf("%d %s", rec.Code, r.Reason)
+	}
+	var resp api.ReportResponse
+	if err := json.Unmarshal(rec.Body.Bytes(), &resp); err != nil {
+		e.t.Fatal(err)
+	}
+	return "200 " + resp.Authenticated
+}
+
+// outcomes says "N recorded, then W" for a run of answers: how many were
+// recorded before the first refusal, and what every later answer was
+// (or "every one recorded").
+func outcomes(got []string) string {
+	n := 0
+	for n < len(got) && strings.HasPrefix(got[n], "200") {
+		n++
+	}
+	if n == len(got) {
+		return fmt.Sprintf("%d recorded", n)
+	}
+	rest := slices.Compact(slices.Clone(got[n:]))
+	return fmt.Sprintf("%d recorded, then %s", n, strings.Join(rest, ", "))
+}
+
+// TestNodeReportFloodAttack: unauthenticated reports are held to a count
+// and a byte budget per source address and per node name; a node's own
+// (authenticated) reports have a budget of their own, which the flood
+// cannot spend; details are cut and their format characters replaced.
 func TestNodeReportFloodAttack(t *testing.T) {
 	var e *env
-	e = newEnvLimits(t, nil, mcs.Limits{PerIdentity: limit.NewBuckets(limit.Rate{PerSecond: 0.1, Burst: 6}, 0, func() time.Time { return e.clock() })})
-	rep := api.ReportRequest{Pool: "worker", NodeName: "victim-1", Stage: "agent", Reason: "Error"}
+	clock := func() time.Time { return e.clock() }
+	e = newEnvLimits(t, nil, mcs.Limits{
+		PerIdentity:                limit.NewBuckets(limit.Rate{PerSecond: 0.1, Burst: 6}, 0, clock),
+		UnauthenticatedReports:     limit.NewBuckets(limit.Rate{PerSecond: 0.02, Burst: 5}, 0, clock),
+		UnauthenticatedReportBytes: limit.NewBuckets(limit.Rate{PerSecond: 8, Burst: 1536}, 0, clock),
+	})
+	// The victim is enrolled: its own reports are "owner" reports.
+	m := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
+	ch, r := e.challenge(m, "worker", "victim-1")
+	if ch == nil {
+		t.Fatalf("challenge: %d %s", r.status, r.reason)
+	}
+	if vr, r := e.verify(e.verifyBody(m, ch)); vr == nil {
+		t.Fatalf("enrolment of victim-1: %d %s", r.status, r.reason)
+	}
+	proof, err := attest.SignKeyProof(m.kubelet, ch.Session)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := api.ReportRequest{Pool: "worker", NodeName: "victim-1", Stage: "re-attestation", Reason: "SecureBootDisabled", Session: ch.Session, KubeletKeyProof: proof}
+	junk := func(node string) api.ReportRequest {
+		return api.ReportRequest{Pool: "worker", NodeName: node, Stage: "agent", Reason: "Error", Detail: "it broke"}
+	}
+
 	var got []string
 	for range 8 {
-		got = append(got, e.postReport("", rep))
+		got = append(got, e.postReportFrom("192.0.2.1", junk("victim-1")))
 	}
-	attacktable.Check(t, "node reports", "eight reports for one node name at once (burst 6)", "6 recorded, then 503 RateLimited",
-		map[bool]string{true: "6 recorded, then 503 RateLimited", false: strings.Join(got, ", ")}[got[5] == "200 none" && got[6] == "503 RateLimited" && len(e.events.all()) == 6])
-	if other := e.postReport("", api.ReportRequest{Pool: "worker", NodeName: "other-1", Stage: "agent", Reason: "Error"}); other != "200 none" {
-		t.Errorf("another node's report during the flood: %s", other)
+	attacktable.Check(t, "node reports", "eight unauthenticated reports for one node name from one address (5 per address and per name)",
+		"5 recorded, then 503 RateLimited", outcomes(got))
+	got = nil
+	for i := range 8 {
+		got = append(got, e.postReportFrom(fmt.Sprintf("192.0.2.%d", 10+i), junk("victim-1")))
 	}
+	attacktable.Check(t, "node reports", "then unauthenticated reports for that name from eight other addresses",
+		"0 recorded, then 503 RateLimited", outcomes(got))
+	got = nil
+	for i := range 8 {
+		got = append(got, e.postReportFrom("2001:db8:1:2::1", junk(fmt.Sprintf("node-%d", i))))
+		got = append(got, e.postReportFrom(fmt.Sprintf("2001:db8:1:2::%x", 100+i), junk(fmt.Sprintf("node-%d", i+10))))
+	}
+	attacktable.Check(t, "node reports", "unauthenticated reports for 16 node names from addresses of one IPv6 /64",
+		"5 recorded, then 503 RateLimited", outcomes(got))
+	got = nil
+	for range 3 {
+		got = append(got, e.postReportFrom("192.0.2.99", own))
+	}
+	attacktable.Check(t, "node reports", "meanwhile the node itself reports three times (owner-authenticated: the flood spent none of its budget)",
+		"3 recorded", outcomes(got))
+	evs := e.events.all()
+	if len(evs) != 5+5+3 {
+		t.Errorf("%d Events; want 13 (5 + 5 unauthenticated, 3 the node's own)", len(evs))
+	}
+
+	// Bytes: each report's Event counts; 1.5 KiB of them per address.
+	before := len(e.events.all())
+	got = nil
+	for i := range 8 {
+		rep := junk(fmt.Sprintf("long-%d", i))
+		rep.Detail = strings.Repeat("x", 2000) // cut to 256
+		got = append(got, e.postReportFrom("198.51.100.7", rep))
+	}
+	evs = e.events.all()[before:]
+	size := 0
+	for _, ev := range evs {
+		_, msg, _ := strings.Cut(ev, ": ")
+		size += len(msg)
+		if !strings.Contains(msg, strings.Repeat("x", 253)+"…") || strings.Contains(msg, strings.Repeat("x", 254)) || len(msg) > 1024 {
+			t.Errorf("an unauthenticated report's Event: %d bytes, detail not cut to 256 bytes: %s", len(msg), msg)
+		}
+	}
+	want := fmt.Sprintf("%d recorded, then 503 RateLimited", 1536/(size/max(len(evs), 1)))
+	attacktable.Check(t, "node reports", "unauthenticated reports of 2,000 bytes of detail each from one address (cut to 256; 1.5 KiB of Events per address)",
+		want, outcomes(got))
+
+	// Format characters are replaced in the Event and the log line.
+	rep := junk("bidi-1")
+	rep.Detail = "ok\u202e\u2066gnp.exe\u2069\u2028FORGED\u2029line\u200b\ufeff"
+	before = len(e.events.all())
+	if got := e.postReportFrom("203.0.113.5", rep); got != "200 none" {
+		t.Fatalf("a report with format characters: %s", got)
+	}
+	ev := e.events.all()[before]
+	logged := ""
+	for _, line := range strings.Split(e.log.String(), "\n") {
+		if strings.Contains(line, "bidi-1") {
+			logged += line
+		}
+	}
+	hidden := func(s string) bool {
+		return strings.ContainsFunc(s, func(r rune) bool { return unicode.Is(unicode.Cf, r) || r == '\u2028' || r == '\u2029' })
+	}
+	attacktable.Check(t, "node reports", "a report whose detail carries bidi overrides and isolates, U+2028, U+2029, zero-width characters",
+		"replaced in the Event and the log line", map[bool]string{true: "replaced in the Event and the log line", false: fmt.Sprintf("Event %q, log %q", ev, logged)}[!hidden(ev) && !hidden(logged) && logged != "" && strings.Contains(ev, "ok\ufffd\ufffdgnp.exe\ufffd\ufffdFORGED\ufffdline\ufffd\ufffd")])
+
+	// Every log line passes through safetext, not only a report's detail:
+	// the path of a request (percent-encoded U+202E) too.
+	req := httptest.NewRequest("GET", "/config/worker%E2%80%AEexe.gnp", nil)
+	rec := httptest.NewRecorder()
+	e.secure.Config.Handler.ServeHTTP(rec, req)
+	logged = ""
+	for _, line := range strings.Split(e.log.String(), "\n") {
+		if strings.Contains(line, "exe.gnp") {
+			logged += line
+		}
+	}
+	attacktable.Check(t, "node reports", "a request whose path carries a bidi override (the request's log line quotes it)",
+		"replaced in the log line", map[bool]string{true: "replaced in the log line", false: fmt.Sprintf("log %q", logged)}[logged != "" && !hidden(logged)])
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -81,12 +82,17 @@ type Nodes interface {
 	Exists(name string) (bool, error)
 }
 
-// EnrolmentEvents publishes enrolment decisions about a node name
-// (store/kubestore.BindingEvents).
+// EnrolmentEvents publishes what happens to a node name
+// (store/kubestore.BindingEvents), on two paths that must not share a
+// budget: what anyone may send (a report) cannot bury a decision. Neither
+// may block (events are best effort; every decision is logged too).
 type EnrolmentEvents interface {
-	// Event reports a decision about nodeName: a warning for a refusal.
-	// It must not block (events are best effort).
-	Event(nodeName string, warning bool, reason, message string)
+	// Decision reports a security decision about nodeName concerning
+	// identity ("" for none): a warning for a refusal. Its budget is per
+	// name, reason and identity.
+	Decision(identity, nodeName string, warning bool, reason, message string)
+	// Report records a node's failure report (a warning).
+	Report(nodeName, reason, message string)
 }
 
 // Errors a Configs returns.
@@ -120,8 +126,9 @@ type Options struct {
 	// AWS verifies EC2 instance identity documents; nil refuses them.
 	AWS *aws.Verifier
 	// Events, when set, receives the enrolment decisions an operator must
-	// see — a node name taken, an identity refused or enrolled again — as
-	// Kubernetes Events on the node's NodeBinding; nil: the log only.
+	// see — a node name taken, an identity refused (enrolled already,
+	// revoked, by policy) or enrolled again — and nodes' failure reports,
+	// as Kubernetes Events on the node's NodeBinding; nil: the log only.
 	Events EnrolmentEvents
 	// Metrics, when set, counts every request (NewMetrics).
 	Metrics *Metrics
@@ -173,6 +180,14 @@ type Limits struct {
 	// 2 MiB body and costs signature checks and store writes); a request
 	// waits briefly for a slot, then is refused Overloaded.
 	Attestations *limit.Gate
+	// UnauthenticatedReports limits the failure reports recorded as
+	// unauthenticated (anyone may send one, and each is an Event), per
+	// source address and per node name: both must allow it.
+	// UnauthenticatedReportBytes limits the bytes of their Events'
+	// messages the same way. A node's own reports (authenticated) are
+	// held to PerIdentity per node name instead, so these cannot spend
+	// theirs.
+	UnauthenticatedReports, UnauthenticatedReportBytes *limit.Buckets
 }
 
 // DefaultMaxLiveEnrolments is Options.MaxLiveEnrolments's default.
@@ -208,6 +223,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxLiveEnrolments <= 0 {
 		o.MaxLiveEnrolments = DefaultMaxLiveEnrolments
 	}
+	// Log lines carry text from outside (report details, request fields,
+	// errors quoting them): every one passes through safetext.
+	o.Log = slog.New(safetext.Handler(o.Log.Handler()))
 	s := &Server{o: o, limitLog: limit.NewBuckets(limit.Rate{PerSecond: 1, Burst: 5}, 0, o.Clock)}
 	s.configs.Store(&configsBox{o.Configs})
 	for pool, p := range o.Policy.Pools {

@@ -106,12 +106,23 @@ type env struct {
 type eventLog struct {
 	mu  sync.Mutex
 	evs []string // "node warning reason: message"
+	// identities are the identities of evs' decisions ("report" for a
+	// report).
+	identities []string
 }
 
-func (l *eventLog) Event(node string, warning bool, reason, message string) {
+func (l *eventLog) Decision(identity, node string, warning bool, reason, message string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.evs = append(l.evs, fmt.Sprintf("%s %v %s: %s", node, warning, reason, message))
+	l.identities = append(l.identities, identity)
+}
+
+func (l *eventLog) Report(node, reason, message string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.evs = append(l.evs, fmt.Sprintf("%s %v %s: %s", node, true, reason, message))
+	l.identities = append(l.identities, "report")
 }
 
 func (l *eventLog) all() []string {

@@ -28,9 +28,12 @@ const (
 	MaxChallengeBody = 64 << 10
 	// MaxVerifyBody leaves room for a 1 MiB event log in base64.
 	MaxVerifyBody = 2 << 20
-	// MaxReportBody bounds a failure report; MaxReportDetail its detail.
-	MaxReportBody   = 8 << 10
-	MaxReportDetail = 1024
+	// MaxReportBody bounds a failure report; MaxReportDetail its detail;
+	// MaxUnauthenticatedReportDetail the detail of one the server records
+	// as unauthenticated (anyone may send those).
+	MaxReportBody                  = 8 << 10
+	MaxReportDetail                = 1024
+	MaxUnauthenticatedReportDetail = 256
 )
 
 // ReportStages are what a failure report may say failed.
@@ -54,7 +57,9 @@ type ReportRequest struct {
 	// Reason is the server's refusal reason, or what failed on the node
 	// (letters, digits and . _ - only, at most 64).
 	Reason string `json:"reason"`
-	// Detail says more (at most MaxReportDetail bytes; cut, not refused).
+	// Detail says more (at most MaxReportDetail bytes, or
+	// MaxUnauthenticatedReportDetail when the report is recorded as
+	// unauthenticated; cut, not refused).
 	Detail          string `json:"detail,omitempty"`
 	Session         string `json:"session,omitempty"`
 	KubeletKeyProof []byte `json:"kubeletKeyProof,omitempty"`

@@ -5,7 +5,8 @@
 //     memory bounded however many keys an attacker makes up;
 //   - Listener: a cap on concurrent connections and on the rate of new
 //     connections per source address, enforced at accept, before any TLS
-//     work is spent on the connection;
+//     work is spent on the connection (and, behind mcs/proxied, before
+//     any byte of an unlisted peer's connection is read);
 //   - Gate: a cap on expensive requests in flight, with a bounded wait.
 //
 // Everything takes a clock; nothing logs (callers read the counters).
@@ -68,31 +69,60 @@ func NewBuckets(r Rate, maxKeys int, clock func() time.Time) *Buckets {
 // are dropped; if none can be dropped, a new key is refused (fail closed:
 // an attacker spraying keys must not get fresh buckets) until some can.
 func (b *Buckets) Allow(key string) (bool, time.Duration) {
+	_, ok, wait := b.Reserve(1, key)
+	return ok, wait
+}
+
+// Reserve takes n tokens from the bucket of each of keys, all or none
+// (one request counted against its source and its target, say). When
+// every bucket has them, it returns a function that gives them back, for
+// a caller whose next limit refused the request; otherwise it takes
+// nothing and says how long until every bucket would have them. n above
+// the burst never fits (wait: a minute). Keys are tracked as Allow's are.
+func (b *Buckets) Reserve(n int, keys ...string) (undo func(), ok bool, wait time.Duration) {
 	if b == nil || !b.r.On() {
-		return true, 0
+		return func() {}, true, 0
 	}
 	now := b.clock()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	l, ok := b.m[key]
-	if !ok {
-		if len(b.m) >= b.maxKeys {
-			b.sweep(now)
+	rs := make([]*rate.Reservation, 0, len(keys))
+	cancel := func() {
+		for i := len(rs) - 1; i >= 0; i-- {
+			rs[i].CancelAt(now) // at the reservation's own time: every token comes back
 		}
-		if len(b.m) >= b.maxKeys {
-			b.refused.Add(1)
-			return false, time.Second
-		}
-		l = rate.NewLimiter(rate.Limit(b.r.PerSecond), b.r.Burst)
-		b.m[key] = l
 	}
-	r := l.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		r.CancelAt(now)
+	for _, key := range keys {
+		l, ok := b.m[key]
+		if !ok {
+			if len(b.m) >= b.maxKeys {
+				b.sweep(now)
+			}
+			if len(b.m) >= b.maxKeys {
+				wait = max(wait, time.Second)
+				continue
+			}
+			l = rate.NewLimiter(rate.Limit(b.r.PerSecond), b.r.Burst)
+			b.m[key] = l
+		}
+		r := l.ReserveN(now, n)
+		if !r.OK() {
+			wait = max(wait, time.Minute)
+			continue
+		}
+		rs = append(rs, r)
+		wait = max(wait, r.DelayFrom(now))
+	}
+	if wait > 0 {
+		cancel()
 		b.refused.Add(1)
-		return false, d
+		return nil, false, wait
 	}
-	return true, 0
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		cancel()
+	}, true, 0
 }
 
 // sweep drops full buckets, at most once a second (b.mu held).

@@ -78,6 +78,64 @@ func TestBuckets(t *testing.T) {
 	}
 }
 
+// TestReserve: n tokens from every key's bucket, or none; undo gives
+// them back.
+func TestReserve(t *testing.T) {
+	type step struct {
+		n       int
+		keys    []string
+		allowed bool
+		undo    bool // give the tokens back at once
+		retry   time.Duration
+	}
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"all keys pay", []step{
+			{3, []string{"src", "name"}, true, false, 0},
+			{2, []string{"src"}, true, false, 0},
+			{1, []string{"src"}, false, false, time.Second},
+			{2, []string{"name"}, true, false, 0},
+		}},
+		{"one key short: none pays", []step{
+			{5, []string{"name"}, true, false, 0},
+			{2, []string{"src", "name"}, false, false, 2 * time.Second}, // the longer wait of the two
+			{5, []string{"src"}, true, false, 0},                        // src kept its tokens
+		}},
+		{"undo gives every token back", []step{
+			{4, []string{"src", "name"}, true, true, 0},
+			{5, []string{"src", "name"}, true, false, 0},
+		}},
+		{"more than the burst never fits", []step{
+			{6, []string{"src"}, false, false, time.Minute},
+			{5, []string{"src"}, true, false, 0},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &fakeClock{t: time.Unix(1e9, 0)}
+			b := NewBuckets(Rate{PerSecond: 1, Burst: 5}, 0, clk.now)
+			for i, s := range tc.steps {
+				undo, ok, retry := b.Reserve(s.n, s.keys...)
+				if ok != s.allowed || (ok && undo == nil) {
+					t.Fatalf("step %d (%d from %v): allowed %v, want %v", i, s.n, s.keys, ok, s.allowed)
+				}
+				if !ok && (retry < s.retry-10*time.Millisecond || retry > s.retry+10*time.Millisecond) {
+					t.Fatalf("step %d: retry after %s, want %s", i, retry, s.retry)
+				}
+				if s.undo {
+					undo()
+				}
+			}
+		})
+	}
+	var nilB *Buckets
+	if undo, ok, _ := nilB.Reserve(100, "a", "b"); !ok || undo == nil {
+		t.Fatal("a nil Buckets limits Reserve")
+	}
+}
+
 func TestNilBucketsAllow(t *testing.T) {
 	var b *Buckets
 	if ok, _ := b.Allow("x"); !ok || b.Refused() != 0 || b.Len() != 0 {

@@ -5,22 +5,27 @@
 // Events use the client address from the header.
 //
 // Checks, per accepted connection:
-//   - its TCP peer is in Options.Trusted: the connection must begin with
-//     a PROXY header (v1 or v2), else it is refused (a balancer that
-//     forgot send-proxy would make every machine one source); a header
-//     without a TCP client address (v2 LOCAL, as haproxy's health checks
-//     send; v1 UNKNOWN; a Unix socket) keeps the peer's address;
-//   - any other peer: a PROXY header is refused (an attacker forging its
-//     address to get a fresh limit bucket or a misleading log); without
-//     one the connection is served as it is, with the peer's address;
-//   - the header is read within Options.Timeout, or the connection is
-//     refused (a trusted peer) or served as headerless (any other peer);
-//   - the header is read in the connection's own goroutine, so a slow
-//     client holds up no one else's accept; at most Options.Pending
-//     connections wait for their header at once, and at most
-//     Options.PendingPerSource from one TCP peer outside Trusted (more
-//     are closed at once): a flood of idle connections cannot fill the
-//     queue that real machines need.
+//   - its TCP peer is in Options.Trusted (a listed balancer): the
+//     connection must begin with a PROXY header (v1 or v2), else it is
+//     refused (a balancer that forgot send-proxy would make every machine
+//     one source); a header without a TCP client address (v2 LOCAL, as
+//     haproxy's health checks send; v1 UNKNOWN; a Unix socket) keeps the
+//     peer's address. The header is read within Options.Timeout, else the
+//     connection is refused, in the connection's own goroutine (a slow
+//     balancer connection holds up no one else's accept), and at most
+//     Options.Pending listed connections wait for their header at once
+//     (more are refused ProxyHeaderQueueFull);
+//   - any other peer (unlisted): Accept returns the connection at once,
+//     with the peer's address, so that the per-source connection limits
+//     in front of TLS (mcs/limit: per address, per IPv6 /64) apply to it
+//     before any of its bytes are read. Its first read checks that it
+//     does not begin with a PROXY header: one is refused (an attacker
+//     forging its address to get a fresh limit bucket or a misleading
+//     log), and its reader sees an error. An unlisted connection never
+//     waits in the header queue: however many idle connections unlisted
+//     sources open, the listed balancers' capacity stays theirs, and an
+//     idle unlisted connection is bounded by the server's own handshake
+//     and header timeouts, like any connection.
 //
 // A refused connection is closed before anything else reads it; each
 // refusal is counted and reported to Options.OnRefuse with its reason.
@@ -43,11 +48,13 @@ import (
 const (
 	// ReasonHeaderMissing: a trusted peer sent no PROXY header.
 	ReasonHeaderMissing = "ProxyHeaderMissing"
-	// ReasonHeaderUntrusted: a peer outside Trusted sent a PROXY header.
+	// ReasonHeaderUntrusted: a peer outside Trusted sent a PROXY header
+	// (or began with a PROXY signature).
 	ReasonHeaderUntrusted = "ProxyHeaderUntrusted"
 	// ReasonHeaderInvalid: a trusted peer's header did not parse.
 	ReasonHeaderInvalid = "ProxyHeaderInvalid"
-	// ReasonPending: too many connections were waiting for their header.
+	// ReasonPending: too many listed balancers' connections were waiting
+	// for their header.
 	ReasonPending = "ProxyHeaderQueueFull"
 )
 
@@ -63,12 +70,12 @@ type Options struct {
 	// Trusted are the balancers' addresses: only they may (and must) send
 	// a PROXY header. Empty is refused by New: trust must be named.
 	Trusted []netip.Prefix
-	// Timeout bounds the wait for a header (0: 5 s).
+	// Timeout bounds a listed balancer's wait for its header (0: 5 s).
 	Timeout time.Duration
-	// Pending bounds the connections waiting for their header at once
-	// (0: 1024); PendingPerSource bounds those of one untrusted peer
-	// (0: 64).
-	Pending, PendingPerSource int
+	// Pending bounds the listed balancers' connections waiting for their
+	// header at once (0: 1024). Only theirs wait: unlisted peers take
+	// none of it.
+	Pending int
 	// OnRefuse, when set, is told of each refused connection.
 	OnRefuse func(Refusal)
 }
@@ -85,10 +92,7 @@ type Listener struct {
 	done    chan struct{}
 	closing sync.Once
 
-	mu      sync.Mutex
-	pending map[string]int // by untrusted peer
-	total   int
-
+	pending atomic.Int64 // listed connections waiting for their header
 	refused atomic.Uint64
 }
 
@@ -127,16 +131,13 @@ func New(ln net.Listener, o Options) (*Listener, error) {
 	if o.Pending <= 0 {
 		o.Pending = 1024
 	}
-	if o.PendingPerSource <= 0 {
-		o.PendingPerSource = 64
-	}
-	l := &Listener{ln: ln, o: o, ready: make(chan net.Conn), failed: make(chan struct{}), done: make(chan struct{}), pending: map[string]int{}}
+	l := &Listener{ln: ln, o: o, ready: make(chan net.Conn), failed: make(chan struct{}), done: make(chan struct{})}
 	go l.acceptLoop()
 	return l, nil
 }
 
 // Accept implements net.Listener: the next connection whose header (if
-// it must or may have one) was read and accepted.
+// it must have one) was read and accepted, or an unlisted peer's, at once.
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.ready:
@@ -164,6 +165,10 @@ func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 // Refused counts the refused connections.
 func (l *Listener) Refused() uint64 { return l.refused.Load() }
 
+// Pending is how many listed balancers' connections wait for their
+// header now.
+func (l *Listener) Pending() int { return int(l.pending.Load()) }
+
 func (l *Listener) acceptLoop() {
 	backoff := 5 * time.Millisecond
 	for {
@@ -184,32 +189,39 @@ func (l *Listener) acceptLoop() {
 			return
 		}
 		backoff = 5 * time.Millisecond
-		peer := addrOf(c.RemoteAddr())
-		trusted := l.trusted(peer)
-		if !l.take(peer, trusted) {
-			l.refuse(c, ReasonPending, errors.New("too many connections waiting for their PROXY header"))
+		if !l.trusted(addrOf(c.RemoteAddr())) {
+			l.hand(c, newStranger(c, l))
 			continue
 		}
-		go l.handshake(c, peer, trusted)
+		if l.pending.Add(1) > int64(l.o.Pending) {
+			l.pending.Add(-1)
+			l.refuse(c, ReasonPending, errors.New("too many balancer connections waiting for their PROXY header"))
+			continue
+		}
+		go l.handshake(c)
 	}
 }
 
-// handshake reads c's header, if it may have one, and hands c on.
-func (l *Listener) handshake(c net.Conn, peer netip.Addr, trusted bool) {
-	defer l.give(peer, trusted)
-	policy := proxyproto.REJECT
-	if trusted {
-		policy = proxyproto.REQUIRE
+// hand passes conn (over raw) to Accept, or closes raw when the listener
+// closes first.
+func (l *Listener) hand(raw, conn net.Conn) {
+	select {
+	case l.ready <- conn:
+	case <-l.done:
+		raw.Close()
 	}
-	pc := proxyproto.NewConn(c, proxyproto.WithPolicy(policy), proxyproto.SetReadHeaderTimeout(l.o.Timeout))
+}
+
+// handshake reads a listed balancer's connection's header and hands c on.
+func (l *Listener) handshake(c net.Conn) {
+	pc := proxyproto.NewConn(c, proxyproto.WithPolicy(proxyproto.REQUIRE), proxyproto.SetReadHeaderTimeout(l.o.Timeout))
 	// A read of nothing runs the header state machine once and returns
 	// its verdict; the bytes it peeked stay buffered for the reader.
-	if _, err := pc.Read(nil); err != nil {
+	_, err := pc.Read(nil)
+	l.pending.Add(-1)
+	if err != nil {
 		reason := ReasonHeaderInvalid
-		switch {
-		case errors.Is(err, proxyproto.ErrSuperfluousProxyHeader):
-			reason = ReasonHeaderUntrusted
-		case errors.Is(err, proxyproto.ErrNoProxyProtocol):
+		if errors.Is(err, proxyproto.ErrNoProxyProtocol) {
 			reason = ReasonHeaderMissing
 		}
 		l.refuse(c, reason, err)
@@ -223,11 +235,7 @@ func (l *Listener) handshake(c net.Conn, peer netip.Addr, trusted bool) {
 			conn = peerConn{Conn: pc, peer: c.RemoteAddr()}
 		}
 	}
-	select {
-	case l.ready <- conn:
-	case <-l.done:
-		c.Close()
-	}
+	l.hand(c, conn)
 }
 
 // peerConn is a proxied connection that carried no client address: its
@@ -238,6 +246,62 @@ type peerConn struct {
 }
 
 func (c peerConn) RemoteAddr() net.Addr { return c.peer }
+
+// stranger is an unlisted peer's connection, handed on before any of it
+// is read: its addresses are its socket's, and its first read or write
+// checks that it does not begin with a PROXY header (a refusal: the
+// connection is closed, and the read returns the error). The check
+// waits for bytes under the deadlines its reader sets (the TLS handshake
+// timeout, the HTTP header timeout), not a timeout of its own.
+type stranger struct {
+	pc  net.Conn // a *proxyproto.Conn with policy REJECT, over raw
+	raw net.Conn
+	l   *Listener
+
+	once sync.Once
+	err  error
+}
+
+func newStranger(raw net.Conn, l *Listener) *stranger {
+	return &stranger{pc: proxyproto.NewConn(raw, proxyproto.WithPolicy(proxyproto.REJECT)), raw: raw, l: l}
+}
+
+// check reads as far as a PROXY signature could go.
+func (c *stranger) check() {
+	_, err := c.pc.Read(nil)
+	if err == nil {
+		return
+	}
+	c.err = err
+	var ne net.Error
+	if errors.As(err, &ne) || errors.Is(err, net.ErrClosed) {
+		return // the connection's own failure (a deadline, a reset), no header
+	}
+	// A header, or bytes that begin like one and do not parse.
+	c.l.refuse(c.raw, ReasonHeaderUntrusted, err)
+	c.err = fmt.Errorf("proxied: %s: %w", ReasonHeaderUntrusted, err)
+}
+
+func (c *stranger) Read(b []byte) (int, error) {
+	if c.once.Do(c.check); c.err != nil {
+		return 0, c.err
+	}
+	return c.pc.Read(b)
+}
+
+func (c *stranger) Write(b []byte) (int, error) {
+	if c.once.Do(c.check); c.err != nil {
+		return 0, c.err
+	}
+	return c.pc.Write(b)
+}
+
+func (c *stranger) Close() error                       { return c.raw.Close() }
+func (c *stranger) LocalAddr() net.Addr                { return c.raw.LocalAddr() }
+func (c *stranger) RemoteAddr() net.Addr               { return c.raw.RemoteAddr() }
+func (c *stranger) SetDeadline(t time.Time) error      { return c.pc.SetDeadline(t) }
+func (c *stranger) SetReadDeadline(t time.Time) error  { return c.pc.SetReadDeadline(t) }
+func (c *stranger) SetWriteDeadline(t time.Time) error { return c.pc.SetWriteDeadline(t) }
 
 func (l *Listener) refuse(c net.Conn, reason string, err error) {
 	l.refused.Add(1)
@@ -254,35 +318,6 @@ func (l *Listener) trusted(a netip.Addr) bool {
 		}
 	}
 	return false
-}
-
-func (l *Listener) take(peer netip.Addr, trusted bool) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.total >= l.o.Pending {
-		return false
-	}
-	if !trusted {
-		k := peer.String()
-		if l.pending[k] >= l.o.PendingPerSource {
-			return false
-		}
-		l.pending[k]++
-	}
-	l.total++
-	return true
-}
-
-func (l *Listener) give(peer netip.Addr, trusted bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.total--
-	if !trusted {
-		k := peer.String()
-		if l.pending[k]--; l.pending[k] <= 0 {
-			delete(l.pending, k)
-		}
-	}
 }
 
 // addrOf is a TCP peer's IP, unmapped (an IPv4 peer on a dual-stack

@@ -122,6 +122,18 @@ func TestListener(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.remote == "" {
+				if c.from == stranger {
+					// An unlisted peer's connection is handed on before
+					// it is read; its first read refuses the header.
+					got := e.accept(3 * time.Second)
+					if got == nil {
+						t.Fatalf("a stranger's connection was not handed on; refusals %+v", e.refusals())
+					}
+					got.SetReadDeadline(time.Now().Add(3 * time.Second))
+					if n, err := got.Read(make([]byte, 64)); err == nil {
+						t.Fatalf("read %d bytes of a connection that must be refused %s", n, c.reason)
+					}
+				}
 				for deadline := time.Now().Add(3 * time.Second); len(e.refusals()) == 0 && time.Now().Before(deadline); {
 					time.Sleep(10 * time.Millisecond)
 				}
@@ -157,13 +169,23 @@ func TestListener(t *testing.T) {
 }
 
 // TestSlowClients: a balancer connection that never sends its header is
-// refused after the timeout and holds up no one; idle connections from
-// one stranger fill only its own share of the queue.
+// refused after the timeout and holds up no one; idle connections from a
+// stranger are handed on at once and take nothing from the balancer's
+// queue; the queue bounds only the balancer's connections.
 func TestSlowClients(t *testing.T) {
-	e := listen(t, proxied.Options{Timeout: 300 * time.Millisecond, PendingPerSource: 2})
+	e := listen(t, proxied.Options{Timeout: time.Second, Pending: 2})
 	e.dial(t, balancer) // silent
 	for range 3 {
-		e.dial(t, stranger) // silent; the third is over its share
+		e.dial(t, stranger) // silent
+	}
+	// The strangers' silent connections are handed on at once, in the
+	// order they came, before any of their bytes is read.
+	for range 3 {
+		if c := e.accept(time.Second); c == nil || !strings.HasPrefix(c.RemoteAddr().String(), stranger+":") {
+			t.Fatalf("a silent stranger's connection: %v", c)
+		} else {
+			defer c.Close()
+		}
 	}
 	fast := e.dial(t, balancer)
 	if _, err := fast.Write(header(t, 2, "192.0.2.9")); err != nil {
@@ -178,27 +200,25 @@ func TestSlowClients(t *testing.T) {
 		t.Errorf("accepted after %s: a silent connection held it up", d)
 	}
 	got.Close()
-	// The silent strangers are served headerless after the timeout (two);
-	// the balancer's silent one and the stranger's third are refused.
-	for range 2 {
-		if c := e.accept(2 * time.Second); c == nil || !strings.HasPrefix(c.RemoteAddr().String(), stranger+":") {
-			t.Fatalf("a silent stranger's connection after the timeout: %v", c)
-		} else {
-			c.Close()
-		}
+	// Two balancer connections wait at once (Pending 2): the silent one
+	// and a second silent one; a third is refused at once.
+	e.dial(t, balancer)
+	for deadline := time.Now().Add(time.Second); e.l.Pending() < 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
 	}
+	e.dial(t, balancer)
 	var reasons map[string]int
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(4 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		reasons = map[string]int{}
 		for _, r := range e.refusals() {
 			reasons[r.Reason]++
 		}
-		if len(reasons) == 2 || time.Now().After(deadline) {
+		if reasons[proxied.ReasonPending] == 1 && reasons[proxied.ReasonHeaderMissing] == 2 || time.Now().After(deadline) {
 			break
 		}
 	}
-	if reasons[proxied.ReasonPending] != 1 || reasons[proxied.ReasonHeaderMissing] != 1 {
-		t.Errorf("refusals %v; want one %s (the stranger's third) and one %s (the silent balancer connection)", reasons, proxied.ReasonPending, proxied.ReasonHeaderMissing)
+	if reasons[proxied.ReasonPending] != 1 || reasons[proxied.ReasonHeaderMissing] != 2 {
+		t.Errorf("refusals %v; want one %s (the third waiting balancer connection) and two %s (the silent ones, after the timeout)", reasons, proxied.ReasonPending, proxied.ReasonHeaderMissing)
 	}
 }
 

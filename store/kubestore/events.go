@@ -3,46 +3,135 @@ package kubestore
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
 
+// IdentityAnnotation, on a decision's Event, is the identity the decision
+// was about (a TPM EK, a cloud instance).
+const IdentityAnnotation = "nodeproof.io/identity"
+
+// MaxEventMessage bounds an Event's message (bytes); SafeRecorder cuts
+// longer ones.
+const MaxEventMessage = 4 << 10
+
 // BindingEvents writes Kubernetes Events about node names on their
-// NodeBindings (`kubectl describe nodebinding NODE`, `kubectl get events`):
-// the enrolment decisions an operator must see. It goes through client-go's
-// recorder, which aggregates repeats and rate-limits per object, so a
-// machine refused over and over cannot flood the API server. It implements
-// mcs.EnrolmentEvents.
+// NodeBindings (`kubectl describe nodebinding NODE`, `kubectl get events`).
+// It implements mcs.EnrolmentEvents, on two paths that share no budget,
+// so that what anyone may send cannot bury the security record:
+//
+//   - Decision: the server's decisions about a name (NodeNameTaken,
+//     IdentityAlreadyEnrolled, Revoked, a refusal by policy, an enrolment
+//     again), as the component given. client-go's recorder aggregates
+//     repeats and holds each budget to a burst of 25 Events and then one
+//     every 5 minutes; here a budget is per node name, reason and
+//     identity (IdentityAnnotation), so a decision of one reason cannot
+//     bury another's, nor one identity's attempts another identity's.
+//     What an attacker can still spend is the budget of the decisions it
+//     causes itself, and each of those Events names it.
+//   - Report: node failure reports (anyone may send one, unauthenticated
+//     ones included), as the component with "-reports" appended, through
+//     a recorder, an Event queue and an API client of its own; its budget
+//     is per node name and reason, so unauthenticated reports cannot
+//     spend the budget of a node's own.
+//
+// Every message passes through SafeRecorder. Close stops both.
 type BindingEvents struct {
-	ns          string
-	broadcaster record.EventBroadcaster
-	recorder    record.EventRecorder
+	ns                  string
+	decisions, reports  record.EventBroadcaster
+	decision, reporting record.EventRecorder
 }
 
 // NewBindingEvents returns a BindingEvents for the NodeBindings in
-// namespace, reporting as component. Close it to stop.
-func NewBindingEvents(kc kubernetes.Interface, namespace, component string) *BindingEvents {
-	b := record.NewBroadcaster()
-	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kc.CoreV1().Events(namespace)})
-	return &BindingEvents{ns: namespace, broadcaster: b,
-		recorder: b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component})}
+// namespace, reporting as component: decisions through decisions, reports
+// through reports (give it a client of its own, so that its rate limit is
+// its own). Close it to stop.
+func NewBindingEvents(decisions, reports kubernetes.Interface, namespace, component string) *BindingEvents {
+	d := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{
+		KeyFunc: func(ev *corev1.Event) (string, string) {
+			k, local := record.EventAggregatorByReasonFunc(ev)
+			return k + "\x00" + ev.Annotations[IdentityAnnotation], local
+		},
+		SpamKeyFunc: func(ev *corev1.Event) string { return spamKey(ev, ev.Annotations[IdentityAnnotation]) },
+	}))
+	d.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: decisions.CoreV1().Events(namespace)})
+	r := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{
+		SpamKeyFunc: func(ev *corev1.Event) string { return spamKey(ev, "") },
+	}))
+	r.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: reports.CoreV1().Events(namespace)})
+	return &BindingEvents{ns: namespace, decisions: d, reports: r,
+		decision:  SafeRecorder(d.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component})),
+		reporting: SafeRecorder(r.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component + "-reports"}))}
 }
 
-// Event implements mcs.EnrolmentEvents; it does not block.
-func (e *BindingEvents) Event(nodeName string, warning bool, reason, message string) {
-	e.recorder.Event(BindingRef(e.ns, nodeName), eventType(warning), reason, message)
+// spamKey is client-go's spam key (source and object) with the Event's
+// reason and identity: what one budget is kept for.
+func spamKey(ev *corev1.Event, identity string) string {
+	o := ev.InvolvedObject
+	return strings.Join([]string{ev.Source.Component, ev.Source.Host, o.Kind, o.Namespace, o.Name, string(o.UID), o.APIVersion,
+		ev.Type, ev.Reason, identity}, "\x00")
+}
+
+// Decision implements mcs.EnrolmentEvents: a decision about nodeName
+// concerning identity ("" for none); it does not block.
+func (e *BindingEvents) Decision(identity, nodeName string, warning bool, reason, message string) {
+	var ann map[string]string
+	if identity != "" {
+		ann = map[string]string{IdentityAnnotation: identity}
+	}
+	e.decision.AnnotatedEventf(BindingRef(e.ns, nodeName), ann, eventType(warning), reason, "%s", message)
+}
+
+// Report implements mcs.EnrolmentEvents: a node's failure report (a
+// warning); it does not block.
+func (e *BindingEvents) Report(nodeName, reason, message string) {
+	e.reporting.Event(BindingRef(e.ns, nodeName), corev1.EventTypeWarning, reason, message)
 }
 
 // Close stops sending events.
-func (e *BindingEvents) Close() { e.broadcaster.Shutdown() }
+func (e *BindingEvents) Close() {
+	e.decisions.Shutdown()
+	e.reports.Shutdown()
+}
+
+// SafeRecorder wraps r so that every Event's reason, message and
+// annotations pass through safetext (control, format and separator
+// characters replaced) and its message is cut to MaxEventMessage bytes.
+// Every recorder nodeproof makes is wrapped so: Events carry text from
+// outside (CSR names, node reports, refusal details).
+func SafeRecorder(r record.EventRecorder) record.EventRecorder { return safeRecorder{r} }
+
+type safeRecorder struct{ r record.EventRecorder }
+
+func (s safeRecorder) Event(obj runtime.Object, typ, reason, message string) {
+	s.r.Event(obj, typ, safetext.Clean(reason), safetext.Cut(message, MaxEventMessage))
+}
+
+func (s safeRecorder) Eventf(obj runtime.Object, typ, reason, format string, args ...any) {
+	s.Event(obj, typ, reason, fmt.Sprintf(format, args...))
+}
+
+func (s safeRecorder) AnnotatedEventf(obj runtime.Object, ann map[string]string, typ, reason, format string, args ...any) {
+	var clean map[string]string
+	if ann != nil {
+		clean = make(map[string]string, len(ann))
+		for k, v := range ann {
+			clean[safetext.Clean(k)] = safetext.Clean(v)
+		}
+	}
+	s.r.AnnotatedEventf(obj, clean, typ, safetext.Clean(reason), "%s", safetext.Cut(fmt.Sprintf(format, args...), MaxEventMessage))
+}
 
 // BindingRef is the object reference of a node name's NodeBinding.
 func BindingRef(namespace, nodeName string) *corev1.ObjectReference {
@@ -57,13 +146,14 @@ type BindingEvent struct {
 }
 
 // WriteEvent writes ev now, waiting for the API server (for a command that
-// exits next, as `nodeproof release`).
+// exits next, as `nodeproof release`). Its reason and message pass through
+// safetext, as SafeRecorder's do.
 func WriteEvent(ctx context.Context, kc kubernetes.Interface, namespace, component string, ev BindingEvent) error {
 	t := metav1.NewTime(ev.Time)
 	obj := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: ev.NodeName + ".", Namespace: namespace},
 		InvolvedObject: *BindingRef(namespace, ev.NodeName),
-		Reason:         ev.Reason, Message: ev.Message, Type: eventType(ev.Warning),
+		Reason:         safetext.Clean(ev.Reason), Message: safetext.Cut(ev.Message, MaxEventMessage), Type: eventType(ev.Warning),
 		Source:         corev1.EventSource{Component: component},
 		FirstTimestamp: t, LastTimestamp: t, Count: 1,
 	}

@@ -21,6 +21,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
@@ -92,7 +93,7 @@ func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
 	if *logFormat == "text" {
 		h = slog.NewTextHandler(stderr, nil)
 	}
-	c.Log, c.Clock = slog.New(h), time.Now
+	c.Log, c.Clock = slog.New(safetext.Handler(h)), time.Now
 	// client-go's leader election logs through klog (process-wide): send
 	// it to the same structured log.
 	klog.SetSlogLogger(c.Log)

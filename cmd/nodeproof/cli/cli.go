@@ -25,6 +25,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/safetext"
 )
 
 // Version is set at build time with -ldflags "-X ...cli.Version=...".
@@ -123,7 +124,7 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if *logFormat == "text" {
 		h = slog.NewTextHandler(stderr, nil)
 	}
-	c.Log, c.Clock = slog.New(h), time.Now
+	c.Log, c.Clock = slog.New(safetext.Handler(h)), time.Now
 	return Serve(ctx, c)
 }
 

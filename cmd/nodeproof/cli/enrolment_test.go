@@ -66,11 +66,13 @@ type enrolEnv struct {
 	region     *awstest.Region
 	kc         kubernetes.Interface
 	objects    client.Client // reads the store's objects
+	cluster    client.Client // the admin's, with the MCO types
 	storeFlags []string
 	cfg        *rest.Config
 }
 
-func newEnrolEnv(t *testing.T) *enrolEnv {
+// newEnrolEnv starts the server with extra flags after its own.
+func newEnrolEnv(t *testing.T, extra ...string) *enrolEnv {
 	t.Helper()
 	dir := t.TempDir()
 	e := &enrolEnv{gce: gcptest.NewServer(t, time.Now)}
@@ -90,8 +92,8 @@ func newEnrolEnv(t *testing.T) *enrolEnv {
 	if err := os.WriteFile(setup.policy, fmt.Appendf(nil, enrolPolicy, roots), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, kc, _ := testCluster(t)
-	e.kc, e.cfg = kc, cfg
+	cfg, kc, cl := testCluster(t)
+	e.kc, e.cfg, e.cluster = kc, cfg, cl
 	if e.objects, err = kubestore.NewClient(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +106,7 @@ func newEnrolEnv(t *testing.T) *enrolEnv {
 	e.storeFlags = []string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--store-namespace", "nodeproof"}
 	e.cmdServer = setup.serve(t, []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 		"--store", "kubernetes", "--store-namespace", "nodeproof"},
-		"--gcp-jwks-url", e.gce.JWKSURL(), "--gcp-audience-url", "https://mcs.nodeproof.test:22623")
+		append([]string{"--gcp-jwks-url", e.gce.JWKSURL(), "--gcp-audience-url", "https://mcs.nodeproof.test:22623"}, extra...)...)
 	return e
 }
 

@@ -29,9 +29,14 @@ type LimitConfig struct {
 	ConfigPerSource   string
 	PerIdentity       string
 	NewConnsPerSource string
-	ConnsPerSource    int
-	InFlight          int
-	InFlightWait      time.Duration
+	// UnauthenticatedReports and UnauthenticatedReportBytes bound the
+	// failure reports recorded as unauthenticated (anyone may send one):
+	// reports, and bytes of their Events, per source address and per node
+	// name.
+	UnauthenticatedReports, UnauthenticatedReportBytes string
+	ConnsPerSource                                     int
+	InFlight                                           int
+	InFlightWait                                       time.Duration
 	// ReadHeaderTimeout bounds how long a client may take to send its
 	// request headers (slowloris).
 	ReadHeaderTimeout time.Duration
@@ -42,6 +47,7 @@ type LimitConfig struct {
 func DefaultLimits() LimitConfig {
 	return LimitConfig{
 		AttestPerSource: "50/200", ConfigPerSource: "50/200", PerIdentity: "0.1/6", NewConnsPerSource: "100/400",
+		UnauthenticatedReports: "0.02/5", UnauthenticatedReportBytes: "8/4096",
 		ConnsPerSource: 256, InFlight: 64, InFlightWait: 10 * time.Second, ReadHeaderTimeout: 10 * time.Second,
 	}
 }
@@ -52,6 +58,8 @@ func limitFlags(fs *flag.FlagSet, c *LimitConfig) {
 	fs.StringVar(&c.ConfigPerSource, "limit-config-per-source", d.ConfigPerSource, "config requests per second/burst from one source address; 0: no limit")
 	fs.StringVar(&c.PerIdentity, "limit-per-identity", d.PerIdentity, "attestations per second/burst of one identity (a claimed TPM EK at challenge; any verified identity before its record is written); 0: no limit")
 	fs.StringVar(&c.NewConnsPerSource, "limit-new-conns-per-source", d.NewConnsPerSource, "new connections per second/burst from one source address, refused before the TLS handshake; 0: no limit")
+	fs.StringVar(&c.UnauthenticatedReports, "limit-unauthenticated-reports", d.UnauthenticatedReports, "failure reports recorded as unauthenticated (anyone may send one; each is an Event), per second/burst, per source address and per node name; 0: no limit")
+	fs.StringVar(&c.UnauthenticatedReportBytes, "limit-unauthenticated-report-bytes", d.UnauthenticatedReportBytes, "bytes of those reports' Events per second/burst, per source address and per node name (the burst must hold one report: at least 1024); 0: no limit")
 	fs.IntVar(&c.ConnsPerSource, "limit-conns-per-source", d.ConnsPerSource, "connections one source address may hold open; 0: no limit")
 	fs.IntVar(&c.InFlight, "limit-attestations-in-flight", d.InFlight, "attestation requests processed at once (each may carry a 2 MiB body); 0: no limit")
 	fs.DurationVar(&c.InFlightWait, "limit-attestations-wait", d.InFlightWait, "how long an attestation request waits for a slot before it is refused Overloaded")
@@ -82,6 +90,12 @@ func ParseRate(s string) (limit.Rate, error) {
 	return limit.Rate{PerSecond: r, Burst: burst}, nil
 }
 
+// minReportBytesBurst is the least burst of
+// --limit-unauthenticated-report-bytes: the longest unauthenticated
+// report's Event (a 253-byte node name, 256 bytes of detail, the reason,
+// the pool and the address in about 150 bytes of text) fits.
+const minReportBytesBurst = 1024
+
 // limits builds the server's request limits and the listener options.
 func (c LimitConfig) limits(clock func() time.Time) (mcs.Limits, limit.ListenerOptions, error) {
 	var errs []error
@@ -104,6 +118,12 @@ func (c LimitConfig) limits(clock func() time.Time) (mcs.Limits, limit.ListenerO
 		ConfigPerSource: buckets("limit-config-per-source", c.ConfigPerSource),
 		PerIdentity:     buckets("limit-per-identity", c.PerIdentity),
 		Attestations:    limit.NewGate(c.InFlight, c.InFlightWait),
+
+		UnauthenticatedReports:     buckets("limit-unauthenticated-reports", c.UnauthenticatedReports),
+		UnauthenticatedReportBytes: buckets("limit-unauthenticated-report-bytes", c.UnauthenticatedReportBytes),
+	}
+	if r, err := ParseRate(c.UnauthenticatedReportBytes); err == nil && r.On() && r.Burst < minReportBytesBurst {
+		errs = append(errs, fmt.Errorf("--limit-unauthenticated-report-bytes: a burst of %d cannot hold one report's Event; at least %d", r.Burst, minReportBytesBurst))
 	}
 	lo := limit.ListenerOptions{
 		MaxConnsPerSource: c.ConnsPerSource,

@@ -53,7 +53,7 @@ func TestLimitFlags(t *testing.T) {
 	}
 	l, lo, err := c.limits(time.Now)
 	if err != nil || l.AttestPerSource == nil || l.ConfigPerSource == nil || l.PerIdentity == nil || l.Attestations == nil ||
-		lo.NewConns == nil || lo.MaxConnsPerSource == 0 {
+		l.UnauthenticatedReports == nil || l.UnauthenticatedReportBytes == nil || lo.NewConns == nil || lo.MaxConnsPerSource == 0 {
 		t.Fatalf("defaults build %+v %+v %v; want every limit on", l, lo, err)
 	}
 	if err := fs.Parse([]string{"--limit-per-identity", "often"}); err != nil {
@@ -62,8 +62,16 @@ func TestLimitFlags(t *testing.T) {
 	if _, _, err := c.limits(time.Now); err == nil || !strings.Contains(err.Error(), "--limit-per-identity") {
 		t.Fatalf("a bad rate: %v; want an error naming --limit-per-identity", err)
 	}
+	// A byte budget whose burst cannot hold one report's Event would
+	// refuse every unauthenticated report.
+	c = DefaultLimits()
+	c.UnauthenticatedReportBytes = "8/512"
+	if _, _, err := c.limits(time.Now); err == nil || !strings.Contains(err.Error(), "--limit-unauthenticated-report-bytes") {
+		t.Fatalf("a report byte burst of 512: %v; want an error naming --limit-unauthenticated-report-bytes", err)
+	}
 	l, lo, err = LimitConfig{}.limits(time.Now)
-	if err != nil || l.AttestPerSource != nil || l.ConfigPerSource != nil || l.PerIdentity != nil || l.Attestations != nil || lo.NewConns != nil || lo.MaxConnsPerSource != 0 {
+	if err != nil || l.AttestPerSource != nil || l.ConfigPerSource != nil || l.PerIdentity != nil || l.Attestations != nil ||
+		l.UnauthenticatedReports != nil || l.UnauthenticatedReportBytes != nil || lo.NewConns != nil || lo.MaxConnsPerSource != 0 {
 		t.Fatalf("the zero config limits something: %+v %+v %v", l, lo, err)
 	}
 }

@@ -427,7 +427,13 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 		return o, conns, nil, err
 	}
 	if kc != nil {
-		be := kubestore.NewBindingEvents(kc, c.storeNamespace(), "nodeproof-server")
+		// Reports go through a client of their own: their writes cannot
+		// hold up the decisions' behind one rate limiter.
+		reports, err := c.kubeClient(clusterMode)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
 		closers = append(closers, be.Close)
 		o.Events = be
 	}
@@ -484,9 +490,10 @@ func (c ServeConfig) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.Li
 	return p, nil
 }
 
-// bind listens on port, behind the PROXY protocol when it is on: the
-// header is read before the per-source limits, so they count each
-// machine behind a balancer apart.
+// bind listens on port, behind the PROXY protocol when it is on: a
+// listed balancer's header is read before the per-source limits, so they
+// count each machine behind it apart; an unlisted peer's connection
+// reaches them at once, before any of its bytes is read.
 func (c ServeConfig) bind(port int, name string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", net.JoinHostPort(c.Listen, fmt.Sprint(port)))
 	if err != nil || len(c.ProxyProtocolFrom) == 0 {
