@@ -84,6 +84,9 @@ func testWatched(t *testing.T, k *cluster) {
 			b, err := w.Binding(ctx, "worker-30")
 			return err == nil && b.Revoked != nil && b.Revoked.By == "gitops"
 		})
+		// A ban written by hand is enforced once the watch holds it (no
+		// marker stands for it): wait for the second one too.
+		waitFor(t, "the second ban in the watch", func() bool { return w.cachedBan(ctx, other.Identity) })
 		if err := w.Enrol(ctx, other, store.EnrolOptions{}); !errors.Is(err, store.ErrRevoked) {
 			t.Fatalf("the enrolment of an identity banned by hand: %v, want ErrRevoked", err)
 		}
