@@ -84,6 +84,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var ev agent.Evidence
 	switch *evidence {
 	case "tpm":
+		if *tpmPath == "/dev/tpmrm0" && *eventLog == "" {
+			if msg := agent.MissingEventLog(tpm.SystemEventLog); msg != "" {
+				fmt.Fprintf(stdout, "nodeproof-agent: %s\n", msg)
+			}
+		}
 		coll, err := openTPM(*tpmPath, *eventLog)
 		if err != nil {
 			fmt.Fprintf(stderr, "nodeproof-agent: TPM: %v\n", err)
