@@ -6,7 +6,8 @@
 #     writes the full config for Ignition (--mode pointer); Ignition's
 #     fetch stage runs with the platform's pointer config; kubelet-csr
 #     makes the kubelet's client CSR with the kubeconfig the config carried
-#     and waits for the approver's decision;
+#     and waits for the approver's decision; then the agent re-attests
+#     once, as the node's timer would in this boot;
 #   every later boot: the agent re-attests (--mode reattest).
 #
 # The host says per boot (QEMU fw_cfg opt/nodeproof/plan) whether the
@@ -95,6 +96,11 @@ else
 	if [ $rc = 0 ]; then
 		mkdir -p /var/lib/nodeproof
 		touch /var/lib/nodeproof/enrolled
+		# The node's re-attestation timer runs in its first boot too: the
+		# server then knows this boot (its TPM reset count).
+		mark "agent reattest start (first boot)"
+		agent --mode reattest
+		mark "agent exit $?"
 	fi
 fi
 

@@ -61,7 +61,7 @@ type digests struct{ shim, grub, kernel string }
 
 // authenticode computes them with saferwall/pe (a maintained PE parser),
 // independently of nodeproof's event log code.
-func authenticode(t *testing.T, parts *liveboot.Parts) digests {
+func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	t.Helper()
 	one := func(name string) string {
 		// Headers only: the digest needs the optional header and the
@@ -185,7 +185,9 @@ func TestLiveBoot(t *testing.T) {
 		r := boot(t, "secureboot-enrol", efiDisk, true)
 		first = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
-			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet-csr exit 0")
+			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet-csr exit 0",
+			"nodeproof-liveboot: agent reattest start (first boot)", fmt.Sprintf("node %s re-attested (tpm evidence, boot 1 seen by the server)", node),
+			"nodeproof-liveboot: agent exit 0")
 		l, found := r.Find("kubelet-csr: CSR ")
 		if !found || !strings.Contains(l.Text, " Approved NodeproofAttestedTPM:") {
 			t.Fatalf("the guest's kubelet CSR was not approved for its attestation: %q", l.Text)
@@ -205,8 +207,8 @@ func TestLiveBoot(t *testing.T) {
 			if a, _, taint := nodeState(s); a != corev1.ConditionTrue || taint != "" {
 				return "the Node attested and untainted"
 			}
-			if s.Binding == nil {
-				return "the binding"
+			if s.Binding == nil || s.Binding.Status.Boots != 1 {
+				return "the binding counting this boot"
 			}
 			return ""
 		})

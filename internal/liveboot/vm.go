@@ -257,12 +257,15 @@ wait:
 		case <-ticker.C:
 			if b.Progress != nil {
 				mu.Lock()
-				last := ""
-				if n := len(res.Lines); n > 0 {
-					last = res.Lines[n-1].Text
+				last := "(nothing yet)"
+				for i := len(res.Lines) - 1; i >= 0; i-- {
+					if t := strings.TrimSpace(res.Lines[i].Text); t != "" {
+						last = t
+						break
+					}
 				}
 				mu.Unlock()
-				b.Progress("VM still booting, %.0fs so far; console: %s", time.Since(start).Seconds(), truncate(last, 100))
+				b.Progress("VM still running, %.0fs so far; console's last line: %s", time.Since(start).Seconds(), truncate(last, 100))
 			}
 		}
 	}

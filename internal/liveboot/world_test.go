@@ -40,7 +40,7 @@ type binaries struct {
 }
 
 // build builds the three programs (the guest's without cgo, stripped).
-func build(t *testing.T, say func(string, ...any)) binaries {
+func build(t testing.TB, say func(string, ...any)) binaries {
 	t.Helper()
 	dir := t.TempDir()
 	b := binaries{nodeproof: filepath.Join(dir, "nodeproof"), agent: filepath.Join(dir, "nodeproof-agent"), kubeletCSR: filepath.Join(dir, "kubelet-csr")}
@@ -94,7 +94,7 @@ type proc struct {
 	done chan error
 }
 
-func process(t *testing.T, name, bin string, args ...string) *proc {
+func process(t testing.TB, name, bin string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, out: new(testenv.LockedBuffer), done: make(chan error, 1)}
 	p.cmd = exec.Command(bin, args...)
@@ -143,7 +143,7 @@ func (w *world) guestURL() string {
 // startWorld starts the API server (its certificate also naming
 // GuestHost), `nodeproof serve` in cluster mode with policy (a template
 // taking the EK roots' directory) and `nodeproof approve`.
-func startWorld(t *testing.T, bins binaries, policy func(roots string) string, say func(string, ...any)) *world {
+func startWorld(t testing.TB, bins binaries, policy func(roots string) string, say func(string, ...any)) *world {
 	t.Helper()
 	w := &world{bins: bins}
 	ctx := context.Background()
@@ -230,7 +230,7 @@ func startWorld(t *testing.T, bins binaries, policy func(roots string) string, s
 }
 
 // caBundle is the server's CA bundle.
-func (w *world) caBundle(t *testing.T) []byte {
+func (w *world) caBundle(t testing.TB) []byte {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(w.stateDir, "certs", "current", certs.CABundleFileName))
 	if err != nil {
@@ -241,7 +241,7 @@ func (w *world) caBundle(t *testing.T) []byte {
 
 // pointer is `nodeproof pointer` for the worker pool as the guest reaches
 // the server: the platform config the machine's image carries.
-func (w *world) pointer(t *testing.T) []byte {
+func (w *world) pointer(t testing.TB) []byte {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "pointer.ign")
 	if b, err := exec.Command(w.bins.nodeproof, "pointer", "--state-dir", w.stateDir, "--url", w.guestURL(), "--pool", "worker",
@@ -256,7 +256,7 @@ func (w *world) pointer(t *testing.T) []byte {
 }
 
 // nodeproofCmd runs the nodeproof binary against the cluster's store.
-func (w *world) nodeproofCmd(t *testing.T, args ...string) string {
+func (w *world) nodeproofCmd(t testing.TB, args ...string) string {
 	t.Helper()
 	args = append(args, "--store", "kubernetes", "--kubeconfig", w.admin, "--store-namespace", "nodeproof")
 	out, err := exec.Command(w.bins.nodeproof, args...).CombinedOutput()
@@ -268,7 +268,7 @@ func (w *world) nodeproofCmd(t *testing.T, args ...string) string {
 
 // inspectUntil runs `nodeproof inspect NODE -o json` until want says
 // nothing is missing (it returns what is), for at most d.
-func (w *world) inspectUntil(t *testing.T, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
+func (w *world) inspectUntil(t testing.TB, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -289,7 +289,7 @@ func (w *world) inspectUntil(t *testing.T, node string, d time.Duration, want fu
 }
 
 // registerNode creates the Node object, as the kubelet does when it joins.
-func (w *world) registerNode(t *testing.T, name string) {
+func (w *world) registerNode(t testing.TB, name string) {
 	t.Helper()
 	if _, err := w.kc.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -327,7 +327,7 @@ type consoles struct {
 
 // save writes one boot's console to the artifact directory and returns
 // its path.
-func (c *consoles) save(t *testing.T, name string, r *liveboot.Result) string {
+func (c *consoles) save(t testing.TB, name string, r *liveboot.Result) string {
 	t.Helper()
 	c.mu.Lock()
 	defer c.mu.Unlock()
