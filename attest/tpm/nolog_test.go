@@ -3,7 +3,10 @@ package tpm_test
 import (
 	"testing"
 
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
 // TestNoEventLog: evidence that carries no event log at all (a kernel
@@ -36,4 +39,23 @@ func TestNoEventLog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWithheldEventLogAttack: root on a machine that booted with Secure
+// Boot off sends its quote without the event log, hoping a pool that needs
+// Secure Boot reads "unknown" more kindly than "off". The quote verifies
+// (the PCRs are what they are); the pool refuses it for the missing log.
+func TestWithheldEventLogAttack(t *testing.T) {
+	ca := newCA(t, "Vendor")
+	m := newMachine(t, ca, firmwaretestdata.MustLog("ubuntu-2104-no-secure-boot"))
+	m.ch.log = nil // the PCRs hold the boot; the evidence carries no log
+	claims, err := attestOnce(t, m, newVerifier(t, ca, nil))
+	if err == nil {
+		pol, perr := policy.Parse([]byte(workerPolicy))
+		if perr != nil {
+			t.Fatal(perr)
+		}
+		err = pol.Evaluate("worker", claims)
+	}
+	attacktable.CheckRefusal(t, "TPM", "a machine booted with Secure Boot off withholds its event log", attest.ReasonEventLogMissing, err)
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
-	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // bootPolicy is the live boot's: the worker pool takes TPM evidence from
@@ -269,11 +268,7 @@ func waitNode(ctx context.Context, kc kubernetes.Interface, node string, want co
 
 // printBinding shows the node's binding as re-attestation left it.
 func printBinding(ctx context.Context, cfg *rest.Config, node string, info func(string, ...any)) error {
-	cl, err := kubestore.NewClient(cfg)
-	if err != nil {
-		return err
-	}
-	st, err := kubestore.New(cl, "nodeproof", time.Now)
+	st, err := storeOf(cfg)
 	if err != nil {
 		return err
 	}

@@ -331,11 +331,7 @@ func mkdir(parent, name string) string {
 // printRecord shows the NodeAttestation record the server wrote for node:
 // the verdict's claims as the approver will read them.
 func printRecord(ctx context.Context, cfg *rest.Config, node string, info func(string, ...any)) error {
-	cl, err := kubestore.NewClient(cfg)
-	if err != nil {
-		return err
-	}
-	st, err := kubestore.New(cl, "nodeproof", time.Now)
+	st, err := storeOf(cfg)
 	if err != nil {
 		return err
 	}
@@ -352,6 +348,15 @@ func printRecord(ctx context.Context, cfg *rest.Config, node string, info func(s
 	info("  claims: %s", r.Summary)
 	info("  kubelet key SHA-256 %x, bootstrap token %s, expires %s", r.KubeletKeySHA256[:8], "system:bootstrap:"+r.BootstrapTokenID, r.Expires.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// storeOf is the cluster's NodeAttestation store (namespace nodeproof).
+func storeOf(cfg *rest.Config) (*kubestore.Store, error) {
+	cl, err := kubestore.NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return kubestore.New(cl, "nodeproof", time.Now)
 }
 
 // paths lists the file paths of an Ignition config.
