@@ -149,7 +149,12 @@ assets() {
 # boot_chain: hack/bootchain keeps what it fetched by ABI and package
 # versions, and says "cached" when they have not moved.
 boot_chain() {
-  (cd "$root" && with_progress "fetching the boot chain" go run ./hack/bootchain)
+  # In a condition, as ensure() calls it: with_progress's wait for its
+  # ticker returns the ticker's TERM status, which set -e must not see.
+  if ! (cd "$root" && with_progress "fetching the boot chain" go run ./hack/bootchain); then
+    echo "boot chain: fetch FAILED" >&2
+    return 1
+  fi
 }
 
 want=("$@")

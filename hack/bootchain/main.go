@@ -10,9 +10,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/nodeproof/nodeproof/internal/liveboot"
@@ -29,7 +31,7 @@ func main() {
 		os.Exit(1)
 	}
 	say("boot chain %s: %s", p.ABI, filepath.Base(p.Dir))
-	for pkg, v := range p.Packages {
-		say("  %s %s", pkg, v)
+	for _, pkg := range slices.Sorted(maps.Keys(p.Packages)) {
+		say("  %s %s", pkg, p.Packages[pkg])
 	}
 }
