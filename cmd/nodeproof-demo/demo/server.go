@@ -304,6 +304,7 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 		approved <- cli.Approve(sctx, cli.ApproveConfig{
 			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
 			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
+			Policy: policyFile, Nodes: true, // the node controller: Attested condition and taint
 		})
 	}()
 	pl.stop = func() { stop(); <-served; <-approved; env.Stop() }
