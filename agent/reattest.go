@@ -67,6 +67,8 @@ type ReattestConfig struct {
 	Clock func() time.Time
 	// Console gets one line per run, and the reason of a refusal.
 	Console io.Writer
+	// Timing, when set, counts the network's and the server's time.
+	Timing *Timing
 }
 
 // Reattest attests this node again when it is due: at the first run of
@@ -117,6 +119,9 @@ func Reattest(ctx context.Context, cfg ReattestConfig) error {
 	}
 	c.Purpose = attest.PurposeReattest
 	c.Progress = func(format string, args ...any) { say(format, args...) }
+	if cfg.Timing != nil {
+		c.HTTP.Transport = cfg.Timing.Transport(c.HTTP.Transport)
+	}
 	key, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
 	if err != nil {
 		return err

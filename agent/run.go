@@ -74,6 +74,9 @@ type Config struct {
 	ConfigOut string
 	// Console gets progress and, on refusal, the server's reason.
 	Console io.Writer
+	// Timing, when set, counts the network's and the server's time (wrap
+	// the evidence's TPM with Timing.TPM for the TPM's).
+	Timing *Timing
 }
 
 // ExitRefused is the exit code of a run the server refused (4xx).
@@ -103,6 +106,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	c.Progress = func(format string, args ...any) { say(format, args...) }
 	key, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
+	if cfg.Timing != nil {
+		c.HTTP.Transport = cfg.Timing.Transport(c.HTTP.Transport)
+	}
 	if err != nil {
 		return err
 	}

@@ -214,6 +214,9 @@ type TPMClaims struct {
 type BootState struct {
 	// LogEvents is the number of events that replayed.
 	LogEvents int `json:"logEvents"`
+	// LogMissing is set when the evidence carried no event log at all
+	// (not an empty one that replayed: none was sent).
+	LogMissing bool `json:"logMissing,omitempty"`
 	// ReplayedPCRs lists the PCRs whose events replayed to the quoted value.
 	ReplayedPCRs []int `json:"replayedPCRs,omitempty"`
 
@@ -297,6 +300,12 @@ const (
 	ReasonNoSHA256Bank    Reason = "SHA256BankMissing"
 	ReasonEventLogInvalid Reason = "EventLogMalformed"
 	ReasonEventLogReplay  Reason = "EventLogReplayMismatch"
+	// ReasonEventLogMissing: the machine sent no event log at all, and the
+	// pool's rules need one (Secure Boot, boot components, dbx, command
+	// line). A Linux kernel has none when the firmware's log did not reach
+	// it: Debian's GRUB `linux` command with Secure Boot off boots the
+	// kernel without its EFI stub (linuxefi keeps the log).
+	ReasonEventLogMissing Reason = "EventLogMissing"
 	// The event log read as the boot's sequence (attest/tpm's bootState):
 	// what firmware would never have logged, refused rather than read.
 	//

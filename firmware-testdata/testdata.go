@@ -38,6 +38,11 @@ type Expected struct {
 	// reproduces every PCR it measures (false for logs that need locality 3
 	// startup or DRTM PCRs).
 	SwTPMReplay bool `json:"swtpmReplay"`
+	// PCRs, for a log made here by a live boot (internal/liveboot), are
+	// the SHA-256 PCR values the booted kernel showed
+	// (/sys/class/tpm/tpm0/pcr-sha256/N), hex by index, for each PCR in
+	// ReplayPCRs: the log extended into a fresh TPM must give them.
+	PCRs map[string]string `json:"pcrs,omitempty"`
 	// Note says anything special about the log.
 	Note string `json:"note,omitempty"`
 }

@@ -6,12 +6,17 @@
 # sslscan (the TLS scanner the TLS tests run against the server), haproxy
 # (the PROXY protocol tests put it in front of the server), skopeo and podman
 # (the image test reads and loads make image's archive), and jq,
-# curl and openssl (deploy/examples/tpm2-tools-attest.sh, which a test runs).
+# curl and openssl (deploy/examples/tpm2-tools-attest.sh, which a test runs),
+# and what the live boot test (internal/liveboot, make test-boot) boots a VM
+# with: qemu-system-x86 and ovmf (UEFI firmware with Secure Boot), mtools,
+# dosfstools and fdisk (the ESP disk image, no loop mounts), busybox-static
+# (the guest's initramfs).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
 need=()
-for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy skopeo podman jq curl openssl; do
+for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy skopeo podman jq curl openssl \
+  qemu-system-x86_64:qemu-system-x86 mcopy:mtools mkfs.vfat:dosfstools sfdisk:fdisk; do
   cmd=${bin%%:*}
   pkg=${bin#*:}
   [ "$pkg" = "$bin" ] && pkg=$cmd
@@ -20,6 +25,10 @@ done
 [ -f /usr/include/openssl/evp.h ] || need+=(libssl-dev)
 # The real Ignition client (hack/tools.sh) is cgo and links libblkid.
 [ -f /usr/include/blkid/blkid.h ] || need+=(libblkid-dev)
+# The live boot: OVMF's Secure Boot firmware and its Microsoft-keyed
+# variables, and a statically linked busybox for the initramfs.
+[ -f /usr/share/OVMF/OVMF_CODE_4M.secboot.fd ] && [ -f /usr/share/OVMF/OVMF_VARS_4M.ms.fd ] || need+=(ovmf)
+dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -8,6 +8,12 @@
 #   etcd            from the nested tool module hack/tools/etcd/
 #   controller-gen  from the nested tool module hack/tools/controller-gen/
 #                   (`make generate`, and the store's CRD drift test)
+#   boot-chain      Debian's signed shim, GRUB and kernel (the ABI
+#                   linux-image-amd64 depends on today) and the guest's
+#                   kernel modules, for the live boot (make test-boot):
+#                   apt-get download and unpacked, never installed, into
+#                   boot/<abi>_<versions>/ with boot/current pointing at it
+#                   (hack/bootchain; ~72 MB downloaded, ~25 s)
 #
 # Measured on a fresh 2-core machine, with other work beside it (module
 # downloads included): ignition 76 s, kube-apiserver 218 s, kubectl 70 s and
@@ -19,7 +25,7 @@
 # plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
 # etcd (envtest's KUBEBUILDER_ASSETS). internal/testenv finds them there.
 #
-# Usage: hack/tools.sh [ignition|kube-apiserver|kubectl|etcd|controller-gen ...]   (default: all)
+# Usage: hack/tools.sh [ignition|kube-apiserver|kubectl|etcd|controller-gen|boot-chain ...]   (default: all)
 # Build flags are fixed on purpose: changing them (e.g. adding -trimpath)
 # invalidates Go's build cache for the whole kube-apiserver graph.
 set -euo pipefail
@@ -140,8 +146,19 @@ assets() {
   ln -sfn "../etcd-$ETCD_VERSION/etcd" "$dir/etcd"
 }
 
+# boot_chain: hack/bootchain keeps what it fetched by ABI and package
+# versions, and says "cached" when they have not moved.
+boot_chain() {
+  # In a condition, as ensure() calls it: with_progress's wait for its
+  # ticker returns the ticker's TERM status, which set -e must not see.
+  if ! (cd "$root" && with_progress "fetching the boot chain" go run ./hack/bootchain); then
+    echo "boot chain: fetch FAILED" >&2
+    return 1
+  fi
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver kubectl etcd controller-gen)
+[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver kubectl etcd controller-gen boot-chain)
 for t in "${want[@]}"; do
   case $t in
   ignition) ensure ignition "$IGNITION_VERSION" build_ignition ;;
@@ -149,8 +166,9 @@ for t in "${want[@]}"; do
   kubectl) ensure kubectl "$KUBE_VERSION" build_kubectl ;;
   etcd) ensure etcd "$ETCD_VERSION" build_etcd ;;
   controller-gen) ensure controller-gen "$CONTROLLER_TOOLS_VERSION" build_controller_gen ;;
+  boot-chain) boot_chain ;;
   *)
-    echo "unknown tool: $t (want ignition, kube-apiserver, kubectl, etcd or controller-gen)" >&2
+    echo "unknown tool: $t (want ignition, kube-apiserver, kubectl, etcd, controller-gen or boot-chain)" >&2
     exit 2
     ;;
   esac

@@ -104,13 +104,14 @@ func writeJSON(w http.ResponseWriter, d *decision, v any) {
 // the kind's verifier checks the identity (attest/tpm: EK and AK) and makes
 // the challenge; the session is sealed, so nothing is stored.
 func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) {
+	v := s.verifiers() // one policy's verifiers for the whole request
 	var req api.ChallengeRequest
 	if err := decodeBody(w, r, api.MaxChallengeBody, &req); err != nil {
 		s.refuse(w, d, err)
 		return
 	}
 	d.pool = req.Pool
-	pp, ok := s.o.Policy.Pools[req.Pool]
+	pp, ok := s.pol().Pools[req.Pool]
 	if !ok {
 		s.refuse(w, d, deny(attest.ReasonPolicyUnknownPool, "pool %q is not in the policy", req.Pool))
 		return
@@ -143,7 +144,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 	var sess *attest.Session
 	switch req.Kind {
 	case attest.KindTPM:
-		if s.o.TPM == nil || req.TPM == nil {
+		if v.TPM == nil || req.TPM == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM evidence needs a tpm request and a TPM verifier"))
 			return
 		}
@@ -153,19 +154,19 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 			s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this TPM; retry later")))
 			return
 		}
-		resp.TPM, sess, err = s.o.TPM.Challenge(req.Pool, keySHA, req.TPM)
+		resp.TPM, sess, err = v.TPM.Challenge(req.Pool, keySHA, req.TPM)
 	case attest.KindGCP:
-		if s.o.GCP == nil || req.GCP == nil {
+		if v.GCP == nil || req.GCP == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP evidence needs a gcp request and a GCP verifier"))
 			return
 		}
-		resp.GCP, sess, err = s.o.GCP.Challenge(req.Pool, keySHA, req.GCP)
+		resp.GCP, sess, err = v.GCP.Challenge(req.Pool, keySHA, req.GCP)
 	case attest.KindAWS:
-		if s.o.AWS == nil || req.AWS == nil {
+		if v.AWS == nil || req.AWS == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS evidence needs an aws request and an AWS verifier"))
 			return
 		}
-		resp.AWS, sess, err = s.o.AWS.Challenge(req.Pool, keySHA, req.AWS)
+		resp.AWS, sess, err = v.AWS.Challenge(req.Pool, keySHA, req.AWS)
 	default:
 		err = deny(attest.ReasonPolicyKindNotAllowed, "no verifier for %q evidence", req.Kind)
 	}
@@ -213,6 +214,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // been delivered: a session still yields at most one config. Once it was
 // delivered, the session answered again is refused (SessionReused).
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
+	v := s.verifiers() // one policy's verifiers for the whole request
 	var req api.VerifyRequest
 	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
 		s.refuse(w, d, err)
@@ -242,23 +244,23 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	var claims *attest.Claims
 	switch sess.Kind {
 	case attest.KindTPM:
-		if s.o.TPM == nil || req.TPM == nil {
+		if v.TPM == nil || req.TPM == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM session needs tpm evidence"))
 			return
 		}
-		claims, err = s.o.TPM.Verify(sess, req.TPM)
+		claims, err = v.TPM.Verify(sess, req.TPM)
 	case attest.KindGCP:
-		if s.o.GCP == nil || req.GCP == nil {
+		if v.GCP == nil || req.GCP == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP session needs gcp evidence"))
 			return
 		}
-		claims, err = s.o.GCP.Verify(r.Context(), sess, req.GCP)
+		claims, err = v.GCP.Verify(r.Context(), sess, req.GCP)
 	case attest.KindAWS:
-		if s.o.AWS == nil || req.AWS == nil {
+		if v.AWS == nil || req.AWS == nil {
 			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS session needs aws evidence"))
 			return
 		}
-		claims, err = s.o.AWS.Verify(r.Context(), sess, req.AWS)
+		claims, err = v.AWS.Verify(r.Context(), sess, req.AWS)
 	default:
 		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
 	}
@@ -270,7 +272,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, err)
 		return
 	}
-	if err := s.o.Policy.Evaluate(sess.Pool, claims); err != nil {
+	if err := s.pol().Evaluate(sess.Pool, claims); err != nil {
 		s.policyRefused(sess.Pool, claims, ss.NodeName, err)
 		s.refuse(w, d, err)
 		return
@@ -395,10 +397,10 @@ func (s *Server) policyRefused(pool string, claims *attest.Claims, requested str
 // requested names; "" when there is none.
 func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) string {
 	node := claims.NodeName
-	if claims.AWS != nil && s.o.Policy.Pools[pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
+	if claims.AWS != nil && s.pol().Pools[pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
 		node = claims.AWS.InstanceID
 	}
-	if node == "" && s.o.Policy.ServeFor(pool).NodeNames == "requested" {
+	if node == "" && s.pol().ServeFor(pool).NodeNames == "requested" {
 		node = requested
 	}
 	return node
@@ -505,7 +507,7 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 		return deny(attest.ReasonEnrolledInAnotherPool, "node %s is enrolled in pool %s, not %s; moving a node is an operator's act: nodeproof release %s, then enrol", b.NodeName, b.Pool, rec.Pool, b.NodeName)
 	case proven && attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
 		o = store.EnrolOptions{Again: true}
-	case s.o.Policy.ReenrolsAlways(rec.Pool):
+	case s.pol().ReenrolsAlways(rec.Pool):
 		o = store.EnrolOptions{Again: true, ReplaceKey: true}
 	case attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
 		return refuse("enrolling again needs a proof of possession of the kubelet key the enrolment bound")

@@ -45,7 +45,7 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 		return
 	}
 	d.pool = pool
-	serve := s.o.Policy.ServeFor(pool)
+	serve := s.pol().ServeFor(pool)
 	token := bearer(r)
 	if port == Insecure {
 		switch serve.InsecurePort {

@@ -96,7 +96,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		case b.Revoked != nil:
 			refusal = deny(attest.ReasonRevoked, "node %s was revoked at %s: %s", node, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
 		case refusal == nil:
-			refusal = s.o.Policy.EvaluateReattestation(b.Pool, claims)
+			refusal = s.pol().EvaluateReattestation(b.Pool, claims)
 		}
 		st := &b.Status
 		wasPassing = st.LastAttempt.IsZero() || st.Passed
@@ -149,7 +149,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 	if !wasPassing {
 		s.event(node, false, "AttestationPassed", fmt.Sprintf("node %s passed its re-attestation again (%s)", node, summary))
 	}
-	life := s.o.Policy.LifetimeOf(b.Pool)
+	life := s.pol().LifetimeOf(b.Pool)
 	writeJSON(w, d, &api.VerifyResponse{NodeName: node, Pool: b.Pool, Reattest: &api.ReattestResult{
 		Boots: b.Status.Boots, IntervalSeconds: int64(life.Interval.Duration / time.Second)}})
 }

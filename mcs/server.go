@@ -197,6 +197,9 @@ const DefaultMaxLiveEnrolments = 4
 type Server struct {
 	o       Options
 	configs atomic.Pointer[configsBox]
+	// judge is the policy and the verifiers made from its trust roots,
+	// swapped whole by SetPolicy; o's are its first value.
+	judge atomic.Pointer[Judge]
 	// A flood must not become a flood of log lines: refusals for being
 	// over a limit are logged at most a few a second per source, and the
 	// count of those left out goes with the next one logged.
@@ -228,14 +231,48 @@ func New(o Options) (*Server, error) {
 	o.Log = slog.New(safetext.Handler(o.Log.Handler()))
 	s := &Server{o: o, limitLog: limit.NewBuckets(limit.Rate{PerSecond: 1, Burst: 5}, 0, o.Clock)}
 	s.configs.Store(&configsBox{o.Configs})
-	for pool, p := range o.Policy.Pools {
-		if p.Serve.FullWithoutCredentials {
-			o.Log.Warn("INSECURE: pool serves its full config, secrets included, to anyone without credentials (serve.fullWithoutCredentials)",
-				"pool", pool)
-		}
+	if err := s.SetPolicy(Judge{Policy: o.Policy, TPM: o.TPM, GCP: o.GCP, AWS: o.AWS}); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
+
+// Judge is what decides an attestation: the policy, and the verifiers of
+// the evidence kinds it takes, made from its trust roots (a nil verifier
+// refuses that kind).
+type Judge struct {
+	Policy *policy.Policy
+	TPM    *tpm.Verifier
+	GCP    *gcp.Verifier
+	AWS    *aws.Verifier
+}
+
+// SetPolicy swaps the policy and its verifiers (after the policy file
+// changed): requests already past a step keep what they read, each later
+// step reads the new ones. Sessions sealed under the old policy stay
+// valid; their verify is judged by the new one.
+func (s *Server) SetPolicy(j Judge) error {
+	if j.Policy == nil {
+		return errors.New("mcs: a nil policy")
+	}
+	for pool, p := range j.Policy.Pools {
+		if p.Serve.FullWithoutCredentials {
+			s.o.Log.Warn("INSECURE: pool serves its full config, secrets included, to anyone without credentials (serve.fullWithoutCredentials)",
+				"pool", pool)
+		}
+	}
+	s.judge.Store(&j)
+	return nil
+}
+
+// pol is the policy in force.
+func (s *Server) pol() *policy.Policy { return s.judge.Load().Policy }
+
+// Policy is the policy in force (the last SetPolicy's).
+func (s *Server) Policy() *policy.Policy { return s.pol() }
+
+// verifiers are the verifiers in force.
+func (s *Server) verifiers() *Judge { return s.judge.Load() }
 
 // SetConfigs swaps the configs served (after inputs changed).
 func (s *Server) SetConfigs(c Configs) { s.configs.Store(&configsBox{c}) }
@@ -265,11 +302,45 @@ func (s *Server) Handler(port Port) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := s.o.Clock()
 		rec := &decision{port: port, path: r.URL.Path, method: r.Method, remote: r.RemoteAddr}
-		s.route(w, r, port, rec)
+		s.route(&timedWriter{ResponseWriter: w, start: start, clock: s.o.Clock}, r, port, rec)
 		s.o.Metrics.observe(rec, s.o.Clock().Sub(start))
 		s.logDecision(r.Context(), rec, start)
 	})
 }
+
+// ServerTimingMetric is the Server-Timing (W3C) metric every answer
+// carries: how long the server worked on the request before it answered,
+// in milliseconds ("app;dur=12.345"). A node's agent subtracts it from the
+// round trip to tell its network's share from the server's.
+const ServerTimingMetric = "app"
+
+// timedWriter sets the Server-Timing header as the answer's header is
+// written.
+type timedWriter struct {
+	http.ResponseWriter
+	start   time.Time
+	clock   func() time.Time
+	written bool
+}
+
+func (t *timedWriter) WriteHeader(code int) {
+	if !t.written {
+		t.written = true
+		d := t.clock().Sub(t.start)
+		t.Header().Set("Server-Timing", fmt.Sprintf("%s;dur=%.3f", ServerTimingMetric, float64(d.Microseconds())/1000))
+	}
+	t.ResponseWriter.WriteHeader(code)
+}
+
+func (t *timedWriter) Write(b []byte) (int, error) {
+	if !t.written {
+		t.WriteHeader(http.StatusOK)
+	}
+	return t.ResponseWriter.Write(b)
+}
+
+// Unwrap is for http.ResponseController.
+func (t *timedWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
 
 // decision is what the request's log line says.
 type decision struct {

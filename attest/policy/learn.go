@@ -118,12 +118,19 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 		switch {
 		case truthy(s["any"]):
 		case st.digest == "":
+			why := fmt.Sprintf("the log did not establish a %s", st.what)
+			if st.key == "kernel" && kernelOnlyInPCR9(b) {
+				why = "the kernel was measured only into PCR 9: with Secure Boot off, GRUB loads the kernel itself " +
+					"(not through the shim and the firmware), so the log holds the SHA-256 of its file (PCR 9), not the " +
+					"Authenticode digest of a boot application (PCR 4) that kernel lists pin; turn Secure Boot on to pin the kernel, " +
+					"or pin PCR 9 under pcrs (it also covers grub.cfg and the initramfs)"
+			}
 			if existed {
-				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: unchanged, the log did not establish a %s", pool, st.key, st.what))
+				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: unchanged, %s", pool, st.key, why))
 				continue
 			}
 			s["any"] = true
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true, the log did not establish a %s; narrow it by hand", pool, st.key, st.what))
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true, %s; narrow it by hand", pool, st.key, why))
 		default:
 			s["allow"] = addTo(s["allow"], st.digest)
 		}
@@ -153,6 +160,15 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 		return nil, nil, fmt.Errorf("policy learn: pool %s would refuse the machine it was learned from: %w", pool, err)
 	}
 	return out, notes, nil
+}
+
+// kernelOnlyInPCR9 reports a boot where GRUB booted a kernel (its
+// command line is measured) and the boot completed (ExitBootServices),
+// but no boot application followed GRUB's: GRUB loaded the kernel itself,
+// as Debian's GRUB does with Secure Boot off, and measured only its file
+// into PCR 9.
+func kernelOnlyInPCR9(b attest.BootState) bool {
+	return b.KernelCmdlineKnown && b.ExitBootServices && b.Kernel == "" && len(b.BootApplications) == 2
 }
 
 // child is m[key] as a map, made if absent (or not a map).

@@ -133,3 +133,41 @@ func TestLearnRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestLearnLiveBoots learns from the live boots' logs (internal/liveboot):
+// with Secure Boot on, the shim, GRUB and kernel digests pin the Debian
+// package files' Authenticode digests; with Secure Boot off (GRUB's
+// linuxefi), the kernel is measured only into PCR 9, so the kernel stays
+// any with a note that says why, and the pool does not require Secure Boot.
+func TestLearnLiveBoots(t *testing.T) {
+	on := learned(t, "debian-12-ovmf-secure-boot")
+	doc, _, err := policy.Learn(nil, "worker", on)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := mustParse(t, doc).Pools["worker"].TPM
+	apps := on.Boot.BootApplications
+	if !tp.RequireSecureBoot || len(apps) != 4 || tp.BootComponents.Shim.Allow[0] != apps[0] ||
+		tp.BootComponents.Bootloader.Allow[0] != apps[1] || len(tp.BootComponents.Kernel.Allow) != 1 || tp.BootComponents.Kernel.Allow[0] != apps[2] {
+		t.Errorf("learned from the Secure Boot boot: %+v; want Secure Boot and its shim, GRUB and kernel (of %v)", tp, apps)
+	}
+
+	off := learned(t, "debian-12-ovmf-no-secure-boot")
+	doc, notes, err := policy.Learn(nil, "worker", off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp = mustParse(t, doc).Pools["worker"].TPM
+	if tp.RequireSecureBoot || !tp.BootComponents.Kernel.Any || len(tp.BootComponents.Shim.Allow) != 1 {
+		t.Errorf("learned from the Secure Boot off boot: %+v; want no Secure Boot, the shim pinned, the kernel any", tp)
+	}
+	explained := false
+	for _, n := range notes {
+		if strings.Contains(n, "bootComponents.kernel") && strings.Contains(n, "PCR 9") && strings.Contains(n, "Secure Boot") {
+			explained = true
+		}
+	}
+	if !explained {
+		t.Errorf("the kernel measured only into PCR 9 is not explained: %q", notes)
+	}
+}

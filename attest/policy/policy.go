@@ -668,6 +668,16 @@ func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool
 	return nil
 }
 
+// needsLog reports whether a TPM pool has a rule only an event log can
+// satisfy: Secure Boot, a boot component's allow list, a dbx minimum, or
+// command-line rules. (Denied digests and PCR values need none: no log
+// denies nothing, and PCRs are quoted.)
+func needsLog(t *TPMPolicy) bool {
+	c := t.BootComponents
+	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
+		(t.KernelCmdline != nil && (len(t.KernelCmdline.Require) > 0 || len(t.KernelCmdline.Forbid) > 0))
+}
+
 // evaluateAWS checks the account (AccountNotAllowed), the region
 // (RegionNotAllowed) and, if required, that the EC2 API confirmed the
 // instance (LiveCheckRequired).
@@ -685,7 +695,8 @@ func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
 }
 
 // evaluateTPM checks, in order: the PCR bank (SHA1BankNotAllowed), the EK
-// trust (EKTrustNotAllowed), Secure Boot (SecureBootStateUnknown,
+// trust (EKTrustNotAllowed), that an event log was sent when a rule below
+// needs one (EventLogMissing), Secure Boot (SecureBootStateUnknown,
 // SecureBootDisabled), denied digests anywhere among boot applications and
 // per stage (BootComponentDenied), per-stage allow lists
 // (BootComponentNotMeasured, BootComponentNotAllowed), the dbx
@@ -699,6 +710,9 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		return attest.Deny(attest.ReasonPolicyEKTrust, "EK vouched for by %s; pool accepts %v", c.EKTrust, t.EKTrust)
 	}
 	b := &c.Boot
+	if b.LogMissing && needsLog(t) {
+		return attest.Deny(attest.ReasonEventLogMissing, "the machine sent no event log, and this pool's boot rules need one: the firmware's log did not reach its kernel (with Secure Boot off, GRUB's linux command boots the kernel without its EFI stub; linuxefi keeps the log)")
+	}
 	if t.RequireSecureBoot {
 		if !b.SecureBootKnown {
 			return attest.Deny(attest.ReasonPolicySecureBootUnk, "the event log does not establish the Secure Boot state")

@@ -86,6 +86,8 @@ func TestEvaluate(t *testing.T) {
 		{"EK vouched for by another vendor", "worker", func(c *attest.Claims) { c.TPM.EKTrust = "ca:other" }, attest.ReasonPolicyEKTrust},
 		{"Secure Boot off", "worker", func(c *attest.Claims) { c.TPM.Boot.SecureBoot = false }, attest.ReasonPolicySecureBootOff},
 		{"empty event log", "worker", func(c *attest.Claims) { c.TPM.Boot = attest.BootState{} }, attest.ReasonPolicySecureBootUnk},
+		{"no event log at all", "worker", func(c *attest.Claims) { c.TPM.Boot = attest.BootState{LogMissing: true} }, attest.ReasonEventLogMissing},
+		{"no event log, a pool that needs none", "infra", func(c *attest.Claims) { c.TPM.Boot = attest.BootState{LogMissing: true} }, ""},
 		{"revoked boot application", "worker", func(c *attest.Claims) {
 			c.TPM.Boot.BootApplications = append(c.TPM.Boot.BootApplications, revoked)
 		}, attest.ReasonPolicyBootDenied},

@@ -3,6 +3,7 @@ package tpm_test
 import (
 	"crypto"
 	"slices"
+	"strconv"
 	"testing"
 
 	goattest "github.com/google/go-attestation/attest"
@@ -62,6 +63,7 @@ func TestFirmwareLogs(t *testing.T) {
 					t.Fatalf("refused: %v", err)
 				}
 				checkBoot(t, claims, exp)
+				checkLivePCRs(t, claims, exp)
 
 			case exp.SHA256:
 				m := newMachine(t, ca, l.Raw)
@@ -157,6 +159,22 @@ func checkBoot(t *testing.T, claims *attest.Claims, exp firmwaretestdata.Expecte
 		}
 	} else if !b.KernelCmdlineKnown || b.KernelCmdline != exp.KernelCmdline {
 		t.Errorf("kernel command line known=%v %q; want %q", b.KernelCmdlineKnown, b.KernelCmdline, exp.KernelCmdline)
+	}
+}
+
+// checkLivePCRs: a live boot's log (internal/liveboot) comes with the
+// PCRs the booted kernel showed; extended into a fresh TPM and quoted, it
+// must give them.
+func checkLivePCRs(t *testing.T, claims *attest.Claims, exp firmwaretestdata.Expected) {
+	t.Helper()
+	for idx, want := range exp.PCRs {
+		i, err := strconv.Atoi(idx)
+		if err != nil {
+			t.Fatalf("expected pcrs key %q", idx)
+		}
+		if got := claims.TPM.PCRs[i]; got != want {
+			t.Errorf("PCR %d is %s after replaying the log; the live machine's was %s", i, got, want)
+		}
 	}
 }
 

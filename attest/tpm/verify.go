@@ -258,6 +258,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	if err != nil {
 		return nil, &attest.Identified{Identity: "tpm-ek:" + ekHex, Err: err}
 	}
+	boot.LogMissing = len(ev.EventLog) == 0
 	pcrs := make(map[int]string, len(qr.pcrs))
 	for i, d := range qr.pcrs {
 		pcrs[i] = hex.EncodeToString(d)

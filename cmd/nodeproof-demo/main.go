@@ -21,10 +21,18 @@ import (
 func main() {
 	dir := flag.String("dir", "", "working directory (a temporary one, removed afterwards, when empty)")
 	log := flag.String("log", "rhel8-uefi", "real firmware event log to boot from (see firmware-testdata)")
+	boot := flag.Bool("boot", false, "make demo-boot: the story on a live VM (QEMU, OVMF Secure Boot, Debian's signed boot chain; needs make tools and --guest-bin)")
+	guestBin := flag.String("guest-bin", "", "with --boot: the directory holding the static nodeproof-agent and kubeletcsr for the VM's initramfs")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	err := demo.Run(ctx, demo.Options{Dir: *dir, Log: *log, Out: os.Stdout, Clock: time.Now})
+	o := demo.Options{Dir: *dir, Log: *log, Out: os.Stdout, Clock: time.Now}
+	var err error
+	if *boot {
+		err = demo.RunBoot(ctx, o, *guestBin)
+	} else {
+		err = demo.Run(ctx, o)
+	}
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:

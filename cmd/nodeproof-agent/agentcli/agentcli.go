@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest/tpm"
@@ -81,16 +82,28 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "nodeproof-agent: evidence %s (--evidence auto found %s)\n", kind, found)
 		*evidence = string(kind)
 	}
+	start := time.Now()
+	timing := new(agent.Timing)
+	defer func() {
+		fmt.Fprintf(stdout, "nodeproof-agent: took %.2fs: %s\n", time.Since(start).Seconds(), timing)
+	}()
 	var ev agent.Evidence
 	switch *evidence {
 	case "tpm":
+		if *tpmPath == "/dev/tpmrm0" && *eventLog == "" {
+			if msg := agent.MissingEventLog(tpm.SystemEventLog); msg != "" {
+				fmt.Fprintf(stdout, "nodeproof-agent: %s\n", msg)
+			}
+		}
+		opened := time.Now()
 		coll, err := openTPM(*tpmPath, *eventLog)
+		timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK
 		if err != nil {
 			fmt.Fprintf(stderr, "nodeproof-agent: TPM: %v\n", err)
 			return 1
 		}
 		defer coll.Close()
-		ev = agent.TPMEvidence{Collector: coll}
+		ev = agent.TPMEvidence{Collector: timing.TPM(coll)}
 	case "gcp":
 		ev = agent.GCPEvidence{}
 	case "aws":
@@ -112,13 +125,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err = agent.Reattest(ctx, agent.ReattestConfig{
 			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
-			KubeletKeyPath: *keyPath, StatePath: *statePath, Force: *force, Console: stdout,
+			KubeletKeyPath: *keyPath, StatePath: *statePath, Force: *force, Console: stdout, Timing: timing,
 		})
 	} else {
 		err = agent.Run(ctx, agent.Config{
 			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
 			KubeletKeyPath: *keyPath, Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
-			ConfigOut: *configOut, Console: stdout,
+			ConfigOut: *configOut, Console: stdout, Timing: timing,
 		})
 	}
 	var refused *agent.Refused

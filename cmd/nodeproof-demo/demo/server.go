@@ -11,9 +11,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	neturl "net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -72,105 +74,12 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 		return err
 	}
 
-	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	// etcd and kube-apiserver die with the demo, however it dies.
-	prefix, err := dieWithParent()
+	pl, err := startPlane(ctx, o, deploy, examples, fmt.Sprintf(serverPolicy, roots), planeOptions{}, step, info)
 	if err != nil {
 		return err
 	}
-	env, err := clustertest.LaunchWith(mkdir(o.Dir, "control-plane"), clustertest.LaunchOptions{
-		CRDDirs: []string{filepath.Join(deploy, "crds")}, CommandPrefix: prefix,
-	})
-	if err != nil {
-		return err
-	}
-	defer env.Stop()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	cfg := env.Config
-	info("API server %s, up in %s; NodeAttestation CRDs, RBAC from %s, the example MachineConfigs and pools loaded",
-		cfg.Host, env.Took.Round(100*time.Millisecond), deploy)
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		return err
-	}
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		return err
-	}
-	tokenDir := mkdir(o.Dir, "node-bootstrapper")
-	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, kc, tokenDir); err != nil {
-		return err
-	}
-	for _, f := range []string{"approver/rbac.yaml", "store/rbac.yaml", "cluster/node-bootstrap-rbac.yaml"} {
-		if err := kubetest.ApplyFile(ctx, c, filepath.Join(deploy, f)); err != nil {
-			return err
-		}
-	}
-	ex, err := clustertest.ReadExamples(filepath.Join(examples, "bootstrap"))
-	if err != nil {
-		return err
-	}
-	if err := ex.CreateAll(ctx, c); err != nil {
-		return err
-	}
-	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
-	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
-		return err
-	}
-	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
-		return err
-	}
-
-	step("nodeproof serve (cluster mode) and nodeproof approve start")
-	klog.SetLogger(logr.Discard()) // client-go's leader election narrates through klog
-	state := filepath.Join(o.Dir, "server")
-	policyFile := filepath.Join(o.Dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, serverPolicy, roots), 0o600); err != nil {
-		return err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	defer stop()
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	ready := make(chan net.Addr, 1)
-	served, approved := make(chan error, 1), make(chan error, 1)
-	go func() {
-		served <- cli.Serve(sctx, cli.ServeConfig{
-			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-			Kubeconfig: admin, APIServerURL: cfg.Host, TokenDir: tokenDir,
-			CertStore: "state-dir", TokenStore: "file",
-			Policy: policyFile, StateDir: state, Hosts: []string{"127.0.0.1"},
-			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 10 * time.Second, Clock: o.Clock, Log: quiet,
-			Ready: func(secure, _ net.Addr) { ready <- secure },
-		})
-	}()
-	go func() {
-		approved <- cli.Approve(sctx, cli.ApproveConfig{
-			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
-			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
-		})
-	}()
-	defer func() { stop(); <-served; <-approved }()
-	var url string
-	select {
-	case a := <-ready:
-		url = "https://" + a.String()
-	case err := <-served:
-		served <- err
-		return fmt.Errorf("server: %w", err)
-	}
-	bundle, err := os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName))
-	if err != nil {
-		return err
-	}
-	info("server %s (TLS, HTTP/1.1; its own CA in %s); approver leading on Lease nodeproof/nodeproof-approver", url, filepath.Join(state, "certs"))
+	defer pl.stop()
+	cfg, kc, url, bundle := pl.cfg, pl.kc, pl.url, pl.bundle
 
 	// The pointer config a machine boots with: the public tier.
 	ptr, err := pointer.Build(pointer.Options{URL: url + "/config/worker", CABundle: bundle, HTTPTotal: 60 * time.Second})
@@ -272,6 +181,148 @@ func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots st
 	return nil
 }
 
+// plane is a running control plane with nodeproof serve and approve.
+type plane struct {
+	cfg    *rest.Config
+	kc     kubernetes.Interface
+	url    string // the server, https://127.0.0.1:port
+	port   int
+	bundle []byte // its CA bundle
+	stop   func()
+}
+
+// planeOptions change how startPlane sets up for a live VM.
+type planeOptions struct {
+	// ServingIPs are more addresses the API server's and the server's
+	// certificates name (where a VM's guest reaches them).
+	ServingIPs []net.IP
+	// APIServerURL is the API server's URL the served kubeconfigs name
+	// (default: its loopback URL).
+	APIServerURL func(apiPort int) string
+}
+
+// startPlane starts a real etcd and kube-apiserver with the CRDs, RBAC and
+// example MachineConfigs, then `nodeproof serve` (cluster mode, policy)
+// and `nodeproof approve` in this process.
+func startPlane(ctx context.Context, o Options, deploy, examples, policy string, po planeOptions, step, info func(string, ...any)) (*plane, error) {
+	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// etcd and kube-apiserver die with the demo, however it dies.
+	prefix, err := dieWithParent()
+	if err != nil {
+		return nil, err
+	}
+	env, err := clustertest.LaunchWith(mkdir(o.Dir, "control-plane"), clustertest.LaunchOptions{
+		CRDDirs: []string{filepath.Join(deploy, "crds")}, CommandPrefix: prefix, ServingIPs: po.ServingIPs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	pl := &plane{stop: func() { env.Stop() }}
+	fail := func(err error) (*plane, error) { pl.stop(); return nil, err }
+	if err := ctx.Err(); err != nil {
+		return fail(err)
+	}
+	cfg := env.Config
+	pl.cfg = cfg
+	info("API server %s, up in %s; NodeAttestation CRDs, RBAC from %s, the example MachineConfigs and pools loaded",
+		cfg.Host, env.Took.Round(100*time.Millisecond), deploy)
+	if pl.kc, err = kubernetes.NewForConfig(cfg); err != nil {
+		return fail(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		return fail(err)
+	}
+	if _, err := pl.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
+		return fail(err)
+	}
+	tokenDir := mkdir(o.Dir, "node-bootstrapper")
+	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, pl.kc, tokenDir); err != nil {
+		return fail(err)
+	}
+	for _, f := range []string{"approver/rbac.yaml", "store/rbac.yaml", "cluster/node-bootstrap-rbac.yaml"} {
+		if err := kubetest.ApplyFile(ctx, c, filepath.Join(deploy, f)); err != nil {
+			return fail(err)
+		}
+	}
+	ex, err := clustertest.ReadExamples(filepath.Join(examples, "bootstrap"))
+	if err != nil {
+		return fail(err)
+	}
+	if err := ex.CreateAll(ctx, c); err != nil {
+		return fail(err)
+	}
+	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
+	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
+		return fail(err)
+	}
+	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
+		return fail(err)
+	}
+
+	step("nodeproof serve (cluster mode) and nodeproof approve start")
+	klog.SetLogger(logr.Discard()) // client-go's leader election narrates through klog
+	state := filepath.Join(o.Dir, "server")
+	policyFile := filepath.Join(o.Dir, "policy.yaml")
+	if err := os.WriteFile(policyFile, []byte(policy), 0o600); err != nil {
+		return fail(err)
+	}
+	apiURL := cfg.Host
+	hosts := []string{"127.0.0.1"}
+	if po.APIServerURL != nil {
+		u, err := neturl.Parse(cfg.Host)
+		if err != nil {
+			return fail(err)
+		}
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			return fail(err)
+		}
+		apiURL = po.APIServerURL(port)
+	}
+	for _, ip := range po.ServingIPs {
+		hosts = append(hosts, ip.String())
+	}
+	sctx, stop := context.WithCancel(ctx)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ready := make(chan net.Addr, 1)
+	served, approved := make(chan error, 1), make(chan error, 1)
+	go func() {
+		served <- cli.Serve(sctx, cli.ServeConfig{
+			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
+			Kubeconfig: admin, APIServerURL: apiURL, TokenDir: tokenDir,
+			CertStore: "state-dir", TokenStore: "file",
+			Policy: policyFile, StateDir: state, Hosts: hosts,
+			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 10 * time.Second, Clock: o.Clock, Log: quiet,
+			Ready: func(secure, _ net.Addr) { ready <- secure },
+		})
+	}()
+	go func() {
+		approved <- cli.Approve(sctx, cli.ApproveConfig{
+			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
+			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
+			Policy: policyFile, Nodes: true, // the node controller: Attested condition and taint
+		})
+	}()
+	pl.stop = func() { stop(); <-served; <-approved; env.Stop() }
+	select {
+	case a := <-ready:
+		pl.url = "https://" + a.String()
+		pl.port = a.(*net.TCPAddr).Port
+	case err := <-served:
+		served <- err
+		return fail(fmt.Errorf("server: %w", err))
+	}
+	if pl.bundle, err = os.ReadFile(filepath.Join(state, "certs", "current", certs.CABundleFileName)); err != nil {
+		return fail(err)
+	}
+	info("server %s (TLS, HTTP/1.1; its own CA in %s); approver leading on Lease nodeproof/nodeproof-approver", pl.url, filepath.Join(state, "certs"))
+	return pl, nil
+}
+
 func mkdir(parent, name string) string {
 	d := filepath.Join(parent, name)
 	os.MkdirAll(d, 0o700)
@@ -281,11 +332,7 @@ func mkdir(parent, name string) string {
 // printRecord shows the NodeAttestation record the server wrote for node:
 // the verdict's claims as the approver will read them.
 func printRecord(ctx context.Context, cfg *rest.Config, node string, info func(string, ...any)) error {
-	cl, err := kubestore.NewClient(cfg)
-	if err != nil {
-		return err
-	}
-	st, err := kubestore.New(cl, "nodeproof", time.Now)
+	st, err := storeOf(cfg)
 	if err != nil {
 		return err
 	}
@@ -302,6 +349,15 @@ func printRecord(ctx context.Context, cfg *rest.Config, node string, info func(s
 	info("  claims: %s", r.Summary)
 	info("  kubelet key SHA-256 %x, bootstrap token %s, expires %s", r.KubeletKeySHA256[:8], "system:bootstrap:"+r.BootstrapTokenID, r.Expires.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// storeOf is the cluster's NodeAttestation store (namespace nodeproof).
+func storeOf(cfg *rest.Config) (*kubestore.Store, error) {
+	cl, err := kubestore.NewClient(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return kubestore.New(cl, "nodeproof", time.Now)
 }
 
 // paths lists the file paths of an Ignition config.

@@ -44,7 +44,7 @@ func (c ServeConfig) limits(cfg *rest.Config) {
 
 // clusterSource is cluster mode's config source, with the user-data
 // Secrets managed when --user-data-url is set.
-func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning, cs *clusterState) (*cluster.Source, error) {
+func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provisioning, cs *clusterState) (*cluster.Source, error) {
 	cfg, err := restConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -69,7 +69,7 @@ func (c ServeConfig) clusterSource(pol *policy.Policy, prov *tokens.Provisioning
 		Client: src.Client(), Namespace: c.UserDataNamespace, URL: c.UserDataURL, Roles: c.UserDataRoles,
 		CABundle: c.caBundle,
 		Token: func(pool string) string {
-			if pol.ServeFor(pool).Token {
+			if pol().ServeFor(pool).Token {
 				// A new token only once every replica accepts it.
 				return prov.Published(c.settle())
 			}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -142,7 +143,13 @@ func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer
 		if !ok || name == "" || dir == "" {
 			return fmt.Errorf("--ek-root %q: want NAME=DIR", *ekRoot)
 		}
-		l.Root = &policy.EKRoot{Name: name, Dir: dir}
+		// The server resolves a relative dir: against the policy file's
+		// directory (policy.Load); the operator wrote it against theirs.
+		rel, err := ekRootDir(dir, *out)
+		if err != nil {
+			return err
+		}
+		l.Root = &policy.EKRoot{Name: name, Dir: rel}
 		if l.EKTrust == "" {
 			l.EKTrust = "ca:" + name
 		}
@@ -202,6 +209,34 @@ func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer
 	}
 	fmt.Fprintf(stderr, "wrote %s (pool %s); check it with: nodeproof policy check %s --against-records\n", *out, *pool, *out)
 	return nil
+}
+
+// ekRootDir is --ek-root's DIR (relative to the working directory, as
+// the operator typed it) as the written policy must say it for
+// policy.Load, which resolves a relative dir against the policy file's
+// directory: relative to -o's directory, or absolute when the policy goes
+// to standard output (where it will be saved is not known). An absolute
+// DIR stays as it is.
+func ekRootDir(dir, out string) (string, error) {
+	if filepath.IsAbs(dir) {
+		return dir, nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("--ek-root: %w", err)
+	}
+	if out == "" {
+		return abs, nil
+	}
+	base, err := filepath.Abs(filepath.Dir(out))
+	if err != nil {
+		return "", fmt.Errorf("-o: %w", err)
+	}
+	rel, err := filepath.Rel(base, abs)
+	if err != nil {
+		return abs, nil
+	}
+	return rel, nil
 }
 
 // readLog is an event log from a file, or from a --dump-evidence file.

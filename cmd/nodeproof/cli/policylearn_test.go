@@ -81,3 +81,58 @@ func TestPolicyLearn(t *testing.T) {
 		})
 	}
 }
+
+// TestPolicyLearnEKRootDir: `policy learn -o DIR/p.yaml --ek-root
+// N=DIR/roots`, DIR relative to the working directory as an operator types
+// it, writes a dir: that serve (policy.Load, relative to the policy file)
+// resolves to that same directory; on standard output, where the file will
+// go is unknown, so the dir is absolute.
+func TestPolicyLearnEKRootDir(t *testing.T) {
+	work := t.TempDir()
+	t.Chdir(work)
+	if err := os.MkdirAll(filepath.Join("e2e", "ekroots"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	log := filepath.Join(work, "log.bin")
+	if err := os.WriteFile(log, firmwaretestdata.MustLog("rhel8-uefi"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(work, "e2e", "ekroots")
+	for _, c := range []struct {
+		name, ekRoot, out string
+	}{
+		{"relative, beside the policy", "swtpm=e2e/ekroots", "e2e/policy.yaml"},
+		{"relative, the policy elsewhere", "swtpm=e2e/ekroots", "policies/worker/policy.yaml"},
+		{"absolute", "swtpm=" + want, "e2e/abs.yaml"},
+		{"standard output", "swtpm=e2e/ekroots", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			args := []string{"policy", "learn", "--pool", "worker", "--event-log", log, "--ek-root", c.ekRoot}
+			file := c.out
+			if file != "" {
+				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "-o", file)
+			}
+			if code := Run(context.Background(), args, &out, &errb); code != 0 {
+				t.Fatalf("exit %d: %s", code, errb.String())
+			}
+			if file == "" {
+				file = filepath.Join(t.TempDir(), "saved.yaml")
+				if err := os.WriteFile(file, out.Bytes(), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			p, err := policy.Load(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := filepath.Abs(p.Trust.EKRoots[0].Dir)
+			if err != nil || got != want {
+				t.Errorf("serve reads the EK roots from %s; want %s", got, want)
+			}
+		})
+	}
+}

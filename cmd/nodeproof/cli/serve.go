@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -255,8 +256,17 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	var src mcs.Source
+	// The policy in force: the first one until the server runs, then
+	// whatever a reload made it.
+	var live atomic.Pointer[mcs.Server]
+	policyNow := func() *policy.Policy {
+		if s := live.Load(); s != nil {
+			return s.Policy()
+		}
+		return opts.Policy
+	}
 	if clusterMode {
-		src, err = c.clusterSource(opts.Policy, opts.Provisioning, cs)
+		src, err = c.clusterSource(policyNow, opts.Provisioning, cs)
 	} else {
 		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
 	}
@@ -276,6 +286,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if err != nil {
 		return err
 	}
+	live.Store(srv)
 	ports, err := c.listen(srv, tlsConf, conns)
 	if err != nil {
 		return err
@@ -311,7 +322,12 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	if cs.provisioning() != nil {
 		prov = nil // cs keeps it current
 	}
-	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, served)
+	reloader, err := newPolicyReloader(c, srv, reg)
+	if err != nil {
+		ports.close()
+		return err
+	}
+	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, served, reloader)
 	ports.serve(ctx, c.Log)
 	return nil
 }
@@ -349,6 +365,26 @@ func (c ServeConfig) check() (clusterMode bool, err error) {
 	return clusterMode, nil
 }
 
+// judge loads --policy and makes the verifiers of the evidence kinds it
+// takes, from its trust roots: at start, and at every reload.
+func (c ServeConfig) judge(ctx context.Context) (mcs.Judge, error) {
+	var j mcs.Judge
+	var err error
+	if j.Policy, err = loadPolicy(c.Policy); err != nil {
+		return j, err
+	}
+	if j.TPM, err = tpmVerifier(j.Policy, c.Clock); err != nil {
+		return j, err
+	}
+	if j.GCP, err = c.gcpVerifier(j.Policy); err != nil {
+		return j, err
+	}
+	if j.AWS, err = c.awsVerifier(ctx, j.Policy); err != nil {
+		return j, err
+	}
+	return j, nil
+}
+
 // serverOptions builds everything an mcs.Server needs but its configs:
 // the policy (its insecure choices logged), the verifiers of the evidence
 // kinds the policy takes, the store, Events, sealing keys, provisioning
@@ -370,21 +406,14 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 		return o, conns, nil, fmt.Errorf("state dir: %w", err)
 	}
 	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
-	if o.Policy, err = loadPolicy(c.Policy); err != nil {
+	j, err := c.judge(ctx)
+	if err != nil {
 		return o, conns, nil, err
 	}
-	for _, w := range o.Policy.Warnings() {
+	for _, w := range j.Policy.Warnings() {
 		c.Log.Warn("policy: " + w)
 	}
-	if o.TPM, err = tpmVerifier(o.Policy, c.Clock); err != nil {
-		return o, conns, nil, err
-	}
-	if o.GCP, err = c.gcpVerifier(o.Policy); err != nil {
-		return o, conns, nil, err
-	}
-	if o.AWS, err = c.awsVerifier(ctx, o.Policy); err != nil {
-		return o, conns, nil, err
-	}
+	o.Policy, o.TPM, o.GCP, o.AWS = j.Policy, j.TPM, j.GCP, j.AWS
 	if o.Store, err = c.openStore(clusterMode); err != nil {
 		return o, conns, nil, err
 	}
@@ -556,9 +585,9 @@ func newHTTPServer(h http.Handler, readHeader time.Duration, log *slog.Logger) *
 	return s
 }
 
-// maintain renews certificates, picks up rotated keys and provisioning tokens and
+// maintain reloads an edited policy, renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
-func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served) {
+func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served, pol *policyReloader) {
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
@@ -568,6 +597,7 @@ func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.St
 			return
 		case <-tick.C:
 		}
+		pol.check(ctx)
 		if changed, err := keys.Reload(); err != nil {
 			c.Log.Error("sealing keys", "err", err.Error())
 		} else if changed {

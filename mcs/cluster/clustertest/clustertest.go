@@ -14,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -92,6 +93,11 @@ type LaunchOptions struct {
 	// prefix; the prefix must exec the binary in turn (keeping the process
 	// ID), for envtest's signals to reach it.
 	CommandPrefix []string
+	// ServingIPs are more addresses the API server's serving certificate
+	// names, besides localhost and 127.0.0.1: where a client reaches it
+	// through a relay (a VM's guest through QEMU's guestfwd). The API
+	// server still listens on loopback only.
+	ServingIPs []net.IP
 }
 
 // LaunchWith is Launch with options.
@@ -127,6 +133,11 @@ func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 	}
 	out := new(tail)
 	api := &envtest.APIServer{Path: apiserver, CertDir: certDir, Out: out, Err: out}
+	if len(o.ServingIPs) > 0 {
+		if api.SecureServing.CA, err = servingCerts(certDir, o.ServingIPs); err != nil {
+			return nil, err
+		}
+	}
 	api.Configure().Set("enable-bootstrap-token-auth", "true")
 	no := false
 	env := &envtest.Environment{

@@ -1,0 +1,150 @@
+package liveboot_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+)
+
+// agentShare is what one boot's console says of the agent's run: the
+// guest's uptime when it started and ended, and the agent's own split.
+type agentShare struct {
+	total, tpm, network, server time.Duration
+	// added is from the agent's start to the guest's poweroff: all the
+	// boot spent on nodeproof's steps (with Ignition and kubelet-csr, and
+	// the first boot's re-attestation, when they run).
+	added time.Duration
+}
+
+var (
+	markRE = regexp.MustCompile(`^nodeproof-liveboot: (agent (?:pointer|reattest) start|agent exit \d+) \[uptime ([0-9.]+)\]$`)
+	offRE  = regexp.MustCompile(`^nodeproof-liveboot: poweroff \[uptime ([0-9.]+)\]$`)
+	tookRE = regexp.MustCompile(`^nodeproof-agent: took ([0-9.]+)s: TPM ([0-9.]+)s, network ([0-9.]+)s, server ([0-9.]+)s`)
+)
+
+// firstAgentRun reads the boot's first agent run from its console: from
+// the guest's uptime marks around it (the boot's share), split by the
+// agent's own line.
+func firstAgentRun(tb testing.TB, r *liveboot.Result) agentShare {
+	tb.Helper()
+	var a agentShare
+	var start float64
+	seen := 0
+	for _, l := range r.Lines {
+		if m := markRE.FindStringSubmatch(l.Text); m != nil && seen < 2 {
+			up, _ := strconv.ParseFloat(m[2], 64)
+			if seen == 0 {
+				start = up
+			} else {
+				a.total = time.Duration((up - start) * float64(time.Second))
+			}
+			seen++
+		}
+		if m := offRE.FindStringSubmatch(l.Text); m != nil && seen > 0 {
+			up, _ := strconv.ParseFloat(m[1], 64)
+			a.added = time.Duration((up - start) * float64(time.Second))
+		}
+		if m := tookRE.FindStringSubmatch(l.Text); m != nil && a.tpm == 0 {
+			sec := func(s string) time.Duration {
+				f, _ := strconv.ParseFloat(s, 64)
+				return time.Duration(f * float64(time.Second))
+			}
+			a.tpm, a.network, a.server = sec(m[2]), sec(m[3]), sec(m[4])
+		}
+	}
+	if seen < 2 || a.tpm == 0 || a.added == 0 {
+		tb.Fatalf("the console does not show the agent's run\n%s", tail(r))
+	}
+	return a
+}
+
+// BenchmarkLiveBoot is `make bench-boot`: one machine boots three times,
+// one VM at a time — without the agent (the baseline: firmware, shim,
+// GRUB, kernel, init), enrolling (the agent attests and fetches, then
+// Ignition and the kubelet CSR), and rebooting (the agent re-attests) —
+// and reports seconds per boot and the agent's share of each boot, split
+// into the TPM's work, the network and the server, as ratios to the boot.
+// The machine is shared and TCG is slow: the figures are one run's,
+// every ratio against a boot of the same run.
+func BenchmarkLiveBoot(b *testing.B) {
+	ctx := context.Background()
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-boot: "+format+"\n", args...) }
+	if err := liveboot.Check(); err != nil {
+		b.Fatal(err)
+	}
+	parts, err := liveboot.LoadParts(testenv.Cache())
+	if err != nil {
+		b.Fatal(err)
+	}
+	tb := testing.TB(b)
+	dg := authenticode(tb, parts)
+	bins := build(tb, say)
+	w := startWorld(tb, bins, func(roots string) string { return fmt.Sprintf(policyTemplate, roots, dg.shim, dg.grub, dg.kernel) }, say)
+	work := b.TempDir()
+	ignition, err := testenv.IgnitionPath()
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := &liveboot.Guest{Agent: bins.agent, KubeletCSR: bins.kubeletCSR, Ignition: ignition, CABundle: w.caBundle(tb),
+		Pointer: w.pointer(tb), Server: w.guestURL(), Pool: "worker", Node: node}
+	initramfs, disk := filepath.Join(work, "initrd.img"), filepath.Join(work, "boot.img")
+	if err := g.BuildInitramfs(ctx, parts, initramfs); err != nil {
+		b.Fatal(err)
+	}
+	if err := liveboot.BuildBootDisk(ctx, parts, initramfs, true, disk); err != nil {
+		b.Fatal(err)
+	}
+	if b.N != 1 {
+		b.Fatalf("b.N = %d: the machine enrols once (its node name is in its initramfs); run with -benchtime 1x", b.N)
+	}
+	m, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m.Close() })
+	boot := func(name, plan string) *liveboot.Result {
+		say("boot %s", name)
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+			FwCfg: map[string]string{"nodeproof/plan": plan}, Progress: say})
+		if err != nil {
+			b.Fatalf("%s: %v\n%s", name, err, tail(r))
+		}
+		say("boot %s: %.1fs", name, r.Took.Seconds())
+		return r
+	}
+	b.ResetTimer()
+	none := boot("without the agent", "none")
+	enrol := boot("enrolling", "agent")
+	reattest := boot("re-attesting", "agent")
+	b.StopTimer()
+	if _, ok := enrol.Find("kubelet-csr: CSR "); !ok {
+		b.Fatalf("the enrolling boot made no kubelet CSR\n%s", tail(enrol))
+	}
+	base := none.Took.Seconds()
+	b.ReportMetric(base, "s/boot-without-agent")
+	for _, c := range []struct {
+		name string
+		r    *liveboot.Result
+	}{{"enrol", enrol}, {"reattest", reattest}} {
+		a := firstAgentRun(tb, c.r)
+		took := c.r.Took.Seconds()
+		b.ReportMetric(took, "s/boot-"+c.name)
+		b.ReportMetric(took/base, c.name+"-boot/boot-without-agent")
+		b.ReportMetric(a.total.Seconds()/took, c.name+"-agent/boot")
+		b.ReportMetric(a.added.Seconds()/took, c.name+"-nodeproof-steps/boot")
+		b.ReportMetric(a.tpm.Seconds()/took, c.name+"-tpm/boot")
+		b.ReportMetric(a.network.Seconds()/took, c.name+"-network/boot")
+		b.ReportMetric(a.server.Seconds()/took, c.name+"-server/boot")
+		say("%s: boot %.1fs (%.2fx the boot without the agent); nodeproof's steps %.2fs = %.3f of the boot; the agent %.2fs = %.3f: TPM %.2fs (%.3f), network %.2fs (%.3f), server %.2fs (%.3f)",
+			c.name, took, took/base, a.added.Seconds(), a.added.Seconds()/took, a.total.Seconds(), a.total.Seconds()/took, a.tpm.Seconds(), a.tpm.Seconds()/took,
+			a.network.Seconds(), a.network.Seconds()/took, a.server.Seconds(), a.server.Seconds()/took)
+	}
+}

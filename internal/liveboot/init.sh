@@ -1,0 +1,110 @@
+#!/bin/busybox sh
+# /init of the live boot's initramfs (internal/liveboot): a node's first
+# boot and every later one, as far as nodeproof is concerned.
+#
+#   first boot (nothing enrolled on the data disk): the agent attests and
+#     writes the full config for Ignition (--mode pointer); Ignition's
+#     fetch stage runs with the platform's pointer config; kubelet-csr
+#     makes the kubelet's client CSR with the kubeconfig the config carried
+#     and waits for the approver's decision; then the agent re-attests
+#     once, as the node's timer would in this boot;
+#   every later boot: the agent re-attests (--mode reattest).
+#
+# The host says per boot (QEMU fw_cfg opt/nodeproof/plan) whether the
+# agent runs at all ("none": the boot without it, for the benchmark).
+# Lines starting "nodeproof-liveboot:" are for the host to read, each with
+# the guest's uptime. /var/lib persists on the data disk (/dev/vdb, a tar
+# archive), and what the host reads back goes there too: the event log and
+# the PCRs as the kernel shows them.
+/bin/busybox mkdir -p /usr/bin /usr/sbin /sbin
+/bin/busybox --install -s
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t securityfs securityfs /sys/kernel/security
+mount -t tmpfs tmpfs /run
+mount -t tmpfs tmpfs /tmp
+
+mark() { echo "nodeproof-liveboot: $* [uptime $(cut -d' ' -f1 /proc/uptime)]"; }
+mark init
+for m in $(cat /etc/nodeproof/modules); do
+	insmod "/lib/modules/$m" || mark "insmod $m failed"
+done
+mount -t efivarfs efivarfs /sys/firmware/efi/efivars || mark "no efivarfs"
+. /etc/nodeproof/liveboot.env
+plan=$(cat /sys/firmware/qemu_fw_cfg/by_name/opt/nodeproof/plan/raw 2>/dev/null)
+hostname "$NP_NODE"
+ip link set lo up
+ip addr add 10.0.2.15/24 dev eth0
+ip link set eth0 up
+
+# /var/lib from the data disk (an empty disk reads as an empty archive).
+mkdir -p /var/lib /usr/lib/ignition
+tar -xf /dev/vdb -C / var/lib 2>/dev/null
+rm -rf /var/lib/liveboot
+mkdir -p /var/lib/liveboot
+
+# What the firmware told the kernel.
+# The variable is 4 bytes of attributes, then its one byte of data.
+sb=$(tail -c 1 /sys/firmware/efi/efivars/SecureBoot-8be4df61-93ca-11d2-aa0d-00e098032b8c 2>/dev/null | od -An -tu1 | tr -d ' ')
+mark "secure-boot ${sb:-unknown}"
+log=/sys/kernel/security/tpm0/binary_bios_measurements
+if [ -e "$log" ]; then
+	cat "$log" >/var/lib/liveboot/eventlog.bin
+	mark "event-log $(wc -c </var/lib/liveboot/eventlog.bin) bytes"
+else
+	mark "event-log missing"
+fi
+for i in $(seq 0 23); do
+	echo "$i $(cat /sys/class/tpm/tpm0/pcr-sha256/$i)"
+done >/var/lib/liveboot/pcr-sha256
+
+agent() {
+	nodeproof-agent --server "$NP_SERVER" --ca-bundle /etc/nodeproof/mcs-ca-bundle.crt \
+		--pool "$NP_POOL" --node-name "$NP_NODE" --evidence tpm --timeout 120s "$@"
+}
+
+if [ "$plan" = none ]; then
+	mark "agent not run (plan none)"
+elif [ -e /var/lib/nodeproof/enrolled ]; then
+	mark "agent reattest start"
+	agent --mode reattest
+	mark "agent exit $?"
+else
+	mark "agent pointer start"
+	agent --mode pointer --ignition-dir /usr/lib/ignition
+	rc=$?
+	mark "agent exit $rc"
+	if [ $rc = 0 ] && [ -x /bin/ignition ]; then
+		mark "ignition fetch start"
+		mkdir -p /run/ignition
+		IGNITION_CONFIG_FILE=/etc/nodeproof/pointer.ign IGNITION_SYSTEM_CONFIG_DIR=/usr/lib/ignition TMPDIR=/run/ignition \
+			ignition -platform file -stage fetch -config-cache /run/ignition.json \
+			-state-file /run/ignition/state -neednet /run/ignition/neednet -root /run/ignition/root -log-to-stdout 2>&1 |
+			grep -v '^$' | tail -n 8
+		[ -s /run/ignition.json ]
+		rc=$?
+		mark "ignition exit $rc"
+	fi
+	if [ $rc = 0 ] && [ -x /bin/kubelet-csr ]; then
+		mark "kubelet-csr start"
+		kubelet-csr --ignition-config /run/ignition.json --node "$NP_NODE"
+		rc=$?
+		mark "kubelet-csr exit $rc"
+	fi
+	if [ $rc = 0 ]; then
+		mkdir -p /var/lib/nodeproof
+		touch /var/lib/nodeproof/enrolled
+		# The node's re-attestation timer runs in its first boot too: the
+		# server then knows this boot (its TPM reset count).
+		mark "agent reattest start (first boot)"
+		agent --mode reattest
+		mark "agent exit $?"
+	fi
+fi
+
+tar -cf /dev/vdb -C / var/lib
+sync
+mark poweroff
+poweroff -f

@@ -1,0 +1,536 @@
+package liveboot_test
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"encoding/hex"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf16"
+
+	"github.com/google/go-eventlog/register"
+	"github.com/google/go-eventlog/tcg"
+	"github.com/saferwall/pe"
+	certv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs"
+)
+
+var updateLogs = flag.Bool("update-firmware-testdata", false, "write the live boots' event logs and their expectations into firmware-testdata (see its README)")
+
+const node = "live-1"
+
+// policyTemplate admits exactly Debian's signed shim, GRUB and kernel by
+// the Authenticode digests this test computes from the package files, on
+// an EK from the swtpm manufacturer, with Secure Boot on.
+const policyTemplate = `apiVersion: nodeproof.io/v1alpha1
+kind: AttestationPolicy
+trust:
+  ekRoots:
+  - {name: swtpm-localca, dir: %s}
+pools:
+  worker:
+    evidence: [tpm]
+    tpm:
+      ekTrust: [ca:swtpm-localca]
+      requireSecureBoot: true
+      bootComponents: {shim: {allow: [%s]}, bootloader: {allow: [%s]}, kernel: {allow: [%s]}}
+    serve: {nodeNames: requested}
+    lifetime: {interval: 30m, staleAfter: 2h}
+`
+
+// digests are the PE Authenticode SHA-256 digests of the boot chain's
+// files, as Debian's packages ship them.
+type digests struct{ shim, grub, kernel string }
+
+// authenticode computes them with saferwall/pe (a maintained PE parser),
+// independently of nodeproof's event log code.
+func authenticode(t testing.TB, parts *liveboot.Parts) digests {
+	t.Helper()
+	one := func(name string) string {
+		// Headers only: the digest needs the optional header and the
+		// certificate table, not the data directories.
+		f, err := pe.New(parts.Path(name), &pe.Options{Fast: true})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		defer f.Close()
+		if err := f.Parse(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		h := f.Authentihash()
+		if len(h) != 32 {
+			t.Fatalf("%s: no Authenticode SHA-256 digest", name)
+		}
+		return hex.EncodeToString(h)
+	}
+	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
+}
+
+// TestLiveBoot boots a real machine four times (make test-boot; about
+// 30-45 s a boot here, one VM at a time): OVMF with Secure Boot and
+// Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
+// kernel, measured into swtpm; the agent, Ignition and kubelet-csr in the
+// initramfs; the guest's network restricted to the host's loopback
+// servers (a real kube-apiserver, `nodeproof serve`, `nodeproof approve`).
+//
+//  1. Secure Boot on, first boot: the agent enrols, the attested tier is
+//     released, Ignition's fetch stage applies it, the kubelet client CSR
+//     made with the bootstrap kubeconfig it carried is approved. The live
+//     event log replays to the PCRs the guest's kernel shows, and its
+//     boot applications are the Authenticode digests of the package files.
+//  2. Reboot (a new swtpm process on the same state): fresh PCRs, the same
+//     EK, a higher reset count; the agent re-attests at boot, the binding
+//     counts the boot, the node stays attested.
+//  3. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//     refused SecureBootDisabled, on the console and as the agent's report
+//     Event; the node failed and tainted.
+//  4. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//     the kernel has no event log; refused EventLogMissing, and the agent
+//     says why.
+//
+// Each boot's serial console is kept in an artifact directory when the
+// test fails.
+func TestLiveBoot(t *testing.T) {
+	begin := time.Now()
+	say := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "liveboot %5.1fs: %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
+	}
+	ctx := context.Background()
+	if err := liveboot.Check(); err != nil {
+		t.Fatal(err)
+	}
+	parts, err := liveboot.LoadParts(testenv.Cache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dg := authenticode(t, parts)
+	say("boot chain %s: shim %s…, GRUB %s…, kernel %s… (Authenticode SHA-256 of the package files)", parts.ABI, dg.shim[:12], dg.grub[:12], dg.kernel[:12])
+	artifacts := artifactDir(t)
+	cons := &consoles{dir: artifacts}
+
+	bins := build(t, say)
+	w := startWorld(t, bins, func(roots string) string {
+		return fmt.Sprintf(policyTemplate, roots, dg.shim, dg.grub, dg.kernel)
+	}, say)
+
+	imgStart := time.Now()
+	work, err := os.MkdirTemp("", "np-liveboot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+	ignition, err := testenv.IgnitionPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &liveboot.Guest{Agent: bins.agent, KubeletCSR: bins.kubeletCSR, Ignition: ignition, CABundle: w.caBundle(t),
+		Pointer: w.pointer(t), Server: w.guestURL(), Pool: "worker", Node: node}
+	initramfs := filepath.Join(work, "initrd.img")
+	if _, err := withProgress(say, "building the initramfs", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, parts, initramfs) }); err != nil {
+		t.Fatal(err)
+	}
+	efiDisk, plainDisk := filepath.Join(work, "boot-linuxefi.img"), filepath.Join(work, "boot-linux.img")
+	for disk, efi := range map[string]bool{efiDisk: true, plainDisk: false} {
+		if err := liveboot.BuildBootDisk(ctx, parts, initramfs, efi, disk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, _ := os.Stat(initramfs)
+	say("initramfs (%d MB: busybox, nodeproof-agent, Ignition and its libraries, kubelet-csr, %d modules) and two boot disks built in %.1fs",
+		fi.Size()>>20, len(parts.Modules), time.Since(imgStart).Seconds())
+
+	m, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	n := 0
+	boot := func(t *testing.T, name, disk string, secureBoot bool) *liveboot.Result {
+		t.Helper()
+		n++
+		if n > 4 {
+			t.Fatal("more than four boots")
+		}
+		say("boot %d (%s): Secure Boot %s", n, name, map[bool]string{true: "on", false: "off"}[secureBoot])
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Forward: []int{w.serverPort, w.apiPort},
+			FwCfg: map[string]string{"nodeproof/plan": "agent"}, Progress: say})
+		path := cons.save(t, fmt.Sprintf("boot%d-%s", n, name), r)
+		if err != nil {
+			t.Fatalf("boot %d: %v (console: %s)\n%s", n, err, path, tail(r))
+		}
+		say("boot %d: powered off after %.1fs", n, r.Took.Seconds())
+		return r
+	}
+
+	var first, reboot *liveboot.Result
+	var boots1, reset1 int64
+	ok := t.Run("Secure Boot on: enrol, the attested tier, Ignition, the kubelet CSR approved", func(t *testing.T) {
+		r := boot(t, "secureboot-enrol", efiDisk, true)
+		first = r
+		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
+			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet-csr exit 0",
+			"nodeproof-liveboot: agent reattest start (first boot)", fmt.Sprintf("node %s re-attested (tpm evidence, boot 1 seen by the server)", node),
+			"nodeproof-liveboot: agent exit 0")
+		l, found := r.Find("kubelet-csr: CSR ")
+		if !found || !strings.Contains(l.Text, " Approved NodeproofAttestedTPM:") {
+			t.Fatalf("the guest's kubelet CSR was not approved for its attestation: %q", l.Text)
+		}
+		// The API server says so too.
+		name := strings.Fields(strings.TrimPrefix(l.Text, "kubelet-csr: CSR "))[0]
+		csr, err := w.kc.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if csr.Spec.Username == "" || !strings.HasPrefix(csr.Spec.Username, "system:bootstrap:") || !approvedBy(csr, "NodeproofAttestedTPM") {
+			t.Fatalf("CSR %s by %q: %+v; want approved NodeproofAttestedTPM, requested with a bootstrap token", name, csr.Spec.Username, csr.Status.Conditions)
+		}
+		checkLiveLog(t, r, dg, true)
+		w.registerNode(t, node)
+		s := w.inspectUntil(t, node, 30*time.Second, func(s *inspect.Story) string {
+			if a, _, taint := nodeState(s); a != corev1.ConditionTrue || taint != "" {
+				return "the Node attested and untainted"
+			}
+			if s.Binding == nil || s.Binding.Status.Boots != 1 {
+				return "the binding counting this boot"
+			}
+			return ""
+		})
+		boots1, reset1 = s.Binding.Status.Boots, s.Binding.Status.ResetCount
+		if *updateLogs {
+			saveLiveLog(t, "debian-12-ovmf-secure-boot", r, parts, dg, true)
+		}
+	})
+	if !ok {
+		return
+	}
+
+	ok = t.Run("reboot: fresh PCRs, the same EK, a higher reset count; re-attested at boot, still attested", func(t *testing.T) {
+		before := w.inspectUntil(t, node, time.Second, func(*inspect.Story) string { return "" })
+		r := boot(t, "secureboot-reboot", efiDisk, true)
+		reboot = r
+		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent reattest start", "nodeproof-liveboot: agent exit 0")
+		if _, found := r.Find(fmt.Sprintf("node %s re-attested (tpm evidence, boot %d seen by the server)", node, boots1+1)); !found {
+			t.Errorf("the agent does not say the server saw boot %d", boots1+1)
+		}
+		// The same boot chain into reset PCRs: the same values.
+		p1, p2 := guestPCRs(t, first), guestPCRs(t, r)
+		for _, i := range []int{0, 1, 2, 3, 4, 5, 6, 7} {
+			if p1[i] != p2[i] {
+				t.Errorf("PCR %d after the reboot %s, first boot %s: not reset?", i, p2[i], p1[i])
+			}
+		}
+		s := w.inspectUntil(t, node, 30*time.Second, func(s *inspect.Story) string {
+			switch a, _, taint := nodeState(s); {
+			case s.Binding == nil || s.Binding.Status.Boots != boots1+1:
+				return fmt.Sprintf("the binding counting boot %d", boots1+1)
+			case a != corev1.ConditionTrue || taint != "":
+				return "the Node attested and untainted"
+			}
+			return ""
+		})
+		if s.Binding.Identity != before.Binding.Identity {
+			t.Errorf("identity %s after the reboot, %s before: not the same EK", s.Binding.Identity, before.Binding.Identity)
+		}
+		if s.Binding.Status.ResetCount <= reset1 {
+			t.Errorf("TPM reset count %d after the reboot, %d before", s.Binding.Status.ResetCount, reset1)
+		}
+		say("reboot: boots %d -> %d, TPM reset count %d -> %d, identity %.24s…", boots1, s.Binding.Status.Boots, reset1, s.Binding.Status.ResetCount, s.Binding.Identity)
+	})
+	if !ok {
+		return
+	}
+
+	ok = t.Run("Secure Boot off: refused SecureBootDisabled, on the console and as a report Event; the node failed and tainted", func(t *testing.T) {
+		r := boot(t, "secureboot-off", efiDisk, false)
+		expectLines(t, r, "nodeproof-liveboot: secure-boot 0", "nodeproof-liveboot: agent reattest start",
+			"nodeproof-agent: REFUSED at re-attestation by the server (HTTP 403): "+string(attest.ReasonPolicySecureBootOff),
+			"nodeproof-liveboot: agent exit 3")
+		checkLiveLog(t, r, dg, false)
+		w.inspectUntil(t, node, 30*time.Second, func(s *inspect.Story) string {
+			switch a, reason, taint := nodeState(s); {
+			case s.State != inspect.StateFailed || s.Reason != string(attest.ReasonPolicySecureBootOff):
+				return "state Failed " + string(attest.ReasonPolicySecureBootOff) + ", not " + s.State + " " + s.Reason
+			case a != corev1.ConditionFalse || reason != string(attest.ReasonAttestationFailed) || taint != corev1.TaintEffectNoSchedule:
+				return "the Node's Attested condition False (AttestationFailed) and the NoSchedule taint"
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(mcs.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
+				return "the agent's report Event (NodeReportedFailure: SecureBootDisabled)"
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed), ""):
+				return "the server's AttestationFailed Event"
+			}
+			return ""
+		})
+		if *updateLogs {
+			saveLiveLog(t, "debian-12-ovmf-no-secure-boot", r, parts, dg, false)
+		}
+	})
+	if !ok {
+		return
+	}
+
+	t.Run("Secure Boot off, GRUB's plain linux: no event log; refused EventLogMissing, and the agent says why", func(t *testing.T) {
+		r := boot(t, "no-event-log", plainDisk, false)
+		expectLines(t, r, "nodeproof-liveboot: secure-boot 0", "nodeproof-liveboot: event-log missing",
+			"nodeproof-agent: the firmware's event log is missing",
+			"nodeproof-agent: REFUSED at re-attestation by the server (HTTP 403): "+string(attest.ReasonEventLogMissing),
+			"nodeproof-liveboot: agent exit 3")
+		if _, ok := r.Files["var/lib/liveboot/eventlog.bin"]; ok {
+			t.Error("the guest found an event log")
+		}
+		w.inspectUntil(t, node, 30*time.Second, func(s *inspect.Story) string {
+			if a, _, taint := nodeState(s); s.State != inspect.StateFailed || s.Reason != string(attest.ReasonEventLogMissing) || a != corev1.ConditionFalse || taint != corev1.TaintEffectNoSchedule {
+				return "state Failed EventLogMissing, tainted, not " + s.State + " " + s.Reason
+			}
+			return ""
+		})
+	})
+	if !t.Failed() {
+		os.RemoveAll(artifacts)
+	}
+	bootTimes := []string{}
+	for _, r := range []*liveboot.Result{first, reboot} {
+		if r != nil {
+			bootTimes = append(bootTimes, fmt.Sprintf("%.1fs", r.Took.Seconds()))
+		}
+	}
+	say("done in %.0fs; Secure Boot boots took %s", time.Since(begin).Seconds(), strings.Join(bootTimes, ", "))
+}
+
+// artifactDir is where the boots' consoles go ($NODEPROOF_ARTIFACTS, else
+// a new directory under the system's temporary one); kept when the test
+// fails.
+func artifactDir(t *testing.T) string {
+	t.Helper()
+	parent := os.Getenv("NODEPROOF_ARTIFACTS")
+	if parent != "" {
+		if err := os.MkdirAll(parent, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, err := os.MkdirTemp(parent, "liveboot-consoles-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the boots' serial consoles are kept in %s", dir)
+		}
+	})
+	return dir
+}
+
+func tail(r *liveboot.Result) string {
+	if r == nil {
+		return ""
+	}
+	c := r.Console()
+	if len(c) > 6000 {
+		c = "…" + c[len(c)-6000:]
+	}
+	return c
+}
+
+// expectLines fails unless the console holds each line, in this order.
+func expectLines(t *testing.T, r *liveboot.Result, want ...string) {
+	t.Helper()
+	i := 0
+	for _, l := range r.Lines {
+		if i < len(want) && strings.Contains(l.Text, want[i]) {
+			i++
+		}
+	}
+	if i < len(want) {
+		t.Fatalf("the console lacks %q (after %q)\n%s", want[i], want[:i], tail(r))
+	}
+}
+
+func approvedBy(csr *certv1.CertificateSigningRequest, reason string) bool {
+	for _, c := range csr.Status.Conditions {
+		if c.Type == certv1.CertificateApproved && c.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// guestPCRs are the SHA-256 PCRs the guest's kernel showed
+// (/sys/class/tpm/tpm0/pcr-sha256/N), lower-case hex by index.
+func guestPCRs(t *testing.T, r *liveboot.Result) map[int]string {
+	t.Helper()
+	b, ok := r.Files["var/lib/liveboot/pcr-sha256"]
+	if !ok {
+		t.Fatal("the guest left no PCR values")
+	}
+	out := map[int]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			t.Fatalf("PCR line %q", line)
+		}
+		i, err := strconv.Atoi(f[0])
+		if err != nil || len(f[1]) != 64 {
+			t.Fatalf("PCR line %q", line)
+		}
+		out[i] = strings.ToLower(f[1])
+	}
+	if len(out) != 24 {
+		t.Fatalf("%d PCRs from the guest", len(out))
+	}
+	return out
+}
+
+// liveLog is what checkLiveLog read from a live boot's log.
+type liveLog struct {
+	raw      []byte
+	pcrs     map[int]string
+	replayed []int // PCRs 0-16 with events, all replaying
+	apps     []string
+	dbx      int
+}
+
+// checkLiveLog checks a live boot's event log with go-eventlog, against
+// expectations that do not come from nodeproof: it replays to the PCRs
+// the guest's kernel showed, and its PCR 4 boot applications are the
+// Authenticode digests of the package files (shim, GRUB, then with Secure
+// Boot the kernel, loaded through the shim; without, GRUB loads the
+// kernel itself and measures it into PCR 9 only).
+func checkLiveLog(t *testing.T, r *liveboot.Result, dg digests, secureBoot bool) *liveLog {
+	t.Helper()
+	raw, ok := r.Files["var/lib/liveboot/eventlog.bin"]
+	if !ok {
+		t.Fatal("the guest found no event log")
+	}
+	l := &liveLog{raw: raw, pcrs: guestPCRs(t, r)}
+	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
+	if err != nil {
+		t.Fatalf("go-eventlog cannot parse the live log: %v", err)
+	}
+	var mrs []register.MR
+	for i := 0; i < 24; i++ {
+		d, err := hex.DecodeString(l.pcrs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		mrs = append(mrs, register.PCR{Index: i, Digest: d, DigestAlg: crypto.SHA256})
+	}
+	events, err := el.Verify(mrs)
+	if err != nil {
+		t.Fatalf("the live log does not replay to the guest's PCRs: %v", err)
+	}
+	seen := map[int]bool{}
+	for _, e := range events {
+		if e.Index <= 16 {
+			seen[e.Index] = true
+		}
+		if e.Index == 4 && e.Type == tcg.EFIBootServicesApplication {
+			l.apps = append(l.apps, hex.EncodeToString(e.Digest))
+		}
+	}
+	for i := 0; i <= 16; i++ {
+		if seen[i] {
+			l.replayed = append(l.replayed, i)
+		}
+	}
+	want := []string{dg.shim, dg.grub}
+	if secureBoot {
+		want = append(want, dg.kernel)
+	}
+	if got := slices.Compact(slices.Clone(l.apps)); !slices.Equal(got, want) {
+		t.Errorf("PCR 4 boot applications %v; want the package files' Authenticode digests %v", l.apps, want)
+	}
+	return l
+}
+
+// saveLiveLog writes a live boot's event log into firmware-testdata with
+// its expectation, each field from this test's own sources (see
+// firmware-testdata/README.md, "Live boots"): the replayed PCRs and their
+// values from the guest's kernel, Secure Boot from how the boot was made,
+// the dbx entries counted by hand, the boot applications from the package
+// files' Authenticode digests (checkLiveLog), the command line from the
+// grub.cfg this package wrote.
+func saveLiveLog(t *testing.T, name string, r *liveboot.Result, parts *liveboot.Parts, dg digests, secureBoot bool) {
+	t.Helper()
+	l := checkLiveLog(t, r, dg, secureBoot)
+	exp := firmwaretestdata.Expected{
+		Parses: true, SHA256: true, SwTPMReplay: true, ReplayPCRs: l.replayed, SecureBoot: "off",
+		DBXEntries: dbxEntries(t, l.raw), BootApplications: l.apps, KernelCmdline: liveboot.ESPKernel + " " + liveboot.KernelCmdline,
+		PCRs: map[string]string{},
+		Note: fmt.Sprintf("made by internal/liveboot's TestLiveBoot (-update-firmware-testdata): OVMF (Debian 12 ovmf) %s, Debian's shim-signed %s, grub-efi-amd64-signed %s (linuxefi), linux-image-%s %s, swtpm",
+			map[bool]string{true: "with Microsoft's keys", false: "without keys (setup mode)"}[secureBoot],
+			parts.Packages[liveboot.ShimPackage], parts.Packages[liveboot.GrubPackage], parts.ABI, parts.Packages["linux-image-"+parts.ABI]),
+	}
+	if secureBoot {
+		exp.SecureBoot = "on"
+	}
+	for _, i := range l.replayed {
+		exp.PCRs[strconv.Itoa(i)] = l.pcrs[i]
+	}
+	b, err := json.MarshalIndent(exp, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := "../../firmware-testdata"
+	if err := os.WriteFile(filepath.Join(dir, "logs", name+".bin"), l.raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "expected", name+".json"), append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("wrote firmware-testdata/logs/%s.bin and its expectation", name)
+}
+
+// dbxEntries counts the entries of the measured dbx (EFI_SIGNATURE_LISTs:
+// (ListSize - 28 - HeaderSize) / SignatureSize each), read by hand from
+// the PCR 7 variable event, as firmware-testdata's README describes.
+func dbxEntries(t *testing.T, raw []byte) int {
+	t.Helper()
+	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range el.Events(register.HashSHA256) {
+		if e.Index != 7 || e.Type != tcg.EFIVariableDriverConfig {
+			continue
+		}
+		v, err := tcg.ParseUEFIVariableData(bytes.NewReader(e.Data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(utf16.Decode(v.UnicodeName)) != "dbx" {
+			continue
+		}
+		n, data := 0, v.VariableData
+		for len(data) >= 28 {
+			size := int(le32(data[16:]))
+			hdr := int(le32(data[20:]))
+			sig := int(le32(data[24:]))
+			if size < 28+hdr || size > len(data) || sig == 0 {
+				t.Fatalf("dbx signature list of size %d", size)
+			}
+			n += (size - 28 - hdr) / sig
+			data = data[size:]
+		}
+		return n
+	}
+	return -1
+}
+
+func le32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}

@@ -1,0 +1,342 @@
+package liveboot_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+)
+
+// binaries are what the test builds: nodeproof for the host, and the
+// guest's static programs.
+type binaries struct {
+	nodeproof, agent, kubeletCSR string
+}
+
+// build builds the three programs (the guest's without cgo, stripped).
+func build(t testing.TB, say func(string, ...any)) binaries {
+	t.Helper()
+	dir := t.TempDir()
+	b := binaries{nodeproof: filepath.Join(dir, "nodeproof"), agent: filepath.Join(dir, "nodeproof-agent"), kubeletCSR: filepath.Join(dir, "kubelet-csr")}
+	for _, c := range []struct {
+		out, pkg string
+		static   bool
+	}{{b.nodeproof, "../../cmd/nodeproof", false}, {b.agent, "../../cmd/nodeproof-agent", true}, {b.kubeletCSR, "./kubeletcsr", true}} {
+		start := time.Now()
+		args := []string{"build", "-o", c.out}
+		if c.static {
+			args = append(args, "-ldflags", "-s -w")
+		}
+		cmd := exec.Command("go", append(args, c.pkg)...)
+		cmd.Env = os.Environ()
+		if c.static {
+			cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+		}
+		if out, err := withProgress(say, "go build "+filepath.Base(c.out), cmd.CombinedOutput); err != nil {
+			t.Fatalf("go build %s: %v\n%s", c.pkg, err, out)
+		}
+		say("built %s in %.1fs", filepath.Base(c.out), time.Since(start).Seconds())
+	}
+	return b
+}
+
+// withProgress runs fn, saying every 30 s that what is still going.
+func withProgress[T any](say func(string, ...any), what string, fn func() (T, error)) (T, error) {
+	done := make(chan struct{})
+	defer close(done)
+	start := time.Now()
+	go func() {
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				say("%s: still running, %.0fs so far", what, time.Since(start).Seconds())
+			}
+		}
+	}()
+	return fn()
+}
+
+// proc is a host program run until the test ends.
+type proc struct {
+	name string
+	out  *testenv.LockedBuffer
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func process(t testing.TB, name, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, out: new(testenv.LockedBuffer), done: make(chan error, 1)}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	go func() { p.done <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(20 * time.Second):
+			_ = p.cmd.Process.Kill()
+			t.Errorf("%s did not stop on SIGTERM", name)
+		}
+		if t.Failed() {
+			t.Logf("--- %s output ---\n%s", name, p.out)
+		}
+	})
+	return p
+}
+
+// world is the cluster and the servers the machine boots against, all on
+// loopback; the guest reaches the server and the API server through
+// QEMU's guestfwd at liveboot.GuestHost, which their certificates name.
+type world struct {
+	cfg                 *rest.Config
+	kc                  kubernetes.Interface
+	bins                binaries
+	man                 *swtpm.Manufacturer
+	roots               string
+	stateDir            string
+	serverPort, apiPort int
+	policyFile          string
+	server, approver    *proc
+	admin               string
+}
+
+// guestURL is the server as the guest reaches it.
+func (w *world) guestURL() string {
+	return fmt.Sprintf("https://%s:%d", liveboot.GuestHost, w.serverPort)
+}
+
+// startWorld starts the API server (its certificate also naming
+// GuestHost), `nodeproof serve` in cluster mode with policy (a template
+// taking the EK roots' directory) and `nodeproof approve`.
+func startWorld(t testing.TB, bins binaries, policy func(roots string) string, say func(string, ...any)) *world {
+	t.Helper()
+	w := &world{bins: bins}
+	ctx := context.Background()
+	start := time.Now()
+	env, err := clustertest.LaunchWith(t.TempDir(), clustertest.LaunchOptions{
+		CRDDirs: []string{"../../deploy/crds"}, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			t.Errorf("stopping the control plane: %v", err)
+		}
+	})
+	w.cfg = env.Config
+	u, err := url.Parse(w.cfg.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fmt.Sscan(u.Port(), &w.apiPort); err != nil {
+		t.Fatal(err)
+	}
+	if w.kc, err = kubernetes.NewForConfig(w.cfg); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(w.cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, w.cfg, w.kc)
+	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
+		kubetest.ApplyYAML(t, c, f)
+	}
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	say("kube-apiserver %s at %s (certificate names %s too), up in %.1fs", testenv.KubeVersion, w.cfg.Host, liveboot.GuestHost, time.Since(start).Seconds())
+
+	dir := t.TempDir()
+	if w.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
+		t.Fatal(err)
+	}
+	// The manufacturer's CA exists once it made a TPM.
+	if err := w.man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
+		t.Fatal(err)
+	}
+	if w.roots, err = w.man.RootsDir(); err != nil {
+		t.Fatal(err)
+	}
+	w.policyFile = filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(w.policyFile, []byte(policy(w.roots)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w.stateDir = filepath.Join(dir, "state")
+	w.serverPort = testenv.FreePort(t)
+	plain := testenv.FreePort(t)
+	w.admin = clustertest.AdminKubeconfig(t, w.cfg)
+	w.server = process(t, "nodeproof serve", bins.nodeproof, "serve",
+		"--kubeconfig", w.admin, "--apiserver-url", fmt.Sprintf("https://%s:%d", liveboot.GuestHost, w.apiPort),
+		"--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
+		"--policy", w.policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1,"+liveboot.GuestHost, "--listen", "127.0.0.1",
+		"--secure-port", fmt.Sprint(w.serverPort), "--insecure-port", fmt.Sprint(plain), "--metrics-addr", "127.0.0.1:0")
+	w.approver = process(t, "nodeproof approve", bins.nodeproof, "approve",
+		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, w.cfg, "nodeproof", "nodeproof-approver"),
+		"--leader-elect-id", "liveboot", "--metrics-addr", "127.0.0.1:0", "--policy", w.policyFile)
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/config/worker", plain))
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server does not serve: %v\n%s", err, w.server.out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	say("nodeproof serve at %s (reached from the guest at %s), nodeproof approve running", fmt.Sprintf("https://127.0.0.1:%d", w.serverPort), w.guestURL())
+	return w
+}
+
+// caBundle is the server's CA bundle.
+func (w *world) caBundle(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(w.stateDir, "certs", "current", certs.CABundleFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// pointer is `nodeproof pointer` for the worker pool as the guest reaches
+// the server: the platform config the machine's image carries.
+func (w *world) pointer(t testing.TB) []byte {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "pointer.ign")
+	if b, err := exec.Command(w.bins.nodeproof, "pointer", "--state-dir", w.stateDir, "--url", w.guestURL(), "--pool", "worker",
+		"--http-total", "60s", "-o", out).CombinedOutput(); err != nil {
+		t.Fatalf("nodeproof pointer: %v\n%s", err, b)
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// nodeproofCmd runs the nodeproof binary against the cluster's store.
+func (w *world) nodeproofCmd(t testing.TB, args ...string) string {
+	t.Helper()
+	args = append(args, "--store", "kubernetes", "--kubeconfig", w.admin, "--store-namespace", "nodeproof")
+	out, err := exec.Command(w.bins.nodeproof, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodeproof %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// inspectUntil runs `nodeproof inspect NODE -o json` until want says
+// nothing is missing (it returns what is), for at most d.
+func (w *world) inspectUntil(t testing.TB, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		out := w.nodeproofCmd(t, "inspect", node, "-o", "json")
+		var s inspect.Story
+		if err := json.Unmarshal([]byte(out), &s); err != nil {
+			t.Fatalf("nodeproof inspect %s -o json: %v\n%s", node, err, out)
+		}
+		missing := want(&s)
+		if missing == "" {
+			return &s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nodeproof inspect %s lacks %s after %s:\n%s", node, missing, d, out)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// registerNode creates the Node object, as the kubelet does when it joins.
+func (w *world) registerNode(t testing.TB, name string) {
+	t.Helper()
+	if _, err := w.kc.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeAttested reports the Node's Attested condition and nodeproof's taint.
+func nodeState(s *inspect.Story) (attested corev1.ConditionStatus, reason string, taint corev1.TaintEffect) {
+	c := s.Cluster
+	if c == nil || c.Condition == nil {
+		return "", "", ""
+	}
+	for _, tt := range c.Taints {
+		if tt.Key == approver.TaintUnattested {
+			taint = tt.Effect
+		}
+	}
+	return c.Condition.Status, c.Condition.Reason, taint
+}
+
+func hasEvent(evs []inspect.Event, object, reason, contains string) bool {
+	for _, e := range evs {
+		if e.Object == object && e.Reason == reason && strings.Contains(e.Message, contains) {
+			return true
+		}
+	}
+	return false
+}
+
+// console keeps every boot's console for the test's artifacts.
+type consoles struct {
+	mu  sync.Mutex
+	dir string
+}
+
+// save writes one boot's console to the artifact directory and returns
+// its path.
+func (c *consoles) save(t testing.TB, name string, r *liveboot.Result) string {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r == nil {
+		return ""
+	}
+	p := filepath.Join(c.dir, name+".console.log")
+	if err := os.WriteFile(p, []byte(r.Console()), 0o644); err != nil {
+		t.Errorf("saving the console: %v", err)
+	}
+	return p
+}
