@@ -109,10 +109,10 @@ func TestRequesterCertificate(t *testing.T) {
 	}
 }
 
-// TestRecordIssued: which issued certificates join the lineage of the
+// TestLineageAttacks: which issued certificates join the lineage of the
 // name's owner. Each certificate that does not is an attack row: a
 // certificate that must never authenticate a renewal of the name.
-func TestRecordIssued(t *testing.T) {
+func TestLineageAttacks(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	d := &Decider{Store: st, Clock: clock}
