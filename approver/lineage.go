@@ -106,27 +106,41 @@ func IssuedSHA256(csr *certv1.CertificateSigningRequest) []byte {
 // does not matter: its certificate's key is held by the owner's kubelet
 // either way.
 func (d *Decider) RecordIssued(ctx context.Context, csr *certv1.CertificateSigningRequest) (bool, error) {
+	ok, unowned, err := d.recordIssued(ctx, csr, d.Store)
+	if err != nil || ok || !unowned || d.Fresh == nil {
+		return ok, err
+	}
+	// The binding or the lineage may be a cache a moment behind (a
+	// lineage created a moment ago): read both again from Fresh.
+	ok, _, err = d.recordIssued(ctx, csr, d.Fresh)
+	return ok, err
+}
+
+// recordIssued is RecordIssued on st; unowned reports that it wrote
+// nothing because neither the lineage nor the CSR's key was the
+// binding's enrolment's, which a stale read can cause.
+func (d *Decider) recordIssued(ctx context.Context, csr *certv1.CertificateSigningRequest, st store.Store) (recorded, unowned bool, err error) {
 	if csr.Spec.SignerName != SignerKubeletClient {
-		return false, nil
+		return false, false, nil
 	}
 	k, _, _ := recognize(csr)
 	cert := issuedCertificate(csr)
 	if k == nil || cert == nil {
-		return false, nil
+		return false, false, nil
 	}
 	spki := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
 	if !attest.Equal(spki[:], k.keySHA256) || cert.Subject.CommonName != NodeUserPrefix+k.nodeName {
-		return false, nil
+		return false, false, nil
 	}
-	lins, ok := d.Store.(store.Lineages)
+	lins, ok := st.(store.Lineages)
 	if !ok {
-		return false, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
+		return false, false, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
 	}
-	b, err := d.Store.Binding(ctx, k.nodeName)
+	b, err := st.Binding(ctx, k.nodeName)
 	if errors.Is(err, store.ErrNotFound) {
-		return false, nil
+		return false, true, nil
 	} else if err != nil {
-		return false, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
+		return false, false, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
 	}
 	first := attest.Equal(k.keySHA256, b.KubeletKeySHA256)
 	var cred []byte
@@ -136,22 +150,21 @@ func (d *Decider) RecordIssued(ctx context.Context, csr *certv1.CertificateSigni
 	sum := sha256.Sum256(cert.Raw)
 	now := d.Clock()
 	entry := store.IssuedCertificate{SHA256: sum[:], CSR: csrRef(csr), NotAfter: cert.NotAfter, RecordedAt: now}
-	recorded := false
 	_, err = lins.UpdateLineage(ctx, k.nodeName, func(cur *store.Lineage) (*store.Lineage, error) {
-		recorded = false
+		recorded, unowned = false, false
 		if _, has := cur.Has(cred); cur.Of(b) && (first || has) {
 			next := *cur
 			next.Certificates = append([]store.IssuedCertificate(nil), cur.Certificates...)
-			recorded = next.Add(entry, now)
-			if !recorded {
+			if recorded = next.Add(entry, now); !recorded {
 				return nil, nil
 			}
 			return &next, nil
 		}
 		if !first {
+			unowned = true
 			return nil, nil
 		}
-		if cur != nil {
+		if cur != nil && st != d.Fresh {
 			// Replacing another enrolment's lineage: only on the binding
 			// as the API server holds it now, not a cache a moment behind.
 			if ok, err := d.confirm(ctx, b); err != nil || !ok {
@@ -164,9 +177,9 @@ func (d *Decider) RecordIssued(ctx context.Context, csr *certv1.CertificateSigni
 		return next, nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("approver: lineage of %s: %w", k.nodeName, err)
+		return false, false, fmt.Errorf("approver: lineage of %s: %w", k.nodeName, err)
 	}
-	return recorded, nil
+	return recorded, unowned, nil
 }
 
 // confirm reports whether b is still the binding of its name on Fresh

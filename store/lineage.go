@@ -99,6 +99,7 @@ type Lineages interface {
 	// UpdateLineage changes nodeName's lineage with fn, which gets the
 	// current one (nil when there is none) and returns the one to store,
 	// or nil to store nothing; one write that cannot lose a concurrent
-	// one (fn may run again on a fresh read). It returns what is stored.
+	// one: fn may get a lineage a moment stale (a cache), whose write then
+	// fails, and fn runs again on a fresh read. It returns what is stored.
 	UpdateLineage(ctx context.Context, nodeName string, fn func(*Lineage) (*Lineage, error)) (*Lineage, error)
 }

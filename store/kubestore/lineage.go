@@ -48,11 +48,12 @@ func (s *Store) getLineage(ctx context.Context, r client.Reader, nodeName string
 // UpdateLineage implements store.Lineages: a read, fn, and a create or an
 // update carrying the resourceVersion read; a conflict (or a create that
 // lost to another) reads again, after a short random pause, up to
-// maxAttempts times.
+// statusAttempts times (a lineage has few writers: the approver's
+// workers, a successor finishing a term).
 func (s *Store) UpdateLineage(ctx context.Context, nodeName string, fn func(*store.Lineage) (*store.Lineage, error)) (*store.Lineage, error) {
 	ctx, cancel := bound(ctx)
 	defer cancel()
-	for attempt := 0; attempt < maxAttempts; attempt++ {
+	for attempt := 0; attempt < statusAttempts; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-ctx.Done():
@@ -65,7 +66,7 @@ func (s *Store) UpdateLineage(ctx context.Context, nodeName string, fn func(*sto
 			return out, err
 		}
 	}
-	return nil, fmt.Errorf("kubestore: update lineage %s: still contended after %d attempts", nodeName, maxAttempts)
+	return nil, fmt.Errorf("kubestore: update lineage %s: still contended after %d attempts", nodeName, statusAttempts)
 }
 
 // writeLineage reads nodeName's lineage from r, applies fn and writes the

@@ -25,23 +25,28 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // approverCluster is a real API server with nodeproof's CRDs and the
-// approver's RBAC from deploy/approver (and nothing else for it), and the
-// server's side of the store (admin) to write records with.
+// approver's RBAC from deploy/approver (and nothing else for it), the
+// server's side of the store (admin) to write records with, and a kubelet
+// signer that issues the certificates of approved CSRs
+// (clustertest.StartSigning).
 type approverCluster struct {
 	cfg   *rest.Config
 	admin kubernetes.Interface
@@ -50,12 +55,35 @@ type approverCluster struct {
 
 func startApproverCluster(t *testing.T) *approverCluster {
 	t.Helper()
-	cfg, admin, c := testCluster(t)
+	cfg, _ := clustertest.StartSigning(t, "../../../deploy/crds")
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	kubetest.ApplyYAML(t, c, "../../../deploy/approver/rbac.yaml")
+	// Nodes create their CSRs (a cluster grants this to system:nodes; no
+	// node authorizer runs here).
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "test-nodes-create-csr"},
+		Subjects:   []rbacv1.Subject{{Kind: "Group", Name: approver.NodesGroup}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	sc, err := kubestore.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -108,16 +136,45 @@ type csrSpec struct {
 	// key (what a successful attestation leaves).
 	record    string
 	addresses []string
+	// key, if set, is the CSR's key (else a new one).
+	key *ecdsa.PrivateKey
+}
+
+// kubelet waits for the certificate issued for the client CSR name and
+// returns a config authenticating with it and key, as the kubelet does.
+func (a *approverCluster) kubelet(t *testing.T, name string, key *ecdsa.PrivateKey) *rest.Config {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		csr, err := a.admin.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(csr.Status.Certificate) > 0 {
+			der, err := x509.MarshalECPrivateKey(key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &rest.Config{Host: a.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: a.cfg.CAData, CertData: csr.Status.Certificate,
+				KeyData: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})}}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no certificate issued for %s within 30 s", name)
+		}
+	}
 }
 
 // create makes the CSR's key, writes its record if any, and creates the
-// CSR (a serving CSR as the node itself).
+// CSR (a serving CSR as the node itself: with the client certificate its
+// kubelet got for the record's key when there is a record, else
+// impersonated).
 func (a *approverCluster) create(t *testing.T, s csrSpec) {
 	t.Helper()
 	ctx := context.Background()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	key, err := s.key, error(nil)
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			t.Fatal(err)
+		}
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject:  pkix.Name{Organization: []string{approver.NodesGroup}, CommonName: approver.NodeUserPrefix + s.node},
@@ -152,7 +209,22 @@ func (a *approverCluster) create(t *testing.T, s csrSpec) {
 		node := rest.CopyConfig(a.cfg)
 		node.Impersonate = rest.ImpersonationConfig{UserName: approver.NodeUserPrefix + s.node,
 			Groups: []string{approver.NodesGroup, "system:masters", "system:authenticated"}}
+		if s.record != "" {
+			// The kubelet's client certificate first, for the record's key.
+			a.create(t, csrSpec{name: s.name + "-client", node: s.node, signer: approver.SignerKubeletClient, key: key})
+			node = a.kubelet(t, s.name+"-client", key)
+		}
 		if kc, err = kubernetes.NewForConfig(node); err != nil {
+			t.Fatal(err)
+		}
+		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader) // the serving key
+		if err != nil {
+			t.Fatal(err)
+		}
+		if der, err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+			Subject:  pkix.Name{Organization: []string{approver.NodesGroup}, CommonName: approver.NodeUserPrefix + s.node},
+			DNSNames: s.dns, IPAddresses: s.ips,
+		}, key); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -362,12 +434,13 @@ func TestApproveCommand(t *testing.T) {
 
 	t.Run("metrics", func(t *testing.T) {
 		want := map[string]float64{
-			`nodeproof_approver_decisions_total{action="approve",reason="NodeproofAttestedTPM"}`: 1,
+			// attested, serving-no-addresses-client (its kubelet's first).
+			`nodeproof_approver_decisions_total{action="approve",reason="NodeproofAttestedTPM"}`: 2,
 			`nodeproof_approver_decisions_total{action="deny",reason="NoAttestation"}`:           3, // unattested, serving-no-record, probe-signer
 			`nodeproof_approver_decisions_total{action="deny",reason="NoAttestedAddresses"}`:     1,
 			// stranger-again, held by the limit (other-signer is not ours).
 			`nodeproof_approver_pending_csrs`:           1,
-			`nodeproof_approver_decision_seconds_count`: 5,
+			`nodeproof_approver_decision_seconds_count`: 6,
 		}
 		// The gauge is recounted every 10 s.
 		var got map[string]float64
