@@ -75,8 +75,8 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.StringVar(&c.Policy, "policy", "", "the attestation policy (the server's): each pool's lifetime — how long an attestation stays fresh, the taint effect (default: 3 h, NoSchedule)")
 	fs.BoolVar(&c.Nodes, "manage-nodes", true, "keep each node's Attested condition and nodeproof.io/unattested taint")
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
-	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for CSRs naming one node")
-	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-node limit")
+	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for the CSRs of one requester: a node, a per-node bootstrap token (a shared requester: per requester and node name)")
+	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-requester limit")
 	fs.Float64Var(&c.QPS, "kube-api-qps", 100, "API calls per second (events have a budget of their own)")
 	fs.IntVar(&c.Burst, "kube-api-burst", 200, "API call burst")
 }
