@@ -14,7 +14,6 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -105,19 +104,8 @@ func newAPIWorld(t *testing.T) *apiWorld {
 		t.Fatal(err)
 	}
 	// The node-bootstrap RBAC lets bootstrap tokens create CSRs; nodes
-	// creating serving CSRs need a rule of their own here (this control
-	// plane runs no node authorizer).
-	if _, err := w.admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "test-nodes-create-csr"},
-		Subjects:   []rbacv1.Subject{{Kind: "Group", Name: NodesGroup}},
-	}, metav1.CreateOptions{}); err != nil {
+	// creating serving CSRs need a rule of their own here.
+	if err := clustertest.NodesMayRequest(ctx, w.admin); err != nil {
 		t.Fatal(err)
 	}
 	return w

@@ -5,7 +5,6 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/sha256"
-	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
@@ -29,6 +28,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
 
 // kubeletRequest submits a client CSR for node with key exactly as a
@@ -58,27 +58,17 @@ func kubeletRequest(t *testing.T, cfg *rest.Config, node string, key crypto.Sign
 // client certificate, and the certificate's SHA-256 (its credential ID).
 func kubeletConfig(t *testing.T, kc kubernetes.Interface, base *rest.Config, name string, key *ecdsa.PrivateKey) (*rest.Config, []byte) {
 	t.Helper()
-	var pemCert []byte
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		c, err := kc.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if pemCert = c.Status.Certificate; len(pemCert) > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no certificate issued for CSR %s within 30 s", name)
-		}
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
+	keyPEM, err := clustertest.KeyPEM(key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	block, _ := pem.Decode(pemCert)
+	rc, err := clustertest.KubeletConfig(context.Background(), kc, base, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(rc.CertData)
 	sum := sha256.Sum256(block.Bytes)
-	return &rest.Config{Host: base.Host, TLSClientConfig: rest.TLSClientConfig{CAData: base.CAData, CertData: pemCert,
-		KeyData: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}}, sum[:]
+	return rc, sum[:]
 }
 
 // waitDecided waits until the CSR has an Approved or Denied condition.

@@ -183,18 +183,11 @@ type world struct {
 // with that certificate does.
 func (w *world) kubeletConfig(t *testing.T, name string, keyPEM []byte) *rest.Config {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		got, err := w.kc.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(got.Status.Certificate) > 0 {
-			return &rest.Config{Host: w.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: w.cfg.CAData, CertData: got.Status.Certificate, KeyData: keyPEM}}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no certificate issued for the approved CSR %s within 30 s", name)
-		}
+	rc, err := clustertest.KubeletConfig(context.Background(), w.kc, w.cfg, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return rc
 }
 
 // setKubelet records node's kubelet (its current client certificate).

@@ -6,10 +6,8 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,7 +19,6 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -156,16 +153,7 @@ func (w *world) waitNode(t *testing.T, name string, want nodeState, within time.
 // runs RBAC only).
 func (w *world) nodesMayRenew(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := w.kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-csrs"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get", "list", "watch"}}}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-csrs"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "e2e-node-csrs"},
-		Subjects: []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: approver.NodesGroup}}},
-		metav1.CreateOptions{}); err != nil {
+	if err := clustertest.NodesMayRequest(context.Background(), w.kc); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -204,11 +192,11 @@ func (w *world) renewalWith(t *testing.T, node string, rc *rest.Config) certv1.C
 	}
 	cond := w.csrDecision(t, name)
 	if cond.Type == certv1.CertificateApproved {
-		der, err := x509.MarshalECPrivateKey(key)
+		keyPEM, err := clustertest.KeyPEM(key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.setKubelet(node, w.kubeletConfig(t, name, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})))
+		w.setKubelet(node, w.kubeletConfig(t, name, keyPEM))
 	}
 	return cond
 }

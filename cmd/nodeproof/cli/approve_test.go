@@ -25,7 +25,6 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -69,19 +68,8 @@ func startApproverCluster(t *testing.T) *approverCluster {
 		t.Fatal(err)
 	}
 	kubetest.ApplyYAML(t, c, "../../../deploy/approver/rbac.yaml")
-	// Nodes create their CSRs (a cluster grants this to system:nodes; no
-	// node authorizer runs here).
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "test-nodes-create-csr"},
-		Subjects:   []rbacv1.Subject{{Kind: "Group", Name: approver.NodesGroup}},
-	}, metav1.CreateOptions{}); err != nil {
+	// Nodes create their CSRs (a cluster grants this to system:nodes).
+	if err := clustertest.NodesMayRequest(ctx, admin); err != nil {
 		t.Fatal(err)
 	}
 	sc, err := kubestore.NewClient(cfg)
@@ -144,23 +132,15 @@ type csrSpec struct {
 // returns a config authenticating with it and key, as the kubelet does.
 func (a *approverCluster) kubelet(t *testing.T, name string, key *ecdsa.PrivateKey) *rest.Config {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		csr, err := a.admin.CertificatesV1().CertificateSigningRequests().Get(context.Background(), name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(csr.Status.Certificate) > 0 {
-			der, err := x509.MarshalECPrivateKey(key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return &rest.Config{Host: a.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: a.cfg.CAData, CertData: csr.Status.Certificate,
-				KeyData: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})}}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no certificate issued for %s within 30 s", name)
-		}
+	keyPEM, err := clustertest.KeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
 	}
+	rc, err := clustertest.KubeletConfig(context.Background(), a.admin, a.cfg, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
 }
 
 // create makes the CSR's key, writes its record if any, and creates the

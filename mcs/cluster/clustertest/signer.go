@@ -19,6 +19,7 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -294,4 +295,57 @@ func StartSigning(t testing.TB, crdDirs ...string) (*rest.Config, *Signer) {
 		}
 	})
 	return e.Config, s
+}
+
+// KubeletConfig waits up to timeout for the certificate issued for the CSR
+// name (a Signer issues it once the CSR is approved) and returns base's
+// server (host and CA) with that certificate and keyPEM (PEM): what a
+// kubelet with that certificate authenticates as.
+func KubeletConfig(ctx context.Context, kc kubernetes.Interface, base *rest.Config, name string, keyPEM []byte, timeout time.Duration) (*rest.Config, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := kc.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if len(c.Status.Certificate) > 0 {
+			return &rest.Config{Host: base.Host, TLSClientConfig: rest.TLSClientConfig{CAData: base.CAData, CertData: c.Status.Certificate, KeyData: keyPEM}}, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("clustertest: no certificate issued for CSR %s within %s", name, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// NodesMayRequest lets the group system:nodes create, read and watch
+// CSRs, as a cluster's system:node role and Node authorizer do (this
+// control plane runs RBAC only).
+func NodesMayRequest(ctx context.Context, kc kubernetes.Interface) error {
+	if _, err := kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "clustertest-nodes-request-certificates"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"},
+			Verbs: []string{"create", "get", "list", "watch"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err := kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "clustertest-nodes-request-certificates"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "clustertest-nodes-request-certificates"},
+		Subjects:   []rbacv1.Subject{{Kind: "Group", APIGroup: rbacv1.GroupName, Name: "system:nodes"}},
+	}, metav1.CreateOptions{})
+	return err
+}
+
+// KeyPEM is key as PEM (EC PRIVATE KEY), for KubeletConfig.
+func KeyPEM(key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
 }
