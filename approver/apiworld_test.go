@@ -201,8 +201,21 @@ func (w *apiWorld) term(ctx context.Context, o Options) error {
 		}
 		return nil
 	}
+	// Lineages written through a client of their own, as the command does.
+	lc, err := kubestore.NewClient(w.saCfg)
+	if err != nil {
+		return err
+	}
+	lst, err := kubestore.New(lc, "nodeproof", time.Now)
+	if err != nil {
+		return err
+	}
+	lineages, err := cached.LineagesWith(lst)
+	if err != nil {
+		return err
+	}
 	o.Client, o.Clock = w.sa, time.Now
-	o.Decider = &Decider{Store: cached, Fresh: w.approverStore, Clock: time.Now}
+	o.Decider = &Decider{Store: cached, Fresh: w.approverStore, Lineages: lineages, Clock: time.Now}
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewJSONHandler(new(testenv.LockedBuffer), nil))
 	}

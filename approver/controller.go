@@ -113,8 +113,8 @@ func New(o Options) (*Controller, error) {
 	case o.Clock == nil || o.Log == nil:
 		return nil, errors.New("approver: Clock and Log are required")
 	}
-	if _, ok := o.Decider.Store.(store.Lineages); !ok {
-		return nil, errors.New("approver: the Decider's Store keeps no certificate lineages (store.Lineages)")
+	if _, ok := o.Decider.Store.(store.Lineages); !ok && o.Decider.Lineages == nil {
+		return nil, errors.New("approver: the Decider's Store keeps no certificate lineages (store.Lineages), and no Lineages is set")
 	}
 	if _, ok := o.Decider.Fresh.(store.Lineages); o.Decider.Fresh != nil && !ok {
 		return nil, errors.New("approver: the Decider's Fresh store keeps no certificate lineages (store.Lineages)")

@@ -111,6 +111,25 @@ type Decider struct {
 	// in its pool (policy lifetime.staleAfter); nil means
 	// DefaultStaleAfter for every pool.
 	StaleAfter func(pool string) time.Duration
+	// Lineages, if set, keeps the certificate lineages that decisions on
+	// Store read and RecordIssued writes, in place of Store's own
+	// (store.Lineages): e.g. kubestore.Cached.LineagesWith, whose writes go
+	// through a client of their own, so recording a machine's certificate
+	// does not spend the rate limit its approval needs. Fresh's own are
+	// used on Fresh.
+	Lineages store.Lineages
+}
+
+// lineages is where decisions on st read lineages, and RecordIssued writes
+// them.
+func (d *Decider) lineages(st store.Store) (store.Lineages, error) {
+	if st == d.Store && d.Lineages != nil {
+		return d.Lineages, nil
+	}
+	if l, ok := st.(store.Lineages); ok {
+		return l, nil
+	}
+	return nil, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
 }
 
 // DefaultStaleAfter is the freshness window when no policy says: three
@@ -139,9 +158,9 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // BootstrapTokenOtherNode, which rests on records, whose spec never
 // changes: a cache that holds one is not behind on it).
 //
-// Store must implement store.Lineages (kubestore.Store, kubestore.Cached
-// and boltstore.Store do): without it no CSR the node makes itself is
-// decided (an error). When it also implements store.TokenIndex
+// Store (or Lineages) and Fresh must implement store.Lineages
+// (kubestore.Store, kubestore.Cached and boltstore.Store do): without it
+// no CSR the node makes itself is decided (an error). When it also implements store.TokenIndex
 // (kubestore.Cached, boltstore.Store), bootstrap tokens are checked
 // against the node their records name.
 //
@@ -222,7 +241,7 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		return dec, err
 	}
 	fresh := *d
-	fresh.Store, fresh.Fresh = d.Fresh, nil
+	fresh.Store, fresh.Fresh, fresh.Lineages = d.Fresh, nil, nil
 	return fresh.decide(ctx, csr)
 }
 
@@ -323,9 +342,9 @@ func (d *Decider) notCurrentOwner(ctx context.Context, csr *certv1.CertificateSi
 		base.Message = fmt.Sprintf("this CSR from %s carries no credential ID of an X.509 client certificate (%s): nodeproof cannot tell whose kubelet made it", k.requester, why)
 		return base, true, nil
 	}
-	lins, ok := d.Store.(store.Lineages)
-	if !ok {
-		return Decision{}, false, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
+	lins, err := d.lineages(d.Store)
+	if err != nil {
+		return Decision{}, false, err
 	}
 	lin, err := lins.Lineage(ctx, k.nodeName)
 	if errors.Is(err, store.ErrNotFound) {

@@ -132,9 +132,9 @@ func (d *Decider) recordIssued(ctx context.Context, csr *certv1.CertificateSigni
 	if !attest.Equal(spki[:], k.keySHA256) || cert.Subject.CommonName != NodeUserPrefix+k.nodeName {
 		return false, false, nil
 	}
-	lins, ok := st.(store.Lineages)
-	if !ok {
-		return false, false, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
+	lins, err := d.lineages(st)
+	if err != nil {
+		return false, false, err
 	}
 	b, err := st.Binding(ctx, k.nodeName)
 	if errors.Is(err, store.ErrNotFound) {

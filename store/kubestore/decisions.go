@@ -245,3 +245,46 @@ func (c *Cached) UpdateLineage(ctx context.Context, nodeName string, fn func(*st
 	}
 	return c.Store.UpdateLineage(ctx, nodeName, fn)
 }
+
+// LineagesWith returns the lineages of c's namespace read as c reads them
+// (the watch; a miss or an untrusted watch read through w) but written
+// through w, a Store in the same namespace with a client of its own: so
+// that recording certificates does not spend the rate limit of the
+// client that consumes records for approvals.
+func (c *Cached) LineagesWith(w *Store) (store.Lineages, error) {
+	if w == nil || w.ns != c.ns {
+		return nil, errors.New("kubestore: LineagesWith needs a Store in the cache's namespace")
+	}
+	return &cachedLineages{c: c, w: w}, nil
+}
+
+type cachedLineages struct {
+	c *Cached
+	w *Store
+}
+
+// Lineage implements store.Lineages.
+func (l *cachedLineages) Lineage(ctx context.Context, nodeName string) (*store.Lineage, error) {
+	if l.c.health.trusted() {
+		obj, err := l.c.getLineage(ctx, l.c.watch, nodeName)
+		if err == nil {
+			return fromLineage(obj)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	return l.w.Lineage(ctx, nodeName)
+}
+
+// UpdateLineage implements store.Lineages as Cached does, through w.
+func (l *cachedLineages) UpdateLineage(ctx context.Context, nodeName string, fn func(*store.Lineage) (*store.Lineage, error)) (*store.Lineage, error) {
+	if l.c.health.trusted() {
+		bctx, cancel := bound(ctx)
+		out, retry, err := l.w.writeLineage(bctx, l.c.watch, nodeName, fn)
+		cancel()
+		if !retry {
+			return out, err
+		}
+	}
+	return l.w.UpdateLineage(ctx, nodeName, fn)
+}

@@ -218,4 +218,33 @@ func testLineages(t *testing.T, k *cluster) {
 			return c
 		})
 	})
+	t.Run("Cached, written through another client", func(t *testing.T) {
+		storetest.RunLineages(t, func(t *testing.T) store.Lineages {
+			ns := k.namespace(t)
+			c, err := NewCached(k.cfg, k.store(t, sc, ns, time.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go c.Start(ctx)
+			if !c.WaitForSync(ctx) {
+				t.Fatal("the cache did not sync")
+			}
+			wc, err := NewClient(k.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := c.LineagesWith(k.store(t, wc, ns, time.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		})
+		c, err := NewCached(k.cfg, k.store(t, sc, k.namespace(t), time.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.LineagesWith(k.store(t, sc, k.namespace(t), time.Now)); err == nil {
+			t.Fatal("LineagesWith accepted a Store of another namespace")
+		}
+	})
 }
