@@ -206,10 +206,10 @@ type result struct {
 	// lineages is how many of the run's nodes have a KubeletLineage (the
 	// approver saw their certificate issued), nodeproof only.
 	lineages int
-	cpu     time.Duration // approver process, during the run
-	apiCPU  time.Duration // kube-apiserver + etcd, during the run
-	rss     int64         // approver process peak RSS
-	stats   childStats
+	cpu      time.Duration // approver process, during the run
+	apiCPU   time.Duration // kube-apiserver + etcd, during the run
+	rss      int64         // approver process peak RSS
+	stats    childStats
 }
 
 func (b *bench) main(ctx context.Context, crds string, ls []limits, out string) error {
