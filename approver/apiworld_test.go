@@ -28,6 +28,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
+	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
 
 // apiWorld is a real kube-apiserver with bootstrap token authentication
@@ -232,6 +233,23 @@ func (w *apiWorld) term(ctx context.Context, o Options) error {
 // its client certificate, and by flooding with its own bootstrap token.
 func TestCSRAttacksOnAPIServer(t *testing.T) {
 	w := newAPIWorld(t)
+	// A machine banned by an IdentityBan applied by hand (GitOps), before
+	// the approver starts (so its watch holds the ban): no server runs here
+	// to revoke the binding from its watch, so the binding still says
+	// attested, and only the store's refusal to consume the record stands
+	// between the machine and a certificate.
+	k9 := mustKey(t)
+	kubelet9 := w.attestNode("rec-9", "worker-9", k9)
+	banClient, err := kubestore.NewClient(w.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := banClient.Create(context.Background(), &v1alpha1.IdentityBan{
+		ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.BanName("tpm-ek:worker-9"), Namespace: "nodeproof"},
+		Spec:       v1alpha1.IdentityBanSpec{Identity: "tpm-ek:worker-9", At: metav1.NewMicroTime(time.Now()), By: "test", Reason: "disk stolen"},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.term(ctx, Options{Resync: 2 * time.Second}) }()
@@ -281,6 +299,11 @@ func TestCSRAttacksOnAPIServer(t *testing.T) {
 		}
 		attacktable.Check(t, "approver", "on a real API server: a revoked node's first client CSR, with its bootstrap token and its attested key",
 			"Denied "+string(attest.ReasonRevoked), decided(t, kubeletRequest(t, kubelet7, "worker-7", k7)))
+	})
+
+	t.Run("a ban written by hand, before the binding shows it, denies the first CSR", func(t *testing.T) {
+		attacktable.Check(t, "approver", "on a real API server: the first client CSR of a machine banned by hand (an IdentityBan applied with kubectl), before its binding is revoked",
+			"Denied "+string(attest.ReasonRevoked), decided(t, kubeletRequest(t, kubelet9, "worker-9", k9)))
 	})
 
 	t.Run("a CSR as the node without its client certificate is denied", func(t *testing.T) {

@@ -209,7 +209,10 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 //   - records with this key, all consumed by other CSRs:
 //     AttestationAlreadyUsed (denied);
 //   - the record's token user is not the requester: RequesterMismatch
-//     (denied).
+//     (denied);
+//   - the store refuses to consume the record because its identity is
+//     banned (store.ErrRevoked: a ban the binding does not show yet):
+//     Revoked (denied).
 //
 // A kubelet serving CSR (after recognize's shape checks, which include
 // that the requester is the node itself, and check 3) is decided on the
@@ -455,6 +458,13 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 		err := d.Store.ConsumeRecord(ctx, r.ID, ref, now)
 		if errors.Is(err, store.ErrConsumed) {
 			continue // another CSR won it a moment ago
+		}
+		if errors.Is(err, store.ErrRevoked) {
+			// A ban the binding does not show yet (one written by hand,
+			// before the server's watch revokes the binding).
+			base.Action, base.Reason, base.Record = Deny, Reason(attest.ReasonRevoked), r.ID
+			base.Message = fmt.Sprintf("NodeAttestation %s for node %s is of %s, which is banned", r.ID, k.nodeName, r.Identity)
+			return base, nil
 		}
 		if err != nil {
 			return Decision{}, fmt.Errorf("approver: consume record %s: %w", r.ID, err)
