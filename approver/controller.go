@@ -2,9 +2,11 @@ package approver
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -22,18 +24,23 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // Defaults of Options.
 const (
 	DefaultWorkers      = 16 // measured: 67 → 99 CSRs/s on 2 cores (bench/approver)
-	DefaultPerNodeRate  = 2  // decisions per second per node name
+	DefaultPerNodeRate  = 2  // decisions per second per requester (Decider.LimitKey)
 	DefaultPerNodeBurst = 5
 	DefaultResync       = 30 * time.Second
-	// maxLimiters bounds the per-node limiter table; idle limiters are
-	// dropped beyond it.
+	// maxLimiters bounds the limiter table; idle limiters are dropped
+	// beyond it.
 	maxLimiters = 10000
+	// issuedIndex indexes cached CSRs by the SHA-256 of the certificate
+	// issued for them (hex), to find the CSR whose certificate made a
+	// renewal.
+	issuedIndex = "issuedSHA256"
 	// callTimeout bounds each API call a worker makes.
 	callTimeout = 15 * time.Second
 )
@@ -52,9 +59,13 @@ type Options struct {
 	Decider *Decider
 	// Workers decide CSRs in parallel (default DefaultWorkers).
 	Workers int
-	// PerNodeRate and PerNodeBurst bound how often CSRs naming one node are
-	// decided: a flood for one name is delayed, every other name is not.
-	// There is no global breaker.
+	// PerNodeRate and PerNodeBurst bound how often the CSRs of one
+	// requester are decided (Decider.LimitKey: a node's own credentials, a
+	// bootstrap token issued for one node; a requester many machines share
+	// together with the node name it asks for): a flood from one machine,
+	// whatever names it asks for, delays only that machine's CSRs. A
+	// postponed CSR keeps its place (a reservation), so a flood is looked
+	// at once per CSR, not again and again. There is no global breaker.
 	PerNodeRate  rate.Limit
 	PerNodeBurst int
 	// Resync re-examines pending CSRs this often, so one left pending
@@ -80,11 +91,18 @@ type Controller struct {
 	lister   certlisters.CertificateSigningRequestLister
 	recorder record.EventRecorder
 
+	indexer toolscache.Indexer
+
 	mu       sync.Mutex
 	limiters map[string]*rate.Limiter
 	// left remembers which reason a pending CSR was last left with, so a
 	// resync does not repeat the event.
 	left map[string]Reason
+	// turns are the times postponed CSRs were given by their limiter.
+	turns map[string]time.Time
+	// recorded names the issued CSRs (name → UID) whose certificate
+	// RecordIssued has seen this term.
+	recorded map[string]string
 }
 
 // New checks o.
@@ -94,6 +112,12 @@ func New(o Options) (*Controller, error) {
 		return nil, errors.New("approver: Client and Decider are required")
 	case o.Clock == nil || o.Log == nil:
 		return nil, errors.New("approver: Clock and Log are required")
+	}
+	if _, ok := o.Decider.Store.(store.Lineages); !ok && o.Decider.Lineages == nil {
+		return nil, errors.New("approver: the Decider's Store keeps no certificate lineages (store.Lineages), and no Lineages is set")
+	}
+	if _, ok := o.Decider.Fresh.(store.Lineages); o.Decider.Fresh != nil && !ok {
+		return nil, errors.New("approver: the Decider's Fresh store keeps no certificate lineages (store.Lineages)")
 	}
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers
@@ -107,7 +131,8 @@ func New(o Options) (*Controller, error) {
 	if o.Resync <= 0 {
 		o.Resync = DefaultResync
 	}
-	return &Controller{o: o, limiters: map[string]*rate.Limiter{}, left: map[string]Reason{}}, nil
+	return &Controller{o: o, limiters: map[string]*rate.Limiter{}, left: map[string]Reason{},
+		turns: map[string]time.Time{}, recorded: map[string]string{}}, nil
 }
 
 // pending reports whether csr has no Approved, Denied or Failed condition.
@@ -125,25 +150,53 @@ func ours(csr *certv1.CertificateSigningRequest) bool {
 	return csr.Spec.SignerName == SignerKubeletClient || csr.Spec.SignerName == SignerKubeletServing
 }
 
+// issued reports whether csr is a kubelet client CSR with a certificate.
+func issued(csr *certv1.CertificateSigningRequest) bool {
+	return csr.Spec.SignerName == SignerKubeletClient && len(csr.Status.Certificate) > 0
+}
+
 // Run decides CSRs until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	factory := informers.NewSharedInformerFactory(c.o.Client, c.o.Resync)
 	inf := factory.Certificates().V1().CertificateSigningRequests()
 	c.lister = inf.Lister()
+	if err := inf.Informer().AddIndexers(toolscache.Indexers{issuedIndex: func(obj any) ([]string, error) {
+		csr, ok := obj.(*certv1.CertificateSigningRequest)
+		if !ok || !issued(csr) {
+			return nil, nil
+		}
+		if sum := IssuedSHA256(csr); sum != nil {
+			return []string{hex.EncodeToString(sum)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return fmt.Errorf("approver: %w", err)
+	}
+	c.indexer = inf.Informer().GetIndexer()
 	c.queue = workqueue.NewTypedRateLimitingQueueWithConfig(
 		workqueue.DefaultTypedControllerRateLimiter[string](),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "nodeproof-approver"})
 	defer c.queue.ShutDown()
 
+	// Pending CSRs are decided; issued client CSRs are recorded in their
+	// node's lineage, once a term.
 	enqueue := func(obj any) {
 		csr, ok := obj.(*certv1.CertificateSigningRequest)
-		if ok && ours(csr) && pending(csr) {
+		if ok && ours(csr) && (pending(csr) || issued(csr) && !c.wasRecorded(csr)) {
 			c.queue.Add(csr.Name)
 		}
 	}
 	if _, err := inf.Informer().AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj any) { enqueue(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if csr, ok := obj.(*certv1.CertificateSigningRequest); ok {
+				c.forget(csr.Name)
+			}
+		},
 	}); err != nil {
 		return fmt.Errorf("approver: %w", err)
 	}
@@ -232,30 +285,38 @@ func (c *Controller) next(ctx context.Context) bool {
 	return true
 }
 
-// handle decides one CSR; a positive duration asks to come back later.
+// handle decides one pending CSR, or records the certificate issued for
+// one; a positive duration asks to come back later.
 func (c *Controller) handle(ctx context.Context, name string) (time.Duration, error) {
 	csr, err := c.lister.Get(name)
 	if apierrors.IsNotFound(err) {
-		c.forgetLeft(name)
+		c.forget(name)
 		return 0, nil
 	}
 	if err != nil {
 		return 0, err
 	}
-	if !ours(csr) || !pending(csr) {
-		c.forgetLeft(name)
+	if !ours(csr) {
+		c.forget(name)
 		return 0, nil
 	}
-	if k, _, _ := recognize(csr); k != nil {
-		if lim := c.limiter(k.nodeName); !lim.Allow() {
-			if c.o.Metrics != nil {
-				c.o.Metrics.limited.Inc()
-			}
-			return time.Duration(float64(time.Second) / float64(c.o.PerNodeRate)), nil
+	if !pending(csr) {
+		c.forgetLeft(name)
+		if !issued(csr) || c.wasRecorded(csr) {
+			return 0, nil
 		}
+		ctx, cancel := context.WithTimeout(ctx, callTimeout)
+		defer cancel()
+		return 0, c.record(ctx, csr)
+	}
+	if wait := c.admit(ctx, csr); wait > 0 {
+		return wait, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
+	if err := c.catchUp(ctx, csr); err != nil {
+		return 0, err
+	}
 	dec, err := c.o.Decider.Decide(ctx, csr)
 	if err != nil {
 		return 0, err
@@ -313,15 +374,93 @@ func (c *Controller) observe(csr *certv1.CertificateSigningRequest, dec Decision
 	}
 }
 
-func (c *Controller) limiter(node string) *rate.Limiter {
+// admit returns how long csr must wait for its turn in its requester's
+// limit (Decider.LimitKey), 0 when it may be decided now. A CSR postponed
+// is given a turn (a reservation) and keeps it, so it is looked at again
+// only when its turn comes, however many others its requester queued.
+func (c *Controller) admit(ctx context.Context, csr *certv1.CertificateSigningRequest) time.Duration {
+	now := c.o.Clock()
+	c.mu.Lock()
+	if at, ok := c.turns[csr.Name]; ok {
+		if now.Before(at) {
+			c.mu.Unlock()
+			return at.Sub(now)
+		}
+		delete(c.turns, csr.Name)
+		c.mu.Unlock()
+		return 0
+	}
+	c.mu.Unlock()
+	key := c.o.Decider.LimitKey(ctx, csr) // outside the lock: it parses
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	l, ok := c.limiters[node]
+	l, ok := c.limiters[key]
 	if !ok {
 		l = rate.NewLimiter(c.o.PerNodeRate, c.o.PerNodeBurst)
-		c.limiters[node] = l
+		c.limiters[key] = l
 	}
-	return l
+	wait := l.ReserveN(now, 1).DelayFrom(now)
+	if wait <= 0 {
+		return 0
+	}
+	c.turns[csr.Name] = now.Add(wait)
+	if c.o.Metrics != nil {
+		c.o.Metrics.limited.Inc()
+	}
+	return wait
+}
+
+// record adds the certificate issued for csr to its node's lineage
+// (Decider.RecordIssued), once a term.
+func (c *Controller) record(ctx context.Context, csr *certv1.CertificateSigningRequest) error {
+	ok, err := c.o.Decider.RecordIssued(ctx, csr)
+	if err != nil {
+		return fmt.Errorf("record the certificate issued for %s: %w", csr.Name, err)
+	}
+	c.mu.Lock()
+	c.recorded[csr.Name] = string(csr.UID)
+	c.mu.Unlock()
+	if ok {
+		if c.o.Metrics != nil {
+			c.o.Metrics.recorded.Inc()
+		}
+		c.o.Log.Info("kubelet client certificate recorded in its node's lineage", "csr", csr.Name,
+			"requester", csr.Spec.Username, "sha256", hex.EncodeToString(IssuedSHA256(csr)))
+	}
+	return nil
+}
+
+// catchUp records, before a CSR the node made itself is decided, the
+// certificate that made it, when the CSR it was issued for is still
+// cached and not yet recorded (its update may be queued behind this CSR,
+// or it was issued while no approver ran).
+func (c *Controller) catchUp(ctx context.Context, csr *certv1.CertificateSigningRequest) error {
+	if !strings.HasPrefix(csr.Spec.Username, NodeUserPrefix) {
+		return nil
+	}
+	sum, _ := RequesterCertificate(csr)
+	if sum == nil {
+		return nil
+	}
+	objs, err := c.indexer.ByIndex(issuedIndex, hex.EncodeToString(sum))
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if prev, ok := o.(*certv1.CertificateSigningRequest); ok && !c.wasRecorded(prev) {
+			if err := c.record(ctx, prev); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Controller) wasRecorded(csr *certv1.CertificateSigningRequest) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	uid, ok := c.recorded[csr.Name]
+	return ok && uid == string(csr.UID)
 }
 
 // pruneLimiters drops idle (full) limiters once the table is large.
@@ -331,8 +470,9 @@ func (c *Controller) pruneLimiters() {
 	if len(c.limiters) <= maxLimiters {
 		return
 	}
+	now := c.o.Clock()
 	for k, l := range c.limiters {
-		if l.Tokens() >= float64(c.o.PerNodeBurst) {
+		if l.TokensAt(now) >= float64(c.o.PerNodeBurst) {
 			delete(c.limiters, k)
 		}
 	}
@@ -352,4 +492,13 @@ func (c *Controller) forgetLeft(name string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.left, name)
+	delete(c.turns, name)
+}
+
+// forget drops all the controller keeps about a CSR that is gone.
+func (c *Controller) forget(name string) {
+	c.forgetLeft(name)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.recorded, name)
 }

@@ -3,7 +3,11 @@ package approver
 import (
 	"context"
 	"crypto"
+	"crypto/ecdsa"
+	"crypto/sha256"
 	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,22 +21,14 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
-	"github.com/nodeproof/nodeproof/store"
-	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // kubeletRequest submits a client CSR for node with key exactly as a
@@ -54,6 +50,25 @@ func kubeletRequest(t *testing.T, cfg *rest.Config, node string, key crypto.Sign
 		t.Fatalf("request certificate for %s: %v", node, err)
 	}
 	return name
+}
+
+// kubeletConfig waits for the certificate issued for the CSR name (the
+// test's signer issues it once the CSR is approved) and returns the
+// kubelet's config with it and key, authenticating as the node by its
+// client certificate, and the certificate's SHA-256 (its credential ID).
+func kubeletConfig(t *testing.T, kc kubernetes.Interface, base *rest.Config, name string, key *ecdsa.PrivateKey) (*rest.Config, []byte) {
+	t.Helper()
+	keyPEM, err := clustertest.KeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clustertest.KubeletConfig(context.Background(), kc, base, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, _ := pem.Decode(rc.CertData)
+	sum := sha256.Sum256(block.Bytes)
+	return rc, sum[:]
 }
 
 // waitDecided waits until the CSR has an Approved or Denied condition.
@@ -177,126 +192,20 @@ func pendingNow(t *testing.T, kc kubernetes.Interface) int {
 // TestControllerOnAPIServer runs two approver replicas under leader
 // election against a real kube-apiserver with bootstrap token
 // authentication, as the service account of deploy/approver/rbac.yaml and
-// with nothing else: the CSR calls, the Lease and the NodeAttestation
-// records (the Kubernetes store, read and consumed through the approver's
-// own Role) all go through its RBAC, so a missing permission fails the
-// test. The records are written as the server writes them; kubelets ask
-// for certificates through client-go's bootstrap code.
+// with nothing else: the CSR calls, the Lease, the NodeAttestation
+// records and the certificate lineages (the Kubernetes store, read from
+// the approver's watch as `nodeproof approve` does, consumed and written
+// through the approver's own Role) all go through its RBAC, so a missing
+// permission fails the test. The records are written as the server
+// writes them; kubelets ask for certificates through client-go's
+// bootstrap code, a signer issues the approved ones from the API server's
+// client CA (clustertest.StartSigning), and kubelets then authenticate
+// with them, so the CSRs they make themselves carry the credential ID the
+// API server records.
 func TestControllerOnAPIServer(t *testing.T) {
-	cfg := clustertest.Start(t, "../deploy/crds")
-	ctx := context.Background()
-	admin, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	kubetest.ApplyYAML(t, c, "../deploy/approver/rbac.yaml")
-	kubetest.ApplyYAML(t, c, "../deploy/cluster/node-bootstrap-rbac.yaml")
-	saCfg := kubetest.AsServiceAccount(cfg, "nodeproof", "nodeproof-approver")
-	sa, err := kubernetes.NewForConfig(saCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The approver's store: its own account, its own Role.
-	saStoreClient, err := kubestore.NewClient(saCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	approverStore, err := kubestore.New(saStoreClient, "nodeproof", time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The server's side, which writes the records (admin here: the
-	// server's RBAC is tested in deploy/ and store/kubestore).
-	adminStoreClient, err := kubestore.NewClient(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := kubestore.New(adminStoreClient, "nodeproof", time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// RBAC is evaluated from informers: wait until the approver may read
-	// records, so the first decisions do not race the role binding.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if _, err := approverStore.RecordsForNode(ctx, "probe"); err == nil {
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the approver cannot list records 30 s after its RBAC was applied: %v", err)
-		}
-	}
-
-	tokens, err := cluster.NewTokens(cluster.TokenOptions{Client: admin, Server: cfg.Host,
-		CABundle: func(context.Context) ([]byte, error) { return cfg.CAData, nil }, Clock: time.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	// attestNode writes what the server writes after a successful
-	// attestation (a record, with a bootstrap token) and returns the
-	// kubelet's config.
-	attestNode := func(id, node string, key crypto.Signer, addresses ...string) *rest.Config {
-		t.Helper()
-		rec := &store.Record{ID: id, NodeName: node, Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:" + node, KubeletKeySHA256: keyHash(t, key),
-			Addresses: addresses, Summary: "tpm test", CreatedAt: time.Now(), Expires: time.Now().Add(time.Hour)}
-		if err := tokens.Issue(ctx, rec); err != nil {
-			t.Fatal(err)
-		}
-		if err := tokens.Activate(ctx, rec); err != nil { // as the config's delivery does
-			t.Fatal(err)
-		}
-		if err := st.Enrol(ctx, rec, store.EnrolOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		kubeconfig, err := tokens.Kubeconfig(ctx, rec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := clustertest.WaitWhoAmI(ctx, rc, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		return rc
-	}
-	// servingRequest creates a kubelet serving CSR as the node itself.
-	servingRequest := func(name, node string, dns []string, ips []net.IP) {
-		t.Helper()
-		nodeCfg := rest.CopyConfig(cfg)
-		nodeCfg.Impersonate = rest.ImpersonationConfig{UserName: NodeUserPrefix + node, Groups: []string{NodesGroup, "system:authenticated"}}
-		nkc, err := kubernetes.NewForConfig(nodeCfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		obj := makeCSR(t, servingCSR(t, name, node, dns, ips))
-		obj.UID, obj.CreationTimestamp = "", metav1.Time{}
-		if _, err := nkc.CertificatesV1().CertificateSigningRequests().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The node-bootstrap RBAC lets bootstrap tokens create CSRs; nodes
-	// creating serving CSRs need a rule of their own here (this control
-	// plane runs no node authorizer).
-	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get"}}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "test-nodes-create-csr"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "test-nodes-create-csr"},
-		Subjects:   []rbacv1.Subject{{Kind: "Group", Name: NodesGroup}},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	w := newAPIWorld(t)
+	ctx, cfg, admin, st := context.Background(), w.cfg, w.admin, w.st
+	attestNode, servingRequest := w.attestNode, w.servingRequest
 
 	// Two replicas; count how many run at once.
 	reg := prometheus.NewRegistry()
@@ -311,7 +220,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			done <- RunLeader(rctx, LeaderOptions{Client: sa, Namespace: "nodeproof", Identity: identity,
+			done <- RunLeader(rctx, LeaderOptions{Client: w.sa, Namespace: "nodeproof", Identity: identity,
 				// A leader renews every RetryPeriod and has RenewDeadline to
 				// get one through: generous, so a leader on a loaded machine
 				// (a slow API server) keeps the lease mid-subtest; stopping
@@ -323,14 +232,8 @@ func TestControllerOnAPIServer(t *testing.T) {
 					for m := maxActive.Load(); n > m && !maxActive.CompareAndSwap(m, n); m = maxActive.Load() {
 					}
 					leaders.Store(identity, true)
-					ctl, err := New(Options{Client: sa, Decider: &Decider{Store: approverStore, Clock: time.Now}, Metrics: metrics,
-						PerNodeRate: 2, PerNodeBurst: 3, Resync: 2 * time.Second, Clock: time.Now,
-						Log: slog.New(slog.NewJSONHandler(log, nil)).With("replica", identity)})
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if err := ctl.Run(lctx); err != nil {
+					if err := w.term(lctx, Options{Metrics: metrics, PerNodeRate: 2, PerNodeBurst: 3, Resync: 2 * time.Second,
+						Log: slog.New(slog.NewJSONHandler(log, nil)).With("replica", identity)}); err != nil {
 						t.Errorf("%s: %v", identity, err)
 					}
 				})
@@ -375,6 +278,8 @@ func TestControllerOnAPIServer(t *testing.T) {
 
 	k1 := mustKey(t)
 	kubelet1 := attestNode("rec-1", "worker-1", k1, "10.0.0.1", "worker-1.example.com")
+	var node1 *rest.Config // worker-1's kubelet, with its client certificate
+	var node1Cert []byte
 
 	t.Run("attested kubelet's bootstrap CSR is approved", func(t *testing.T) {
 		before := decisions(t, reg, Approve, "NodeproofAttestedTPM")
@@ -387,6 +292,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		if err != nil || r.ConsumedAt == nil || !strings.HasPrefix(r.ConsumedBy, name+"/") {
 			t.Fatalf("record not consumed by %s: %+v %v", name, r, err)
 		}
+		node1, node1Cert = kubeletConfig(t, admin, cfg, name, k1)
 	})
 
 	t.Run("a second CSR with the consumed attestation is denied", func(t *testing.T) {
@@ -394,9 +300,9 @@ func TestControllerOnAPIServer(t *testing.T) {
 		expectDecision(t, kubeletRequest(t, kubelet1, "worker-1", k1), Deny, ReasonRecordConsumed, before)
 	})
 
+	k2 := mustKey(t)
+	kubelet2 := attestNode("rec-2", "worker-2", k2)
 	t.Run("a swapped key is denied", func(t *testing.T) {
-		k2 := mustKey(t)
-		kubelet2 := attestNode("rec-2", "worker-2", k2)
 		before := decisions(t, reg, Deny, ReasonKeyMismatch)
 		expectDecision(t, kubeletRequest(t, kubelet2, "worker-2", mustKey(t)), Deny, ReasonKeyMismatch, before)
 	})
@@ -405,14 +311,15 @@ func TestControllerOnAPIServer(t *testing.T) {
 		k3 := mustKey(t)
 		attestNode("rec-3", "worker-3", k3)
 		// worker-1's token asks for worker-3's certificate, even with the
-		// right key: the record names another token.
-		before := decisions(t, reg, Deny, ReasonRequesterMismatch)
-		expectDecision(t, kubeletRequest(t, kubelet1, "worker-3", k3), Deny, ReasonRequesterMismatch, before)
+		// right key: the token was issued for worker-1.
+		before := decisions(t, reg, Deny, ReasonTokenOtherNode)
+		expectDecision(t, kubeletRequest(t, kubelet1, "worker-3", k3), Deny, ReasonTokenOtherNode, before)
 	})
 
 	t.Run("without attestation the CSR stays pending, with the reason visible", func(t *testing.T) {
 		before := decisions(t, reg, Leave, ReasonNoAttestation)
-		name := kubeletRequest(t, kubelet1, "worker-9", mustKey(t))
+		// A requester no record names (a shared bootstrap credential).
+		name := kubeletRequest(t, cfg, "worker-9", mustKey(t))
 		ev := waitEvent(t, admin, name, ReasonNoAttestation)
 		if ev.Type != corev1.EventTypeWarning {
 			t.Errorf("event type %s", ev.Type)
@@ -429,21 +336,27 @@ func TestControllerOnAPIServer(t *testing.T) {
 
 	t.Run("serving CSR with an unattested IP is denied", func(t *testing.T) {
 		before := decisions(t, reg, Deny, ReasonSANNotAttested)
-		servingRequest("serving-1", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1"), net.ParseIP("10.9.9.9")})
+		servingRequest(node1, "serving-1", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1"), net.ParseIP("10.9.9.9")})
 		expectDecision(t, "serving-1", Deny, ReasonSANNotAttested, before)
 	})
 
 	t.Run("serving CSR with attested SANs is approved", func(t *testing.T) {
 		before := decisions(t, reg, Approve, "NodeproofAttestedTPM")
-		servingRequest("serving-2", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")})
+		servingRequest(node1, "serving-2", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")})
 		expectDecision(t, "serving-2", Approve, "NodeproofAttestedTPM", before)
 	})
 
 	t.Run("serving CSR whose record attested no addresses stays pending", func(t *testing.T) {
 		// worker-2's record (TPM through a vendor CA: no inventory
 		// addresses) cannot vouch for SANs: another approver may.
+		// worker-2's kubelet, with the right key this time.
+		name := kubeletRequest(t, kubelet2, "worker-2", k2)
+		if cond := waitDecided(t, admin, name, 30*time.Second); cond.Type != certv1.CertificateApproved {
+			t.Fatalf("worker-2's bootstrap CSR: %s %s", cond.Type, cond.Reason)
+		}
+		node2, _ := kubeletConfig(t, admin, cfg, name, k2)
 		before := decisions(t, reg, Leave, ReasonNoAddresses)
-		servingRequest("serving-3", "worker-2", []string{"worker-2"}, []net.IP{net.ParseIP("10.0.0.2")})
+		servingRequest(node2, "serving-3", "worker-2", []string{"worker-2"}, []net.IP{net.ParseIP("10.0.0.2")})
 		ev := waitEvent(t, admin, "serving-3", ReasonNoAddresses)
 		if ev.Type != corev1.EventTypeWarning {
 			t.Errorf("event type %s", ev.Type)
@@ -464,6 +377,29 @@ func TestControllerOnAPIServer(t *testing.T) {
 			t.Fatalf("%d pending kubelet CSRs on the API server, want 2", n)
 		}
 		waitMetric(t, reg, "nodeproof_approver_pending_csrs", nil, 2, 10*time.Second)
+	})
+
+	renew, decided := w.renew, w.decided
+
+	t.Run("a renewal names the kubelet's certificate and is approved; the renewed certificate renews again", func(t *testing.T) {
+		kr := mustKey(t)
+		c := renew(t, node1, "worker-1", kr)
+		// What the API server records (KEP-4193), checked on this
+		// kube-apiserver rather than assumed.
+		want := "X509SHA256=" + hex.EncodeToString(node1Cert)
+		if got := c.Spec.Extra[CredentialIDKey]; len(got) != 1 || got[0] != want || c.Spec.Username != NodeUserPrefix+"worker-1" {
+			t.Fatalf("the CSR's requester %q, extra %v; want system:node:worker-1 with %s", c.Spec.Username, c.Spec.Extra, want)
+		}
+		if got := decided(t, c.Name); got != "Approved NodeproofAttestedTPM" {
+			t.Fatalf("the renewal: %s", got)
+		}
+		renewed, _ := kubeletConfig(t, admin, cfg, c.Name, kr)
+		if got := decided(t, renew(t, renewed, "worker-1", mustKey(t)).Name); got != "Approved NodeproofAttestedTPM" {
+			t.Fatalf("the renewal made with the renewed certificate: %s", got)
+		}
+		if v := metricValue(t, reg, "nodeproof_approver_certificates_recorded_total", nil); v < 2 {
+			t.Errorf("%v certificates recorded, want at least worker-1's first and its renewal", v)
+		}
 	})
 
 	t.Run("a flood for one name does not hold up another", func(t *testing.T) {

@@ -49,6 +49,22 @@ const (
 	// all): nothing to check those SANs against, so the CSR is left to
 	// another approver.
 	ReasonNoAddresses Reason = "NoAttestedAddresses"
+	// ReasonTokenOtherNode: the CSR was made with a per-node bootstrap
+	// token that nodeproof issued for another node (the records naming the
+	// token are all for other names).
+	ReasonTokenOtherNode Reason = "BootstrapTokenOtherNode"
+	// ReasonNoClientCertificate: a CSR the node made itself (requester
+	// system:node:NAME) carries no credential ID of the X.509 client
+	// certificate that authenticated it (spec.extra
+	// authentication.kubernetes.io/credential-id = X509SHA256=<hex>), so
+	// nothing tells which kubelet made it.
+	ReasonNoClientCertificate Reason = "NoClientCertificate"
+	// ReasonNotCurrentOwner: a CSR the node made itself was authenticated
+	// by a client certificate that is not in the lineage of the identity
+	// that owns the name now (store.Lineage): a certificate issued to a
+	// previous owner of the name, to a kubelet of an earlier enrolment, or
+	// one whose issuance the approver never saw.
+	ReasonNotCurrentOwner Reason = "CertificateNotCurrentOwner"
 )
 
 // Action is what a decision does to the CSR.
@@ -95,6 +111,25 @@ type Decider struct {
 	// in its pool (policy lifetime.staleAfter); nil means
 	// DefaultStaleAfter for every pool.
 	StaleAfter func(pool string) time.Duration
+	// Lineages, if set, keeps the certificate lineages that decisions on
+	// Store read and RecordIssued writes, in place of Store's own
+	// (store.Lineages): e.g. kubestore.Cached.LineagesWith, whose writes go
+	// through a client of their own, so recording a machine's certificate
+	// does not spend the rate limit its approval needs. Fresh's own are
+	// used on Fresh.
+	Lineages store.Lineages
+}
+
+// lineages is where decisions on st read lineages, and RecordIssued writes
+// them.
+func (d *Decider) lineages(st store.Store) (store.Lineages, error) {
+	if st == d.Store && d.Lineages != nil {
+		return d.Lineages, nil
+	}
+	if l, ok := st.(store.Lineages); ok {
+		return l, nil
+	}
+	return nil, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
 }
 
 // DefaultStaleAfter is the freshness window when no policy says: three
@@ -119,27 +154,52 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // approval; deciding again for the same CSR after a failed write finds
 // the record consumed by this CSR and approves again (idempotent). An
 // error is a store failure: retry later. With Fresh set, a denial decided
-// on Store is decided again on Fresh, and that decision stands.
+// on Store is decided again on Fresh, and that decision stands (except
+// BootstrapTokenOtherNode, which rests on records, whose spec never
+// changes: a cache that holds one is not behind on it).
+//
+// Store (or Lineages) and Fresh must implement store.Lineages
+// (kubestore.Store, kubestore.Cached and boltstore.Store do): without it
+// no CSR the node makes itself is decided (an error). When it also implements store.TokenIndex
+// (kubestore.Cached, boltstore.Store), bootstrap tokens are checked
+// against the node their records name.
 //
 // Every decision rests on the node name's binding (store.Binding): the
 // identity that enrolled with the name first owns it, and only records of
 // that identity count — for a client CSR, only records that bound the
 // binding's kubelet key (the enrolment's), never just the newest record
-// for the name.
+// for the name. After recognize's shape checks, in this order:
 //
-// A CSR the node makes itself (requester system:node:NAME: a client
-// certificate's renewal, any serving certificate) is denied while the
-// node is not attested (store.Binding.Attested, with StaleAfter of the
-// binding's pool): Revoked, AttestationFailed (its latest attestation was
-// refused) or AttestationStale (none passed within the window). A client
-// renewal of an attested node is approved (renewal).
+//  1. A CSR made with a bootstrap token (requester system:bootstrap:<id>)
+//     that nodeproof issued for one node (the unexpired records naming
+//     the token, store.TokenIndex) but whose CN names another:
+//     BootstrapTokenOtherNode (denied), whatever else it carries.
+//  2. Any CSR for a node whose owner is not attested
+//     (store.Binding.Attested, with StaleAfter of the binding's pool),
+//     whoever the requester — a bootstrap token, the node itself, anyone
+//     — client or serving: Revoked, AttestationFailed (its latest
+//     attestation was refused) or AttestationStale (none passed within the
+//     window) (denied).
+//  3. A CSR the node makes itself (requester system:node:NAME: a client
+//     certificate's renewal, any serving certificate) of a bound name must
+//     come from a kubelet client certificate of the current owner: the CSR
+//     carries the API server's credential ID of the certificate that
+//     authenticated it (spec.extra authentication.kubernetes.io/
+//     credential-id, exactly one value X509SHA256=<64 hex digits>), else
+//     NoClientCertificate (denied); and that certificate is in the
+//     lineage of the binding's enrolment (store.Lineage, Of and Has:
+//     certificates issued for CSRs of this enrolment's kubelet, see
+//     RecordIssued), else CertificateNotCurrentOwner (denied). A client
+//     renewal that passes is approved (renewal); a serving CSR goes on to
+//     the serving checks below. With no binding: NoAttestation (left
+//     pending, or denied with DenyUnattested).
 //
-// A first kubelet client CSR (after recognize's shape checks) is approved only
-// when an unexpired record for the CN's node name, of the identity that
-// owns the name and with the binding's kubelet key, carries the SHA-256 of
-// exactly this CSR's public key and was not consumed by another CSR, and,
-// when that record names a bootstrap token, the requester is
-// system:bootstrap:<token id>. Otherwise:
+// A first kubelet client CSR is approved only when an unexpired record
+// for the CN's node name, of the identity that owns the name and with the
+// binding's kubelet key, carries the SHA-256 of exactly this CSR's public
+// key and was not consumed by another CSR, and, when that record names a
+// bootstrap token, the requester is system:bootstrap:<token id>.
+// Otherwise:
 //   - no record for the name: NoAttestation; only expired ones:
 //     AttestationExpired (left pending, or denied with DenyUnattested);
 //   - unexpired records, none with this key: KubeletKeyNotAttested (denied);
@@ -149,13 +209,16 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 //   - records with this key, all consumed by other CSRs:
 //     AttestationAlreadyUsed (denied);
 //   - the record's token user is not the requester: RequesterMismatch
-//     (denied).
+//     (denied);
+//   - the store refuses to consume the record because its identity is
+//     banned (store.ErrRevoked: a ban the binding does not show yet):
+//     Revoked (denied).
 //
 // A kubelet serving CSR (after recognize's shape checks, which include
-// that the requester is the node itself) is decided on the newest record
-// of the identity that owns the node name, expired or consumed ones
-// included (the serving certificate comes after the client certificate
-// the record approved, and is renewed while the node lives):
+// that the requester is the node itself, and check 3) is decided on the
+// newest record of the identity that owns the node name, expired or
+// consumed ones included (the serving certificate comes after the client
+// certificate the record approved, and is renewed while the node lives):
 //   - no binding, or no record of its identity: NoAttestation (left
 //     pending, or denied with DenyUnattested);
 //   - the CSR has DNS SANs and the record attested no DNS name, or IP SANs
@@ -177,11 +240,11 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // denied with DenyUnattested), like any CSR nodeproof has no evidence for.
 func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
 	dec, err := d.decide(ctx, csr)
-	if err != nil || dec.Action != Deny || d.Fresh == nil {
+	if err != nil || dec.Action != Deny || d.Fresh == nil || dec.Reason == ReasonTokenOtherNode {
 		return dec, err
 	}
 	fresh := *d
-	fresh.Store, fresh.Fresh = d.Fresh, nil
+	fresh.Store, fresh.Fresh, fresh.Lineages = d.Fresh, nil, nil
 	return fresh.decide(ctx, csr)
 }
 
@@ -193,26 +256,36 @@ func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		}
 		return d.unattested(Decision{Reason: reason, Message: msg}), nil
 	}
+	if dec, ok, err := d.tokenForOtherNode(ctx, k); err != nil || ok {
+		return dec, err
+	}
 	b, err := d.Store.Binding(ctx, k.nodeName)
 	if errors.Is(err, store.ErrNotFound) {
 		b = nil
 	} else if err != nil {
 		return Decision{}, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
 	}
-	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
-	if err != nil {
-		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
-	}
 	if b != nil {
-		// Every CSR the node makes itself — a client certificate's renewal,
-		// a serving certificate — needs its attestation fresh.
-		if ok, why, last := b.Attested(d.Clock(), d.staleAfter(b.Pool)); !ok && k.requester == NodeUserPrefix+k.nodeName {
+		// Every CSR for the node, whoever asks — its bootstrap token, its
+		// kubelet, anyone — needs the owner attested.
+		if ok, why, last := b.Attested(d.Clock(), d.staleAfter(b.Pool)); !ok {
 			return Decision{Action: Deny, Reason: Reason(why), NodeName: k.nodeName, Record: b.RecordID,
 				Message: fmt.Sprintf("node %s is not attested (%s since %s): nodeproof approves its certificates again once it passes a re-attestation", k.nodeName, why, last.UTC().Format(time.RFC3339))}, nil
 		}
 	}
+	if k.requester == NodeUserPrefix+k.nodeName && b != nil {
+		// The node itself: its client certificate must be the current
+		// owner's.
+		if dec, ok, err := d.notCurrentOwner(ctx, csr, k, b); err != nil || ok {
+			return dec, err
+		}
+	}
 	if k.signer == SignerKubeletClient && k.requester == NodeUserPrefix+k.nodeName {
 		return d.renewal(k, b), nil
+	}
+	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
+	if err != nil {
+		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
 	}
 	if k.signer == SignerKubeletServing {
 		var owned []*store.Record
@@ -226,14 +299,82 @@ func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 	return d.client(ctx, csr, k, b, recs)
 }
 
+// tokenForOtherNode denies a CSR made with a bootstrap token that
+// nodeproof issued for another node: the token's unexpired records
+// (store.TokenIndex) all name other nodes. A token the index does not
+// know (none, or a shared token no record names) is not judged here.
+func (d *Decider) tokenForOtherNode(ctx context.Context, k *kubeletCSR) (Decision, bool, error) {
+	id, ok := strings.CutPrefix(k.requester, BootstrapUserPrefix)
+	idx, indexed := d.Store.(store.TokenIndex)
+	if !ok || !indexed {
+		return Decision{}, false, nil
+	}
+	nodes, err := tokenNodes(ctx, idx, id, d.Clock())
+	if err != nil || len(nodes) == 0 || slices.Contains(nodes, k.nodeName) {
+		return Decision{}, false, err
+	}
+	return Decision{Action: Deny, Reason: ReasonTokenOtherNode, NodeName: k.nodeName,
+		Message: fmt.Sprintf("bootstrap token %s%s was issued for node %s, not %s", BootstrapUserPrefix, id, strings.Join(nodes, ", "), k.nodeName)}, true, nil
+}
+
+// tokenNodes returns the node names the unexpired records naming bootstrap
+// token id are for (a token expires with its record), none when the index
+// does not know the token.
+func tokenNodes(ctx context.Context, idx store.TokenIndex, id string, now time.Time) ([]string, error) {
+	recs, known, err := idx.RecordsForToken(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("approver: records of bootstrap token %s: %w", id, err)
+	}
+	var nodes []string
+	for _, r := range recs {
+		if known && now.Before(r.Expires) && !slices.Contains(nodes, r.NodeName) {
+			nodes = append(nodes, r.NodeName)
+		}
+	}
+	return nodes, nil
+}
+
+// notCurrentOwner denies a CSR the node made itself unless the client
+// certificate that authenticated it is in the lineage of b's enrolment
+// (check 3 of Decide).
+func (d *Decider) notCurrentOwner(ctx context.Context, csr *certv1.CertificateSigningRequest, k *kubeletCSR, b *store.Binding) (Decision, bool, error) {
+	base := Decision{Action: Deny, NodeName: k.nodeName, Record: b.RecordID}
+	sum, why := RequesterCertificate(csr)
+	if sum == nil {
+		base.Reason = ReasonNoClientCertificate
+		base.Message = fmt.Sprintf("this CSR from %s carries no credential ID of an X.509 client certificate (%s): nodeproof cannot tell whose kubelet made it", k.requester, why)
+		return base, true, nil
+	}
+	lins, err := d.lineages(d.Store)
+	if err != nil {
+		return Decision{}, false, err
+	}
+	lin, err := lins.Lineage(ctx, k.nodeName)
+	if errors.Is(err, store.ErrNotFound) {
+		lin = nil
+	} else if err != nil {
+		return Decision{}, false, fmt.Errorf("approver: lineage of %s: %w", k.nodeName, err)
+	}
+	if _, has := lin.Has(sum); has && lin.Of(b) {
+		return Decision{}, false, nil
+	}
+	base.Reason = ReasonNotCurrentOwner
+	base.Message = fmt.Sprintf("this CSR from %s was made with the client certificate X509SHA256=%x, which is not one nodeproof saw issued to the kubelet of %s, the owner of node %s since %s (a certificate of a previous owner of the name, or of an earlier enrolment)",
+		k.requester, sum, b.Identity, k.nodeName, b.CreatedAt.UTC().Format(time.RFC3339))
+	return base, true, nil
+}
+
 // renewal decides a kubelet client CSR that the node itself makes (its
 // certificate manager renewing the client certificate with a new key): it
-// is approved when the node's identity owns the name and its attestation
-// is fresh (checked by the caller: Revoked, AttestationFailed,
-// AttestationStale otherwise). The new key is the kubelet's, made inside
-// its certificate manager, and no evidence binds it; the request is
-// authenticated by the node's current client certificate, whose key the
-// first one bound (docs/lifetime.md).
+// is approved when the node's identity owns the name, its attestation is
+// fresh and the client certificate that made the request is in the
+// lineage of the owner's enrolment (checked by the caller: Revoked,
+// AttestationFailed, AttestationStale, NoClientCertificate,
+// CertificateNotCurrentOwner otherwise). The new key is the kubelet's,
+// made inside its certificate manager, and no evidence binds it; the
+// request is authenticated by the node's current client certificate,
+// which descends from the first one, whose key the evidence bound
+// (docs/lifetime.md).
 func (d *Decider) renewal(k *kubeletCSR, b *store.Binding) Decision {
 	base := Decision{NodeName: k.nodeName}
 	if b == nil {
@@ -242,7 +383,7 @@ func (d *Decider) renewal(k *kubeletCSR, b *store.Binding) Decision {
 	}
 	base.Action, base.Record = Approve, b.RecordID
 	base.Reason = Reason(ReasonAttestedPrefix + strings.ToUpper(string(b.Kind)))
-	base.Message = fmt.Sprintf("nodeproof: renewal by node %s, whose %s attestation is fresh (%s)", k.nodeName, b.Kind, b.Identity)
+	base.Message = fmt.Sprintf("nodeproof: renewal by node %s with a certificate of its owner's kubelet, whose %s attestation is fresh (%s)", k.nodeName, b.Kind, b.Identity)
 	return base
 }
 
@@ -317,6 +458,13 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 		err := d.Store.ConsumeRecord(ctx, r.ID, ref, now)
 		if errors.Is(err, store.ErrConsumed) {
 			continue // another CSR won it a moment ago
+		}
+		if errors.Is(err, store.ErrRevoked) {
+			// A ban the binding does not show yet (one written by hand,
+			// before the server's watch revokes the binding).
+			base.Action, base.Reason, base.Record = Deny, Reason(attest.ReasonRevoked), r.ID
+			base.Message = fmt.Sprintf("NodeAttestation %s for node %s is of %s, which is banned", r.ID, k.nodeName, r.Identity)
+			return base, nil
 		}
 		if err != nil {
 			return Decision{}, fmt.Errorf("approver: consume record %s: %w", r.ID, err)

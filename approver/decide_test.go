@@ -43,6 +43,9 @@ type csrSpec struct {
 	ips       []net.IP
 	usages    []certv1.KeyUsage
 	requester string
+	// extra is the requester's extra info, as the API server records it
+	// (the client certificate's credential ID).
+	extra map[string]certv1.ExtraValue
 }
 
 func mustKey(t testing.TB) *ecdsa.PrivateKey {
@@ -76,7 +79,7 @@ func makeCSR(t testing.TB, s csrSpec) *certv1.CertificateSigningRequest {
 		ObjectMeta: metav1.ObjectMeta{Name: s.name, UID: types.UID("uid-" + s.name), CreationTimestamp: metav1.NewTime(now.Add(-time.Second))},
 		Spec: certv1.CertificateSigningRequestSpec{
 			Request:    pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
-			SignerName: s.signer, Usages: s.usages, Username: s.requester,
+			SignerName: s.signer, Usages: s.usages, Username: s.requester, Extra: s.extra,
 		},
 	}
 }
@@ -111,6 +114,21 @@ func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	d := &Decider{Store: st, Clock: clock}
+	// creds holds the credential (the SHA-256 of a client certificate) of
+	// each node's kubelet, as the approver recorded it in the node's
+	// lineage when it saw the certificate issued for the first CSR, the
+	// one with the key the enrolment bound.
+	ca := newTestSigner(t)
+	creds := map[string][]byte{}
+	issueFirst := func(node string, key crypto.Signer) []byte {
+		t.Helper()
+		csr, sum := ca.issue(t, makeCSR(t, clientCSR(t, "first-"+node+fmt.Sprint(len(creds)), node, key, "system:bootstrap:first0")))
+		if ok, err := d.RecordIssued(ctx, csr); err != nil || !ok {
+			t.Fatalf("the first certificate of %s was not recorded: %v", node, err)
+		}
+		creds[node] = sum
+		return sum
+	}
 	put := func(r *store.Record) *store.Record {
 		t.Helper()
 		if r.CreatedAt.IsZero() {
@@ -142,19 +160,31 @@ func TestDecide(t *testing.T) {
 	}
 	put(&store.Record{ID: "rec-w1", NodeName: "worker-1", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k1),
 		Addresses: []string{"10.0.0.1", "worker-1.example.com"}, Summary: "tpm ek=…"})
+	issueFirst("worker-1", k1)
 	put(&store.Record{ID: "rec-w2", NodeName: "worker-2", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, k2)})
+	issueFirst("worker-2", k2)
 	put(&store.Record{ID: "rec-old", NodeName: "worker-3", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, k3),
 		Addresses: []string{"10.0.0.3"}, CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)})
+	issueFirst("worker-3", k3)
 	put(&store.Record{ID: "rec-tok", NodeName: "worker-4", Pool: "worker", Kind: attest.KindAWS, KubeletKeySHA256: keyHash(t, kTok), BootstrapTokenID: "abcdef"})
+	// worker-7's record named the token old123 and expired (so did the
+	// token).
+	put(&store.Record{ID: "rec-w7", NodeName: "worker-7", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)), BootstrapTokenID: "old123",
+		CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)})
 	put(&store.Record{ID: "rec-rsa", NodeName: "worker-5", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, rsaKey)})
 	// worker-6: an older record with addresses, a newer one (a TPM trusted
 	// through its vendor CA, no inventory entry) with none: the newest decides.
-	put(&store.Record{ID: "rec-w6-old", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)),
+	// Its kubelet before the re-enrolment had a certificate (credential
+	// w6old); the one after, another.
+	kW6old, kW6 := mustKey(t), mustKey(t)
+	put(&store.Record{ID: "rec-w6-old", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, kW6old),
 		Addresses: []string{"10.0.0.6"}, CreatedAt: now.Add(-30 * time.Minute)})
+	w6old := issueFirst("worker-6", kW6old)
 	if err := st.Enrol(ctx, &store.Record{ID: "rec-w6", NodeName: "worker-6", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:worker-6",
-		KubeletKeySHA256: keyHash(t, mustKey(t)), CreatedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{Again: true, ReplaceKey: true}); err != nil {
+		KubeletKeySHA256: keyHash(t, kW6), CreatedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{Again: true, ReplaceKey: true}); err != nil {
 		t.Fatal(err)
 	}
+	issueFirst("worker-6", kW6)
 	// master-0: enrolled by machine A, released, enrolled by machine B
 	// (whose record is older than A's last one, so "the newest record"
 	// would be A's); gone-1: enrolled by machine C, released.
@@ -166,6 +196,7 @@ func TestDecide(t *testing.T) {
 	}
 	put(&store.Record{ID: "rec-m0-a", NodeName: "master-0", Pool: "master", Kind: attest.KindTPM, Identity: "tpm-ek:A", KubeletKeySHA256: keyHash(t, kA),
 		Addresses: []string{"10.0.0.10"}, CreatedAt: now.Add(-10 * time.Minute)})
+	m0A := issueFirst("master-0", kA) // machine A's kubelet, while A owned the name
 	if _, err := st.Release(ctx, "master-0"); err != nil {
 		t.Fatal(err)
 	}
@@ -173,12 +204,14 @@ func TestDecide(t *testing.T) {
 		KubeletKeySHA256: keyHash(t, kB), Addresses: []string{"10.0.0.20"}, CreatedAt: now.Add(-40 * time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	issueFirst("master-0", kB)
 	put(&store.Record{ID: "rec-gone", NodeName: "gone-1", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:C", KubeletKeySHA256: keyHash(t, kC)})
 	if _, err := st.Release(ctx, "gone-1"); err != nil {
 		t.Fatal(err)
 	}
 	// Nodes renewing: fresh, enrolled long ago and never since, failing
 	// their last re-attestation, revoked, passing again after a failure.
+	lifeKeys := map[string]*ecdsa.PrivateKey{}
 	for _, n := range []struct {
 		node     string
 		enrolled time.Time
@@ -191,8 +224,10 @@ func TestDecide(t *testing.T) {
 		{"life-revoked", now.Add(-time.Minute), nil, true},
 		{"life-passed", now.Add(-5 * time.Hour), &store.AttestationStatus{LastAttempt: now.Add(-time.Minute), LastSuccess: now.Add(-time.Minute), Passed: true}, false},
 	} {
-		put(&store.Record{ID: "rec-" + n.node, NodeName: n.node, Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, mustKey(t)),
-			Addresses: []string{"10.0.9.9"}, CreatedAt: n.enrolled, Expires: n.enrolled.Add(time.Hour)})
+		lifeKeys[n.node] = mustKey(t)
+		put(&store.Record{ID: "rec-" + n.node, NodeName: n.node, Pool: "worker", Kind: attest.KindTPM, KubeletKeySHA256: keyHash(t, lifeKeys[n.node]),
+			Addresses: []string{"10.0.9.9"}, CreatedAt: n.enrolled, Expires: n.enrolled.Add(time.Hour), BootstrapTokenID: "life" + n.node[5:7]})
+		issueFirst(n.node, lifeKeys[n.node])
 		if n.status != nil {
 			if _, err := st.UpdateStatus(ctx, n.node, "tpm-ek:"+n.node, func(b *store.Binding) error { b.Status = *n.status; return nil }); err != nil {
 				t.Fatal(err)
@@ -204,11 +239,37 @@ func TestDecide(t *testing.T) {
 			}
 		}
 	}
-	renewal := func(name, node string) csrSpec { return clientCSR(t, name, node, mustKey(t), NodeUserPrefix+node) }
 	// A GCP record as identity/gcp now writes it: the instance name and its
 	// zonal internal DNS name.
-	put(&store.Record{ID: "rec-gcp", NodeName: "gke-1", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, mustKey(t)),
+	kGKE := mustKey(t)
+	put(&store.Record{ID: "rec-gcp", NodeName: "gke-1", Pool: "worker", Kind: attest.KindGCP, KubeletKeySHA256: keyHash(t, kGKE),
 		Addresses: []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}})
+	issueFirst("gke-1", kGKE)
+
+	// CSRs the node makes itself, with its kubelet's certificate (or cred).
+	withCred := func(s csrSpec, cred []byte) csrSpec {
+		if cred != nil {
+			s.extra = credential(cred)
+		}
+		return s
+	}
+	renewal := func(name, node string) csrSpec {
+		return withCred(clientCSR(t, name, node, mustKey(t), NodeUserPrefix+node), creds[node])
+	}
+	srv := func(name, node string, dns []string, ips []net.IP) csrSpec {
+		return withCred(servingCSR(t, name, node, dns, ips), creds[node])
+	}
+	// life-fresh's kubelet renewed once: its second certificate (issued for
+	// a renewal its first one made) is in the lineage too.
+	renewed, freshSecond := ca.issue(t, makeCSR(t, renewal("renewed-fresh", "life-fresh")))
+	if ok, err := d.RecordIssued(ctx, renewed); err != nil || !ok {
+		t.Fatalf("life-fresh's renewed certificate was not recorded: %v", err)
+	}
+	never := sha256.Sum256([]byte("a certificate nodeproof never saw issued"))
+	jti := func(s csrSpec) csrSpec {
+		s.extra = map[string]certv1.ExtraValue{CredentialIDKey: {"JTI=0f6d1d67-8a4b-4bd6-8e3e-5d5bde0c0c9a"}}
+		return s
+	}
 
 	withUsages := func(s csrSpec, u ...certv1.KeyUsage) csrSpec { s.usages = u; return s }
 	withOrg := func(s csrSpec, o ...string) csrSpec { s.org = o; return s }
@@ -269,33 +330,33 @@ func TestDecide(t *testing.T) {
 			wantAction: Deny, wantReason: ReasonKeyNotAllowed},
 		{name: "another signer is not ours", csr: withSigner(clientCSR(t, "csr-14", "worker-1", mustKey(t), "u"), "example.com/other"), deny: true,
 			wantAction: Leave, wantReason: ReasonNotKubelet},
-		{name: "serving, attested SANs", csr: servingCSR(t, "srv-1", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")}),
+		{name: "serving, attested SANs", csr: srv("srv-1", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
-		{name: "serving, unattested IP", csr: servingCSR(t, "srv-2", "worker-1", nil, []net.IP{net.ParseIP("10.9.9.9")}),
+		{name: "serving, unattested IP", csr: srv("srv-2", "worker-1", nil, []net.IP{net.ParseIP("10.9.9.9")}),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
-		{name: "serving, unattested name", csr: servingCSR(t, "srv-3", "worker-1", []string{"evil.example.com"}, nil),
+		{name: "serving, unattested name", csr: srv("srv-3", "worker-1", []string{"evil.example.com"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested},
-		{name: "serving, requested by someone else", csr: withRequester(servingCSR(t, "srv-4", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), "system:node:worker-2"),
+		{name: "serving, requested by someone else", csr: withRequester(srv("srv-4", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), "system:node:worker-2"),
 			wantAction: Leave, wantReason: ReasonRequesterMismatch},
-		{name: "serving, no record", csr: servingCSR(t, "srv-5", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}),
+		{name: "serving, no record", csr: srv("srv-5", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}),
 			wantAction: Leave, wantReason: ReasonNoAttestation},
-		{name: "serving, no record, deny unattested", csr: servingCSR(t, "srv-5b", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}), deny: true,
+		{name: "serving, no record, deny unattested", csr: srv("srv-5b", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}), deny: true,
 			wantAction: Deny, wantReason: ReasonNoAttestation},
-		{name: "serving, one SAN attested and one not", csr: servingCSR(t, "srv-6", "worker-1", []string{"worker-1.example.com", "worker-1.evil.com"}, nil),
+		{name: "serving, one SAN attested and one not", csr: srv("srv-6", "worker-1", []string{"worker-1.example.com", "worker-1.evil.com"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
-		{name: "serving, DNS SAN in another case, IPv4-mapped IP", csr: servingCSR(t, "srv-7", "worker-1", []string{"WORKER-1.example.com"}, []net.IP{net.ParseIP("::ffff:10.0.0.1")}),
+		{name: "serving, DNS SAN in another case, IPv4-mapped IP", csr: srv("srv-7", "worker-1", []string{"WORKER-1.example.com"}, []net.IP{net.ParseIP("::ffff:10.0.0.1")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
-		{name: "serving, record without addresses (GCP before addresses): left pending", csr: servingCSR(t, "srv-8", "worker-2", []string{"worker-2"}, nil),
+		{name: "serving, record without addresses (GCP before addresses): left pending", csr: srv("srv-8", "worker-2", []string{"worker-2"}, nil),
 			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
-		{name: "serving, record without addresses, deny unattested", csr: servingCSR(t, "srv-8b", "worker-2", []string{"worker-2"}, nil), deny: true,
+		{name: "serving, record without addresses, deny unattested", csr: srv("srv-8b", "worker-2", []string{"worker-2"}, nil), deny: true,
 			wantAction: Deny, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
-		{name: "serving, the newest record attested no addresses: left pending", csr: servingCSR(t, "srv-9", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}),
+		{name: "serving, the newest record attested no addresses: left pending", csr: srv("srv-9", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}),
 			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w6"},
-		{name: "serving, expired record's addresses still count", csr: servingCSR(t, "srv-10", "worker-3", nil, []net.IP{net.ParseIP("10.0.0.3")}),
+		{name: "serving, expired record's addresses still count", csr: srv("srv-10", "worker-3", nil, []net.IP{net.ParseIP("10.0.0.3")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-old"},
-		{name: "serving, GCP instance name and zonal DNS name", csr: servingCSR(t, "srv-11", "gke-1", []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}, nil),
+		{name: "serving, GCP instance name and zonal DNS name", csr: srv("srv-11", "gke-1", []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}, nil),
 			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-gcp"},
-		{name: "serving, GCP node with an IP SAN: GCP evidence attests no IP, left to another approver", csr: servingCSR(t, "srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
+		{name: "serving, GCP node with an IP SAN: GCP evidence attests no IP, left to another approver", csr: srv("srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
 			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-gcp"},
 		{name: "the key of a machine whose name was released and taken by another", csr: clientCSR(t, "csr-m0-a", "master-0", kA, "u"),
 			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-m0-a"},
@@ -303,11 +364,11 @@ func TestDecide(t *testing.T) {
 			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-gone"},
 		{name: "the owner of a name taken over approves", csr: clientCSR(t, "csr-m0-b", "master-0", kB, "u"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2", wantConsume: "rec-m0-b2"},
-		{name: "serving, the addresses of the newest record, not the owner's", csr: servingCSR(t, "srv-m0-a", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}),
+		{name: "serving, the addresses of the newest record, not the owner's", csr: srv("srv-m0-a", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-m0-b2"},
-		{name: "serving, the owner's addresses", csr: servingCSR(t, "srv-m0-b", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}),
+		{name: "serving, the owner's addresses", csr: srv("srv-m0-b", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
-		{name: "serving, a released name", csr: servingCSR(t, "srv-gone", "gone-1", nil, []net.IP{net.ParseIP("10.0.0.30")}), deny: true,
+		{name: "serving, a released name", csr: srv("srv-gone", "gone-1", nil, []net.IP{net.ParseIP("10.0.0.30")}), deny: true,
 			wantAction: Deny, wantReason: ReasonNoAttestation},
 		{name: "renewal by a freshly attested node", csr: renewal("renew-1", "life-fresh"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-life-fresh"},
@@ -321,14 +382,52 @@ func TestDecide(t *testing.T) {
 			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
 		{name: "renewal for a node name no identity owns", csr: renewal("renew-6", "stranger"), deny: true,
 			wantAction: Deny, wantReason: ReasonNoAttestation},
-		{name: "serving, a node whose last re-attestation failed", csr: servingCSR(t, "srv-life-1", "life-failed", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+		{name: "serving, a node whose last re-attestation failed", csr: srv("srv-life-1", "life-failed", nil, []net.IP{net.ParseIP("10.0.9.9")}),
 			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
-		{name: "serving, a revoked node", csr: servingCSR(t, "srv-life-2", "life-revoked", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+		{name: "serving, a revoked node", csr: srv("srv-life-2", "life-revoked", nil, []net.IP{net.ParseIP("10.0.9.9")}),
 			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
-		{name: "serving, a stale node", csr: servingCSR(t, "srv-life-3", "life-stale", nil, []net.IP{net.ParseIP("10.0.9.9")}),
+		{name: "serving, a stale node", csr: srv("srv-life-3", "life-stale", nil, []net.IP{net.ParseIP("10.0.9.9")}),
 			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
-		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: servingCSR(t, "srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
+		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: srv("srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
 			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
+		// Renewals and serving CSRs belong to the kubelet of the identity
+		// that owns the name now.
+		{name: "renewal with the node's second certificate (issued for a renewal the first made)", csr: withCred(renewal("renew-7", "life-fresh"), freshSecond),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-life-fresh"},
+		{name: "renewal by the node with no client certificate credential (a token; impersonation)", csr: withCred(clientCSR(t, "renew-8", "life-fresh", mustKey(t), NodeUserPrefix+"life-fresh"), nil),
+			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+		{name: "renewal by the node with a service account token's credential ID", csr: jti(renewal("renew-9", "life-fresh")),
+			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+		{name: "renewal with a client certificate nodeproof never saw issued", csr: withCred(renewal("renew-10", "life-fresh"), never[:]),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+		{name: "renewal by the previous owner of a name that moved (its certificate from before)", csr: withCred(renewal("renew-11", "master-0"), m0A),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner, wantRecord: "rec-m0-b2"},
+		{name: "renewal by the current owner of a name that moved", csr: renewal("renew-12", "master-0"),
+			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
+		{name: "serving, by the previous owner of a name that moved, with addresses it attested", csr: withCred(srv("srv-m0-a2", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}), m0A),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+		{name: "serving, by the previous owner of a name that moved, with the owner's addresses", csr: withCred(srv("srv-m0-a3", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}), m0A),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+		{name: "serving, without a client certificate credential", csr: withCred(servingCSR(t, "srv-14", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), nil),
+			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+		{name: "renewal with the certificate of the kubelet of an earlier enrolment (enrolled again with a new key)", csr: withCred(renewal("renew-13", "worker-6"), w6old),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+		{name: "renewal with another node's certificate", csr: withCred(renewal("renew-14", "worker-2"), creds["worker-1"]),
+			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+		// A node that is not attested gets no certificate, whoever asks.
+		{name: "first client CSR of a revoked node, with its bootstrap token and bound key", csr: clientCSR(t, "csr-life-1", "life-revoked", lifeKeys["life-revoked"], "system:bootstrap:lifere"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+		{name: "first client CSR of a node whose last re-attestation failed, with its bootstrap token and bound key", csr: clientCSR(t, "csr-life-2", "life-failed", lifeKeys["life-failed"], "system:bootstrap:lifefa"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+		{name: "first client CSR of a stale node, with its bound key", csr: clientCSR(t, "csr-life-3", "life-stale", lifeKeys["life-stale"], "system:serviceaccount:x:node-bootstrapper"),
+			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
+		// A per-node bootstrap token asks for its own node only.
+		{name: "a node's bootstrap token asks for another node's certificate, with that node's attested key", csr: clientCSR(t, "csr-tok-1", "worker-1", k1, "system:bootstrap:abcdef"),
+			wantAction: Deny, wantReason: ReasonTokenOtherNode},
+		{name: "a node's bootstrap token asks for a name no identity owns", csr: clientCSR(t, "csr-tok-2", "stranger", mustKey(t), "system:bootstrap:abcdef"),
+			wantAction: Deny, wantReason: ReasonTokenOtherNode},
+		{name: "a bootstrap token whose record expired asks for another node (left to the record checks)", csr: clientCSR(t, "csr-tok-3", "worker-1", mustKey(t), "system:bootstrap:old123"),
+			wantAction: Deny, wantReason: ReasonKeyMismatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d.DenyUnattested = tc.deny

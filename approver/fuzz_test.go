@@ -1,6 +1,7 @@
 package approver
 
 import (
+	"context"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -9,15 +10,20 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/hex"
 	"encoding/pem"
 	"net"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/cert"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/store"
 )
 
 // fuzzUsages are the usages a fuzzed CSR may ask for, one bit each.
@@ -160,6 +166,69 @@ func FuzzRecognize(f *testing.F) {
 			t.Fatal("accepted a serving CSR requested by someone else")
 		case serving && (len(k.dnsNames)+len(k.ips) == 0 || !slices.Equal(k.dnsNames, cr.DNSNames) || len(k.ips) != len(cr.IPAddresses)):
 			t.Fatalf("serving SANs %v %v, CSR %v %v", k.dnsNames, k.ips, cr.DNSNames, cr.IPAddresses)
+		}
+	})
+}
+
+// FuzzIssued feeds what the API server and the signer write into a CSR the
+// approver learns lineages from — the credential ID of the requester
+// (spec.extra) and the issued certificate (status.certificate) — through
+// RequesterCertificate and RecordIssued, on a node whose enrolment bound
+// the CSR's key. Seeds: a real credential ID and the certificate a signer
+// issues for the CSR. Properties: a credential ID is accepted only as
+// exactly X509SHA256=<its hex>; a certificate is recorded only when it is
+// one parsed certificate for the CSR's own key and node, and then the
+// lineage holds exactly its DER's SHA-256.
+func FuzzIssued(f *testing.F) {
+	ca := newTestSigner(f)
+	key := mustKey(f)
+	csr := makeCSR(f, clientCSR(f, "first", "n", key, "system:bootstrap:abcdef"))
+	issued, sum := ca.issue(f, csr)
+	f.Add("X509SHA256="+hex.EncodeToString(sum), issued.Status.Certificate)
+	f.Add("JTI=abc", []byte("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"))
+	other, _ := ca.issue(f, makeCSR(f, clientCSR(f, "other", "n", mustKey(f), "u")))
+	f.Add("X509SHA256=", other.Status.Certificate)
+	st := openStore(f)
+	if err := st.Enrol(context.Background(), &store.Record{ID: "rec", NodeName: "n", Pool: "worker", Kind: attest.KindTPM, Identity: "ek:n",
+		KubeletKeySHA256: keyHash(f, key), CreatedAt: now, Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
+		f.Fatal(err)
+	}
+	lins := st.(store.Lineages)
+	f.Fuzz(func(t *testing.T, cred string, certPEM []byte) {
+		// Each input starts from another enrolment's lineage.
+		if _, err := lins.UpdateLineage(context.Background(), "n", func(*store.Lineage) (*store.Lineage, error) {
+			return &store.Lineage{NodeName: "n", Identity: "ek:previous", BoundAt: now, KubeletKeySHA256: keyHash(t, key)}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		c := csr.DeepCopy()
+		c.Spec.Extra = map[string]certv1.ExtraValue{CredentialIDKey: {cred}}
+		if got, why := RequesterCertificate(c); got != nil && cred != "X509SHA256="+hex.EncodeToString(got) {
+			t.Fatalf("credential %q accepted as %x", cred, got)
+		} else if got == nil && why == "" {
+			t.Fatal("a refused credential ID without a why")
+		}
+		c.Status.Certificate = certPEM
+		ok, err := (&Decider{Store: st, Clock: clock}).RecordIssued(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return
+		}
+		block, _ := pem.Decode(certPEM)
+		parsed, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatalf("recorded a certificate that does not parse: %v", err)
+		}
+		spki := sha256.Sum256(parsed.RawSubjectPublicKeyInfo)
+		if !slices.Equal(spki[:], keyHash(t, key)) || parsed.Subject.CommonName != NodeUserPrefix+"n" {
+			t.Fatalf("recorded a certificate for another key or node (%s)", parsed.Subject.CommonName)
+		}
+		l, err := lins.Lineage(context.Background(), "n")
+		want := sha256.Sum256(parsed.Raw)
+		if err != nil || len(l.Certificates) != 1 || !slices.Equal(l.Certificates[0].SHA256, want[:]) {
+			t.Fatalf("lineage after recording: %+v, %v", l, err)
 		}
 	})
 }

@@ -16,6 +16,7 @@ type Metrics struct {
 	pending   prometheus.Gauge
 	latency   prometheus.Histogram
 	limited   prometheus.Counter
+	recorded  prometheus.Counter
 	nodes     *prometheus.GaugeVec
 
 	mu        sync.Mutex
@@ -27,7 +28,8 @@ type Metrics struct {
 //	nodeproof_approver_decisions_total{action,reason}  approve | deny | leave, by Reason
 //	nodeproof_approver_pending_csrs                    kubelet CSRs without a decision
 //	nodeproof_approver_decision_seconds                CSR creation to approval or denial
-//	nodeproof_approver_rate_limited_total              decisions postponed by a per-node limit
+//	nodeproof_approver_rate_limited_total              decisions postponed by a requester's limit
+//	nodeproof_approver_certificates_recorded_total     kubelet client certificates added to their owner's lineage
 //	nodeproof_approver_nodes{reason}                   nodeproof's nodes by their Attested condition's reason
 //	                                                   (Attested, or why not), as the leader judged them; 0 on a standby
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
@@ -47,7 +49,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		limited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "nodeproof_approver_rate_limited_total",
-			Help: "Decisions postponed because CSRs for one node name came too fast.",
+			Help: "Decisions postponed because CSRs from one requester (a node, a per-node bootstrap token) came too fast.",
+		}),
+		recorded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "nodeproof_approver_certificates_recorded_total",
+			Help: "Kubelet client certificates seen issued and added to the lineage of their node name's owner.",
 		}),
 		nodes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nodeproof_approver_nodes",
@@ -58,7 +64,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	for _, r := range []string{ReasonAttestedNode, "AttestationFailed", "AttestationStale", "Revoked", "NotEnrolled"} {
 		m.nodes.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.pending, m.latency, m.limited, m.nodes} {
+	for _, c := range []prometheus.Collector{m.decisions, m.pending, m.latency, m.limited, m.recorded, m.nodes} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -640,9 +640,31 @@ func testApproverRBAC(t *testing.T, cfg *rest.Config) {
 		{"update a binding", "update", npGroup, "nodebindings", ns, "", false},
 		{"delete a binding", "delete", npGroup, "nodebindings", ns, "", false},
 		{"read Secrets", "get", "", "secrets", ns, "", false},
+		// Lineages: the kubelet certificates of each name's owner, which
+		// only the approver writes (RecordIssued).
+		{"get a lineage", "get", npGroup, "kubeletlineages", ns, "", true},
+		{"watch lineages", "watch", npGroup, "kubeletlineages", ns, "", true},
+		{"create a lineage", "create", npGroup, "kubeletlineages", ns, "", true},
+		{"update a lineage", "update", npGroup, "kubeletlineages", ns, "", true},
+		{"patch a lineage", "patch", npGroup, "kubeletlineages", ns, "", false},
+		{"delete a lineage", "delete", npGroup, "kubeletlineages", ns, "", false},
+		{"create a lineage elsewhere", "create", npGroup, "kubeletlineages", "default", "", false},
 	} {
 		if got := can(tc.verb, tc.group, tc.resource, tc.ns, tc.resourceName); got != tc.want {
 			t.Errorf("%s: %s may %s %s %s in %q: %v, want %v", tc.name, sa, tc.verb, tc.resource, tc.resourceName, tc.ns, got, tc.want)
+		}
+	}
+	// Nobody else writes a lineage: not the server, not a node, not a
+	// bootstrap token.
+	for who, may := range map[string]func(verb, group, resource, ns, resourceName string) bool{
+		"the server":        sar(t, cs, ns, "nodeproof-server"),
+		"a node":            sarUser(t, cs, "system:node:worker-1", "system:nodes", "system:authenticated"),
+		"a bootstrap token": sarUser(t, cs, "system:bootstrap:abcdef", "system:bootstrappers", "system:bootstrappers:nodeproof:worker", "system:authenticated"),
+	} {
+		for _, verb := range []string{"create", "update", "patch", "delete"} {
+			if may(verb, npGroup, "kubeletlineages", ns, "") {
+				t.Errorf("%s may %s kubeletlineages", who, verb)
+			}
 		}
 	}
 }
@@ -703,8 +725,11 @@ func testUserDataRBAC(t *testing.T, cfg *rest.Config) {
 // verb on group's resource ("resource/subresource") in ns (empty: cluster
 // scope), optionally named.
 func sar(t *testing.T, cs kubernetes.Interface, namespace, name string) func(verb, group, resource, ns, resourceName string) bool {
-	user := "system:serviceaccount:" + namespace + ":" + name
-	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}
+	return sarUser(t, cs, "system:serviceaccount:"+namespace+":"+name, "system:serviceaccounts", "system:serviceaccounts:"+namespace, "system:authenticated")
+}
+
+// sarUser is sar for any user and groups.
+func sarUser(t *testing.T, cs kubernetes.Interface, user string, groups ...string) func(verb, group, resource, ns, resourceName string) bool {
 	return func(verb, group, resource, ns, resourceName string) bool {
 		t.Helper()
 		res, sub, _ := strings.Cut(resource, "/")

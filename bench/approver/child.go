@@ -99,6 +99,20 @@ func runChild(kind, kubeconfig, namespace string, qps float64, burst, workers in
 		if !cached.WaitForSync(ctx) {
 			return ctx.Err()
 		}
+		// As `nodeproof approve`: lineages written through a client (and a
+		// rate limit) of their own.
+		lc, err := kubestore.NewClient(cfg)
+		if err != nil {
+			return err
+		}
+		lst, err := kubestore.New(lc, namespace, time.Now)
+		if err != nil {
+			return err
+		}
+		lineages, err := cached.LineagesWith(lst)
+		if err != nil {
+			return err
+		}
 		reg := prometheus.NewRegistry()
 		m, err := approver.NewMetrics(reg)
 		if err != nil {
@@ -106,7 +120,7 @@ func runChild(kind, kubeconfig, namespace string, qps float64, burst, workers in
 		}
 		h := &watchHandler{Handler: slog.NewJSONHandler(os.Stderr, nil), ready: ready, errors: new(atomic.Int64)}
 		ctl, err := approver.New(approver.Options{
-			Client: kc, Decider: &approver.Decider{Store: cached, Fresh: st, Clock: time.Now},
+			Client: kc, Decider: &approver.Decider{Store: cached, Fresh: st, Lineages: lineages, Clock: time.Now},
 			Workers: workers, Metrics: m, Clock: time.Now, Log: slog.New(h),
 		})
 		if err != nil {

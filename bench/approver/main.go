@@ -4,7 +4,8 @@
 //
 // It starts etcd and kube-apiserver (mcs/cluster/clustertest: the binaries
 // `make tools` builds, bootstrap token authentication, the CRDs of
-// deploy/crds) and, for each run, N fresh machines: what nodeproof's
+// deploy/crds, a kubelet signer that issues approved CSRs as
+// kube-controller-manager does) and, for each run, N fresh machines: what nodeproof's
 // server writes when a machine attests (a per-node bootstrap token through
 // mcs/cluster.Tokens, a NodeAttestation record binding a fresh ECDSA P-256
 // kubelet key, with its session marker, through kubestore.CreateRecord),
@@ -202,10 +203,13 @@ type result struct {
 	errors  int
 	errMsgs []string
 	dups    int
-	cpu     time.Duration // approver process, during the run
-	apiCPU  time.Duration // kube-apiserver + etcd, during the run
-	rss     int64         // approver process peak RSS
-	stats   childStats
+	// lineages is how many of the run's nodes have a KubeletLineage (the
+	// approver saw their certificate issued), nodeproof only.
+	lineages int
+	cpu      time.Duration // approver process, during the run
+	apiCPU   time.Duration // kube-apiserver + etcd, during the run
+	rss      int64         // approver process peak RSS
+	stats    childStats
 }
 
 func (b *bench) main(ctx context.Context, crds string, ls []limits, out string) error {
@@ -219,7 +223,10 @@ func (b *bench) main(ctx context.Context, crds string, ls []limits, out string) 
 	b.dir = b.t.TempDir()
 	log.Printf("starting etcd %s and kube-apiserver %s (%s)", testenv.EtcdVersion, testenv.KubeVersion, testenv.KubebuilderAssets(b.t))
 	t0 := time.Now()
-	cfg := clustertest.Start(b.t, crds)
+	// With a kubelet signer, as in a cluster: approved CSRs get their
+	// certificate, which nodeproof's approver then records in the node's
+	// lineage (one write per machine, in the API calls below).
+	cfg, _ := clustertest.StartSigning(b.t, crds)
 	log.Printf("control plane up in %s", time.Since(t0).Round(time.Millisecond))
 	if err := b.setup(ctx, cfg); err != nil {
 		return err
@@ -385,6 +392,11 @@ func (b *bench) one(ctx context.Context, kind string, l limits, n int, warm bool
 		last = time.Now()
 	}
 	r.wall = last.Sub(start)
+	if kind == "nodeproof" {
+		// The certificates are issued after the approvals: wait for the
+		// approver to record them, so its CPU and API calls include that.
+		r.lineages = b.waitLineages(ctx, ms, 30*time.Second)
+	}
 	r.cpu, r.apiCPU = proc.CPU(ch.pid)-cpu0, proc.SumCPU(b.apiPIDs)-api0
 	r.rss = proc.PeakRSS(ch.pid)
 	if r.stats, err = ch.stop(); err != nil {
@@ -419,6 +431,32 @@ func (b *bench) one(ctx context.Context, kind string, l limits, n int, warm bool
 	return r, nil
 }
 
+// waitLineages waits up to d for every machine of ms to have a
+// KubeletLineage and returns how many have one.
+func (b *bench) waitLineages(ctx context.Context, ms []*machine, d time.Duration) int {
+	want := map[string]bool{}
+	for _, m := range ms {
+		if m.err == nil {
+			want[m.node] = true
+		}
+	}
+	n := 0
+	for deadline := time.Now().Add(d); ; time.Sleep(100 * time.Millisecond) {
+		var l v1alpha1.KubeletLineageList
+		if err := b.crc.List(ctx, &l, client.InNamespace(namespace)); err == nil {
+			n = 0
+			for _, o := range l.Items {
+				if want[o.Name] && len(o.Spec.Certificates) > 0 {
+					n++
+				}
+			}
+		}
+		if n == len(want) || time.Now().After(deadline) {
+			return n
+		}
+	}
+}
+
 // reset deletes the CSRs, records and markers of earlier runs, so every
 // run starts from the same state: its own N records in the store (as after
 // the store's GC) and only its own CSRs.
@@ -426,7 +464,7 @@ func (b *bench) reset(ctx context.Context) error {
 	if err := b.admin.CertificatesV1().CertificateSigningRequests().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		return fmt.Errorf("reset: CSRs: %w", err)
 	}
-	for _, obj := range []client.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}} {
+	for _, obj := range []client.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}, &v1alpha1.KubeletLineage{}} {
 		if err := b.crc.DeleteAllOf(ctx, obj, client.InNamespace(namespace)); err != nil {
 			return fmt.Errorf("reset: %T: %w", obj, err)
 		}
@@ -714,12 +752,16 @@ func (b *bench) table(rs []*result) string {
 			float64(np.cpu)/float64(bl.cpu), float64(np.apiCPU)/float64(bl.apiCPU), float64(np.rss)/float64(bl.rss))
 	}
 	w("")
-	w("The approver process's API calls during each run (count, mean latency on the wire, i.e. after client-side throttling):")
+	w("The approver process's API calls during each run (count, mean latency on the wire, i.e. after client-side throttling), until every approved CSR's certificate was issued and, for nodeproof, recorded in its node's lineage (KubeletLineage: one create per machine):")
 	w("")
 	w("| approver client limits | approver | calls |")
 	w("|---|---|---|")
 	for _, r := range rs {
-		w("| %s | %s | %s |", r.limits, r.kind, callSummary(r.stats.Calls))
+		calls := callSummary(r.stats.Calls)
+		if r.kind == "nodeproof" {
+			calls += fmt.Sprintf(" (lineages recorded: %d of %d)", r.lineages, r.n)
+		}
+		w("| %s | %s | %s |", r.limits, r.kind, calls)
 	}
 	w("")
 	w("bench process peak RSS (control-plane client, %d kubelet clients with their watches, the record writer, the observer): %d MB",

@@ -172,6 +172,39 @@ type world struct {
 	// apiProxy, when the world was started withAPIProxy, stands between
 	// the server and the approver and the API server (Cut: an outage).
 	apiProxy *faultproxy.Proxy
+	// kubelets are the nodes' kubelets once their client certificate was
+	// issued (the test's signer: clustertest.StartSigning), by node name.
+	mu       sync.Mutex
+	kubelets map[string]*rest.Config
+}
+
+// kubeletConfig waits for the certificate issued for the CSR name and
+// returns a config authenticating with it and the key (PEM), as a kubelet
+// with that certificate does.
+func (w *world) kubeletConfig(t *testing.T, name string, keyPEM []byte) *rest.Config {
+	t.Helper()
+	rc, err := clustertest.KubeletConfig(context.Background(), w.kc, w.cfg, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
+// setKubelet records node's kubelet (its current client certificate).
+func (w *world) setKubelet(node string, rc *rest.Config) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.kubelets == nil {
+		w.kubelets = map[string]*rest.Config{}
+	}
+	w.kubelets[node] = rc
+}
+
+// kubelet is node's kubelet (nil before its first certificate).
+func (w *world) kubelet(node string) *rest.Config {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.kubelets[node]
 }
 
 // worldOption changes how start builds the world.
@@ -192,7 +225,7 @@ func withAPIProxy(t *testing.T) worldOption {
 func start(t *testing.T, opts ...worldOption) *world {
 	w := &world{serverLog: new(testenv.LockedBuffer)}
 	w.nodeproof, w.agent = bins(t)
-	w.cfg = clustertest.Start(t, "../../deploy/crds")
+	w.cfg, _ = clustertest.StartSigning(t, "../../deploy/crds")
 	ctx := context.Background()
 	var err error
 	if w.kc, err = kubernetes.NewForConfig(w.cfg); err != nil {
@@ -483,7 +516,8 @@ func files(t *testing.T, cfg []byte) map[string]string {
 
 // kubeletCSR submits the kubelet's client CSR for node, with the key the
 // agent made and the kubeconfig the full config carried, as the kubelet's
-// bootstrap does, and waits for the decision.
+// bootstrap does, and waits for the decision; once approved, for the
+// certificate, which becomes node's kubelet (w.kubelet).
 func (w *world) kubeletCSR(t *testing.T, kubeconfig []byte, keyFile, node string) certv1.CertificateSigningRequestCondition {
 	t.Helper()
 	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
@@ -499,6 +533,10 @@ func (w *world) kubeletCSR(t *testing.T, kubeconfig []byte, keyFile, node string
 		t.Fatalf("kubelet key: %v", err)
 	}
 	key := k.(crypto.Signer)
+	keyPEM, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	nkc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -519,6 +557,9 @@ func (w *world) kubeletCSR(t *testing.T, kubeconfig []byte, keyFile, node string
 			t.Fatal(err)
 		}
 		if len(got.Status.Conditions) > 0 {
+			if c := got.Status.Conditions[0]; c.Type == certv1.CertificateApproved {
+				w.setKubelet(node, w.kubeletConfig(t, name, keyPEM))
+			}
 			return got.Status.Conditions[0]
 		}
 		if time.Now().After(deadline) {

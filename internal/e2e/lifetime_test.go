@@ -19,7 +19,6 @@ import (
 
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -154,27 +153,26 @@ func (w *world) waitNode(t *testing.T, name string, want nodeState, within time.
 // runs RBAC only).
 func (w *world) nodesMayRenew(t *testing.T) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := w.kc.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-csrs"},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"certificatesigningrequests"}, Verbs: []string{"create", "get", "list", "watch"}}}},
-		metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.kc.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "e2e-node-csrs"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "e2e-node-csrs"},
-		Subjects: []rbacv1.Subject{{Kind: "Group", APIGroup: "rbac.authorization.k8s.io", Name: approver.NodesGroup}}},
-		metav1.CreateOptions{}); err != nil {
+	if err := clustertest.NodesMayRequest(context.Background(), w.kc); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// renewal submits a kubelet client CSR as the node itself (its current
-// certificate's identity: the renewal the kubelet's certificate manager
-// makes, with a new key) and returns the decision.
+// renewal submits a kubelet client CSR as the node itself, with its
+// kubelet's current client certificate (the renewal the kubelet's
+// certificate manager makes, with a new key), and returns the decision;
+// once approved, the renewed certificate is the kubelet's.
 func (w *world) renewal(t *testing.T, node string) certv1.CertificateSigningRequestCondition {
 	t.Helper()
-	rc := rest.CopyConfig(w.cfg)
-	rc.Impersonate = rest.ImpersonationConfig{UserName: approver.NodeUserPrefix + node, Groups: []string{approver.NodesGroup, "system:authenticated"}}
+	return w.renewalWith(t, node, w.kubelet(node))
+}
+
+// renewalWith is renewal with the kubelet config rc.
+func (w *world) renewalWith(t *testing.T, node string, rc *rest.Config) certv1.CertificateSigningRequestCondition {
+	t.Helper()
+	if rc == nil {
+		t.Fatalf("node %s has no kubelet client certificate yet", node)
+	}
 	nkc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +190,15 @@ func (w *world) renewal(t *testing.T, node string) certv1.CertificateSigningRequ
 	if err != nil {
 		t.Fatal(err)
 	}
-	return w.csrDecision(t, name)
+	cond := w.csrDecision(t, name)
+	if cond.Type == certv1.CertificateApproved {
+		keyPEM, err := clustertest.KeyPEM(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.setKubelet(node, w.kubeletConfig(t, name, keyPEM))
+	}
+	return cond
 }
 
 func (w *world) csrDecision(t *testing.T, name string) certv1.CertificateSigningRequestCondition {
@@ -350,6 +356,7 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	w.waitNode(t, node, nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonRevoked), taint: corev1.TaintEffectNoExecute}, time.Second)
 
 	// Release: a new machine takes the name; the node is attested again.
+	oldKubelet := w.kubelet(node)
 	w.nodeproofCmd(t, "release", node)
 	bRoot, bKey := t.TempDir(), filepath.Join(t.TempDir(), "kubelet.key")
 	if out, code := w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", b.tpmArg,
@@ -357,6 +364,18 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 		t.Fatalf("a new machine enrolling as the released name: exit %d\n%s", code, out)
 	}
 	w.waitNode(t, node, attested, 10*time.Second)
+	// The new machine's kubelet gets its certificate and renews it; the
+	// previous owner's kubelet, whose certificate is still valid, renews
+	// nothing under the name.
+	kubeconfig, err := os.ReadFile(filepath.Join(bRoot, render.KubeconfigPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	approved(t, w.kubeletCSR(t, kubeconfig, bKey, node), "NodeproofAttestedTPM")
+	cond = w.renewalWith(t, node, oldKubelet)
+	attacktable.Check(t, "lifetime", "the previous owner's kubelet renews its certificate after the name moved to another machine",
+		"Denied "+string(approver.ReasonNotCurrentOwner), string(cond.Type)+" "+cond.Reason)
+	approved(t, w.renewal(t, node), "NodeproofAttestedTPM")
 }
 
 // inspectUntil runs `nodeproof inspect NODE -o json` until want says

@@ -19,3 +19,15 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+// The store.Lineages conformance suite.
+func TestLineageConformance(t *testing.T) {
+	storetest.RunLineages(t, func(t *testing.T) store.Lineages {
+		s, err := Open(filepath.Join(t.TempDir(), "state.db"), time.Second, time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

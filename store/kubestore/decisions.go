@@ -2,6 +2,7 @@ package kubestore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -16,8 +17,12 @@ import (
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
 
-// recordNodeIndex indexes cached NodeAttestations by spec.nodeName.
-const recordNodeIndex = "spec.nodeName"
+// recordNodeIndex and recordTokenIndex index cached NodeAttestations by
+// spec.nodeName and spec.bootstrapTokenID.
+const (
+	recordNodeIndex  = "spec.nodeName"
+	recordTokenIndex = "spec.bootstrapTokenID"
+)
 
 // Cached is the approver's Store: Watched (Binding from a watch, and the
 // node controller's OnChange), and RecordsForNode read from a watch of the
@@ -43,19 +48,38 @@ const recordNodeIndex = "spec.nodeName"
 //
 // Cached bindings come without their status's claims (newWatch), which no
 // decision reads.
+//
+// Lineages (store.Lineages) are read from the watch too, a miss read
+// through; UpdateLineage writes with the cached lineage's resourceVersion
+// and, on a conflict, reads it again from the API server. RecordsForToken
+// (store.TokenIndex) answers from an index of the watched records only.
 type Cached struct {
 	*Watched
 }
 
+var (
+	_ store.Lineages   = (*Cached)(nil)
+	_ store.TokenIndex = (*Cached)(nil)
+)
+
 // NewCached returns the cache over st's namespace; Start it and wait for
 // it to sync before deciding.
 func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
-	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{}, &v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{})
+	c, h, err := newWatch(cfg, st.ns, st.clock, &v1alpha1.NodeBinding{}, &v1alpha1.NodeAttestation{}, &v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{},
+		&v1alpha1.KubeletLineage{})
 	if err != nil {
 		return nil, err
 	}
 	if err := c.IndexField(context.Background(), &v1alpha1.NodeAttestation{}, recordNodeIndex, func(o client.Object) []string {
 		return []string{o.(*v1alpha1.NodeAttestation).Spec.NodeName}
+	}); err != nil {
+		return nil, fmt.Errorf("kubestore: record index: %w", err)
+	}
+	if err := c.IndexField(context.Background(), &v1alpha1.NodeAttestation{}, recordTokenIndex, func(o client.Object) []string {
+		if id := o.(*v1alpha1.NodeAttestation).Spec.BootstrapTokenID; id != "" {
+			return []string{id}
+		}
+		return nil
 	}); err != nil {
 		return nil, fmt.Errorf("kubestore: record index: %w", err)
 	}
@@ -160,4 +184,107 @@ func sortNewestFirst(out []*store.Record) {
 		}
 		return out[i].ID < out[j].ID
 	})
+}
+
+// RecordsForToken implements store.TokenIndex from the watch's index (never
+// a read of the API server): unknown (known false) while the watch is not
+// trusted.
+func (c *Cached) RecordsForToken(ctx context.Context, id string) ([]*store.Record, bool, error) {
+	if !c.health.trusted() {
+		return nil, false, nil
+	}
+	if id == "" {
+		return nil, true, nil
+	}
+	var l v1alpha1.NodeAttestationList
+	if err := c.watch.List(ctx, &l, client.InNamespace(c.ns), client.MatchingFields{recordTokenIndex: id}); err != nil {
+		return nil, false, fmt.Errorf("kubestore: cached records of token %s: %w", id, err)
+	}
+	out := make([]*store.Record, 0, len(l.Items))
+	for i := range l.Items {
+		if l.Items[i].Spec.BootstrapTokenID != id {
+			continue
+		}
+		r, err := fromObject(&l.Items[i])
+		if err != nil {
+			return nil, false, err
+		}
+		out = append(out, r)
+	}
+	sortNewestFirst(out)
+	return out, true, nil
+}
+
+// Lineage implements store.Lineages from the watch; a miss, or a watch not
+// trusted now, reads the API.
+func (c *Cached) Lineage(ctx context.Context, nodeName string) (*store.Lineage, error) {
+	if !c.health.trusted() {
+		return c.Store.Lineage(ctx, nodeName)
+	}
+	obj, err := c.getLineage(ctx, c.watch, nodeName)
+	switch {
+	case err == nil:
+		return fromLineage(obj)
+	case errors.Is(err, store.ErrNotFound):
+		return c.Store.Lineage(ctx, nodeName)
+	}
+	return nil, err
+}
+
+// UpdateLineage implements store.Lineages: the first try reads the
+// lineage from the watch and writes with its resourceVersion (one call);
+// a lost race, or a watch not trusted now, is the Store's read-then-write.
+func (c *Cached) UpdateLineage(ctx context.Context, nodeName string, fn func(*store.Lineage) (*store.Lineage, error)) (*store.Lineage, error) {
+	if c.health.trusted() {
+		bctx, cancel := bound(ctx)
+		out, retry, err := c.writeLineage(bctx, c.watch, nodeName, fn)
+		cancel()
+		if !retry {
+			return out, err
+		}
+	}
+	return c.Store.UpdateLineage(ctx, nodeName, fn)
+}
+
+// LineagesWith returns the lineages of c's namespace read as c reads them
+// (the watch; a miss or an untrusted watch read through w) but written
+// through w, a Store in the same namespace with a client of its own: so
+// that recording certificates does not spend the rate limit of the
+// client that consumes records for approvals.
+func (c *Cached) LineagesWith(w *Store) (store.Lineages, error) {
+	if w == nil || w.ns != c.ns {
+		return nil, errors.New("kubestore: LineagesWith needs a Store in the cache's namespace")
+	}
+	return &cachedLineages{c: c, w: w}, nil
+}
+
+type cachedLineages struct {
+	c *Cached
+	w *Store
+}
+
+// Lineage implements store.Lineages.
+func (l *cachedLineages) Lineage(ctx context.Context, nodeName string) (*store.Lineage, error) {
+	if l.c.health.trusted() {
+		obj, err := l.c.getLineage(ctx, l.c.watch, nodeName)
+		if err == nil {
+			return fromLineage(obj)
+		} else if !errors.Is(err, store.ErrNotFound) {
+			return nil, err
+		}
+	}
+	return l.w.Lineage(ctx, nodeName)
+}
+
+// UpdateLineage implements store.Lineages as Cached does, through w.
+func (l *cachedLineages) UpdateLineage(ctx context.Context, nodeName string, fn func(*store.Lineage) (*store.Lineage, error)) (*store.Lineage, error) {
+	if l.c.health.trusted() {
+		bctx, cancel := bound(ctx)
+		out, retry, err := l.w.writeLineage(bctx, l.c.watch, nodeName, fn)
+		cancel()
+		if !retry {
+			return out, err
+		}
+	}
+	return l.w.UpdateLineage(ctx, nodeName, fn)
 }

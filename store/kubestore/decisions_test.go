@@ -160,4 +160,91 @@ func testDecisionCache(t *testing.T, k *cluster) {
 			t.Fatalf("the record is consumed by %q (%v), want the first", got.ConsumedBy, err)
 		}
 	})
+
+	t.Run("records by bootstrap token, from the watch only", func(t *testing.T) {
+		r := storetest.Record(storetest.ID(5), "worker-5", now)
+		r.BootstrapTokenID = "tok555"
+		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			recs, known, err := a.RecordsForToken(ctx, "tok555")
+			if err != nil || !known {
+				t.Fatalf("a synced watch: known %v, %v", known, err)
+			}
+			if len(recs) == 1 && recs[0].ID == r.ID && recs[0].NodeName == "worker-5" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the watch did not bring the record by its token: %v", recs)
+			}
+		}
+		if recs, known, err := a.RecordsForToken(ctx, "nosuch"); err != nil || !known || len(recs) != 0 {
+			t.Fatalf("a token no record names: %v, %v, %v", recs, known, err)
+		}
+		unsynced, err := NewCached(k.cfg, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, known, err := unsynced.RecordsForToken(ctx, "tok555"); known || err != nil {
+			t.Fatalf("a watch not started answered: known %v, %v", known, err)
+		}
+	})
+}
+
+// testLineages runs the store.Lineages conformance suite on the Store and
+// on the approver's cached reads (kubestore.Cached, which writes with the
+// resourceVersion its watch holds).
+func testLineages(t *testing.T, k *cluster) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sc, err := NewClient(k.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("Store", func(t *testing.T) {
+		storetest.RunLineages(t, func(t *testing.T) store.Lineages { return k.store(t, sc, k.namespace(t), time.Now) })
+	})
+	t.Run("Cached", func(t *testing.T) {
+		storetest.RunLineages(t, func(t *testing.T) store.Lineages {
+			c, err := NewCached(k.cfg, k.store(t, sc, k.namespace(t), time.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go c.Start(ctx)
+			if !c.WaitForSync(ctx) {
+				t.Fatal("the cache did not sync")
+			}
+			return c
+		})
+	})
+	t.Run("Cached, written through another client", func(t *testing.T) {
+		storetest.RunLineages(t, func(t *testing.T) store.Lineages {
+			ns := k.namespace(t)
+			c, err := NewCached(k.cfg, k.store(t, sc, ns, time.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go c.Start(ctx)
+			if !c.WaitForSync(ctx) {
+				t.Fatal("the cache did not sync")
+			}
+			wc, err := NewClient(k.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l, err := c.LineagesWith(k.store(t, wc, ns, time.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		})
+		c, err := NewCached(k.cfg, k.store(t, sc, k.namespace(t), time.Now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.LineagesWith(k.store(t, sc, k.namespace(t), time.Now)); err == nil {
+			t.Fatal("LineagesWith accepted a Store of another namespace")
+		}
+	})
 }

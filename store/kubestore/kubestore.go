@@ -149,7 +149,7 @@ func New(c client.Client, namespace string, clock func() time.Time) (*Store, err
 		return nil, fmt.Errorf("kubestore: namespace %q: %v", namespace, errs)
 	}
 	for _, obj := range []runtime.Object{&v1alpha1.NodeAttestation{}, &v1alpha1.AttestationMarker{}, &v1alpha1.NodeBinding{},
-		&v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{}} {
+		&v1alpha1.IdentityBan{}, &v1alpha1.NodeNameHistory{}, &v1alpha1.KubeletLineage{}} {
 		if _, _, err := c.Scheme().ObjectKinds(obj); err != nil {
 			return nil, fmt.Errorf("kubestore: the client's scheme lacks %s (v1alpha1.AddToScheme): %w", v1alpha1.GroupVersion, err)
 		}

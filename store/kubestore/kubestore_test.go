@@ -107,6 +107,7 @@ func TestKubeStore(t *testing.T) {
 	t.Run("crash between marker and record", func(t *testing.T) { testOrphanMarkers(t, k) })
 	t.Run("crash between identity marker and binding", func(t *testing.T) { testOrphanIdentityMarker(t, k) })
 	t.Run("the approver's decision cache", func(t *testing.T) { testDecisionCache(t, k) })
+	t.Run("kubelet certificate lineages", func(t *testing.T) { testLineages(t, k) })
 	t.Run("the server's binding watch", func(t *testing.T) { testWatched(t, k) })
 	t.Run("a client without the types is refused", func(t *testing.T) {
 		c, err := client.New(cfg, client.Options{Scheme: runtime.NewScheme()})

@@ -75,8 +75,8 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.StringVar(&c.Policy, "policy", "", "the attestation policy (the server's): each pool's lifetime — how long an attestation stays fresh, the taint effect (default: 3 h, NoSchedule)")
 	fs.BoolVar(&c.Nodes, "manage-nodes", true, "keep each node's Attested condition and nodeproof.io/unattested taint")
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
-	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for CSRs naming one node")
-	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-node limit")
+	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for the CSRs of one requester: a node, a per-node bootstrap token (a shared requester: per requester and node name)")
+	fs.IntVar(&c.PerNodeBurst, "per-node-burst", approver.DefaultPerNodeBurst, "burst of the per-requester limit")
 	fs.Float64Var(&c.QPS, "kube-api-qps", 100, "API calls per second (events have a budget of their own)")
 	fs.IntVar(&c.Burst, "kube-api-burst", 200, "API call burst")
 }
@@ -135,6 +135,17 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		return err
 	}
 	defer st.Close()
+	// Certificate lineages are written through a client of their own (its
+	// own rate limit, as events have): recording one machine's certificate
+	// must not delay another's approval.
+	lcl, err := kubestore.NewClient(cfg)
+	if err != nil {
+		return err
+	}
+	lineageStore, err := kubestore.New(lcl, orDefault(c.StoreNamespace, "nodeproof"), c.Clock)
+	if err != nil {
+		return err
+	}
 
 	var staleAfter func(string) time.Duration
 	var lifetime func(string) (time.Duration, corev1.TaintEffect)
@@ -158,14 +169,15 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	}
 	// newController makes a controller for one term: nothing of a previous
 	// term's caches or queue is carried over.
-	newController := func(reads, fresh store.Store) (*approver.Controller, error) {
+	newController := func(reads, fresh store.Store, lineages store.Lineages) (*approver.Controller, error) {
 		return approver.New(approver.Options{
-			Client: kc, EventClient: events, Decider: &approver.Decider{Store: reads, Fresh: fresh, Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
+			Client: kc, EventClient: events, Decider: &approver.Decider{Store: reads, Fresh: fresh, Lineages: lineages,
+				Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
 			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 			Metrics: metrics, Clock: c.Clock, Log: c.Log,
 		})
 	}
-	if _, err := newController(st, nil); err != nil { // check the options before serving
+	if _, err := newController(st, nil, nil); err != nil { // check the options before serving
 		return err
 	}
 	// runTerm runs the CSR controller and, with c.Nodes, the node
@@ -188,7 +200,11 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		if !synced {
 			return errors.New("approve: the NodeAttestation and NodeBinding watch did not sync within 2 minutes (does the approver may list and watch them?)")
 		}
-		ctl, err := newController(cached, st)
+		lineages, err := cached.LineagesWith(lineageStore)
+		if err != nil {
+			return err
+		}
+		ctl, err := newController(cached, st, lineages)
 		if err != nil {
 			return err
 		}

@@ -28,20 +28,24 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // approverCluster is a real API server with nodeproof's CRDs and the
-// approver's RBAC from deploy/approver (and nothing else for it), and the
-// server's side of the store (admin) to write records with.
+// approver's RBAC from deploy/approver (and nothing else for it), the
+// server's side of the store (admin) to write records with, and a kubelet
+// signer that issues the certificates of approved CSRs
+// (clustertest.StartSigning).
 type approverCluster struct {
 	cfg   *rest.Config
 	admin kubernetes.Interface
@@ -50,12 +54,24 @@ type approverCluster struct {
 
 func startApproverCluster(t *testing.T) *approverCluster {
 	t.Helper()
-	cfg, admin, c := testCluster(t)
+	cfg, _ := clustertest.StartSigning(t, "../../../deploy/crds")
+	admin, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	kubetest.ApplyYAML(t, c, "../../../deploy/approver/rbac.yaml")
+	// Nodes create their CSRs (a cluster grants this to system:nodes).
+	if err := clustertest.NodesMayRequest(ctx, admin); err != nil {
+		t.Fatal(err)
+	}
 	sc, err := kubestore.NewClient(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -108,16 +124,37 @@ type csrSpec struct {
 	// key (what a successful attestation leaves).
 	record    string
 	addresses []string
+	// key, if set, is the CSR's key (else a new one).
+	key *ecdsa.PrivateKey
+}
+
+// kubelet waits for the certificate issued for the client CSR name and
+// returns a config authenticating with it and key, as the kubelet does.
+func (a *approverCluster) kubelet(t *testing.T, name string, key *ecdsa.PrivateKey) *rest.Config {
+	t.Helper()
+	keyPEM, err := clustertest.KeyPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc, err := clustertest.KubeletConfig(context.Background(), a.admin, a.cfg, name, keyPEM, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
 }
 
 // create makes the CSR's key, writes its record if any, and creates the
-// CSR (a serving CSR as the node itself).
+// CSR (a serving CSR as the node itself: with the client certificate its
+// kubelet got for the record's key when there is a record, else
+// impersonated).
 func (a *approverCluster) create(t *testing.T, s csrSpec) {
 	t.Helper()
 	ctx := context.Background()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	key, err := s.key, error(nil)
+	if key == nil {
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			t.Fatal(err)
+		}
 	}
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
 		Subject:  pkix.Name{Organization: []string{approver.NodesGroup}, CommonName: approver.NodeUserPrefix + s.node},
@@ -152,7 +189,22 @@ func (a *approverCluster) create(t *testing.T, s csrSpec) {
 		node := rest.CopyConfig(a.cfg)
 		node.Impersonate = rest.ImpersonationConfig{UserName: approver.NodeUserPrefix + s.node,
 			Groups: []string{approver.NodesGroup, "system:masters", "system:authenticated"}}
+		if s.record != "" {
+			// The kubelet's client certificate first, for the record's key.
+			a.create(t, csrSpec{name: s.name + "-client", node: s.node, signer: approver.SignerKubeletClient, key: key})
+			node = a.kubelet(t, s.name+"-client", key)
+		}
 		if kc, err = kubernetes.NewForConfig(node); err != nil {
+			t.Fatal(err)
+		}
+		key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader) // the serving key
+		if err != nil {
+			t.Fatal(err)
+		}
+		if der, err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+			Subject:  pkix.Name{Organization: []string{approver.NodesGroup}, CommonName: approver.NodeUserPrefix + s.node},
+			DNSNames: s.dns, IPAddresses: s.ips,
+		}, key); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -362,12 +414,13 @@ func TestApproveCommand(t *testing.T) {
 
 	t.Run("metrics", func(t *testing.T) {
 		want := map[string]float64{
-			`nodeproof_approver_decisions_total{action="approve",reason="NodeproofAttestedTPM"}`: 1,
+			// attested, serving-no-addresses-client (its kubelet's first).
+			`nodeproof_approver_decisions_total{action="approve",reason="NodeproofAttestedTPM"}`: 2,
 			`nodeproof_approver_decisions_total{action="deny",reason="NoAttestation"}`:           3, // unattested, serving-no-record, probe-signer
 			`nodeproof_approver_decisions_total{action="deny",reason="NoAttestedAddresses"}`:     1,
 			// stranger-again, held by the limit (other-signer is not ours).
 			`nodeproof_approver_pending_csrs`:           1,
-			`nodeproof_approver_decision_seconds_count`: 5,
+			`nodeproof_approver_decision_seconds_count`: 6,
 		}
 		// The gauge is recounted every 10 s.
 		var got map[string]float64

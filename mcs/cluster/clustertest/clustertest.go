@@ -98,6 +98,10 @@ type LaunchOptions struct {
 	// through a relay (a VM's guest through QEMU's guestfwd). The API
 	// server still listens on loopback only.
 	ServingIPs []net.IP
+	// Signer, when set, is the API server's client CA and issues the
+	// certificates of approved kubelet CSRs once its Run runs
+	// (StartSigning).
+	Signer *Signer
 }
 
 // LaunchWith is Launch with options.
@@ -139,6 +143,9 @@ func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 		}
 	}
 	api.Configure().Set("enable-bootstrap-token-auth", "true")
+	if o.Signer != nil {
+		api.SecureServing.Authn = o.Signer
+	}
 	no := false
 	env := &envtest.Environment{
 		UseExistingCluster:    &no,

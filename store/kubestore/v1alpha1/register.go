@@ -22,6 +22,7 @@ func addKnownTypes(s *runtime.Scheme) error {
 		&NodeBinding{}, &NodeBindingList{},
 		&IdentityBan{}, &IdentityBanList{},
 		&NodeNameHistory{}, &NodeNameHistoryList{},
+		&KubeletLineage{}, &KubeletLineageList{},
 	)
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
