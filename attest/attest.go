@@ -197,6 +197,10 @@ type TPMClaims struct {
 	EKCertSubject string `json:"ekCertSubject,omitempty"`
 	EKCertIssuer  string `json:"ekCertIssuer,omitempty"`
 	EKCertSerial  string `json:"ekCertSerial,omitempty"`
+	// AKCertIssuer and AKCertSerial describe the AK certificate when a
+	// cloud certified the AK (GCE vTPM; EKTrust "gce-ak-certificate").
+	AKCertIssuer string `json:"akCertIssuer,omitempty"`
+	AKCertSerial string `json:"akCertSerial,omitempty"`
 	// AKName is the hex TPM name of the attestation key.
 	AKName string `json:"akName"`
 	// PCRBank is the hash bank the quote covered: "sha256" or "sha1".
