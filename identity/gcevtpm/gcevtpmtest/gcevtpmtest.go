@@ -143,6 +143,8 @@ type Cert struct {
 	// KeyUsage overrides digitalSignature (an encryption key's
 	// certificate has keyEncipherment).
 	KeyUsage x509.KeyUsage
+	// AIA overrides the Authority Information Access URL.
+	AIA []string
 }
 
 // IssueAK issues an AK certificate for pub naming inst.
@@ -169,6 +171,9 @@ func (ca *CA) IssueAK(pub crypto.PublicKey, inst gcevtpm.InstanceInfo, now time.
 	}
 	if c.KeyUsage != 0 {
 		tmpl.KeyUsage = c.KeyUsage
+	}
+	if c.AIA != nil {
+		tmpl.IssuingCertificateURL = c.AIA
 	}
 	if !c.NoExtension {
 		ext := c.Extension
