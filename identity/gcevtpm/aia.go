@@ -241,4 +241,3 @@ func issuedByAny(c *x509.Certificate, certs []*x509.Certificate) bool {
 	}
 	return false
 }
-
