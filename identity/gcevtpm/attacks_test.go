@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm/gcevtpmtest"
-	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 

@@ -108,12 +108,12 @@ func Instance(name string) gcevtpm.InstanceInfo {
 // certificates carry after isProduction (true, false, false, false).
 func MarshalInstanceInfo(i gcevtpm.InstanceInfo) ([]byte, error) {
 	type props struct {
-		SecurityVersion int64 `asn1:"explicit,tag:0"`
-		IsProduction    bool  `asn1:"explicit,tag:1"`
-		P2              bool  `asn1:"explicit,tag:2"`
-		P3              bool  `asn1:"explicit,tag:3"`
-		P4              bool  `asn1:"explicit,tag:4"`
-		P5              bool  `asn1:"explicit,tag:5"`
+		SecurityVersion *big.Int `asn1:"explicit,tag:0"`
+		IsProduction    bool     `asn1:"explicit,tag:1"`
+		P2              bool     `asn1:"explicit,tag:2"`
+		P3              bool     `asn1:"explicit,tag:3"`
+		P4              bool     `asn1:"explicit,tag:4"`
+		P5              bool     `asn1:"explicit,tag:5"`
 	}
 	type info struct {
 		Zone          string `asn1:"utf8"`
@@ -126,7 +126,7 @@ func MarshalInstanceInfo(i gcevtpm.InstanceInfo) ([]byte, error) {
 	return asn1.Marshal(info{
 		Zone: i.Zone, ProjectNumber: new(big.Int).SetUint64(i.ProjectNumber), ProjectID: i.ProjectID,
 		InstanceID: new(big.Int).SetUint64(i.InstanceID), InstanceName: i.InstanceName,
-		Props: props{SecurityVersion: int64(i.SecurityVersion), IsProduction: i.IsProduction, P2: true},
+		Props: props{SecurityVersion: new(big.Int).SetUint64(i.SecurityVersion), IsProduction: i.IsProduction, P2: true},
 	})
 }
 
