@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -64,7 +63,7 @@ type CollectorOptions struct {
 // ECC one has no certificate. ErrNotGCE when there is no GCE template;
 // ErrNoCertificate when no AK has a certificate.
 func NewCollector(ctx context.Context, ch tpm.Channel, o CollectorOptions) (*Collector, error) {
-	c := &Collector{log: systemEventLog}
+	c := &Collector{log: tpm.ReadSystemEventLog}
 	if ch != nil {
 		c.rw, c.log = ch, ch.MeasurementLog
 	} else {
@@ -162,14 +161,4 @@ func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, e
 		return nil, fmt.Errorf("read event log: %w", err)
 	}
 	return ev, nil
-}
-
-// systemEventLog reads the firmware's event log; a VM without one sends
-// none, and its boot state is unknown.
-func systemEventLog() ([]byte, error) {
-	b, err := os.ReadFile(tpm.SystemEventLog)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	return b, err
 }
