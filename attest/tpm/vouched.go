@@ -4,6 +4,10 @@ import (
 	"crypto"
 	"crypto/x509"
 	"encoding/hex"
+	"fmt"
+
+	"github.com/google/go-tpm-tools/client"
+	legacy "github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -169,3 +173,34 @@ func (r *QuoteResult) Claims(ak *AK, boot attest.BootState) *attest.TPMClaims {
 
 // BankName names a PCR bank as the wire format does ("sha256", "sha384").
 func BankName(h crypto.Hash) string { return bankName(h) }
+
+// QuoteAll is the node side of a vouched-for AK: it quotes PCRs 0-23 of
+// bank with ak and qualifying data attest.BindingDigest(nonce,
+// kubeletKeySHA256), and returns the quote, the PCR values it covers and
+// the event log log returns.
+func QuoteAll(ak *client.Key, bank crypto.Hash, nonce, kubeletKeySHA256 []byte, log func() ([]byte, error)) (*QuoteEvidence, error) {
+	alg, ok := map[crypto.Hash]legacy.Algorithm{crypto.SHA256: legacy.AlgSHA256, crypto.SHA384: legacy.AlgSHA384}[bank]
+	if !ok {
+		return nil, fmt.Errorf("tpm: bank %v: want SHA-256 or SHA-384", bank)
+	}
+	sel := legacy.PCRSelection{Hash: alg}
+	for i := 0; i < 24; i++ {
+		sel.PCRs = append(sel.PCRs, i)
+	}
+	q, err := ak.Quote(sel, attest.BindingDigest(nonce, kubeletKeySHA256))
+	if err != nil {
+		return nil, fmt.Errorf("quote: %w", err)
+	}
+	ev := &QuoteEvidence{KubeletKeySHA256: kubeletKeySHA256, Quotes: []Quote{{Quote: q.GetQuote(), Signature: q.GetRawSig()}}}
+	for i := 0; i < 24; i++ {
+		d, ok := q.GetPcrs().GetPcrs()[uint32(i)]
+		if !ok {
+			return nil, fmt.Errorf("quote: PCR %d missing", i)
+		}
+		ev.PCRs = append(ev.PCRs, PCR{Index: i, Bank: bankName(bank), Digest: d})
+	}
+	if ev.EventLog, err = log(); err != nil {
+		return nil, fmt.Errorf("read event log: %w", err)
+	}
+	return ev, nil
+}

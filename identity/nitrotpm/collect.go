@@ -1,6 +1,7 @@
 package nitrotpm
 
 import (
+	"crypto"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -86,30 +87,10 @@ func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte, identity aws.
 	if err != nil {
 		return nil, fmt.Errorf("encode AK: %w", err)
 	}
-	sel := tpm2.PCRSelection{Hash: tpm2.AlgSHA384}
-	for i := 0; i < 24; i++ {
-		sel.PCRs = append(sel.PCRs, i)
-	}
-	q, err := c.ak.Quote(sel, attest.BindingDigest(ch.Nonce, kubeletKeySHA256))
+	q, err := tpm.QuoteAll(c.ak, crypto.SHA384, ch.Nonce, kubeletKeySHA256, c.log)
 	if err != nil {
-		return nil, fmt.Errorf("quote: %w", err)
+		return nil, err
 	}
-	ev := &Evidence{
-		Document: doc, AKPublic: pub, Identity: identity,
-		Quote: tpm.QuoteEvidence{
-			KubeletKeySHA256: kubeletKeySHA256,
-			Quotes:           []tpm.Quote{{Quote: q.GetQuote(), Signature: q.GetRawSig()}},
-		},
-	}
-	for i := 0; i < 24; i++ {
-		d, ok := q.GetPcrs().GetPcrs()[uint32(i)]
-		if !ok {
-			return nil, fmt.Errorf("quote: PCR %d missing", i)
-		}
-		ev.Quote.PCRs = append(ev.Quote.PCRs, tpm.PCR{Index: i, Bank: "sha384", Digest: d})
-	}
-	if ev.Quote.EventLog, err = c.log(); err != nil {
-		return nil, fmt.Errorf("read event log: %w", err)
-	}
+	ev := &Evidence{Document: doc, AKPublic: pub, Identity: identity, Quote: *q}
 	return ev, nil
 }
