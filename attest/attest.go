@@ -26,6 +26,13 @@ const (
 	KindTPM Kind = "tpm"
 	KindGCP Kind = "gcp"
 	KindAWS Kind = "aws"
+	// KindGCEVTPM: a GCE Shielded or Confidential VM's vTPM, whose
+	// attestation key Google certifies (identity/gcevtpm).
+	KindGCEVTPM Kind = "gce-vtpm"
+	// KindNitroTPM: an EC2 instance's NitroTPM, whose AK a Nitro
+	// attestation document binds, beside the instance identity document
+	// (identity/nitrotpm).
+	KindNitroTPM Kind = "aws-nitrotpm"
 )
 
 // BindingLabel starts every binding digest, so that a quote or token made
@@ -190,6 +197,10 @@ type TPMClaims struct {
 	EKCertSubject string `json:"ekCertSubject,omitempty"`
 	EKCertIssuer  string `json:"ekCertIssuer,omitempty"`
 	EKCertSerial  string `json:"ekCertSerial,omitempty"`
+	// AKCertIssuer and AKCertSerial describe the AK certificate when a
+	// cloud certified the AK (GCE vTPM; EKTrust "gce-ak-certificate").
+	AKCertIssuer string `json:"akCertIssuer,omitempty"`
+	AKCertSerial string `json:"akCertSerial,omitempty"`
 	// AKName is the hex TPM name of the attestation key.
 	AKName string `json:"akName"`
 	// PCRBank is the hash bank the quote covered: "sha256" or "sha1".
@@ -349,6 +360,57 @@ const (
 	ReasonDocSubstituted  Reason = "DocumentSubstituted"
 	ReasonDocTooOld       Reason = "DocumentTooOld"
 	ReasonInstanceNotLive Reason = "InstanceNotRunning"
+	// Cloud vTPMs: the cloud, not an EK chain, vouches for the AK
+	// (docs/cloud-tpm.md).
+	//
+	// ReasonAKCertMissing: no AK certificate (a GCE VM without one in NV).
+	ReasonAKCertMissing Reason = "AKCertificateMissing"
+	// ReasonAKCertInvalid: the AK certificate or an intermediate sent
+	// beside it does not parse, or is not an end-entity certificate.
+	ReasonAKCertInvalid Reason = "AKCertificateInvalid"
+	// ReasonAKCertUntrusted: the AK certificate does not chain to a
+	// pinned root (a foreign or self-made chain).
+	ReasonAKCertUntrusted Reason = "AKCertificateUntrusted"
+	// ReasonAKCertExpired: the AK certificate, or a certificate of its
+	// chain, is outside its validity at the verifier's clock.
+	ReasonAKCertExpired Reason = "AKCertificateExpired"
+	// ReasonAKCertKeyMismatch: the certified key is not the AK public area
+	// the quote is verified with.
+	ReasonAKCertKeyMismatch Reason = "AKCertificateKeyMismatch"
+	// ReasonInstanceInfoMissing: the AK certificate has no GCE instance
+	// extension (1.3.6.1.4.1.11129.2.1.21): it names no instance.
+	ReasonInstanceInfoMissing Reason = "GCEInstanceInfoMissing"
+	// ReasonInstanceInfoMalformed: the instance extension does not parse
+	// (or carries an empty or out-of-range field).
+	ReasonInstanceInfoMalformed Reason = "GCEInstanceInfoMalformed"
+	// ReasonNotProduction: the instance extension says isProduction false
+	// (or omits it): not a production Google host.
+	ReasonNotProduction Reason = "GCEInstanceNotProduction"
+	// ReasonNitroDocMalformed: the NitroTPM attestation document is not a
+	// COSE_Sign1 of the documented CBOR payload.
+	ReasonNitroDocMalformed Reason = "NitroDocumentMalformed"
+	// ReasonNitroDocSignature: the document's ES384 signature does not
+	// verify under its certificate.
+	ReasonNitroDocSignature Reason = "NitroDocumentSignatureInvalid"
+	// ReasonNitroDocUntrusted: the document's certificate does not chain
+	// through its CA bundle to the pinned AWS Nitro root.
+	ReasonNitroDocUntrusted Reason = "NitroDocumentChainUntrusted"
+	// ReasonNitroDocExpired: a certificate of the document's chain is
+	// outside its validity at the verifier's clock.
+	ReasonNitroDocExpired Reason = "NitroDocumentCertificateExpired"
+	// ReasonNitroDocTime: the document's timestamp is not within this
+	// session (before the challenge, or in the future).
+	ReasonNitroDocTime Reason = "NitroDocumentTimestamp"
+	// ReasonNitroDocNonce: the document's nonce is not the session's.
+	ReasonNitroDocNonce Reason = "NitroDocumentNonceMismatch"
+	// ReasonNitroDocKey: the document's public_key is not the AK.
+	ReasonNitroDocKey Reason = "NitroDocumentKeyMismatch"
+	// ReasonNitroPCRs: a quoted SHA-384 PCR differs from the document's.
+	ReasonNitroPCRs Reason = "NitroPCRMismatch"
+	// ReasonNitroInstance: the document's module_id names another instance
+	// than the instance identity document sent beside it, or names none
+	// nodeproof can read.
+	ReasonNitroInstance Reason = "NitroDocumentInstanceMismatch"
 	// Enrolment: who owns a node name (mcs, store.Binding).
 	//
 	// ReasonNodeNameTaken: the node name is bound to another identity

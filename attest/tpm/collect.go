@@ -133,8 +133,11 @@ func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, e
 	return ev, nil
 }
 
-// systemEventLog reads the firmware's event log; a machine without one
-// (no UEFI measured boot) sends none, and its boot state is unknown.
+// ReadSystemEventLog reads the firmware's event log (SystemEventLog); a
+// machine without one (no UEFI measured boot) sends none, and its boot
+// state is unknown.
+func ReadSystemEventLog() ([]byte, error) { return systemEventLog() }
+
 func systemEventLog() ([]byte, error) {
 	b, err := os.ReadFile(SystemEventLog)
 	if errors.Is(err, os.ErrNotExist) {

@@ -210,7 +210,7 @@ func FuzzTPMStructures(f *testing.F) {
 			err = k.checkCreation(ak.CreateData, ak.CreateAttestation, ak.CreateSignature)
 		}
 		if err == nil {
-			_, err = verifyQuote(k, q, pcrs, binding, nonce, required)
+			_, err = verifyQuote(k, q, pcrs, binding, nonce, required, defaultBanks)
 		}
 		if r, _ := attest.ReasonOf(err); (err == nil) != (want == "") || r != want {
 			f.Fatalf("a real seed: got %v, want refusal %q", err, want)
@@ -243,7 +243,7 @@ func FuzzTPMStructures(f *testing.F) {
 		_ = json.Unmarshal(pcrsJSON, &pcrs)
 		q := Quote{Quote: quote, Signature: quoteSig}
 		_, _ = quoteBanks(q)
-		qr, err := verifyQuote(ak, q, pcrs, binding, make([]byte, 32), required)
+		qr, err := verifyQuote(ak, q, pcrs, binding, make([]byte, 32), required, defaultBanks)
 		if err != nil {
 			wantReasonIn(t, err, attest.ReasonQuoteSignature, attest.ReasonMalformed, attest.ReasonQuoteNotTPM,
 				attest.ReasonQuoteBinding, attest.ReasonQuoteRawNonce, attest.ReasonQuoteKeyMissing,

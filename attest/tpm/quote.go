@@ -15,6 +15,8 @@ import (
 type quoteResult struct {
 	bank crypto.Hash
 	pcrs map[int][]byte // quoted PCR values of bank
+	// banks are the quoted PCR values of every bank the quote selects.
+	banks map[crypto.Hash]map[int][]byte
 	// clock is the quote's TPMS_CLOCK_INFO.
 	clock tpm2.TPMSClockInfo
 }
@@ -105,16 +107,17 @@ func decodeQuote(b []byte, field string) (*tpm2.TPMSAttest, []selection, error) 
 //     key hash) or else QuoteBindingMismatch (another session's nonce, or
 //     another key);
 //   - its selection names each bank once (QuotePCRSelection), one of them
-//     SHA-256 — or, when no SHA-256 is selected, SHA-1, which claims mark
-//     for policy (SHA256BankMissing when neither) — and that bank covers
-//     every PCR in required (QuotePCRSelection);
+//     the first of banks it selects — for Verify SHA-256, or when no
+//     SHA-256 is selected, SHA-1, which claims mark for policy
+//     (SHA256BankMissing when none) — and that bank covers every PCR in
+//     required (QuotePCRSelection);
 //   - the PCR values sent for every selected bank, in the selection's
 //     order (bank by bank, PCRs ascending), hash with the AK's hash to
 //     the quoted PCR digest (QuotePCRDigestMismatch; a value missing,
 //     sent twice, of the wrong size or not selected is refused too).
 //
 // nonce and keySHA are the session's, to name the binding mistakes.
-func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required []int) (*quoteResult, error) {
+func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required []int, banks []crypto.Hash) (*quoteResult, error) {
 	att, sels, err := decodeQuote(q.Quote, "the quote")
 	if err != nil {
 		return nil, err
@@ -126,7 +129,7 @@ func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required
 		return nil, bindingMistake(att.ExtraData.Buffer, nonce)
 	}
 	bank, ok := crypto.Hash(0), false
-	for _, want := range []crypto.Hash{crypto.SHA256, crypto.SHA1} {
+	for _, want := range banks {
 		for _, s := range sels {
 			if s.bank == want && !ok {
 				bank, ok = want, true
@@ -134,7 +137,7 @@ func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required
 		}
 	}
 	if !ok {
-		return nil, attest.Deny(attest.ReasonNoSHA256Bank, "the quote selects neither the SHA-256 nor the SHA-1 bank")
+		return nil, attest.Deny(attest.ReasonNoSHA256Bank, "the quote selects no %s bank", bankNames(banks))
 	}
 	// Values sent, by bank and index.
 	values := map[crypto.Hash]map[int][]byte{}
@@ -181,7 +184,7 @@ func verifyQuote(ak *akKey, q Quote, pcrs []PCR, binding, nonce []byte, required
 	if subtle.ConstantTimeCompare(h.Sum(nil), info.PCRDigest.Buffer) != 1 {
 		return nil, attest.Deny(attest.ReasonQuotePCRDigest, "PCR values do not match the quoted digest")
 	}
-	return &quoteResult{bank: bank, pcrs: values[bank], clock: att.ClockInfo}, nil
+	return &quoteResult{bank: bank, pcrs: values[bank], banks: values, clock: att.ClockInfo}, nil
 }
 
 // bindingMistake names what a quote's qualifying data holds instead of the

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/go-tpm/legacy/tpm2/credactivation"
@@ -235,12 +237,12 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	if err != nil {
 		return nil, err
 	}
-	q, err := pickQuote(ev.Quotes)
+	q, err := pickQuote(ev.Quotes, defaultBanks)
 	if err != nil {
 		return nil, err
 	}
 	binding := attest.BindingDigest(sess.Nonce, ev.KubeletKeySHA256)
-	qr, err := verifyQuote(ak, q, ev.PCRs, binding, sess.Nonce, v.required)
+	qr, err := verifyQuote(ak, q, ev.PCRs, binding, sess.Nonce, v.required, defaultBanks)
 	if err != nil {
 		return nil, err
 	}
@@ -279,30 +281,41 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	}, nil
 }
 
-// pickQuote returns the quote whose selection includes the SHA-256 bank
-// (alone or beside others, as tpm2_quote -l sha1:…+sha256:… makes), else
-// one that selects SHA-1. A quote that does not decode is refused for
-// what it is (MalformedEvidence, QuoteNotTPMGenerated), not skipped.
-func pickQuote(quotes []Quote) (Quote, error) {
-	var sha1Quote *Quote
+// defaultBanks are the banks Verify accepts, preferred first: SHA-256,
+// else SHA-1 (marked in claims for policy to refuse).
+var defaultBanks = []crypto.Hash{crypto.SHA256, crypto.SHA1}
+
+// pickQuote returns the quote whose selection includes the first bank of
+// banks (alone or beside others, as tpm2_quote -l sha1:…+sha256:… makes),
+// else one that selects the next, and so on. A quote that does not decode
+// is refused for what it is (MalformedEvidence, QuoteNotTPMGenerated), not
+// skipped.
+func pickQuote(quotes []Quote, banks []crypto.Hash) (Quote, error) {
+	best, bestRank := -1, len(banks)
 	for i, q := range quotes {
-		banks, err := quoteBanks(q)
+		qb, err := quoteBanks(q)
 		if err != nil {
 			return Quote{}, err
 		}
-		for _, h := range banks {
-			switch h {
-			case crypto.SHA256:
-				return q, nil
-			case crypto.SHA1:
-				sha1Quote = &quotes[i]
+		for _, h := range qb {
+			if r := slices.Index(banks, h); r >= 0 && r < bestRank {
+				best, bestRank = i, r
 			}
 		}
 	}
-	if sha1Quote != nil {
-		return *sha1Quote, nil
+	if best < 0 {
+		return Quote{}, attest.Deny(attest.ReasonNoSHA256Bank, "no quote selects the %s bank", bankNames(banks))
 	}
-	return Quote{}, attest.Deny(attest.ReasonNoSHA256Bank, "no quote selects the SHA-256 bank")
+	return quotes[best], nil
+}
+
+// bankNames names banks for a refusal: "sha256 or sha1".
+func bankNames(banks []crypto.Hash) string {
+	names := make([]string, len(banks))
+	for i, h := range banks {
+		names[i] = bankName(h)
+	}
+	return strings.Join(names, " or ")
 }
 
 // unTPM2B returns the contents of b when b is a TPM2B — a 2-byte

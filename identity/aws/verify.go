@@ -169,6 +169,38 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	if !now.Before(sess.Expires) {
 		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
 	}
+	ac, err := v.identity(ctx, ev, now, !sess.Reattest())
+	if err != nil {
+		return nil, err
+	}
+	addrs := []string{ac.PrivateIP}
+	if ac.PrivateDNSName != "" {
+		addrs = append(addrs, ac.PrivateDNSName)
+	}
+	return &attest.Claims{
+		Kind:             attest.KindAWS,
+		Identity:         "aws:" + ac.AccountID + "/" + ac.Region + "/" + ac.InstanceID,
+		NodeName:         ac.PrivateDNSName,
+		Addresses:        addrs,
+		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
+		VerifiedAt:       v.clock(),
+		AWS:              ac,
+	}, nil
+}
+
+// VerifyIdentityDocument runs Verify's checks 2 to 7 and 9 on an instance
+// identity document, without a session and without its age (check 8 but
+// its bound on a pendingTime in the future): for
+// evidence in which something else proves freshness, as a NitroTPM
+// attestation document's nonce does (identity/nitrotpm). The document
+// then says which instance, account and Region the other evidence is
+// about; it is no proof that the presenter is that instance.
+func (v *Verifier) VerifyIdentityDocument(ctx context.Context, ev *Evidence) (*attest.AWSClaims, error) {
+	return v.identity(ctx, ev, v.clock(), false)
+}
+
+// identity runs Verify's checks 2 to 9 (8 only when checkAge).
+func (v *Verifier) identity(ctx context.Context, ev *Evidence, now time.Time, checkAge bool) (*attest.AWSClaims, error) {
 	if ev == nil {
 		return nil, attest.Deny(attest.ReasonMalformed, "no evidence")
 	}
@@ -187,7 +219,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		return nil, err
 	}
 
-	if !sess.Reattest() && now.Sub(doc.PendingTime) > v.maxAge {
+	if checkAge && now.Sub(doc.PendingTime) > v.maxAge {
 		return nil, attest.Deny(attest.ReasonDocTooOld, "instance started at %s, more than %v ago; a reinstalled instance keeps its document: stop and start it (EC2 signs a new one, with a new pendingTime) and attest again, and if that is refused as IdentityAlreadyEnrolled, release its node first (nodeproof release NODE)",
 			doc.PendingTime.UTC().Format(time.RFC3339), v.maxAge)
 	}
@@ -214,19 +246,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	if ac.PrivateDNSName == "" {
 		ac.PrivateDNSName = PrivateDNSName(doc.Region, ac.PrivateIP)
 	}
-	addrs := []string{ac.PrivateIP}
-	if ac.PrivateDNSName != "" {
-		addrs = append(addrs, ac.PrivateDNSName)
-	}
-	return &attest.Claims{
-		Kind:             attest.KindAWS,
-		Identity:         "aws:" + doc.AccountID + "/" + doc.Region + "/" + doc.InstanceID,
-		NodeName:         ac.PrivateDNSName,
-		Addresses:        addrs,
-		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
-		VerifiedAt:       v.clock(),
-		AWS:              ac,
-	}, nil
+	return ac, nil
 }
 
 // verifyDocument runs checks 3 to 7 of Verify.

@@ -148,7 +148,9 @@ func ProvisionEKCert(rw io.ReadWriter, certDER []byte) error {
 }
 
 // ExtendLog extends every measured event of a TCG event log into the
-// TPM's SHA-1 and SHA-256 PCRs, so that the TPM's PCRs are what that
+// TPM's SHA-1, SHA-256 and SHA-384 PCRs (a bank the TPM does not have
+// allocated ignores its digests; a log without a bank's digests extends
+// nothing there), so that the TPM's PCRs are what that
 // machine's firmware would have left (from a freshly started TPM). Events
 // a TPM at locality 0 cannot reproduce (PCR 17 and up, EV_NO_ACTION) are
 // skipped; the result says how many events were extended.
@@ -161,7 +163,7 @@ func ExtendLog(rw io.ReadWriter, log []byte) (int, error) {
 	for _, bank := range []struct {
 		alg  register.HashAlg
 		tpm2 tpm2.Algorithm
-	}{{register.HashSHA1, tpm2.AlgSHA1}, {register.HashSHA256, tpm2.AlgSHA256}} {
+	}{{register.HashSHA1, tpm2.AlgSHA1}, {register.HashSHA256, tpm2.AlgSHA256}, {register.HashSHA384, tpm2.AlgSHA384}} {
 		for _, e := range el.Events(bank.alg) {
 			if e.Type == tcg.NoAction || e.Index > 16 || len(e.Digest) == 0 {
 				continue
