@@ -274,10 +274,18 @@ func startProcess(bin string, args []string) (*exec.Cmd, string, error) {
 		return nil, "", err
 	}
 	addrc := make(chan string, 2)
+	exited := make(chan error, 1)
+	var mu sync.Mutex
+	var last []string // the last lines either stream printed, for a start that fails
 	scan := func(r io.Reader, nodeproofLog bool) {
 		sc := bufio.NewScanner(r)
 		for sc.Scan() {
 			line := sc.Text()
+			mu.Lock()
+			if last = append(last, line); len(last) > 20 {
+				last = last[1:]
+			}
+			mu.Unlock()
 			if !nodeproofLog && strings.Contains(line, ":") {
 				addrc <- strings.TrimSpace(line)
 			}
@@ -290,12 +298,21 @@ func startProcess(bin string, args []string) (*exec.Cmd, string, error) {
 	}
 	go scan(stdout, false)
 	go scan(stderr, true)
+	go func() { exited <- cmd.Wait() }()
+	tail := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Join(last, "\n")
+	}
+	// Generous: a busy 2-core machine makes the CA's keys slowly.
 	select {
 	case a := <-addrc:
 		return cmd, a, nil
-	case <-time.After(30 * time.Second):
+	case err := <-exited:
+		return nil, "", fmt.Errorf("%s exited before serving (%v):\n%s", bin, err, tail())
+	case <-time.After(2 * time.Minute):
 		cmd.Process.Kill()
-		return nil, "", fmt.Errorf("%s did not start", bin)
+		return nil, "", fmt.Errorf("%s did not start within 2 minutes:\n%s", bin, tail())
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -51,6 +52,20 @@ func (w *world) asNode(t *testing.T, node string) kubernetes.Interface {
 	kc, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// RBAC reaches the authorizer through its own watch: wait until the
+	// node may patch its status, so a refusal below is the attack's, not
+	// the binding's delay.
+	review := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
+		ResourceAttributes: &authorizationv1.ResourceAttributes{Verb: "patch", Resource: "nodes", Subresource: "status", Name: node}}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		r, err := kc.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err == nil && r.Status.Allowed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node's RBAC never took effect: %+v, %v", r, err)
+		}
 	}
 	return kc
 }
