@@ -14,8 +14,14 @@ deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-
 tools: deps ## real Ignition, kube-apiserver, etcd for tests, and the live boot's Debian boot chain, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
 	@hack/tools.sh
 
-build:
-	$(GO) build ./...
+# The version `nodeproof version` prints: git describe, as make image builds in.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+build: ## bin/nodeproof and bin/nodeproof-agent (bin/ is git-ignored); every other package compiled too
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '-X github.com/nodeproof/nodeproof/cmd/nodeproof/cli.Version=$(VERSION)' -o bin/ ./cmd/nodeproof ./cmd/nodeproof-agent
+	@hack/progress.sh "go build ./..." $(GO) build ./...
+	@echo "built bin/nodeproof and bin/nodeproof-agent ($(VERSION)); add $(CURDIR)/bin to PATH, or copy them to /usr/local/bin"
 
 vet:
 	@hack/progress.sh "go vet" $(GO) vet ./...
