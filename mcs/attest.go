@@ -490,7 +490,9 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	if b.Revoked != nil {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, enrolled as node %s and revoked at %s (%s), attested again for node %s; refused",
 			rec.Identity, b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason, rec.NodeName))
-		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked at %s: %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
+		// The operator's reason stays with operators (the Event above,
+		// the binding, inspect): the machine is told the code and when.
+		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked by an operator at %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339))
 	}
 	refuse := func(why string) error {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",

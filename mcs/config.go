@@ -144,7 +144,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		s.refuse(w, d, deny(attest.ReasonNodeNameTaken, "node %s belongs to another identity now", rec.NodeName))
 		return
 	case b.Revoked != nil:
-		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked: %s", rec.NodeName, b.Revoked.Reason))
+		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked by an operator", rec.NodeName))
 		return
 	}
 	release, err := s.spendConfigToken(ctx, ct, rec)

@@ -13,6 +13,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -158,6 +159,7 @@ func release(ctx context.Context, c ServeConfig, node string, act store.Act, std
 		return err
 	}
 	defer st.Close()
+	uid := bindingUID(ctx, st, node) // the Event names the binding released
 	b, err := st.Release(ctx, node, act)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("node %s is not bound to any machine", node)
@@ -173,14 +175,19 @@ func release(ctx context.Context, c ServeConfig, node string, act store.Act, std
 		msg += "; reason: " + act.Reason
 	}
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock(), UID: uid})
 }
 
-// bindingEvent writes ev with the kubernetes store (nothing otherwise).
-func (c ServeConfig) bindingEvent(ctx context.Context, component string, ev kubestore.BindingEvent) error {
+// bindingEvent writes ev with the kubernetes store (nothing otherwise),
+// naming the binding's uid (so kubectl describe nodebinding lists it) when
+// ev does not and st has the binding.
+func (c ServeConfig) bindingEvent(ctx context.Context, st store.Store, component string, ev kubestore.BindingEvent) error {
 	kc, err := c.kubeClient(c.adminCluster())
 	if err != nil || kc == nil {
 		return err
+	}
+	if ev.UID == "" {
+		ev.UID = bindingUID(ctx, st, ev.NodeName)
 	}
 	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), component, ev)
 }
@@ -277,7 +284,7 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 		return derr
 	}
 	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
-		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock()}))
+		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: bindingUID(ctx, st, ban.NodeName)}))
 }
 
 // cmdUnban lifts a ban: the identity that holds NODE, or was banned while
@@ -312,7 +319,7 @@ func cmdUnban(ctx context.Context, in *invocation) error {
 	if ban.NodeName == "" {
 		return nil
 	}
-	return c.bindingEvent(ctx, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
 }
 
 // bannedAt is the banned identity that holds node, or that held it when
@@ -361,7 +368,7 @@ func cmdAdopt(ctx context.Context, in *invocation) error {
 	}
 	msg := fmt.Sprintf("node %s adopted by %s at %s: a machine may enrol with this name in a pool that takes requested names", node, h.Adopted.By, h.Adopted.At.UTC().Format(time.RFC3339))
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
 }
 
 func dash(s string) string {
@@ -369,4 +376,15 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// bindingUID is the uid of node's NodeBinding with the kubernetes store
+// (so `kubectl describe nodebinding` shows the Event), else "".
+func bindingUID(ctx context.Context, st store.Store, node string) types.UID {
+	if ks, ok := st.(*kubestore.Store); ok {
+		if uid, err := ks.BindingUID(ctx, node); err == nil {
+			return uid
+		}
+	}
+	return ""
 }

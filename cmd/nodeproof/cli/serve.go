@@ -460,6 +460,9 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 			return o, conns, nil, err
 		}
 		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
+		if w, ok := o.Store.(*kubestore.Watched); ok {
+			be.UIDs(w.UID) // kubectl describe nodebinding shows them
+		}
 		closers = append(closers, be.Close)
 		o.Events = be
 	}
