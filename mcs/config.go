@@ -243,7 +243,16 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s is not ready yet; retry", d.pool))
 		default:
 			s.o.Log.Error("render config", "pool", d.pool, "tier", d.tier, "err", err.Error())
-			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s cannot be rendered now", d.pool))
+			why := "the config for pool %s cannot be rendered now"
+			if s.o.Health != nil {
+				if herr := s.o.Health(); herr != nil {
+					// What the server lacks, for the machine's console
+					// (the agent prints it): the operator's fix.
+					s.refuse(w, d, deny(ReasonConfigUnavailable, why+": the server lacks %v", d.pool, herr))
+					return
+				}
+			}
+			s.refuse(w, d, deny(ReasonConfigUnavailable, why, d.pool))
 		}
 		return
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/dirsource"
 	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/proxied"
@@ -263,7 +264,17 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return opts.Policy
 	}
 	if clusterMode {
-		src, err = c.clusterSource(policyNow, opts.Provisioning, cs)
+		var cls *cluster.Source
+		if cls, err = c.clusterSource(policyNow, opts.Provisioning, cs); err != nil {
+			return err
+		}
+		// Refuse to start without what full configs need, rather than
+		// answer every fetch 503; after the start, /healthz says it (for
+		// the policy in force: a reload may turn the token tier on).
+		if err := cls.Check(ctx, func() bool { return sharedKubeconfig(policyNow()) }); err != nil {
+			return fmt.Errorf("serve: cluster mode cannot serve full configs: %w", err)
+		}
+		src, opts.Health = cls, cls.Health
 	} else {
 		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
 	}
@@ -704,6 +715,18 @@ func loadPolicy(path string) (*policy.Policy, error) {
 		return policy.Parse([]byte(defaultPolicy))
 	}
 	return policy.Load(path)
+}
+
+// sharedKubeconfig reports whether a pool serves the full config without a
+// node of its own (the token tier, fullWithoutCredentials): then cluster
+// mode serves the shared node-bootstrapper kubeconfig.
+func sharedKubeconfig(pol *policy.Policy) bool {
+	for _, pp := range pol.Pools {
+		if pp.Serve.Token || pp.Serve.FullWithoutCredentials {
+			return true
+		}
+	}
+	return false
 }
 
 // tpmVerifier builds the TPM verifier from the policy's trust section; nil
