@@ -79,6 +79,7 @@ func commands() []command {
 			actions: []action{
 				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on"},
 			}},
+		devTPMCommand(),
 		{name: "version", run: cmdVersion, summary: "print the version"},
 	}
 }
@@ -93,8 +94,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	name, rest := args[0], args[1:]
-	switch name {
-	case "-h", "-help", "--help", "help":
+	switch {
+	case isHelp(name):
 		if len(rest) == 0 {
 			topUsage(stdout, cmds)
 			return 0
@@ -103,7 +104,22 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		name, rest = rest[0], append(rest[1:], "-h")
 	}
 	c := lookup(cmds, name)
+	if len(rest) > 0 {
+		// Two-word commands: dev tpm.
+		if c2 := lookup(cmds, name+" "+rest[0]); c2 != nil {
+			c, rest = c2, rest[1:]
+		}
+	}
 	if c == nil {
+		if group := groupOf(cmds, name); len(group) > 0 {
+			w, code := stderr, 2
+			if len(rest) > 0 && isHelp(rest[0]) {
+				w, code = stdout, 0
+			}
+			fmt.Fprintf(w, "nodeproof %s: one of:\n", name)
+			topUsage(w, group)
+			return code
+		}
 		fmt.Fprintf(stderr, "nodeproof: unknown command %q\n\n", name)
 		topUsage(stderr, cmds)
 		return 2

@@ -36,10 +36,12 @@ func TestHelp(t *testing.T) {
 		if len(c.actions) > 0 {
 			mentions = append(mentions, c.actionNames())
 		}
+		words := strings.Fields(c.name) // dev tpm: two words
+		with := func(args ...string) []string { return append(append([]string(nil), words...), args...) }
 		cases = append(cases,
-			helpCase{c.name + " -h", []string{c.name, "-h"}, line, mentions, c},
-			helpCase{"help " + c.name, []string{"help", c.name}, line, mentions, c},
-			helpCase{c.name + " --help", []string{c.name, "--help"}, line, mentions, c})
+			helpCase{c.name + " -h", with("-h"), line, mentions, c},
+			helpCase{"help " + c.name, append([]string{"help"}, words...), line, mentions, c},
+			helpCase{c.name + " --help", with("--help"), line, mentions, c})
 		for _, alias := range c.aliases {
 			cases = append(cases, helpCase{alias + " -h", []string{alias, "-h"}, line, mentions, c})
 		}
@@ -50,11 +52,11 @@ func TestHelp(t *testing.T) {
 					m = append(m, a.args)
 				}
 				cases = append(cases,
-					helpCase{c.name + " " + a.name + " -h", []string{c.name, a.name, "-h"}, line + " " + a.name, m, nil},
-					helpCase{"help " + c.name + " " + a.name, []string{"help", c.name, a.name}, line + " " + a.name, m, nil})
+					helpCase{c.name + " " + a.name + " -h", with(a.name, "-h"), line + " " + a.name, m, nil},
+					helpCase{"help " + c.name + " " + a.name, append(append([]string{"help"}, words...), a.name), line + " " + a.name, m, nil})
 				continue
 			}
-			cases = append(cases, helpCase{c.name + " " + a.name + " -h", []string{c.name, a.name, "-h"}, line, mentions, c})
+			cases = append(cases, helpCase{c.name + " " + a.name + " -h", with(a.name, "-h"), line, mentions, c})
 		}
 	}
 	if len(cases) < 40 {
@@ -112,6 +114,9 @@ func TestUsageErrors(t *testing.T) {
 		{"token unknown action", []string{"token", "frob"}},
 		{"unknown flag", []string{"ca", "--frob"}},
 		{"inspect three words", []string{"inspect", "a", "b", "c"}},
+		{"dev without a command", []string{"dev"}},
+		{"dev tpm without an action", []string{"dev", "tpm"}},
+		{"dev tpm start without --dir", []string{"dev", "tpm", "start"}},
 		{"pointer without --url", []string{"pointer"}},
 		{"policy learn without --pool", []string{"policy", "learn", "--event-log", "x"}},
 	} {

@@ -284,3 +284,18 @@ func lookup(cmds []command, name string) *command {
 	}
 	return nil
 }
+
+// groupOf lists the commands whose first word is name (dev: dev tpm).
+func groupOf(cmds []command, name string) []command {
+	var out []command
+	for _, c := range cmds {
+		if strings.HasPrefix(c.name, name+" ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
