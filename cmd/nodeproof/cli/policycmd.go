@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -144,6 +145,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	ekTrust := fs.String("ek-trust", "", "what vouches for the machine's EK: ca:NAME or inventory (default: ca:NAME of --ek-root; from --node, what vouched for it)")
 	ekRoot := fs.String("ek-root", "", "NAME=DIR: the trust.ekRoots entry to add (a new policy needs the one --ek-trust names)")
 	merge := fs.String("merge", "", "an existing policy to add the machine to (its comments are not kept)")
+	nodeNames := fs.String("node-names", "", "how the pool's machines get their node names (serve.nodeNames): requested (the name the agent asks for; needed for an EK trusted through a vendor CA, which names no node) or evidence (an EK inventory entry's nodeName); default: the merged pool's, and asked for when that cannot name the machine")
 	out := fs.String("o", "", "write the policy here (default: standard output)")
 	if _, err := in.exactly(0); err != nil {
 		return err
@@ -157,7 +159,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	if *pool == "" || sources != 1 {
 		return in.usageError("--pool and exactly one of --event-log, --evidence, --node are required")
 	}
-	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256"}
+	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames}
 	if *ekRoot != "" {
 		name, dir, ok := strings.Cut(*ekRoot, "=")
 		if !ok || name == "" || dir == "" {
@@ -214,6 +216,9 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 		}
 	}
 	learned, notes, err := policy.Learn(doc, *pool, l)
+	if errors.Is(err, policy.ErrNodeNamesUnset) {
+		return fmt.Errorf("%w\nsay how: --node-names requested, or --ek-trust inventory with the machine's EK and node in trust.ekInventory", err)
+	}
 	if err != nil {
 		return err
 	}
