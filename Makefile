@@ -66,12 +66,17 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: generate
-generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CRDs (deploy/crds/) from the Go types, with the cached controller-gen
+generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CRDs (deploy/crds/) from the Go types, with the cached controller-gen; the MCO's CRDs (deploy/crds/openshift/) from the openshift/api go.mod pins
 	@hack/tools.sh controller-gen
 	@cg=$${NODEPROOF_CACHE:-$$HOME/.cache/nodeproof}/bin/controller-gen-$$(sed -n 's/^CONTROLLER_TOOLS_VERSION=\([^ ]*\).*/\1/p' hack/tools.sh)/controller-gen; \
 	  set -x; \
 	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
 	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds
+	@src=$$($(GO) mod download -json github.com/openshift/api | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')/machineconfiguration/v1/zz_generated.crd-manifests; \
+	  set -x; \
+	  for r in machineconfigs machineconfigpools controllerconfigs-Default; do \
+	    install -m 0644 "$$src"/0000_80_machine-config_01_$$r.crd.yaml deploy/crds/openshift/ || exit 1; \
+	  done
 
 .PHONY: attacks
 attacks: deps tools ## every attack and fault test, as one table: attack, expected outcome, result (fails if any is not as expected)
