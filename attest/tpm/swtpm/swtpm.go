@@ -238,7 +238,13 @@ func StartDaemon(ctx context.Context, stateDir string, port int) (*TPM, error) {
 	if err := Check(); err != nil {
 		return nil, err
 	}
-	if t, err := Attach(stateDir); err == nil {
+	// A daemon changes to / : every path it is given must be absolute.
+	stateDir, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, err
+	}
+	t, err := Attach(stateDir)
+	if err == nil {
 		return nil, fmt.Errorf("swtpm already runs on %s (pid %d): stop it first", t.Addr, t.pid)
 	}
 	for _, f := range []string{PIDFile, PortFile} {
@@ -256,7 +262,7 @@ func StartDaemon(ctx context.Context, stateDir string, port int) (*TPM, error) {
 	if err := os.WriteFile(filepath.Join(stateDir, PortFile), []byte(strconv.Itoa(port)+"\n"), 0o600); err != nil {
 		return nil, err
 	}
-	t, err := Attach(stateDir)
+	t, err = Attach(stateDir)
 	if err != nil {
 		return nil, err
 	}
