@@ -45,9 +45,9 @@ demo-boot: deps tools ## make demo's story on a live VM: it boots with Secure Bo
 bench-boot: deps tools ## the live boot's figures: seconds per boot without the agent, enrolling, re-attesting; the agent's share split into TPM, network and server time (3 boots)
 	$(GO) test -count=1 -timeout 20m -run '^$$' -bench '^BenchmarkLiveBoot$$' -benchtime 1x ./internal/liveboot
 
-demo: deps tools ## the whole flow: API server, server, approver, a swtpm machine attests, Ignition fetches, its kubelet CSR is approved
+demo: deps tools build ## the whole flow, each command printed: an API server, the operator's guide's cluster part (deploy, policy, serve, approve), a swtpm machine attests and its kubelet CSR is approved, then its life: re-attestation, a refused one and the taint, inspect, revoke and its refusal
 	@hack/progress.sh "building the demo" $(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo
-	$${TMPDIR:-/tmp}/nodeproof-demo
+	$${TMPDIR:-/tmp}/nodeproof-demo -bin bin
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh

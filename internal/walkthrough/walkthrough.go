@@ -97,6 +97,11 @@ func (e *Env) Block(name string) (string, error) {
 	if b.Lang != "sh" {
 		return "", fmt.Errorf("%s example:%s is %q, not a sh block", Guide, name, b.Lang)
 	}
+	return e.Expand(b.Text), nil
+}
+
+// Expand applies Subst to text (longest keys first).
+func (e *Env) Expand(text string) string {
 	keys := make([]string, 0, len(e.Subst))
 	for k := range e.Subst {
 		keys = append(keys, k)
@@ -106,7 +111,7 @@ func (e *Env) Block(name string) (string, error) {
 	for _, k := range keys {
 		args = append(args, k, e.Subst[k])
 	}
-	return strings.NewReplacer(args...).Replace(b.Text), nil
+	return strings.NewReplacer(args...).Replace(text)
 }
 
 // Run runs the guide's block name in bash (-e -u -o pipefail), printing
@@ -117,6 +122,17 @@ func (e *Env) Run(ctx context.Context, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	out, err := e.Script(ctx, text)
+	if err != nil {
+		return out, fmt.Errorf("%s example:%s: %w", Guide, name, err)
+	}
+	return out, nil
+}
+
+// Script runs text as Run runs a block (Subst is not applied: Expand):
+// for what a caller adds to the guide (the demo's machine-side steps),
+// printed the same way.
+func (e *Env) Script(ctx context.Context, text string) (string, error) {
 	cmd := exec.CommandContext(ctx, "bash", "-c", "set -euo pipefail\nPS4='$ '\nset -x\n"+text)
 	cmd.Dir, cmd.Env = e.Dir, e.Vars
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -124,10 +140,51 @@ func (e *Env) Run(ctx context.Context, name string) (string, error) {
 	var buf strings.Builder
 	w := io.MultiWriter(&buf, e.Out)
 	cmd.Stdout, cmd.Stderr = w, w
-	if err := cmd.Run(); err != nil {
-		return buf.String(), fmt.Errorf("%s example:%s: %w", Guide, name, err)
+	if err := cmd.Start(); err != nil {
+		return "", err
 	}
-	return buf.String(), nil
+	e.started(cmd.Process.Pid)
+	err := cmd.Wait()
+	return buf.String(), err
+}
+
+// pgids lists, one a line, the process groups the Env started (Guard
+// kills them).
+const pgids = ".walkthrough-pgids"
+
+func (e *Env) started(pgid int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if f, err := os.OpenFile(filepath.Join(e.Dir, pgids), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		fmt.Fprintln(f, pgid)
+		f.Close()
+	}
+}
+
+// guardScript waits; on SIGTERM (its parent-death signal) it kills every
+// process group in $1/.walkthrough-pgids and stops every swtpm daemon whose
+// pid file is under $1.
+const guardScript = `cleanup() {
+  [ -f "$1/` + pgids + `" ] && while read -r g; do kill -s KILL -- "-$g" 2>/dev/null; done < "$1/` + pgids + `"
+  find "$1" -name swtpm.pid | while read -r f; do kill "$(cat "$f")" 2>/dev/null; done
+  exit 0
+}
+trap 'cleanup "$1"' TERM
+while :; do sleep 1; done`
+
+// Guard makes what the Env starts die with the calling process, however it
+// dies (SIGKILL included, which it cannot handle): a small process that
+// the kernel signals when the caller dies (a parent-death signal) kills the
+// blocks' process groups and stops the software TPM daemons under Dir,
+// which, being daemons, no parent-death signal of their own reaches. Call
+// the returned func to end the guard when the caller cleans up itself.
+func (e *Env) Guard() (stop func(), err error) {
+	cmd := exec.Command("sh", "-c", guardScript, "walkthrough-guard", e.Dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	return func() { cmd.Process.Kill(); cmd.Wait() }, nil
 }
 
 // Proc is a block running in the background.
@@ -162,6 +219,7 @@ func (e *Env) Start(ctx context.Context, name string, ready func(context.Context
 		logf.Close()
 		return nil, err
 	}
+	e.started(p.cmd.Process.Pid)
 	go func() {
 		p.err = p.cmd.Wait()
 		logf.Close()
