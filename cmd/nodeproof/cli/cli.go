@@ -456,7 +456,9 @@ func cmdKeys(_ context.Context, in *invocation) error {
 	fs := in.flags()
 	var dir string
 	stateDirFlag(fs, &dir)
-	file := fs.String("keys-file", "", "keyring file (default <state-dir>/keys.json; serve's --keys-file)")
+	var keysFile string
+	keysFileFlag(fs, &keysFile)
+	file := &keysFile
 	retain := fs.Duration("retain", 24*time.Hour, "keep older keys this long after their creation (must exceed the longest session or config token life)")
 	activate := fs.Duration("activate-after", 2*time.Minute, "the new key seals only after this delay (every replica must have reloaded the file by then); 0 for a single server")
 	if _, err := in.exactly(0); err != nil {

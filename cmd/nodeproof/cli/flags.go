@@ -48,6 +48,11 @@ func tokenNamespaceFlag(fs *flag.FlagSet, p *string) {
 	fs.StringVar(p, "token-secret-namespace", cluster.TokenSecretNamespace, "provisioning tokens kept in the cluster (--token-store=cluster): namespace of Secret machineconfig-auth (deploy/base: nodeproof)")
 }
 
+// keysFileFlag is --keys-file.
+func keysFileFlag(fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "keys-file", "", "sealing keyring shared by replicas (default <state-dir>/keys.json; created if missing)")
+}
+
 // reloadFlag is --reload-interval.
 func reloadFlag(fs *flag.FlagSet, p *time.Duration) {
 	fs.DurationVar(p, "reload-interval", defaultReload, "how often serve checks its inputs, certificates and tokens for changes (a token newer than 3 times this is not yet known to every replica)")

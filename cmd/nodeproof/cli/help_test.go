@@ -134,3 +134,65 @@ func TestUsageErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestSharedFlagsAgree: a flag that serve and another command both have is
+// one setting: the same default in both (docs/cli.md), so an admin command
+// given the deployment's flags finds what serve keeps where serve keeps it.
+// And the old second name of the token Secret's namespace is gone.
+func TestSharedFlagsAgree(t *testing.T) {
+	defaults := func(args ...string) map[string]string {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		if code := Run(context.Background(), append(args, "-h"), &stdout, &stderr); code != 0 {
+			t.Fatalf("%v -h: exit %d", args, code)
+		}
+		out := map[string]string{}
+		var name string
+		for _, l := range strings.Split(stdout.String(), "\n") {
+			if strings.HasPrefix(l, "  -") {
+				name = strings.Fields(l)[0][1:]
+				out[name] = ""
+				continue
+			}
+			if name != "" {
+				if i := strings.LastIndex(l, "(default "); i >= 0 && strings.HasSuffix(l, ")") {
+					out[name] = l[i+len("(default ") : len(l)-1]
+				}
+			}
+		}
+		return out
+	}
+	serve := defaults("serve")
+	checked := 0
+	cmds := commands()
+	for i := range cmds {
+		c := &cmds[i]
+		invocations := [][]string{strings.Fields(c.name)}
+		for _, a := range c.actions {
+			if a.run != nil {
+				invocations = append(invocations, append(strings.Fields(c.name), a.name))
+			}
+		}
+		for _, args := range invocations {
+			if args[0] == "serve" || args[0] == "approve" {
+				continue // approve is a server of its own: its port and API budget are its settings
+			}
+			for name, def := range defaults(args...) {
+				if name == "namespace" {
+					t.Errorf("%v has --namespace: the setting is --token-secret-namespace, as serve names it", args)
+				}
+				want, shared := serve[name]
+				if !shared || name == "hosts" { // ca's --hosts: the certificate's own names by default
+					continue
+				}
+				checked++
+				if def != want {
+					t.Errorf("%v --%s defaults to %q, serve's to %q: one setting, one default", args, name, def, want)
+				}
+			}
+		}
+	}
+	if checked < 20 {
+		t.Fatalf("only %d shared flags compared", checked)
+	}
+}

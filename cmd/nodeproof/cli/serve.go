@@ -166,7 +166,7 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: the API server URL nodes use (goes into the kubeconfigs served)")
 	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
 	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
-	fs.StringVar(&c.KeysFile, "keys-file", "", "sealing keyring shared by replicas (default <state-dir>/keys.json; created if missing)")
+	keysFileFlag(fs, &c.KeysFile)
 	fs.StringVar(&c.TokensFile, "tokens-file", "", "provisioning tokens shared by replicas (default <state-dir>/tokens.json; created if missing)")
 	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
 	fs.StringVar(&c.UserDataNamespace, "user-data-namespace", "openshift-machine-api", "cluster mode: namespace of the user-data Secrets")
