@@ -15,28 +15,8 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/attest/tpm/swtpm"
+	"github.com/nodeproof/nodeproof/internal/walkthrough"
 )
-
-// freePortPair is a loopback port P with P+1 free too (swtpm's command and
-// control ports).
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		n, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)))
-		l.Close()
-		if err == nil {
-			n.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
 
 // TestDevTPM: `nodeproof dev tpm` makes a machine an operator can attest
 // without TPM hardware. init provisions a TPM whose EK certificate chains
@@ -85,7 +65,11 @@ func TestDevTPM(t *testing.T) {
 		t.Error("init over an existing TPM succeeded: it would be a new machine under an old name")
 	}
 
-	port := freePortPair(t)
+	ports, err := walkthrough.FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ports[0]
 	out = run("start", "--dir", m1, "--port", strconv.Itoa(port), "--event-log", filepath.Join(logs, "rhel8-uefi.bin"))
 	t.Cleanup(func() { Run(ctx, []string{"dev", "tpm", "stop", "--dir", m1}, new(bytes.Buffer), new(bytes.Buffer)) })
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
