@@ -133,7 +133,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errFailed):
 		return 1 // the command has said why
 	}
-	fmt.Fprintf(stderr, "nodeproof %s: %v\n", c.name, err)
+	fmt.Fprintf(stderr, "nodeproof %v\n", err) // runCommand prefixed what ran
 	return 1
 }
 

@@ -119,7 +119,7 @@ func TestPolicyLearnEKRootDir(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			args := []string{"policy", "learn", "--pool", "worker", "--event-log", log, "--ek-root", c.ekRoot}
+			args := []string{"policy", "learn", "--pool", "worker", "--event-log", log, "--ek-root", c.ekRoot, "--node-names", "requested"}
 			file := c.out
 			if file != "" {
 				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {

@@ -234,9 +234,26 @@ func (c *command) actionNames() string {
 }
 
 // runCommand runs c with args (after its name): an action with its own
-// run when args start with one, else the command's run.
+// run when args start with one, else the command's run. An error comes
+// back prefixed with what ran ("policy learn: ..."), once: a library's
+// own prefix of the same words is not repeated.
 func runCommand(ctx context.Context, c *command, args []string, stdout, stderr io.Writer) error {
 	in := &invocation{ctx: ctx, stdout: stdout, stderr: stderr, cmd: c, args: args}
+	err := runIn(ctx, in, c, args)
+	if err == nil || errors.Is(err, flag.ErrHelp) || errors.Is(err, errUsage) || errors.Is(err, errFailed) {
+		return err
+	}
+	name := c.name
+	if in.act != nil && in.act.run != nil {
+		name += " " + in.act.name
+	}
+	if strings.HasPrefix(err.Error(), name+": ") {
+		return err
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
+func runIn(ctx context.Context, in *invocation, c *command, args []string) error {
 	run := c.run
 	if len(args) > 0 {
 		if a := c.action(args[0]); a != nil && a.run != nil {
