@@ -14,8 +14,14 @@ deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-
 tools: deps ## real Ignition, kube-apiserver, etcd for tests, and the live boot's Debian boot chain, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
 	@hack/tools.sh
 
-build:
-	$(GO) build ./...
+# The version `nodeproof version` prints: git describe, as make image builds in.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
+build: ## bin/nodeproof and bin/nodeproof-agent (bin/ is git-ignored); every other package compiled too
+	@mkdir -p bin
+	$(GO) build -trimpath -ldflags '-X github.com/nodeproof/nodeproof/cmd/nodeproof/cli.Version=$(VERSION)' -o bin/ ./cmd/nodeproof ./cmd/nodeproof-agent
+	@hack/progress.sh "go build ./..." $(GO) build ./...
+	@echo "built bin/nodeproof and bin/nodeproof-agent ($(VERSION)); add $(CURDIR)/bin to PATH, or copy them to /usr/local/bin"
 
 vet:
 	@hack/progress.sh "go vet" $(GO) vet ./...
@@ -39,9 +45,9 @@ demo-boot: deps tools ## make demo's story on a live VM: it boots with Secure Bo
 bench-boot: deps tools ## the live boot's figures: seconds per boot without the agent, enrolling, re-attesting; the agent's share split into TPM, network and server time (3 boots)
 	$(GO) test -count=1 -timeout 20m -run '^$$' -bench '^BenchmarkLiveBoot$$' -benchtime 1x ./internal/liveboot
 
-demo: deps tools ## the whole flow: API server, server, approver, a swtpm machine attests, Ignition fetches, its kubelet CSR is approved
+demo: deps tools build ## the whole flow, each command printed: an API server, the operator's guide's cluster part (deploy, policy, serve, approve), a swtpm machine attests and its kubelet CSR is approved, then its life: re-attestation, a refused one and the taint, inspect, revoke and its refusal
 	@hack/progress.sh "building the demo" $(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo
-	$${TMPDIR:-/tmp}/nodeproof-demo
+	$${TMPDIR:-/tmp}/nodeproof-demo -bin bin
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh
@@ -60,12 +66,17 @@ fmt:
 	gofmt -w $$(git ls-files '*.go')
 
 .PHONY: generate
-generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CRDs (deploy/crds/) from the Go types, with the cached controller-gen
+generate: ## deepcopy (store/kubestore/v1alpha1/zz_generated.deepcopy.go) and CRDs (deploy/crds/) from the Go types, with the cached controller-gen; the MCO's CRDs (deploy/crds/openshift/) from the openshift/api go.mod pins
 	@hack/tools.sh controller-gen
 	@cg=$${NODEPROOF_CACHE:-$$HOME/.cache/nodeproof}/bin/controller-gen-$$(sed -n 's/^CONTROLLER_TOOLS_VERSION=\([^ ]*\).*/\1/p' hack/tools.sh)/controller-gen; \
 	  set -x; \
 	  "$$cg" object paths=./store/kubestore/v1alpha1/... && \
 	  "$$cg" crd paths=./store/kubestore/v1alpha1/... output:crd:dir=deploy/crds
+	@src=$$($(GO) mod download -json github.com/openshift/api | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')/machineconfiguration/v1/zz_generated.crd-manifests; \
+	  set -x; \
+	  for r in machineconfigs machineconfigpools controllerconfigs-Default; do \
+	    install -m 0644 "$$src"/0000_80_machine-config_01_$$r.crd.yaml deploy/crds/openshift/ || exit 1; \
+	  done
 
 .PHONY: attacks
 attacks: deps tools ## every attack and fault test, as one table: attack, expected outcome, result (fails if any is not as expected)

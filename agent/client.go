@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
@@ -325,6 +326,12 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 	case resp.StatusCode == http.StatusOK:
 		return 0, json.Unmarshal(b, out)
 	case resp.StatusCode >= 500:
+		// The server says why (its refusal body): on the console, so the
+		// operator sees what to fix while the machine waits.
+		var why api.Refusal
+		if json.Unmarshal(b, &why) == nil && why.Reason != "" {
+			return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d %s: %s)", resp.StatusCode, printable(string(why.Reason), 64), printable(why.Detail, 512))
+		}
 		return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d)", resp.StatusCode)
 	default:
 		r := &Refused{Status: resp.StatusCode}
@@ -396,4 +403,19 @@ func (c *Client) Report(ctx context.Context, rep api.ReportRequest) (string, err
 		return "", err
 	}
 	return resp.Authenticated, nil
+}
+
+// printable is s as the console may show it: at most max bytes, control
+// characters replaced (a server, or whatever sits on its path, must not
+// write terminal escapes to the console).
+func printable(s string, max int) string {
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, s)
 }

@@ -409,3 +409,37 @@ func testKubeletKey(t *testing.T) []byte {
 	}
 	return der
 }
+
+// TestNotReadyReason: a 5xx with the server's refusal body is retried, and
+// the console line of each retry carries the server's reason and detail
+// (control characters replaced, long details cut), so the operator sees
+// what the server lacks; a 5xx without one says only the status.
+func TestNotReadyReason(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		want       string
+		not        string
+	}{
+		{"a refusal body", `{"reason":"ConfigUnavailable","detail":"the server lacks the CA bundle: /etc/mcs/bootstrap-token/ca.crt"}`,
+			"server not ready (503 ConfigUnavailable: the server lacks the CA bundle: /etc/mcs/bootstrap-token/ca.crt)", ""},
+		{"terminal escapes in the detail", `{"reason":"ConfigUnavailable","detail":"x\u001b[2Jy"}`,
+			"(503 ConfigUnavailable: x?[2Jy)", "\x1b"},
+		{"a long detail", `{"reason":"ConfigUnavailable","detail":"` + strings.Repeat("a", 2000) + `"}`,
+			strings.Repeat("a", 512) + "…)", strings.Repeat("a", 513)},
+		{"no body", ``, "server not ready (503); retrying", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &script{replies: []reply{{status: http.StatusServiceUnavailable, retryAfter: "1", body: tc.body}, {status: http.StatusOK, body: `{"session":"s-1"}`}}}
+			srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { write(t, w, s.next()) }))
+			defer srv.Close()
+			c, _, progress := tlsClient(t, srv)
+			var out api.ChallengeResponse
+			if _, err := c.post(context.Background(), api.PathChallenge, map[string]string{"kind": "tpm"}, &out); err != nil {
+				t.Fatal(err)
+			}
+			if len(*progress) != 1 || !strings.Contains((*progress)[0], tc.want) || (tc.not != "" && strings.Contains((*progress)[0], tc.not)) {
+				t.Fatalf("console %q: want it to say %q (and not %q)", *progress, tc.want, tc.not)
+			}
+		})
+	}
+}

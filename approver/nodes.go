@@ -225,8 +225,10 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 				message: fmt.Sprintf("%s evidence of %s passed at %s", b.Kind, b.Identity, last.UTC().Format(time.RFC3339))}
 			after = last.Add(stale).Sub(now) + time.Second
 		case why == attest.ReasonRevoked:
+			// The operator's reason stays with operators: the node reads
+			// its own Node object.
 			j = judgement{reason: string(why), effect: corev1.TaintEffectNoExecute,
-				message: fmt.Sprintf("revoked at %s: %s", b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)}
+				message: fmt.Sprintf("revoked by an operator at %s (nodeproof inspect %s says why)", b.Revoked.At.UTC().Format(time.RFC3339), name)}
 		case why == attest.ReasonAttestationFailed:
 			j = judgement{reason: string(why), effect: effect,
 				message: fmt.Sprintf("the re-attestation at %s was refused: %s %s", last.UTC().Format(time.RFC3339), b.Status.Reason, b.Status.Message)}

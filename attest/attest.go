@@ -15,6 +15,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -470,6 +471,11 @@ const (
 type Denial struct {
 	Reason Reason
 	Detail string
+	// Setting names what an operator changes to allow what was refused,
+	// when it is a setting: a policy field ("pools.worker.serve.nodeNames")
+	// or a server flag ("--aws-max-document-age"). Empty when no setting
+	// should (a forged quote, a replayed session). Detail names it too.
+	Setting string
 }
 
 func (d *Denial) Error() string {
@@ -482,6 +488,26 @@ func (d *Denial) Error() string {
 // Deny returns a *Denial with a formatted detail.
 func Deny(r Reason, format string, args ...any) error {
 	return &Denial{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// DenySetting is Deny for a refusal an operator can lift with a setting:
+// the Denial's Setting, which the detail names (appended in parentheses
+// unless the message already does).
+func DenySetting(r Reason, setting, format string, args ...any) error {
+	detail := fmt.Sprintf(format, args...)
+	if !strings.Contains(detail, setting) {
+		detail += " (" + setting + ")"
+	}
+	return &Denial{Reason: r, Detail: detail, Setting: setting}
+}
+
+// SettingOf returns the Setting of the first Denial in err's chain.
+func SettingOf(err error) string {
+	var d *Denial
+	if errors.As(err, &d) {
+		return d.Setting
+	}
+	return ""
 }
 
 // ReasonOf returns the reason of the first Denial in err's chain.

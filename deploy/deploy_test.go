@@ -40,14 +40,12 @@ import (
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
-// The kustomizations `make test` applies.
-var kustomizations = []string{"base", "overlays/openshift"}
+// The kustomizations `make test` renders and applies.
+var kustomizations = []string{"base", "overlays/kubernetes", "overlays/openshift"}
 
-// Namespaces the manifests put objects in. A server-side dry run does not
-// persist the nodeproof Namespace it creates, so the objects in it would be
-// refused ("namespace not found"); the OpenShift ones exist on any OpenShift
-// cluster; kube-system exists everywhere.
-var namespaces = []string{"nodeproof", "openshift-machine-config-operator", "openshift-machine-api", "openshift-config"}
+// Namespaces OpenShift has, which the OpenShift overlay puts objects in
+// (kube-system exists everywhere; the kubernetes overlay makes its own).
+var openshiftNamespaces = []string{"openshift-machine-config-operator", "openshift-machine-api", "openshift-config"}
 
 // kubectl runs the cached kubectl with args, and returns its combined output.
 func kubectl(t *testing.T, kubeconfig string, args ...string) (string, error) {
@@ -181,6 +179,8 @@ func TestKustomizeRender(t *testing.T) {
 		if !slices.Contains(stringsOf(c["args"]), "--metrics-addr=:9090") {
 			t.Errorf("approver args %v lack --metrics-addr=:9090 (the metrics port)", c["args"])
 		}
+		checkPolicyMounted(t, objs, approver, "nodeproof-policy")
+		checkPolicyMounted(t, objs, server, "nodeproof-policy")
 
 		for _, sa := range []string{"nodeproof-server", "nodeproof-approver"} {
 			mustHave(t, objs, "ServiceAccount", "nodeproof", sa)
@@ -216,6 +216,34 @@ func TestKustomizeRender(t *testing.T) {
 			if !slices.Contains(args, want) {
 				t.Errorf("server args %v lack %s", args, want)
 			}
+		}
+	})
+
+	t.Run("kubernetes", func(t *testing.T) {
+		objs := index(render(t, "overlays/kubernetes"))
+		// What OpenShift has and plain Kubernetes does not: the MCO's
+		// namespace (for the kubeconfig-data Role), its CRDs, and the
+		// node-bootstrapper token the server mounts.
+		mustHave(t, objs, "Namespace", "", "nodeproof")
+		mustHave(t, objs, "Namespace", "", "openshift-machine-config-operator")
+		mustHave(t, objs, "Role", "openshift-machine-config-operator", "nodeproof-server-kubeconfig-data")
+		for _, crd := range []string{"machineconfigs", "machineconfigpools", "controllerconfigs"} {
+			mustHave(t, objs, "CustomResourceDefinition", "", crd+".machineconfiguration.openshift.io")
+		}
+		tok := mustHave(t, objs, "Secret", "nodeproof", "node-bootstrapper-token")
+		if nested[string](t, tok, "type") != "kubernetes.io/service-account-token" || tok.GetAnnotations()["kubernetes.io/service-account.name"] != "node-bootstrapper" {
+			t.Errorf("node-bootstrapper-token is not the token Secret of service account node-bootstrapper: %v", tok.Object)
+		}
+		mustHave(t, objs, "ServiceAccount", "nodeproof", "node-bootstrapper")
+		server := mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-server")
+		var mounted bool
+		for _, v := range nested[[]any](t, server, "spec", "template", "spec", "volumes") {
+			if sec, _ := v.(map[string]any)["secret"].(map[string]any); sec["secretName"] == "node-bootstrapper-token" {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Error("the server does not mount node-bootstrapper-token (its CA bundle: serve refuses to start without it)")
 		}
 	})
 
@@ -301,8 +329,16 @@ func TestKustomizeRender(t *testing.T) {
 		mustNotHave(t, objs, "Deployment", "nodeproof", "nodeproof-server")
 		mustNotHave(t, objs, "Service", "nodeproof", "nodeproof-server")
 		mustNotHave(t, objs, "PodDisruptionBudget", "nodeproof", "nodeproof-server")
-		mustNotHave(t, objs, "ConfigMap", "nodeproof", "nodeproof-policy")
 		mustNotHave(t, objs, "ServiceAccount", "nodeproof", "nodeproof-server")
+		// One policy for the server and the approver: the same document in
+		// each one's namespace, mounted and passed by both.
+		srvPolicy := mustHave(t, objs, "ConfigMap", "openshift-machine-config-operator", "nodeproof-policy")
+		apPolicy := mustHave(t, objs, "ConfigMap", "nodeproof", "nodeproof-policy")
+		if a, b := nested[string](t, srvPolicy, "data", "policy.yaml"), nested[string](t, apPolicy, "data", "policy.yaml"); a != b {
+			t.Errorf("the server's policy and the approver's differ:\n%s\n---\n%s", a, b)
+		}
+		checkPolicyMounted(t, objs, ds, "nodeproof-policy")
+		checkPolicyMounted(t, objs, mustHave(t, objs, "Deployment", "nodeproof", "nodeproof-approver"), "nodeproof-policy")
 		mustNotHave(t, objs, "ClusterRoleBinding", "", "nodeproof-server")
 		mustNotHave(t, objs, "RoleBinding", "kube-system", "nodeproof-server-bootstrap-tokens")
 		mustNotHave(t, objs, "RoleBinding", "openshift-machine-config-operator", "nodeproof-server-kubeconfig-data")
@@ -486,7 +522,8 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
 	return path
 }
 
-// TestOnAPIServer runs everything that needs an API server on one.
+// TestOnAPIServer asks a real API server's authorizer what the RBAC
+// grants (the manifests themselves are applied by TestApply).
 func TestOnAPIServer(t *testing.T) {
 	cfg := kubetest.Start(t, "crds")
 	kubeconfig := writeKubeconfig(t, cfg)
@@ -495,47 +532,17 @@ func TestOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	// nodeproof's own Namespace for real, with its Pod Security labels, so
-	// that admission holds the dry-run workloads to them (and warns).
+	// nodeproof's own Namespace, with its Pod Security labels, and the
+	// OpenShift ones the RBAC below is in.
 	if out, err := kubectl(t, kubeconfig, "apply", "-f", filepath.Join("base", "namespace.yaml")); err != nil {
 		t.Fatalf("kubectl apply -f base/namespace.yaml: %v\n%s", err, out)
 	}
-	for _, ns := range namespaces {
+	for _, ns := range openshiftNamespaces {
 		_, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 		if err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatalf("namespace %s: %v", ns, err)
 		}
 	}
-
-	// Every object of both kustomizations is accepted: schema, defaulting,
-	// validation and admission, as `kubectl apply` would meet them.
-	for _, dir := range kustomizations {
-		t.Run("dry-run/"+dir, func(t *testing.T) {
-			want := len(render(t, dir))
-			out, err := kubectl(t, kubeconfig, "apply", "--dry-run=server", "-k", dir)
-			if err != nil {
-				t.Fatalf("kubectl apply --dry-run=server -k %s: %v\n%s", dir, err, out)
-			}
-			var got int
-			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-				switch {
-				case strings.HasSuffix(line, "(server dry run)"):
-					got++
-				case strings.HasPrefix(line, "Warning:") && !expectedWarning(line):
-					// Pod Security, deprecated APIs or fields, ...
-					t.Errorf("kubectl apply --dry-run=server -k %s: %s", dir, line)
-				}
-			}
-			if got != want {
-				t.Fatalf("kubectl apply --dry-run=server -k %s: %d objects applied, %d rendered\n%s", dir, got, want, out)
-			}
-			if t.Failed() {
-				t.Logf("kubectl output:\n%s", out)
-			}
-			t.Logf("kubectl apply --dry-run=server -k %s: %d objects accepted", dir, got)
-		})
-	}
-
 	t.Run("approver-rbac", func(t *testing.T) { testApproverRBAC(t, cfg) })
 	t.Run("user-data-rbac", func(t *testing.T) { testUserDataRBAC(t, cfg) })
 }
@@ -799,5 +806,138 @@ func TestMonitoringRender(t *testing.T) {
 	var d struct{ Panels []any }
 	if err := json.Unmarshal([]byte(data["nodeproof.json"]), &d); err != nil || len(d.Panels) == 0 {
 		t.Errorf("dashboard: %v, %d panels", err, len(d.Panels))
+	}
+}
+
+// apply is `kubectl apply --server-side` of args; it fails the test on an
+// error or a warning that says something about the manifests, and returns
+// how many objects were applied.
+func apply(t *testing.T, kubeconfig string, args ...string) int {
+	t.Helper()
+	out, err := kubectl(t, kubeconfig, append([]string{"apply", "--server-side", "--field-manager=nodeproof-deploy-test"}, args...)...)
+	if err != nil {
+		t.Fatalf("kubectl apply --server-side %v: %v\n%s", args, err, out)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		switch {
+		case strings.HasSuffix(line, " serverside-applied"):
+			n++
+		case strings.HasPrefix(line, "Warning:") && !expectedWarning(line):
+			// Pod Security, deprecated APIs or fields, ...
+			t.Errorf("kubectl apply %v: %s", args, line)
+		}
+	}
+	return n
+}
+
+// TestApply applies what an operator applies, as the operator's guide says
+// (docs/operations.md), for real, to a real API server: on a fresh cluster
+// with nothing of OpenShift, the kubernetes overlay (namespaces, the MCO's
+// CRDs, the base) and then the example MachineConfigPools, MachineConfigs
+// and ControllerConfig, with strict field validation; the base again (it
+// applies on a cluster that has what the overlay added); then, with the
+// namespaces an OpenShift cluster has, the OpenShift overlay. Every object
+// rendered must be applied, without a warning about it (Pod Security
+// restricted in the nodeproof namespace included).
+func TestApply(t *testing.T) {
+	cfg := kubetest.Start(t) // nothing installed: a plain cluster
+	kubeconfig := writeKubeconfig(t, cfg)
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	t.Run("overlays/kubernetes on a fresh cluster", func(t *testing.T) {
+		if got, want := apply(t, kubeconfig, "-k", "overlays/kubernetes"), len(render(t, "overlays/kubernetes")); got != want {
+			t.Fatalf("%d objects applied, %d rendered", got, want)
+		}
+		for _, crd := range []string{"machineconfigs", "machineconfigpools", "controllerconfigs"} {
+			if out, err := kubectl(t, kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", "crd/"+crd+".machineconfiguration.openshift.io"); err != nil {
+				t.Fatalf("CRD %s: %v\n%s", crd, err, out)
+			}
+		}
+	})
+	t.Run("the examples", func(t *testing.T) {
+		n := 0
+		for _, d := range []string{"machine-configs", "machine-pools", "controller-config"} {
+			n += apply(t, kubeconfig, "-f", filepath.Join("examples", "bootstrap", d))
+		}
+		if n < 10 {
+			t.Fatalf("%d example objects applied", n)
+		}
+	})
+	t.Run("base", func(t *testing.T) {
+		if got, want := apply(t, kubeconfig, "-k", "base"), len(render(t, "base")); got != want {
+			t.Fatalf("%d objects applied, %d rendered", got, want)
+		}
+	})
+	t.Run("overlays/openshift", func(t *testing.T) {
+		for _, ns := range openshiftNamespaces[1:] { // the MCO's exists already
+			if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, want := apply(t, kubeconfig, "-k", "overlays/openshift"), len(render(t, "overlays/openshift")); got != want {
+			t.Fatalf("%d objects applied, %d rendered", got, want)
+		}
+	})
+}
+
+// checkPolicyMounted: workload o passes --policy a file of the ConfigMap
+// name (in its namespace, rendered) that it mounts.
+func checkPolicyMounted(t *testing.T, objs map[string]*unstructured.Unstructured, o *unstructured.Unstructured, name string) {
+	t.Helper()
+	mustHave(t, objs, "ConfigMap", o.GetNamespace(), name)
+	c := containers(t, o)[0]
+	var policy string
+	for _, a := range stringsOf(c["args"]) {
+		if p, ok := strings.CutPrefix(a, "--policy="); ok {
+			policy = p
+		}
+	}
+	if policy == "" {
+		t.Errorf("%s %s/%s passes no --policy", o.GetKind(), o.GetNamespace(), o.GetName())
+		return
+	}
+	var volume string
+	mounts, _ := c["volumeMounts"].([]any)
+	for _, m := range mounts {
+		m := m.(map[string]any)
+		if p, _ := m["mountPath"].(string); strings.HasPrefix(policy, p+"/") {
+			volume, _ = m["name"].(string)
+		}
+	}
+	for _, v := range nested[[]any](t, o, "spec", "template", "spec", "volumes") {
+		v := v.(map[string]any)
+		if cm, _ := v["configMap"].(map[string]any); v["name"] == volume && volume != "" && cm["name"] == name {
+			return
+		}
+	}
+	t.Errorf("%s %s/%s: --policy=%s is not in a mount of ConfigMap %s", o.GetKind(), o.GetNamespace(), o.GetName(), policy, name)
+}
+
+// TestOpenShiftCRDsCurrent: deploy/crds/openshift holds the MCO's CRDs of
+// the github.com/openshift/api version go.mod pins (the Go types cluster
+// mode reads them with), byte for byte; `make generate` copies them.
+func TestOpenShiftCRDsCurrent(t *testing.T) {
+	want := kubetest.OpenShiftCRDs(t)
+	es, err := os.ReadDir(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 3 {
+		t.Fatalf("kubetest copies %d CRDs, want 3", len(es))
+	}
+	for _, e := range es {
+		w, err := os.ReadFile(filepath.Join(want, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(filepath.Join("crds", "openshift", e.Name()))
+		if err != nil || !bytes.Equal(got, w) {
+			t.Errorf("crds/openshift/%s differs from the openshift/api module's (%v): run make generate", e.Name(), err)
+		}
 	}
 }

@@ -279,7 +279,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	}
 	node := s.nodeName(sess.Pool, claims, ss.NodeName)
 	if node == "" {
-		s.refuse(w, d, deny(attest.ReasonPolicyNodeNameMissing, "the evidence names no node and pool %s takes no requested names", sess.Pool))
+		s.refuse(w, d, s.noNodeName(sess.Pool, claims))
 		return
 	}
 	d.node = node
@@ -406,6 +406,19 @@ func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) 
 	return node
 }
 
+// noNodeName is the refusal of evidence that establishes no node name
+// under pool's settings, naming the settings that would (NodeNameNotEstablished).
+func (s *Server) noNodeName(pool string, claims *attest.Claims) error {
+	at := "pools." + pool + ".serve.nodeNames"
+	if claims.Kind == attest.KindTPM {
+		return attest.DenySetting(attest.ReasonPolicyNodeNameMissing, at,
+			"the evidence names no node: a TPM names one only through an EK inventory entry with a nodeName (trust.ekInventory), and pool %s takes no requested names; set %s: requested to enrol the name the agent asks for (--node-name; first come owns it), or list this EK (%s) with its nodeName in the inventory",
+			pool, at, claims.Identity)
+	}
+	return attest.DenySetting(attest.ReasonPolicyNodeNameMissing, at,
+		"the evidence names no node and pool %s takes no requested names; set %s: requested to enrol the name the agent asks for (--node-name)", pool, at)
+}
+
 // enrol writes rec as an enrolment of its
 // identity under its node name (store.Enrol) and returns the record the
 // answer names: rec, or the record an earlier answer to the same session
@@ -490,17 +503,24 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	if b.Revoked != nil {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, enrolled as node %s and revoked at %s (%s), attested again for node %s; refused",
 			rec.Identity, b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason, rec.NodeName))
-		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked at %s: %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
+		// The operator's reason stays with operators (the Event above,
+		// the binding, inspect): the machine is told the code and when.
+		return deny(attest.ReasonRevoked, "node %s (this machine) was revoked by an operator at %s", b.NodeName, b.Revoked.At.UTC().Format(time.RFC3339))
 	}
-	refuse := func(why string) error {
+	// refuse says why; setting, when not empty, is the policy setting
+	// that would have allowed it.
+	refuse := func(why, setting string) error {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonIdentityEnrolled, fmt.Sprintf("%s, enrolled as node %s since %s, attested again for node %s with %s; refused: %s. If the machine was reinstalled, release its node first: nodeproof release %s",
 			rec.Identity, b.NodeName, b.CreatedAt.UTC().Format(time.RFC3339), rec.NodeName, keyState(b, rec, proven), why, b.NodeName))
+		if setting != "" {
+			return attest.DenySetting(attest.ReasonIdentityEnrolled, setting, "this machine already enrolled as node %s; %s. An operator can release it (nodeproof release %s), or set %s: always", b.NodeName, why, b.NodeName, setting)
+		}
 		return deny(attest.ReasonIdentityEnrolled, "this machine already enrolled as node %s; %s. An operator can release it: nodeproof release %s", b.NodeName, why, b.NodeName)
 	}
 	var o store.EnrolOptions
 	switch {
 	case b.NodeName != rec.NodeName:
-		return refuse("an identity enrols under one node name")
+		return refuse("an identity enrols under one node name", "")
 	case b.Pool != rec.Pool:
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonEnrolledInAnotherPool, fmt.Sprintf("%s, enrolled as node %s in pool %s, attested again for pool %s; refused: a node's pool is fixed by its enrolment. To move it: nodeproof release %s, then let it enrol",
 			rec.Identity, b.NodeName, b.Pool, rec.Pool, b.NodeName))
@@ -510,9 +530,11 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	case s.pol().ReenrolsAlways(rec.Pool):
 		o = store.EnrolOptions{Again: true, ReplaceKey: true}
 	case attest.Equal(b.KubeletKeySHA256, rec.KubeletKeySHA256):
-		return refuse("enrolling again needs a proof of possession of the kubelet key the enrolment bound")
+		return refuse("enrolling again needs a proof of possession of the kubelet key the enrolment bound", "")
 	default:
-		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)")
+		// The one case a setting lifts: a reinstalled machine re-enrols
+		// by itself where the pool says so.
+		return refuse("enrolling again with a new kubelet key needs a release (the pool does not re-enrol always)", "pools."+rec.Pool+".reenrol")
 	}
 	if ok, why, at := b.Attested(s.o.Clock(), time.Duration(1<<63-1)); !ok && why == attest.ReasonAttestationFailed {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonAttestationFailed, fmt.Sprintf("%s, node %s, whose re-attestation at %s was refused (%s), tried to enrol again; refused: only a passing re-attestation replaces a failed one",

@@ -50,11 +50,11 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 	if port == Insecure {
 		switch serve.InsecurePort {
 		case "none":
-			s.refuse(w, d, deny(ReasonInsecurePort, "pool %s is not served on the plain-HTTP port", pool))
+			s.refuse(w, d, attest.DenySetting(ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "pool %s is not served on the plain-HTTP port: pools.%s.serve.insecurePort is none; use the TLS port", pool, pool))
 			return
 		case "", "public":
 			if token != "" || len(r.Header.Values("Authorization")) > 0 || r.URL.Query().Has("token") {
-				s.refuse(w, d, deny(ReasonInsecurePort, "credentials are not accepted over plain HTTP; use the TLS port"))
+				s.refuse(w, d, attest.DenySetting(ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "credentials are not accepted over plain HTTP; use the TLS port (pools.%s.serve.insecurePort: all would accept them here)", pool))
 				return
 			}
 		}
@@ -68,7 +68,7 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 	case token != "":
 		d.cred = "provisioning"
 		if !serve.Token || s.o.Provisioning == nil {
-			s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take provisioning tokens", pool))
+			s.refuse(w, d, attest.DenySetting(ReasonTierDisabled, "pools."+pool+".serve.token", "pool %s does not take provisioning tokens (pools.%s.serve.token)", pool, pool))
 			return
 		}
 		if !s.o.Provisioning.Check(token) {
@@ -91,7 +91,7 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", pool))
 			return
 		}
-		s.refuse(w, d, deny(ReasonCredentials, "pool %s needs a provisioning token or attestation", pool))
+		s.refuse(w, d, attest.DenySetting(ReasonCredentials, "pools."+pool+".serve.public", "pool %s needs a provisioning token or attestation: its public tier is off (pools.%s.serve.public)", pool, pool))
 	}
 }
 
@@ -120,7 +120,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		return
 	}
 	if !serve.AttestedTier() {
-		s.refuse(w, d, deny(ReasonTierDisabled, "pool %s does not take attested fetches", pool))
+		s.refuse(w, d, attest.DenySetting(ReasonTierDisabled, "pools."+pool+".serve.attested", "pool %s does not take attested fetches (pools.%s.serve.attested)", pool, pool))
 		return
 	}
 	rec, err := s.tokenRecord(ctx, ct)
@@ -144,7 +144,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 		s.refuse(w, d, deny(attest.ReasonNodeNameTaken, "node %s belongs to another identity now", rec.NodeName))
 		return
 	case b.Revoked != nil:
-		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked: %s", rec.NodeName, b.Revoked.Reason))
+		s.refuse(w, d, deny(attest.ReasonRevoked, "node %s was revoked by an operator", rec.NodeName))
 		return
 	}
 	release, err := s.spendConfigToken(ctx, ct, rec)
@@ -243,7 +243,16 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s is not ready yet; retry", d.pool))
 		default:
 			s.o.Log.Error("render config", "pool", d.pool, "tier", d.tier, "err", err.Error())
-			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s cannot be rendered now", d.pool))
+			why := "the config for pool %s cannot be rendered now"
+			if s.o.Health != nil {
+				if herr := s.o.Health(); herr != nil {
+					// What the server lacks, for the machine's console
+					// (the agent prints it): the operator's fix.
+					s.refuse(w, d, deny(ReasonConfigUnavailable, why+": the server lacks %v", d.pool, herr))
+					return
+				}
+			}
+			s.refuse(w, d, deny(ReasonConfigUnavailable, why, d.pool))
 		}
 		return
 	}

@@ -94,7 +94,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		}
 		switch {
 		case b.Revoked != nil:
-			refusal = deny(attest.ReasonRevoked, "node %s was revoked at %s: %s", node, b.Revoked.At.UTC().Format(time.RFC3339), b.Revoked.Reason)
+			refusal = deny(attest.ReasonRevoked, "node %s was revoked by an operator at %s", node, b.Revoked.At.UTC().Format(time.RFC3339))
 		case refusal == nil:
 			refusal = s.pol().EvaluateReattestation(b.Pool, claims)
 		}
@@ -126,7 +126,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 	case errors.Is(err, store.ErrNotFound):
 		if ban, berr := s.o.Store.BanOf(ctx, identity); berr == nil {
 			s.eventAbout(identity, node, true, attest.ReasonRevoked, fmt.Sprintf("%s, which an operator revoked, re-attested as node %s; refused", identity, node))
-			s.refuse(w, d, deny(attest.ReasonRevoked, "this machine was revoked at %s: %s", ban.At.UTC().Format(time.RFC3339), ban.Reason))
+			s.refuse(w, d, deny(attest.ReasonRevoked, "this machine was revoked by an operator at %s", ban.At.UTC().Format(time.RFC3339)))
 			return
 		}
 		s.refuse(w, d, deny(attest.ReasonNotEnrolled, "node %s is bound to no machine: enrol first", node))

@@ -146,6 +146,10 @@ type Options struct {
 	// name: enrolling again past it is refused RateLimited until the
 	// oldest expires (default 4: the enrolment and three more).
 	MaxLiveEnrolments int
+	// Health, when set, says whether the server can serve configs now (nil)
+	// or what it lacks: /healthz answers 503 NotReady with it, and a
+	// config that cannot be rendered is refused with it.
+	Health func() error
 	// ConfigTokenTTL bounds a config token's life (default 10 minutes).
 	ConfigTokenTTL time.Duration
 	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
@@ -411,6 +415,12 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 	case r.URL.Path == api.PathHealthz:
 		if !methodIs(w, r, d, s, http.MethodGet, http.MethodHead) {
 			return
+		}
+		if s.o.Health != nil {
+			if err := s.o.Health(); err != nil {
+				s.refuse(w, d, deny(ReasonNotReady, "%v", err))
+				return
+			}
 		}
 		d.status = http.StatusOK
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -30,6 +30,9 @@ const (
 	ReasonMalformedRequest  attest.Reason = "MalformedRequest"
 	ReasonUnavailable       attest.Reason = "Unavailable"
 	ReasonConfigUnavailable attest.Reason = "ConfigUnavailable"
+	// ReasonNotReady: /healthz of a server that lacks something it needs
+	// to serve configs (Options.Health says what).
+	ReasonNotReady attest.Reason = "NotReady"
 	// ReasonRateLimited: the source address or the identity asked too
 	// often; Retry-After says when a token is back.
 	ReasonRateLimited attest.Reason = "RateLimited"
@@ -54,7 +57,7 @@ func statusOf(r attest.Reason) int {
 		return http.StatusBadRequest
 	case ReasonCredentials:
 		return http.StatusUnauthorized
-	case ReasonUnavailable, ReasonConfigUnavailable, attest.ReasonKeysUnavailable, ReasonRateLimited, ReasonOverloaded:
+	case ReasonUnavailable, ReasonConfigUnavailable, ReasonNotReady, attest.ReasonKeysUnavailable, ReasonRateLimited, ReasonOverloaded:
 		// Trust roots that cannot be fetched now (GCP's JWKS) are "not yet".
 		return http.StatusServiceUnavailable
 	}

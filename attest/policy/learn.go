@@ -26,7 +26,18 @@ type Learned struct {
 	// A new document needs the one its EKTrust names.
 	Root      *EKRoot
 	Inventory string
+	// NodeNames is how the pool's machines get their node names
+	// (serve.nodeNames): "requested" or "evidence"; empty keeps the pool's
+	// (ErrNodeNamesUnset when that cannot name this machine).
+	NodeNames string
 }
+
+// ErrNodeNamesUnset: the learned pool would refuse the machine
+// NodeNameNotEstablished — its EK is trusted through a vendor CA, which
+// names no node, and the pool takes no requested names — and Learned says
+// nothing of node names: the operator must choose (serve.nodeNames:
+// requested, or an EK inventory that names the machine's node).
+var ErrNodeNamesUnset = errors.New("how this pool's machines get their node names is not set")
 
 // Learn writes what l says into pool of the policy document doc (YAML;
 // empty for a new document) and returns the new document and notes for
@@ -42,6 +53,12 @@ type Learned struct {
 // its allow list (a stage that says any stays so), its EK trust joins
 // ekTrust; requireSecureBoot and minimumDBX stay as they are, with a note
 // when this machine does not meet them.
+//
+// How the machine gets its node name: l.NodeNames sets the pool's
+// serve.nodeNames; without it the pool must already take requested names
+// or trust the machine's EK through an inventory (which names nodes), else
+// Learn refuses with ErrNodeNamesUnset rather than write a policy that
+// refuses the machine NodeNameNotEstablished.
 //
 // The result must parse (errors name the pool and the field) and must
 // admit the machine it was learned from (Evaluate); otherwise Learn
@@ -108,6 +125,28 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 		if l.Inventory != "" {
 			trust["ekInventory"] = l.Inventory
 		}
+	}
+
+	// How node names are established: the learned pool must name the
+	// machine it was learned from, or it refuses it NodeNameNotEstablished.
+	switch l.NodeNames {
+	case "":
+		sv, _ := p["serve"].(map[string]any)
+		cur, _ := sv["nodeNames"].(string)
+		if cur != "requested" && l.EKTrust != "inventory" {
+			return nil, nil, fmt.Errorf("policy learn: pools.%s.serve.nodeNames: %w: a TPM trusted through %s names no node (only an EK inventory's entries do), so the pool would refuse the machine NodeNameNotEstablished; choose serve.nodeNames: requested (the name the agent asks for; the first identity to enrol owns it) or EK trust through an inventory that names the node", pool, ErrNodeNamesUnset, l.EKTrust)
+		}
+	case "requested", "evidence":
+		if l.NodeNames == "evidence" && l.EKTrust != "inventory" {
+			return nil, nil, fmt.Errorf("policy learn: pools.%s.serve.nodeNames: evidence: a TPM trusted through %s names no node, so the pool would refuse the machine NodeNameNotEstablished; take requested names, or trust the EK through an inventory", pool, l.EKTrust)
+		}
+		sv := child(p, "serve")
+		if cur, _ := sv["nodeNames"].(string); existed && cur != l.NodeNames && (cur != "" || l.NodeNames != "evidence") {
+			notes = append(notes, fmt.Sprintf("pools.%s.serve.nodeNames: %s, was %q", pool, l.NodeNames, cur))
+		}
+		sv["nodeNames"] = l.NodeNames
+	default:
+		return nil, nil, fmt.Errorf("policy learn: node names %q: want requested or evidence", l.NodeNames)
 	}
 
 	comps := child(tpm, "bootComponents")

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"crypto"
+	"errors"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ func learned(t *testing.T, log string) policy.Learned {
 	if err != nil {
 		t.Fatalf("%s: %v", log, err)
 	}
-	return policy.Learned{EKTrust: "ca:vendor", Bank: "sha256", Boot: bs, Root: &policy.EKRoot{Name: "vendor", Dir: "/etc/nodeproof/ek-roots/vendor"}}
+	return policy.Learned{EKTrust: "ca:vendor", Bank: "sha256", Boot: bs, Root: &policy.EKRoot{Name: "vendor", Dir: "/etc/nodeproof/ek-roots/vendor"}, NodeNames: "requested"}
 }
 
 func claimsOf(l policy.Learned) *attest.Claims {
@@ -110,9 +111,11 @@ func TestLearnRefusals(t *testing.T) {
 		{"merge a machine with an older dbx: kept, said", doc, older, "worker", "", "minimumDBX: kept"},
 		{"a Secure Boot off machine alone: learned without requireSecureBoot, said", nil, sbOff, "worker", "", "requireSecureBoot: not set"},
 		{"no pool", nil, sbOn, "", "pool name is required", ""},
-		{"no EK trust", nil, policy.Learned{Bank: "sha256", Boot: sbOn.Boot}, "worker", "EK trust", ""},
-		{"bad bank", nil, policy.Learned{EKTrust: "ca:vendor", Bank: "md5", Boot: sbOn.Boot}, "worker", "bank", ""},
-		{"EK trust naming no root", nil, policy.Learned{EKTrust: "ca:other", Bank: "sha256", Boot: sbOn.Boot}, "worker", `"ca:other"`, ""},
+		{"no EK trust", nil, policy.Learned{Bank: "sha256", Boot: sbOn.Boot, NodeNames: "requested"}, "worker", "EK trust", ""},
+		{"bad bank", nil, policy.Learned{EKTrust: "ca:vendor", Bank: "md5", Boot: sbOn.Boot, NodeNames: "requested"}, "worker", "bank", ""},
+		{"EK trust naming no root", nil, policy.Learned{EKTrust: "ca:other", Bank: "sha256", Boot: sbOn.Boot, NodeNames: "requested"}, "worker", `"ca:other"`, ""},
+		{"names from the evidence of a CA-trusted EK", nil, with(sbOn, func(l *policy.Learned) { l.NodeNames = "evidence" }), "worker", "NodeNameNotEstablished", ""},
+		{"unknown node names", nil, with(sbOn, func(l *policy.Learned) { l.NodeNames = "hostname" }), "worker", "want requested or evidence", ""},
 		{"merge into a document that does not check", []byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    tpm: {ekTrust: [ca:vendor], sha1: true}\n"), sbOn, "worker", "sha1", ""},
 	}
 	for _, c := range cases {
@@ -169,5 +172,55 @@ func TestLearnLiveBoots(t *testing.T) {
 	}
 	if !explained {
 		t.Errorf("the kernel measured only into PCR 9 is not explained: %q", notes)
+	}
+}
+
+func with(l policy.Learned, f func(*policy.Learned)) policy.Learned {
+	f(&l)
+	return l
+}
+
+// TestLearnNodeNames: a learned policy names the machine it was learned
+// from. A TPM trusted through a vendor CA names no node, so Learn asks
+// (ErrNodeNamesUnset) unless told requested names, or the pool it merges
+// into takes them already; an EK trusted through the inventory, which
+// names nodes, needs nothing; what is chosen is written as
+// serve.nodeNames.
+func TestLearnNodeNames(t *testing.T) {
+	ca := learned(t, "rhel8-uefi")
+	unset := with(ca, func(l *policy.Learned) { l.NodeNames = "" })
+	inventory := with(unset, func(l *policy.Learned) { l.EKTrust, l.Root, l.Inventory = "inventory", nil, "ek-inventory.yaml" })
+	requestedDoc, _, err := policy.Learn(nil, "worker", ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		doc   []byte
+		l     policy.Learned
+		unset bool   // ErrNodeNamesUnset
+		want  string // serve.nodeNames written
+	}{
+		{"CA trust, names not chosen: asked", nil, unset, true, ""},
+		{"CA trust, requested names", nil, ca, false, "requested"},
+		{"inventory trust, names not chosen: the inventory names nodes", nil, inventory, false, ""},
+		{"inventory trust, evidence names", nil, with(inventory, func(l *policy.Learned) { l.NodeNames = "evidence" }), false, "evidence"},
+		{"merged into a pool that takes requested names", requestedDoc, unset, false, "requested"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			doc, _, err := policy.Learn(c.doc, "worker", c.l)
+			if c.unset {
+				if !errors.Is(err, policy.ErrNodeNamesUnset) || !strings.Contains(err.Error(), "serve.nodeNames") {
+					t.Fatalf("error %v; want ErrNodeNamesUnset naming serve.nodeNames", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := mustParse(t, doc).ServeFor("worker").NodeNames; got != c.want {
+				t.Errorf("serve.nodeNames %q, want %q\n%s", got, c.want, doc)
+			}
+		})
 	}
 }

@@ -45,6 +45,9 @@
 // their explicit any (anyEKTrust, any, anyProject, anyZone, anyAccount,
 // anyRegion), which the server logs at start; a policy with an empty one
 // does not load, and Evaluate refuses on one too (a Policy built in code).
+//
+// docs/policy.md is the reference for operators: every field, its default
+// and what empty means, with examples a test loads.
 package policy
 
 import (
@@ -441,7 +444,9 @@ func Parse(b []byte) (*Policy, error) {
 	dec.KnownFields(true)
 	var p Policy
 	if err := dec.Decode(&p); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+		// yaml.v3 names the line and the Go type it wanted: say where the
+		// types are written for people.
+		return nil, fmt.Errorf("decode: %w (docs/policy.md lists every field and its type)", err)
 	}
 	if err := p.validate(); err != nil {
 		return nil, err
@@ -622,27 +627,28 @@ func (p *Policy) EvaluateReattestation(pool string, c *attest.Claims) error {
 func (p *Policy) evaluate(pool string, c *attest.Claims, firstBoot bool) error {
 	pp, ok := p.Pools[pool]
 	if !ok {
-		return attest.Deny(attest.ReasonPolicyUnknownPool, "pool %q is not in the policy", pool)
+		return attest.DenySetting(attest.ReasonPolicyUnknownPool, "pools."+pool, "pool %q is not in the policy: add pools.%s", pool, pool)
 	}
+	at := "pools." + pool + "." // where this pool's settings are
 	if !slices.Contains(pp.Evidence, c.Kind) {
-		return attest.Deny(attest.ReasonPolicyKindNotAllowed, "pool %q does not accept %s evidence", pool, c.Kind)
+		return attest.DenySetting(attest.ReasonPolicyKindNotAllowed, at+"evidence", "pool %q does not accept %s evidence: %sevidence lists %v", pool, c.Kind, at, pp.Evidence)
 	}
 	switch c.Kind {
 	case attest.KindTPM:
 		if c.TPM == nil {
 			return attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
 		}
-		return evaluateTPM(&pp.TPM, c.TPM)
+		return evaluateTPM(at+"tpm.", &pp.TPM, c.TPM)
 	case attest.KindGCP:
 		if c.GCP == nil {
 			return attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
 		}
-		return evaluateGCP(&pp.GCP, c.GCP, c.VerifiedAt, firstBoot)
+		return evaluateGCP(at+"gcp.", &pp.GCP, c.GCP, c.VerifiedAt, firstBoot)
 	case attest.KindAWS:
 		if c.AWS == nil {
 			return attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
 		}
-		return evaluateAWS(&pp.AWS, c.AWS)
+		return evaluateAWS(at+"aws.", &pp.AWS, c.AWS)
 	}
 	return attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
 }
@@ -651,19 +657,20 @@ func (p *Policy) evaluate(pool string, c *attest.Claims, firstBoot bool) error {
 // (ZoneNotAllowed) and the instance's age at verification time
 // (InstanceTooOld: more than maxInstanceAge, DefaultGCPMaxInstanceAge when
 // unset, after the instance was created).
-func evaluateGCP(g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool) error {
+// Each refusal names the setting (in, e.g. "pools.worker.gcp.").
+func evaluateGCP(in string, g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool) error {
 	if !g.AnyProject && !slices.Contains(g.Projects, c.ProjectID) {
-		return attest.Deny(attest.ReasonPolicyProject, "project %s is not allowed", c.ProjectID)
+		return attest.DenySetting(attest.ReasonPolicyProject, in+"projects", "project %s is not in %sprojects", c.ProjectID, in)
 	}
 	if !g.AnyZone && !slices.Contains(g.Zones, c.Zone) {
-		return attest.Deny(attest.ReasonPolicyZone, "zone %s is not allowed", c.Zone)
+		return attest.DenySetting(attest.ReasonPolicyZone, in+"zones", "zone %s is not in %szones", c.Zone, in)
 	}
 	maxAge := g.MaxInstanceAge.Duration
 	if maxAge == 0 {
 		maxAge = DefaultGCPMaxInstanceAge
 	}
 	if firstBoot && at.Sub(c.InstanceCreated) > maxAge {
-		return attest.Deny(attest.ReasonPolicyInstanceAge, "instance created %s, more than %s ago: first-boot evidence is accepted only within maxInstanceAge of the instance's creation", c.InstanceCreated.UTC().Format(time.RFC3339), maxAge)
+		return attest.DenySetting(attest.ReasonPolicyInstanceAge, in+"maxInstanceAge", "instance created %s, more than %s ago: first-boot evidence is accepted only within %smaxInstanceAge of the instance's creation", c.InstanceCreated.UTC().Format(time.RFC3339), maxAge, in)
 	}
 	return nil
 }
@@ -681,15 +688,16 @@ func needsLog(t *TPMPolicy) bool {
 // evaluateAWS checks the account (AccountNotAllowed), the region
 // (RegionNotAllowed) and, if required, that the EC2 API confirmed the
 // instance (LiveCheckRequired).
-func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
+// Each refusal names the setting (in, e.g. "pools.worker.aws.").
+func evaluateAWS(in string, a *AWSPolicy, c *attest.AWSClaims) error {
 	if !a.AnyAccount && !slices.Contains(a.Accounts, c.AccountID) {
-		return attest.Deny(attest.ReasonPolicyAccount, "account %s is not allowed", c.AccountID)
+		return attest.DenySetting(attest.ReasonPolicyAccount, in+"accounts", "account %s is not in %saccounts", c.AccountID, in)
 	}
 	if !a.AnyRegion && !slices.Contains(a.Regions, c.Region) {
-		return attest.Deny(attest.ReasonPolicyRegion, "region %s is not allowed", c.Region)
+		return attest.DenySetting(attest.ReasonPolicyRegion, in+"regions", "region %s is not in %sregions", c.Region, in)
 	}
 	if a.RequireLiveCheck && !c.LiveChecked {
-		return attest.Deny(attest.ReasonPolicyLiveCheck, "the EC2 API did not confirm this instance")
+		return attest.DenySetting(attest.ReasonPolicyLiveCheck, in+"requireLiveCheck", "the EC2 API did not confirm this instance, and %srequireLiveCheck is set (the server's --aws-live-check-region turns the check on)", in)
 	}
 	return nil
 }
@@ -701,13 +709,14 @@ func evaluateAWS(a *AWSPolicy, c *attest.AWSClaims) error {
 // per stage (BootComponentDenied), per-stage allow lists
 // (BootComponentNotMeasured, BootComponentNotAllowed), the dbx
 // (DBXOutdated), PCR reference values (PCRValueMismatch) and the kernel
-// command line (KernelCmdlineNotAllowed).
-func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
+// command line (KernelCmdlineNotAllowed). Each refusal names the setting
+// (in, e.g. "pools.worker.tpm.").
+func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims) error {
 	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
-		return attest.Deny(attest.ReasonPolicySHA1, "quote is of the %s bank; this pool requires sha256", c.PCRBank)
+		return attest.DenySetting(attest.ReasonPolicySHA1, in+"allowSHA1", "quote is of the %s bank; this pool requires sha256 unless %sallowSHA1", c.PCRBank, in)
 	}
 	if !t.AnyEKTrust && !slices.Contains(t.EKTrust, c.EKTrust) {
-		return attest.Deny(attest.ReasonPolicyEKTrust, "EK vouched for by %s; pool accepts %v", c.EKTrust, t.EKTrust)
+		return attest.DenySetting(attest.ReasonPolicyEKTrust, in+"ekTrust", "EK vouched for by %s; %sekTrust accepts %v", c.EKTrust, in, t.EKTrust)
 	}
 	b := &c.Boot
 	if b.LogMissing && needsLog(t) {
@@ -715,15 +724,15 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 	}
 	if t.RequireSecureBoot {
 		if !b.SecureBootKnown {
-			return attest.Deny(attest.ReasonPolicySecureBootUnk, "the event log does not establish the Secure Boot state")
+			return attest.DenySetting(attest.ReasonPolicySecureBootUnk, in+"requireSecureBoot", "the event log does not establish the Secure Boot state, which %srequireSecureBoot needs", in)
 		}
 		if !b.SecureBoot {
-			return attest.Deny(attest.ReasonPolicySecureBootOff, "the machine booted with Secure Boot off")
+			return attest.DenySetting(attest.ReasonPolicySecureBootOff, in+"requireSecureBoot", "the machine booted with Secure Boot off; %srequireSecureBoot is set", in)
 		}
 	}
 	for i, app := range b.BootApplications {
 		if containsHex(t.DeniedDigests, app) {
-			return attest.Deny(attest.ReasonPolicyBootDenied, "boot application %d (%s) is denied", i, app)
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "boot application %d (%s) is in %sdeniedDigests", i, app, in)
 		}
 	}
 	stages := []struct {
@@ -732,32 +741,33 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		digest string
 	}{{"shim", t.BootComponents.Shim, b.Shim}, {"bootloader", t.BootComponents.Bootloader, b.Bootloader}, {"kernel", t.BootComponents.Kernel, b.Kernel}}
 	for _, s := range stages {
+		stage := in + "bootComponents." + s.name + "."
 		if s.digest != "" && containsHex(s.list.Deny, s.digest) {
-			return attest.Deny(attest.ReasonPolicyBootDenied, "%s %s is denied", s.name, s.digest)
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, stage+"deny", "%s %s is in %sdeny", s.name, s.digest, stage)
 		}
 		if s.list.Any {
 			continue
 		}
 		if len(s.list.Allow) == 0 {
-			return attest.Deny(attest.ReasonPolicyBootNotAllowed, "the pool allows no %s (an empty list allows none; any: true allows any)", s.name)
+			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "the pool allows no %s: %sallow is empty (an empty list allows none; %sany: true allows any)", s.name, stage, stage)
 		}
 		if s.digest == "" {
-			return attest.Deny(attest.ReasonPolicyBootMissing, "no %s was measured, and the pool allows only listed ones", s.name)
+			return attest.DenySetting(attest.ReasonPolicyBootMissing, stage+"allow", "no %s was measured, and %sallow allows only listed ones", s.name, stage)
 		}
 		if !containsHex(s.list.Allow, s.digest) {
-			return attest.Deny(attest.ReasonPolicyBootNotAllowed, "%s %s is not allowed", s.name, s.digest)
+			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "%s %s is not in %sallow", s.name, s.digest, stage)
 		}
 	}
 	if m := t.MinimumDBX; m != nil {
 		if !b.DBXKnown {
-			return attest.Deny(attest.ReasonPolicyDBX, "the event log does not establish the dbx")
+			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "the event log does not establish the dbx, which %sminimumDBX needs", in)
 		}
 		if b.DBXEntries < m.Entries {
-			return attest.Deny(attest.ReasonPolicyDBX, "dbx has %d entries; at least %d required", b.DBXEntries, m.Entries)
+			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx has %d entries; %sminimumDBX.entries requires %d", b.DBXEntries, in, m.Entries)
 		}
 		for _, h := range m.Contains {
 			if !dbxRevokes(b.DBXSHA256s, h) {
-				return attest.Deny(attest.ReasonPolicyDBX, "dbx does not revoke %s", h)
+				return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx does not revoke %s, which %sminimumDBX.contains requires", h, in)
 			}
 		}
 	}
@@ -765,12 +775,12 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		i, _ := strconv.Atoi(idx)
 		got, ok := c.PCRs[i]
 		if !ok || !strings.EqualFold(got, t.PCRs[idx]) {
-			return attest.Deny(attest.ReasonPolicyPCRValue, "PCR %d is %s, want %s", i, got, t.PCRs[idx])
+			return attest.DenySetting(attest.ReasonPolicyPCRValue, in+"pcrs", "PCR %d is %s; %spcrs wants %s", i, got, in, t.PCRs[idx])
 		}
 	}
 	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
 		if !b.KernelCmdlineKnown {
-			return attest.Deny(attest.ReasonPolicyKernelCmdline, "the event log does not establish the kernel command line")
+			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline", "the event log does not establish the kernel command line, which %skernelCmdline needs", in)
 		}
 		// Words without GRUB's quotes: where GRUB puts them is not
 		// measured (see attest/tpm's grubCmdlineConsistent), so a quote
@@ -778,12 +788,12 @@ func evaluateTPM(t *TPMPolicy, c *attest.TPMClaims) error {
 		args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
 		for _, r := range k.Require {
 			if !slices.Contains(args, r) {
-				return attest.Deny(attest.ReasonPolicyKernelCmdline, "kernel command line lacks %q", r)
+				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.require", "kernel command line lacks %q, which %skernelCmdline.require requires", r, in)
 			}
 		}
 		for _, f := range k.Forbid {
 			if slices.Contains(args, f) {
-				return attest.Deny(attest.ReasonPolicyKernelCmdline, "kernel command line has %q", f)
+				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.forbid", "kernel command line has %q, which %skernelCmdline.forbid forbids", f, in)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -124,7 +125,59 @@ func TestEvaluate(t *testing.T) {
 			if !ok || got != tc.want {
 				t.Fatalf("got %v (reason %q), want reason %s", err, got, tc.want)
 			}
+			checkSetting(t, err, tpmSettings[tc.name])
 		})
+	}
+}
+
+// tpmSettings is the setting each refusal of TestEvaluate names: what an
+// operator changes to allow it ("-": none should).
+var tpmSettings = map[string]string{
+	"unknown pool":                     "pools.nosuch",
+	"TPM evidence for a GCP-only pool": "pools.lab.evidence",
+	"SHA-1 only":                       "pools.worker.tpm.allowSHA1",
+	"EK vouched for by another vendor": "pools.worker.tpm.ekTrust",
+	"Secure Boot off":                  "pools.worker.tpm.requireSecureBoot",
+	"empty event log":                  "pools.worker.tpm.requireSecureBoot",
+	"revoked boot application":         "pools.worker.tpm.deniedDigests",
+	"revoked kernel":                   "pools.worker.tpm.bootComponents.kernel.deny",
+	"unlisted shim":                    "pools.worker.tpm.bootComponents.shim.allow",
+	"partial log without PCR 4":        "pools.worker.tpm.bootComponents.shim.allow",
+	"old dbx":                          "pools.worker.tpm.minimumDBX",
+	"dbx lacks a required revocation":  "pools.worker.tpm.minimumDBX",
+	"dbx not measured":                 "pools.worker.tpm.minimumDBX",
+	"PCR 7 differs":                    "pools.worker.tpm.pcrs",
+	"PCR 7 not quoted":                 "pools.worker.tpm.pcrs",
+	"init=/bin/sh":                     "pools.worker.tpm.kernelCmdline.forbid",
+	"init=/bin/sh in GRUB's quotes":    "pools.worker.tpm.kernelCmdline.forbid",
+	"read-write root":                  "pools.worker.tpm.kernelCmdline.require",
+	"command line not measured":        "pools.worker.tpm.kernelCmdline",
+	"no event log at all":              "-", // the machine's boot loses its log: no setting should lift it
+	"GCP project not allowed":          "pools.gce.gcp.projects",
+	"GCP zone not allowed":             "pools.gce.gcp.zones",
+	"GCP instance too old":             "pools.gce.gcp.maxInstanceAge",
+	"GCP token for the AWS pool":       "pools.ec2.evidence",
+	"EC2 account not allowed":          "pools.ec2.aws.accounts",
+	"EC2 region not allowed":           "pools.ec2.aws.regions",
+	"EC2 without the live check":       "pools.ec2.aws.requireLiveCheck",
+}
+
+// checkSetting: a refusal an operator can lift with a setting names it,
+// as a typed field and in the detail the machine and the log show.
+func checkSetting(t *testing.T, err error, want string) {
+	t.Helper()
+	if want == "" {
+		t.Fatalf("the test names no setting for %v", err)
+	}
+	if want == "-" {
+		if s := attest.SettingOf(err); s != "" {
+			t.Errorf("refusal %v names setting %q; none should lift it", err, s)
+		}
+		return
+	}
+	var d *attest.Denial
+	if !errors.As(err, &d) || d.Setting != want || !strings.Contains(d.Detail, want) {
+		t.Errorf("refusal %v names setting %q; want %q, in its detail too", err, attest.SettingOf(err), want)
 	}
 }
 
@@ -246,6 +299,9 @@ pools:
 			got, _ := attest.ReasonOf(err)
 			if (tc.want == "") != (err == nil) || got != tc.want {
 				t.Fatalf("got %v, want %q", err, tc.want)
+			}
+			if err != nil {
+				checkSetting(t, err, tpmSettings[tc.name])
 			}
 		})
 	}

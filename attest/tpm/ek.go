@@ -235,7 +235,7 @@ func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte
 		return f, nil
 	}
 	if len(ekCertDER) == 0 {
-		return nil, attest.Deny(attest.ReasonEKNotInInventory, "EK %x has no certificate and is not in the inventory", f.SHA256[:8])
+		return nil, attest.DenySetting(attest.ReasonEKNotInInventory, "trust.ekInventory", "EK %x has no certificate and is not in the policy's trust.ekInventory (list its ekSHA256 there)", f.SHA256[:8])
 	}
 	cert, err := goattest.ParseEKCertificate(ekCertDER)
 	if err != nil {
@@ -322,7 +322,7 @@ func (t *ekTrust) chain(cert *x509.Certificate, intermediatesDER [][]byte, now t
 	if lastErr == nil {
 		lastErr = errors.New("no EK root sets are configured")
 	}
-	return "", attest.Deny(attest.ReasonEKUntrusted, "EK certificate does not chain to a configured TPM vendor root: %v", lastErr)
+	return "", attest.DenySetting(attest.ReasonEKUntrusted, "trust.ekRoots", "EK certificate (issuer %q) does not chain to a TPM vendor root of the policy's trust.ekRoots (add its vendor's CA there, or list the EK in trust.ekInventory): %v", cert.Issuer.String(), lastErr)
 }
 
 // remember caches every issuer of a verified chain (all but the leaf).

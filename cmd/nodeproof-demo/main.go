@@ -23,10 +23,11 @@ func main() {
 	log := flag.String("log", "rhel8-uefi", "real firmware event log to boot from (see firmware-testdata)")
 	boot := flag.Bool("boot", false, "make demo-boot: the story on a live VM (QEMU, OVMF Secure Boot, Debian's signed boot chain; needs make tools and --guest-bin)")
 	guestBin := flag.String("guest-bin", "", "with --boot: the directory holding the static nodeproof-agent and kubeletcsr for the VM's initramfs")
+	bin := flag.String("bin", "", "directory of nodeproof and nodeproof-agent (make build's bin/); empty: built into the working directory")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := demo.Options{Dir: *dir, Log: *log, Out: os.Stdout, Clock: time.Now}
+	o := demo.Options{Dir: *dir, Log: *log, Bin: *bin, Out: os.Stdout, Clock: time.Now}
 	var err error
 	if *boot {
 		err = demo.RunBoot(ctx, o, *guestBin)

@@ -347,10 +347,18 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	w.nodeproofCmd(t, "revoke", node, "--reason", "RMA ticket 42")
 	w.waitNode(t, node, nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonRevoked), taint: corev1.TaintEffectNoExecute}, 10*time.Second)
 	out, code = w.reattest(t, a, node, state)
+	reattestOut := out
 	attacktable.Check(t, "lifetime", "a revoked node re-attests (clean boot)", string(attest.ReasonRevoked), refusalOf(out, code))
 	out, code = w.runAgent(t, nil, "--mode", "fetch", "--pool", "worker", "--node-name", node, "--tpm", a.tpmArg,
 		"--event-log", a.logFile, "--kubelet-key", keyFile, "--root", t.TempDir())
 	attacktable.Check(t, "lifetime", "a revoked node enrols again with its enrolled kubelet key", string(attest.ReasonRevoked), refusalOf(out, code))
+	// The operator's free text stays with operators: the machine (and
+	// whoever holds it) learns the reason code, not the ticket.
+	leaked := "the code only"
+	if strings.Contains(reattestOut+out, "RMA ticket 42") {
+		leaked = "the operator's reason"
+	}
+	attacktable.Check(t, "lifetime", "a revoked machine reads why the operator revoked it", "the code only", leaked)
 	cond = w.renewal(t, node)
 	attacktable.Check(t, "lifetime", "a revoked node's certificate renewal", "Denied "+string(attest.ReasonRevoked), string(cond.Type)+" "+cond.Reason)
 	w.waitNode(t, node, nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonRevoked), taint: corev1.TaintEffectNoExecute}, time.Second)

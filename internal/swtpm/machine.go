@@ -11,7 +11,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
-	"github.com/nodeproof/nodeproof/internal/tpmtest"
+	sw "github.com/nodeproof/nodeproof/attest/tpm/swtpm"
 )
 
 // Machine is a simulated node: a freshly provisioned swtpm whose PCRs hold
@@ -43,7 +43,7 @@ func (m *Manufacturer) NewMachine(ctx context.Context, dir string, log []byte, b
 		return fail(err)
 	}
 	if len(log) > 0 {
-		if _, err := tpmtest.ExtendLog(ch, log); err != nil {
+		if _, err := sw.ExtendLog(ch, log); err != nil {
 			ch.Close()
 			return fail(err)
 		}
@@ -91,6 +91,6 @@ func (mc *Machine) Reboot(ctx context.Context, log []byte) error {
 		return err
 	}
 	defer ch.Close()
-	_, err = tpmtest.ExtendLog(ch, log)
+	_, err = sw.ExtendLog(ch, log)
 	return err
 }

@@ -79,9 +79,17 @@ func AssetsDir() (string, error) {
 // kube-apiserver (deploy/'s `kubectl apply --dry-run=server -k` test).
 func Kubectl(t testing.TB) string {
 	t.Helper()
-	p := filepath.Join(Cache(), "bin", "kubectl-"+KubeVersion, "kubectl")
-	mustExecutable(t, "kubectl "+KubeVersion, p)
+	p, err := KubectlPath()
+	if err != nil {
+		t.Fatal(err)
+	}
 	return p
+}
+
+// KubectlPath is Kubectl for programs (the demo).
+func KubectlPath() (string, error) {
+	p := filepath.Join(Cache(), "bin", "kubectl-"+KubeVersion, "kubectl")
+	return p, executable("kubectl "+KubeVersion, p)
 }
 
 func mustExecutable(t testing.TB, what, path string) {

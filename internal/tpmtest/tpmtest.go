@@ -21,10 +21,10 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/google/go-eventlog/register"
-	"github.com/google/go-eventlog/tcg"
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
+
+	"github.com/nodeproof/nodeproof/attest/tpm/swtpm"
 )
 
 // EKCertNVIndex is where TPMs keep the RSA EK certificate (TCG EK
@@ -147,32 +147,6 @@ func ProvisionEKCert(rw io.ReadWriter, certDER []byte) error {
 	return nil
 }
 
-// ExtendLog extends every measured event of a TCG event log into the
-// TPM's SHA-1, SHA-256 and SHA-384 PCRs (a bank the TPM does not have
-// allocated ignores its digests; a log without a bank's digests extends
-// nothing there), so that the TPM's PCRs are what that
-// machine's firmware would have left (from a freshly started TPM). Events
-// a TPM at locality 0 cannot reproduce (PCR 17 and up, EV_NO_ACTION) are
-// skipped; the result says how many events were extended.
-func ExtendLog(rw io.ReadWriter, log []byte) (int, error) {
-	el, err := tcg.ParseEventLog(log, tcg.ParseOpts{AllowPadding: true})
-	if err != nil {
-		return 0, fmt.Errorf("parse event log: %w", err)
-	}
-	n := 0
-	for _, bank := range []struct {
-		alg  register.HashAlg
-		tpm2 tpm2.Algorithm
-	}{{register.HashSHA1, tpm2.AlgSHA1}, {register.HashSHA256, tpm2.AlgSHA256}, {register.HashSHA384, tpm2.AlgSHA384}} {
-		for _, e := range el.Events(bank.alg) {
-			if e.Type == tcg.NoAction || e.Index > 16 || len(e.Digest) == 0 {
-				continue
-			}
-			if err := tpm2.PCRExtend(rw, tpmutil.Handle(e.Index), bank.tpm2, e.Digest, ""); err != nil {
-				return n, fmt.Errorf("extend PCR %d: %w", e.Index, err)
-			}
-			n++
-		}
-	}
-	return n, nil
-}
+// ExtendLog is attest/tpm/swtpm.ExtendLog: a TCG event log extended into
+// a fresh TPM's SHA-1, SHA-256 and SHA-384 PCRs.
+func ExtendLog(rw io.ReadWriter, log []byte) (int, error) { return swtpm.ExtendLog(rw, log) }

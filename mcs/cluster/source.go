@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -20,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
+	"github.com/nodeproof/nodeproof/pemcert"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -73,6 +76,8 @@ type Source struct {
 	kc       kubernetes.Interface
 	userData *userdata.Syncer // nil: the user-data Secrets are not managed
 	leading  func() bool      // whether this replica writes them
+	shared   func() bool      // whether the shared node-bootstrapper kubeconfig is served
+	health   atomic.Pointer[error]
 
 	// mu guards what the last render was made of, so a CA bundle change
 	// re-renders the public tier without waiting for the inputs to change.
@@ -111,6 +116,50 @@ func NewSource(o SourceOptions) (*Source, error) {
 		cfg: cfg, server: o.APIServerURL, tokenDir: o.TokenDir, tokens: tokens, ca: ca, caWatch: caWatch,
 		caBundle: o.CABundle, clock: o.Clock, log: o.Log, kc: kc,
 	}, nil
+}
+
+// Check reports what the configs it serves need and it cannot read now:
+// the CA bundle every served kubeconfig carries (ConfigMap
+// openshift-machine-config-operator/kubeconfig-data, else
+// <TokenDir>/ca.crt) and, when shared (a pool serves the full config
+// without a node of its own: the token tier, fullWithoutCredentials), the
+// node-bootstrapper token (<TokenDir>/token). Serve refuses to start on
+// it, and Health reports it after that (shared asked again each time: the
+// policy may be reloaded).
+func (s *Source) Check(ctx context.Context, shared func() bool) error {
+	s.shared = shared
+	err := s.check(ctx)
+	s.health.Store(&err)
+	return err
+}
+
+func (s *Source) check(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, KubeCallTimeout)
+	defer cancel()
+	ca, err := s.ca(ctx)
+	if err == nil {
+		_, err = pemcert.Parse(ca)
+	}
+	if err != nil {
+		return fmt.Errorf("the API server's CA bundle, which every served kubeconfig carries: %w (it is ConfigMap %s/%s's %s when that exists, else %s: mount the node-bootstrapper service account's token Secret there, as deploy/ does, or set --bootstrap-token-dir)",
+			err, MCONamespace, KubeconfigDataConfigMap, KubeconfigDataCAKey, filepath.Join(s.tokenDir, corev1.ServiceAccountRootCAKey))
+	}
+	if s.shared != nil && s.shared() {
+		tok := filepath.Join(s.tokenDir, corev1.ServiceAccountTokenKey)
+		if b, err := os.ReadFile(tok); err != nil || len(bytes.TrimSpace(b)) == 0 {
+			return fmt.Errorf("the node-bootstrapper token, which the shared kubeconfig of the token tier and fullWithoutCredentials carries: %s is missing or empty (mount the node-bootstrapper service account's token Secret there, or set --bootstrap-token-dir)", tok)
+		}
+	}
+	return nil
+}
+
+// Health is the last Check's outcome, repeated every few seconds while
+// Run runs: nil when the configs can be served.
+func (s *Source) Health() error {
+	if p := s.health.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Client is the Source's clientset (for the user-data Syncer).
@@ -243,6 +292,15 @@ func (s *Source) housekeeping(ctx context.Context) {
 	lastGC := s.clock()
 	for {
 		s.caChanged()
+		if err, was := s.check(ctx), s.Health(); ctx.Err() == nil {
+			switch {
+			case err != nil && (was == nil || err.Error() != was.Error()):
+				s.log.Error("cannot serve full configs now", "err", err.Error())
+			case err == nil && was != nil:
+				s.log.Info("can serve full configs again")
+			}
+			s.health.Store(&err)
+		}
 		if s.userData != nil && (s.leading == nil || s.leading()) {
 			if wrote, err := s.userData.Sync(ctx); err != nil {
 				s.log.Error("user-data secrets", "err", err.Error())

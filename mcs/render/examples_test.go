@@ -465,6 +465,7 @@ func exampleControllerConfig() map[string]any {
 		"metadata": map[string]any{"name": "machine-config-controller"},
 		"spec": map[string]any{
 			"clusterDNSIP":                   "172.30.0.10",
+			"cloudProviderCAData":            nil, // required by the CRD (nullable): kubectl apply --validate=strict
 			"cloudProviderConfig":            "",
 			"platform":                       "none",
 			"etcdDiscoveryDomain":            "",

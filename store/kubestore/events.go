@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
@@ -47,10 +48,15 @@ const MaxEventMessage = 4 << 10
 //     spend the budget of a node's own.
 //
 // Every message passes through SafeRecorder. Close stops both.
+//
+// An Event names its NodeBinding's uid when the binding exists (UIDs):
+// `kubectl describe nodebinding` lists only the Events whose
+// involvedObject.uid is the object's.
 type BindingEvents struct {
 	ns                  string
 	decisions, reports  record.EventBroadcaster
 	decision, reporting record.EventRecorder
+	uids                func(nodeName string) types.UID
 }
 
 // NewBindingEvents returns a BindingEvents for the NodeBindings in
@@ -83,6 +89,20 @@ func spamKey(ev *corev1.Event, identity string) string {
 		ev.Type, ev.Reason, identity}, "\x00")
 }
 
+// UIDs has Events name the uid uid(nodeName) returns (a binding's, from a
+// watch: no API call; "" when there is none, e.g. a name never enrolled).
+// Call it before the first Event.
+func (e *BindingEvents) UIDs(uid func(nodeName string) types.UID) { e.uids = uid }
+
+// ref is nodeName's binding's reference, with its uid when known.
+func (e *BindingEvents) ref(nodeName string) *corev1.ObjectReference {
+	var uid types.UID
+	if e.uids != nil {
+		uid = e.uids(nodeName)
+	}
+	return BindingRef(e.ns, nodeName, uid)
+}
+
 // Decision implements mcs.EnrolmentEvents: a decision about nodeName
 // concerning identity ("" for none); it does not block.
 func (e *BindingEvents) Decision(identity, nodeName string, warning bool, reason, message string) {
@@ -90,13 +110,13 @@ func (e *BindingEvents) Decision(identity, nodeName string, warning bool, reason
 	if identity != "" {
 		ann = map[string]string{IdentityAnnotation: identity}
 	}
-	e.decision.AnnotatedEventf(BindingRef(e.ns, nodeName), ann, eventType(warning), reason, "%s", message)
+	e.decision.AnnotatedEventf(e.ref(nodeName), ann, eventType(warning), reason, "%s", message)
 }
 
 // Report implements mcs.EnrolmentEvents: a node's failure report (a
 // warning); it does not block.
 func (e *BindingEvents) Report(nodeName, reason, message string) {
-	e.reporting.Event(BindingRef(e.ns, nodeName), corev1.EventTypeWarning, reason, message)
+	e.reporting.Event(e.ref(nodeName), corev1.EventTypeWarning, reason, message)
 }
 
 // Close stops sending events.
@@ -134,8 +154,8 @@ func (s safeRecorder) AnnotatedEventf(obj runtime.Object, ann map[string]string,
 }
 
 // BindingRef is the object reference of a node name's NodeBinding.
-func BindingRef(namespace, nodeName string) *corev1.ObjectReference {
-	return &corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "NodeBinding", Namespace: namespace, Name: nodeName}
+func BindingRef(namespace, nodeName string, uid types.UID) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: v1alpha1.GroupVersion.String(), Kind: "NodeBinding", Namespace: namespace, Name: nodeName, UID: uid}
 }
 
 // BindingEvent is one Event about a node name's NodeBinding.
@@ -143,6 +163,8 @@ type BindingEvent struct {
 	NodeName, Reason, Message string
 	Warning                   bool
 	Time                      time.Time
+	// UID is the binding's (Store.BindingUID); empty when it has none.
+	UID types.UID
 }
 
 // WriteEvent writes ev now, waiting for the API server (for a command that
@@ -152,7 +174,7 @@ func WriteEvent(ctx context.Context, kc kubernetes.Interface, namespace, compone
 	t := metav1.NewTime(ev.Time)
 	obj := &corev1.Event{
 		ObjectMeta:     metav1.ObjectMeta{GenerateName: ev.NodeName + ".", Namespace: namespace},
-		InvolvedObject: *BindingRef(namespace, ev.NodeName),
+		InvolvedObject: *BindingRef(namespace, ev.NodeName, ev.UID),
 		Reason:         safetext.Clean(ev.Reason), Message: safetext.Cut(ev.Message, MaxEventMessage), Type: eventType(ev.Warning),
 		Source:         corev1.EventSource{Component: component},
 		FirstTimestamp: t, LastTimestamp: t, Count: 1,

@@ -109,6 +109,7 @@ func TestKubeStore(t *testing.T) {
 	t.Run("the approver's decision cache", func(t *testing.T) { testDecisionCache(t, k) })
 	t.Run("kubelet certificate lineages", func(t *testing.T) { testLineages(t, k) })
 	t.Run("the server's binding watch", func(t *testing.T) { testWatched(t, k) })
+	t.Run("binding Events name the binding", func(t *testing.T) { testBindingEvents(t, k) })
 	t.Run("a client without the types is refused", func(t *testing.T) {
 		c, err := client.New(cfg, client.Options{Scheme: runtime.NewScheme()})
 		if err != nil {
@@ -732,6 +733,22 @@ func testPrinterColumns(t *testing.T, k *cluster) {
 		slices.Sort(keys)
 		if want := []string{"session/worker-1 " + storetest.ID(0), "session/worker-2 " + storetest.ID(1)}; !slices.Equal(keys, want) {
 			t.Fatalf("markers %v, want %v", keys, want)
+		}
+	})
+	t.Run("nodebindings, right after enrolment", func(t *testing.T) {
+		if err := s.Enrol(ctx, storetest.Record(storetest.ID(7), "worker-7", now), store.EnrolOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tab := table(t, "nodebindings")
+		if got, want := columns(tab), []string{"Name", "Kind", "Pool", "Enrolled", "Passed", "Reason", "Last-Success", "Revoked", "Identity", "Record", "Age"}; !slices.Equal(got, want) {
+			t.Fatalf("columns %v, want %v", got, want)
+		}
+		if len(tab.Rows) != 1 {
+			t.Fatalf("%d rows", len(tab.Rows))
+		}
+		// What the enrolment knows is shown before any re-attestation.
+		if c := tab.Rows[0].Cells; c[0] != "worker-7" || c[1] != "tpm" || c[2] != "worker" || c[3] == nil || c[3] == "" {
+			t.Errorf("row %v: want worker-7, tpm, worker and the enrolment's time", c)
 		}
 	})
 }

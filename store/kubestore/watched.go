@@ -9,6 +9,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -211,6 +212,20 @@ func (w *Watched) cachedBan(ctx context.Context, identity string) bool {
 	var ban v1alpha1.IdentityBan
 	err := w.watch.Get(ctx, client.ObjectKey{Namespace: w.ns, Name: v1alpha1.BanName(identity)}, &ban)
 	return err == nil && ban.Spec.Identity == identity
+}
+
+// UID is the uid of nodeName's binding as the watch has it, "" when the
+// watch has none (or has not synced): what binding Events name
+// (BindingEvents.UIDs), with no API call.
+func (w *Watched) UID(nodeName string) types.UID {
+	if !w.health.synced.Load() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+		return ""
+	}
+	var obj v1alpha1.NodeBinding
+	if err := w.watch.Get(context.Background(), client.ObjectKey{Namespace: w.ns, Name: nodeName}, &obj); err != nil {
+		return ""
+	}
+	return obj.UID
 }
 
 // cachedBinding reads nodeName's binding from watch, or from st when the

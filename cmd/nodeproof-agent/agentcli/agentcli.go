@@ -21,6 +21,17 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
+const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|tpm|gcp|aws] [flags]
+       nodeproof-agent --dump-evidence FILE [--event-log FILE]
+
+Proves this machine to the nodeproof server (a TPM quote, or a cloud
+instance identity), then: pointer mode (initramfs, before Ignition) writes a
+pointer config with a single-use config token for Ignition; fetch mode
+fetches the full config now and writes the first-boot files; reattest mode
+proves an enrolled node again (every boot and on a timer). Exit status: 0
+done, 1 error, 2 usage, 3 refused by the server (its reason on the console).
+`
+
 // Main runs the agent with args (without the program name) and returns
 // the exit code: 0 done, 1 error, 2 usage, agent.ExitRefused when the
 // server refused.
@@ -41,12 +52,28 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ignDir := fs.String("ignition-dir", agent.DefaultIgnitionDir, "pointer mode: Ignition's system config directory")
 	root := fs.String("root", "/", "fetch mode: where the first-boot files are written")
 	configOut := fs.String("config-out", "", "fetch mode: also write the whole full config here (mode 0600)")
-	dump := fs.String("dump-evidence", "", "write this machine's event log (--event-log, else securityfs) to this file for `nodeproof policy learn --evidence` on a machine you trust, and exit")
+	dump := fs.String("dump-evidence", "", "write this machine's event log (--event-log, else securityfs) to this file (for nodeproof policy learn --evidence, on a machine you trust), and exit")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: retry while the server says not yet, until stopped)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\nflags:\n", usage)
+		fs.PrintDefaults()
+	}
+	// -h prints to standard output (exit 0); a bad flag, its error and the
+	// usage to standard error (exit 2).
+	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stdout)
+			fs.Usage()
 			return 0
 		}
+		fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
+		fs.SetOutput(stderr)
+		fs.Usage()
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "nodeproof-agent: unexpected arguments %q\n", fs.Args())
 		return 2
 	}
 	if *dump != "" {

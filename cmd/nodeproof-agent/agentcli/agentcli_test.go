@@ -76,3 +76,36 @@ func TestEvidenceAuto(t *testing.T) {
 		})
 	}
 }
+
+// TestHelp: -h exits 0 with the usage on standard output, every flag line
+// of one name and at most one value word (a backtick pair in a usage text
+// makes Go print the quoted words as the value's name).
+func TestHelp(t *testing.T) {
+	for _, args := range [][]string{{"-h"}, {"--help"}} {
+		var stdout, stderr bytes.Buffer
+		if code := Main(context.Background(), args, &stdout, &stderr); code != 0 {
+			t.Fatalf("%v: exit %d, want 0: %s", args, code, stderr.String())
+		}
+		out := stdout.String()
+		if !strings.HasPrefix(out, "usage: nodeproof-agent --server URL") {
+			t.Fatalf("%v: no usage line:\n%s", args, out)
+		}
+		n := 0
+		for _, l := range strings.Split(out, "\n") {
+			if !strings.HasPrefix(l, "  -") {
+				continue
+			}
+			n++
+			if f := strings.Fields(l); len(f) > 2 {
+				t.Errorf("garbled flag line %q", l)
+			}
+		}
+		if n < 10 {
+			t.Errorf("%v: %d flags listed:\n%s", args, n, out)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), []string{"--frob"}, &stdout, &stderr); code != 2 || stdout.Len() != 0 || !strings.Contains(stderr.String(), "usage:") {
+		t.Errorf("a bad flag: exit %d, stdout %q, stderr %q; want 2, nothing, the usage", code, stdout.String(), stderr.String())
+	}
+}

@@ -1,15 +1,17 @@
-// Package demo is `make demo`. Part one: a machine with a software TPM
-// (swtpm, with an EK certificate from a local manufacturer CA) boots from a
-// real firmware event log, proves its identity and boot state to the
-// verifier, and policy decides. Part two (server.go): a real kube-apiserver
-// and etcd start with the example MachineConfigs and pools; `nodeproof
-// serve` (cluster mode) and `nodeproof approve` run; Ignition without
-// credentials gets only the public tier; a swtpm machine's agent attests
-// before Ignition, Ignition fetches the full config, and the kubelet's CSR
-// with the bound key is approved; a machine that booted without Secure
-// Boot is refused on its console. Each step prints what it did; refusals
-// print their reason. Everything it starts stops, and its files are
-// removed, when it ends.
+// Package demo is `make demo`. Part one, in process: a machine with a
+// software TPM (swtpm, with an EK certificate from a local manufacturer CA)
+// boots from a real firmware event log, proves its identity and boot state
+// to the verifier, and policy decides. Part two (server.go), as commands,
+// each printed as it runs: a real kube-apiserver and etcd with nothing
+// installed, then the cluster part of the operator's guide
+// (docs/operations.md) with the real binaries — the kubernetes overlay and
+// the example pools, a software TPM machine and a policy learned from it,
+// `nodeproof serve` and `nodeproof approve`, the machine's enrolment and its
+// kubelet's CSR approved — and the machine's life between its blocks: the
+// public tier fetched by the real Ignition, its Node, a re-attestation, a
+// refused one (Secure Boot off) and the approver's taint, a clean one, and
+// after the guide's `inspect`, revocation and refusal, the NoExecute taint.
+// Everything it starts stops, and its files are removed, when it ends.
 package demo
 
 import (
@@ -44,8 +46,15 @@ type Options struct {
 	Out io.Writer
 	// Clock tells the time.
 	Clock func() time.Time
-	// Examples is the deploy/examples directory (default: relative to the
-	// working directory, the module root under make).
+	// Root is the module root, whose docs/operations.md part two runs
+	// (default: the working directory, the module root under make).
+	Root string
+	// Bin holds nodeproof and nodeproof-agent (make build's bin/); empty:
+	// the demo builds them.
+	Bin string
+	// Examples is the deploy/examples directory make demo-boot serves
+	// (default: relative to the working directory, the module root under
+	// make).
 	Examples string
 }
 
@@ -218,7 +227,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	step("Part one done: verdict ALLOWED for worker, with the claims above")
 	fmt.Fprintln(out)
-	return runServer(ctx, o, man, roots, step, info)
+	return runServer(ctx, o, step, info)
 }
 
 func refused(out io.Writer, err error) error {

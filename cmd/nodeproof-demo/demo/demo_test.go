@@ -17,27 +17,35 @@ import (
 	"time"
 )
 
-// TestDemo runs `make demo`'s flow on swtpm and checks its verdicts, so the
-// demo cannot rot.
+// TestDemo runs `make demo`'s flow on swtpm and a real API server and
+// checks its verdicts and that it printed each command, so the demo cannot
+// rot.
 func TestDemo(t *testing.T) {
 	var out bytes.Buffer
-	err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out, Clock: time.Now, Examples: "../../../deploy/examples"})
+	err := Run(context.Background(), Options{Dir: t.TempDir(), Out: &out, Clock: time.Now, Root: "../../.."})
 	if err != nil {
 		t.Fatalf("demo failed: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
+		// Part one, in process.
 		"EK trust               ca:swtpm-localca",
 		"Secure Boot            on",
 		"ALLOWED: worker",
 		"REFUSED as expected: BootComponentNotAllowed",
 		"REFUSED as expected: QuoteBindingMismatch",
-		"Ignition got the PUBLIC tier",
-		"verdict ALLOWED; NodeAttestation",
-		"Ignition got the FULL config",
-		"+ /etc/kubernetes/kubeconfig",
-		"Approved (NodeproofAttestedTPM)",
-		"REFUSED at attestation by the server (HTTP 403): SecureBootDisabled",
-		"REFUSED as expected: SecureBootDisabled",
+		// Part two: each command printed, and what it did.
+		"$ kubectl apply --server-side -k deploy/overlays/kubernetes",
+		"$ nodeproof serve --kubeconfig",
+		"$ ignition -platform file -stage fetch",
+		"attested: node worker-2, pool worker",
+		"certificatesigningrequest.certificates.k8s.io/worker-2-client condition met",
+		"node/worker-2 condition met",
+		"Attested=True",
+		"REFUSED at re-attestation by the server (HTTP 403): SecureBootDisabled",
+		"taint nodeproof.io/unattested:NoSchedule",
+		"$ nodeproof inspect worker-2",
+		"REFUSED at re-attestation by the server (HTTP 403): Revoked",
+		"taint nodeproof.io/unattested:NoExecute",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out.String())

@@ -1,12 +1,7 @@
 package demo
 
 import (
-	"bytes"
 	"context"
-	"crypto"
-	"crypto/x509/pkix"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,172 +9,28 @@ import (
 	neturl "net/url"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/go-logr/logr"
-	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/certificate/csr"
-	"k8s.io/client-go/util/keyutil"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
-	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
-	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
-	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // Examples is where the example inputs are, relative to the module root.
 const Examples = "deploy/examples"
-
-const serverPolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {nodeNames: requested}
-`
-
-// runServer is part two: a real API server, `nodeproof serve` in cluster
-// mode and `nodeproof approve`, a swtpm machine whose agent attests before
-// Ignition, Ignition's fetch, and the kubelet's CSR approved.
-func runServer(ctx context.Context, o Options, man *swtpm.Manufacturer, roots string, step, info func(string, ...any)) error {
-	examples := o.Examples
-	if examples == "" {
-		examples = Examples
-	}
-	deploy := filepath.Dir(examples)
-	ignition, err := testenv.IgnitionPath()
-	if err != nil {
-		return err
-	}
-
-	pl, err := startPlane(ctx, o, deploy, examples, fmt.Sprintf(serverPolicy, roots), planeOptions{}, step, info)
-	if err != nil {
-		return err
-	}
-	defer pl.stop()
-	cfg, kc, url, bundle := pl.cfg, pl.kc, pl.url, pl.bundle
-
-	// The pointer config a machine boots with: the public tier.
-	ptr, err := pointer.Build(pointer.Options{URL: url + "/config/worker", CABundle: bundle, HTTPTotal: 60 * time.Second})
-	if err != nil {
-		return err
-	}
-	ptrFile := filepath.Join(o.Dir, "worker.ign")
-	if err := os.WriteFile(ptrFile, ptr, 0o600); err != nil {
-		return err
-	}
-
-	step("Anyone on the network runs Ignition with the worker pointer config and no credentials")
-	var public []string
-	for deadline := time.Now().Add(time.Minute); ; {
-		cached, out, err := testenv.RunIgnitionFetchContext(ctx, ignition, mkdir(o.Dir, "ignition-public"), ptrFile, "")
-		if err == nil {
-			public = paths(cached)
-			break
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ignition (public): %w\n%s", err, out)
-		}
-		os.RemoveAll(filepath.Join(o.Dir, "ignition-public"))
-	}
-	info("Ignition got the PUBLIC tier: %d files", len(public))
-	for _, f := range public {
-		info("  %s", f)
-	}
-
-	step("A worker machine boots: swtpm with a vendor EK certificate, a real %s boot log; the agent runs before Ignition", o.Log)
-	m, err := man.NewMachine(ctx, mkdir(o.Dir, "machine-2"), firmwaretestdata.MustLog(o.Log))
-	if err != nil {
-		return err
-	}
-	defer m.Close()
-	sysDir, keyFile := mkdir(o.Dir, "machine-2-ignition"), filepath.Join(o.Dir, "machine-2", "pki", "kubelet-client.key.tmp")
-	var console bytes.Buffer
-	err = agent.Run(ctx, agent.Config{
-		Server: url, CABundle: bundle, Pool: "worker", NodeName: "worker-1", Evidence: agent.TPMEvidence{Collector: m.Collector},
-		KubeletKeyPath: keyFile, Mode: agent.ModePointer, IgnitionDir: sysDir, Console: &console,
-	})
-	for _, l := range strings.Split(strings.TrimSpace(console.String()), "\n") {
-		info("console| %s", l)
-	}
-	if err != nil {
-		return err
-	}
-	if err := printRecord(ctx, cfg, "worker-1", info); err != nil {
-		return err
-	}
-
-	step("Ignition runs on the machine: the agent's per-node pointer config takes precedence")
-	cached, out, err := testenv.RunIgnitionFetchContext(ctx, ignition, mkdir(o.Dir, "ignition-full"), ptrFile, sysDir)
-	if err != nil {
-		return fmt.Errorf("ignition (full): %w\n%s", err, out)
-	}
-	full := paths(cached)
-	info("Ignition got the FULL config: %d files; what only an attested machine gets:", len(full))
-	for _, f := range full {
-		if !slices.Contains(public, f) {
-			info("  + %s", f)
-		}
-	}
-
-	step("The kubelet starts with that kubeconfig and the key the agent bound, and asks for its client certificate")
-	cond, name, err := kubeletCSR(ctx, kc, cached, keyFile, "worker-1")
-	if err != nil {
-		return err
-	}
-	info("CSR %s: %s (%s)", name, cond.Type, cond.Reason)
-	info("  %s", cond.Message)
-	if cond.Type != certv1.CertificateApproved {
-		return fmt.Errorf("the attested kubelet's CSR was not approved: %s %s", cond.Type, cond.Reason)
-	}
-
-	step("A machine that booted with Secure Boot off tries the same (real Ubuntu 21.04 log)")
-	bad, err := man.NewMachine(ctx, mkdir(o.Dir, "machine-3"), firmwaretestdata.MustLog("ubuntu-2104-no-secure-boot"))
-	if err != nil {
-		return err
-	}
-	defer bad.Close()
-	console.Reset()
-	err = agent.Run(ctx, agent.Config{
-		Server: url, CABundle: bundle, Pool: "worker", NodeName: "worker-2", Evidence: agent.TPMEvidence{Collector: bad.Collector},
-		KubeletKeyPath: filepath.Join(o.Dir, "machine-3", "kubelet.key"), Mode: agent.ModePointer, IgnitionDir: mkdir(o.Dir, "machine-3-ignition"), Console: &console,
-	})
-	for _, l := range strings.Split(strings.TrimSpace(console.String()), "\n") {
-		info("console| %s", l)
-	}
-	var refused *agent.Refused
-	if !errors.As(err, &refused) || refused.Refusal.Reason != "SecureBootDisabled" {
-		return fmt.Errorf("the Secure Boot off machine was not refused for Secure Boot: %v", err)
-	}
-	info("REFUSED as expected: %s", refused.Refusal.Reason)
-	step("Done: the public tier went to anyone; the full config and a kubelet certificate only to the attested machine")
-	return nil
-}
 
 // plane is a running control plane with nodeproof serve and approve.
 type plane struct {
@@ -358,67 +209,4 @@ func storeOf(cfg *rest.Config) (*kubestore.Store, error) {
 		return nil, err
 	}
 	return kubestore.New(cl, "nodeproof", time.Now)
-}
-
-// paths lists the file paths of an Ignition config.
-func paths(cfg []byte) []string {
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path string `json:"path"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	json.Unmarshal(cfg, &c)
-	var out []string
-	for _, f := range c.Storage.Files {
-		out = append(out, f.Path)
-	}
-	slices.Sort(out)
-	return out
-}
-
-// kubeletCSR does what the kubelet's bootstrap does with the kubeconfig
-// in the cached config and the key file, and waits for the decision.
-func kubeletCSR(ctx context.Context, admin kubernetes.Interface, cached []byte, keyFile, node string) (certv1.CertificateSigningRequestCondition, string, error) {
-	var none certv1.CertificateSigningRequestCondition
-	kubeconfig, err := agent.ConfigFile(cached, "/etc/kubernetes/kubeconfig")
-	if err != nil {
-		return none, "", err
-	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
-	if err != nil {
-		return none, "", fmt.Errorf("served kubeconfig: %w", err)
-	}
-	if _, err := clustertest.WaitWhoAmI(ctx, rc, 30*time.Second); err != nil {
-		return none, "", err
-	}
-	k, err := keyutil.PrivateKeyFromFile(keyFile)
-	if err != nil {
-		return none, "", err
-	}
-	key := k.(crypto.Signer)
-	nkc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return none, "", err
-	}
-	data, err := cert.MakeCSR(key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + node}, nil, nil)
-	if err != nil {
-		return none, "", err
-	}
-	name, _, err := csr.RequestCertificate(nkc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
-		[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, key)
-	if err != nil {
-		return none, "", err
-	}
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		got, err := admin.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return none, "", err
-		}
-		if len(got.Status.Conditions) > 0 {
-			return got.Status.Conditions[0], name, nil
-		}
-	}
-	return none, name, fmt.Errorf("CSR %s undecided after a minute", name)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -62,8 +61,8 @@ type ApproveConfig struct {
 }
 
 func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig (default: the in-cluster service account)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "namespace of the NodeAttestation records")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default: the in-cluster service account)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", defaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")
 	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity (default: $POD_NAME, else the host name)")
@@ -72,7 +71,7 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "how often the Lease is tried")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9090", "serve /metrics and /healthz here; empty: off")
 	fs.BoolVar(&c.DenyUnattested, "deny-unattested", false, "deny kubelet CSRs without evidence instead of leaving them for another approver")
-	fs.StringVar(&c.Policy, "policy", "", "the attestation policy (the server's): each pool's lifetime — how long an attestation stays fresh, the taint effect (default: 3 h, NoSchedule)")
+	fs.StringVar(&c.Policy, "policy", "", "the attestation policy (serve's --policy): each pool's lifetime — how long an attestation stays fresh, the taint effect (default: 3 h, NoSchedule)")
 	fs.BoolVar(&c.Nodes, "manage-nodes", true, "keep each node's Attested condition and nodeproof.io/unattested taint")
 	fs.IntVar(&c.Workers, "workers", approver.DefaultWorkers, "CSRs decided in parallel")
 	fs.Float64Var(&c.PerNodeRate, "per-node-rate", approver.DefaultPerNodeRate, "decisions per second for the CSRs of one requester: a node, a per-node bootstrap token (a shared requester: per requester and node name)")
@@ -81,12 +80,13 @@ func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.IntVar(&c.Burst, "kube-api-burst", 200, "API call burst")
 }
 
-func cmdApprove(ctx context.Context, args []string, stderr io.Writer) error {
+func cmdApprove(ctx context.Context, in *invocation) error {
+	stderr := in.stderr
 	var c ApproveConfig
-	fs := newFlagSet("approve", stderr)
+	fs := in.flags()
 	approveFlags(fs, &c)
 	logFormat := fs.String("log-format", "json", "json or text")
-	if err := fs.Parse(args); err != nil {
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
 	var h slog.Handler = slog.NewJSONHandler(stderr, nil)

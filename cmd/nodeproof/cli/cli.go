@@ -31,98 +31,135 @@ import (
 // Version is set at build time with -ldflags "-X ...cli.Version=...".
 var Version = "dev"
 
-const usage = `usage: nodeproof <command> [flags]
-
-commands:
-  serve      run the Machine Config Server (also: bootstrap, start — the OpenShift MCS's verbs)
-  approve    run the CSR approver (kubelet CSRs approved with attestation evidence)
-  release    NODE [--reason TEXT]: free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol; a ban stays
-  revoke     NODE | --identity ID [--reason TEXT]: ban the machine: refused everything, under any name, until unban; its node is tainted NoExecute
-  unban      NODE | --identity ID [--reason TEXT]: lift a ban
-  adopt      NODE [--reason TEXT]: let a pool with requested names bind the name of a Node that existed before nodeproof
-  inspect    [NODE] [-o table|json|yaml]: list nodes (owner, last attestation, state), or one node's whole story
-  policy     check FILE [--against-records]: validate a policy (with --against-records, judge every node's last claims by it); learn --pool NAME --event-log FILE [--merge FILE]: a pool policy from a machine you trust
-  enroll     --reset NODE: the same as release NODE (--reset KEY clears a single-use marker)
-  ca         create, renew, show or rotate (ca rotate [--serving-only]) the MCS CA and serving certificate
-  pointer    write an Ignition pointer config for a pool
-  token      show or rotate the provisioning token (the token tier)
-  keys       rotate the keyring that seals sessions and config tokens
-  version    print the version
-
-"nodeproof <command> -h" lists a command's flags.
-`
+// commands is every nodeproof command: the one place their usage is built
+// from (usage.go; docs/cli.md says how to add one).
+func commands() []command {
+	return []command{
+		{name: "serve", aliases: []string{"bootstrap", "start"}, run: cmdServe,
+			summary: "run the Machine Config Server",
+			about: "Directory mode: --server-basedir (an MCO bootstrap directory) and --bootstrap-kubeconfig.\n" +
+				"Cluster mode: --kubeconfig (or the in-cluster service account) and --apiserver-url.\n" +
+				"The policy (--policy) says what each pool serves to whom: docs/policy.md."},
+		{name: "approve", run: cmdApprove,
+			summary: "run the CSR approver (kubelet CSRs approved with attestation evidence)"},
+		{name: "release", args: "NODE", run: cmdRelease,
+			summary: "free a node name from the machine that owns it, so another (or the same, reinstalled) may enrol; a ban stays"},
+		{name: "revoke", args: "NODE | --identity ID", run: cmdRevoke,
+			summary: "ban the machine: refused everything, under any name, until unban; its node is tainted NoExecute"},
+		{name: "unban", args: "NODE | --identity ID", run: cmdUnban,
+			summary: "lift a ban"},
+		{name: "adopt", args: "NODE", run: cmdAdopt,
+			summary: "let a pool with requested names bind the name of a Node that existed before nodeproof"},
+		{name: "inspect", args: "[NODE | pool NAME]", run: cmdInspect,
+			summary: "list nodes (owner, last attestation, state), one node's whole story, or what a pool serves before approval"},
+		{name: "policy", summary: "check a policy, or learn one from a machine you trust", actions: []action{
+			{name: "check", args: "FILE", run: cmdPolicyCheck,
+				summary: "validate a policy; with --against-records, judge every node's last claims by it (exits 1 when any would fail)"},
+			{name: "learn", run: cmdPolicyLearn,
+				summary: "a pool policy from a trusted machine's event log (--event-log, --evidence) or an enrolled node's claims (--node)"},
+		}},
+		{name: "enroll", run: cmdEnroll,
+			summary: "--reset NODE: the same as release NODE (--reset KEY clears a single-use marker)"},
+		{name: "ca", run: cmdCA, defaultAction: "show",
+			summary: "the MCS CA and serving certificate: show them (made on first use, renewed when due) or rotate them now",
+			actions: []action{
+				{name: "show", summary: "print where the CA bundle and serving certificate are and until when they are valid; make what is missing, renew what is due"},
+				{name: "rotate", summary: "a new CA, cross-signed by the old one (kept in the bundle), as at 80% of its life; --serving-only: a new serving certificate"},
+			}},
+		{name: "pointer", run: cmdPointer,
+			summary: "write an Ignition pointer config for a pool"},
+		{name: "token", run: cmdToken, defaultAction: "show",
+			summary: "the provisioning token (the token tier)",
+			actions: []action{
+				{name: "show", summary: "print the current token"},
+				{name: "rotate", summary: "make a new token and print it; the previous one stays valid for --grace"},
+			}},
+		{name: "keys", run: cmdKeys,
+			summary: "the keyring that seals sessions and config tokens",
+			actions: []action{
+				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on"},
+			}},
+		devTPMCommand(),
+		{name: "version", run: cmdVersion, summary: "print the version"},
+	}
+}
 
 // Run runs the command line args (without the program name) and returns
-// the exit code.
+// the exit code: 0 done (and -h), 1 failed, 2 a command line that does
+// not fit the usage.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cmds := commands()
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		topUsage(stderr, cmds)
 		return 2
 	}
-	var err error
-	switch args[0] {
-	case "serve", "bootstrap", "start":
-		err = cmdServe(ctx, args[1:], stderr)
-	case "approve":
-		err = cmdApprove(ctx, args[1:], stderr)
-	case "enroll":
-		err = cmdEnroll(ctx, args[1:], stdout, stderr)
-	case "release":
-		err = cmdRelease(ctx, args[1:], stdout, stderr)
-	case "revoke":
-		err = cmdRevoke(ctx, args[1:], stdout, stderr)
-	case "unban":
-		err = cmdUnban(ctx, args[1:], stdout, stderr)
-	case "adopt":
-		err = cmdAdopt(ctx, args[1:], stdout, stderr)
-	case "inspect":
-		err = cmdInspect(ctx, args[1:], stdout, stderr)
-	case "policy":
-		err = cmdPolicy(ctx, args[1:], stdout, stderr)
-	case "ca":
-		err = cmdCA(args[1:], stdout, stderr)
-	case "pointer":
-		err = cmdPointer(args[1:], stdout, stderr)
-	case "token":
-		err = cmdToken(args[1:], stdout, stderr)
-	case "keys":
-		err = cmdKeys(args[1:], stdout, stderr)
-	case "version":
-		fmt.Fprintln(stdout, "nodeproof", Version)
-	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
-	default:
-		fmt.Fprintf(stderr, "nodeproof: unknown command %q\n\n%s", args[0], usage)
+	name, rest := args[0], args[1:]
+	switch {
+	case isHelp(name):
+		if len(rest) == 0 {
+			topUsage(stdout, cmds)
+			return 0
+		}
+		// help CMD [ACTION]: CMD [ACTION] -h.
+		name, rest = rest[0], append(rest[1:], "-h")
+	}
+	c := lookup(cmds, name)
+	if len(rest) > 0 {
+		// Two-word commands: dev tpm.
+		if c2 := lookup(cmds, name+" "+rest[0]); c2 != nil {
+			c, rest = c2, rest[1:]
+		}
+	}
+	if c == nil {
+		if group := groupOf(cmds, name); len(group) > 0 {
+			w, code := stderr, 2
+			if len(rest) > 0 && isHelp(rest[0]) {
+				w, code = stdout, 0
+			}
+			fmt.Fprintf(w, "nodeproof %s: one of:\n", name)
+			topUsage(w, group)
+			return code
+		}
+		fmt.Fprintf(stderr, "nodeproof: unknown command %q\n\n", name)
+		topUsage(stderr, cmds)
 		return 2
 	}
-	if errors.Is(err, flag.ErrHelp) {
+	err := runCommand(ctx, c, rest, stdout, stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	case errors.Is(err, errFailed):
+		return 1 // the command has said why
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "nodeproof %s: %v\n", args[0], err)
-		return 1
-	}
-	return 0
+	fmt.Fprintf(stderr, "nodeproof %v\n", err) // runCommand prefixed what ran
+	return 1
 }
 
-func newFlagSet(name string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet("nodeproof "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return fs
+// errFailed is a command's failure it has already reported (exit 1).
+var errFailed = errors.New("failed")
+
+func cmdVersion(_ context.Context, in *invocation) error {
+	if _, err := in.exactly(0); err != nil {
+		return err
+	}
+	fmt.Fprintln(in.stdout, "nodeproof", Version)
+	return nil
 }
 
-func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
+func cmdServe(ctx context.Context, in *invocation) error {
 	var c ServeConfig
-	fs := newFlagSet("serve", stderr)
+	fs := in.flags()
 	finish := serveFlags(fs, &c)
 	logFormat := fs.String("log-format", "json", "json or text")
-	if err := fs.Parse(args); err != nil {
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
 	finish()
-	var h slog.Handler = slog.NewJSONHandler(stderr, nil)
+	var h slog.Handler = slog.NewJSONHandler(in.stderr, nil)
 	if *logFormat == "text" {
-		h = slog.NewTextHandler(stderr, nil)
+		h = slog.NewTextHandler(in.stderr, nil)
 	}
 	c.Log, c.Clock = slog.New(safetext.Handler(h)), time.Now
 	return Serve(ctx, c)
@@ -134,26 +171,28 @@ func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 // --serving-only, a new serving certificate. A running server serves the
 // new certificate at its next handshake and the new bundle in its public
 // tier and user-data Secrets at its next input check.
-func cmdCA(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("ca", stderr)
-	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory (the CA lives in <state-dir>/certs)")
-	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated")
+func cmdCA(_ context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
+	var dir, kubeconfig, ns string
+	stateDirFlag(fs, &dir)
+	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated (with --kubeconfig and rotate: default the certificate's own)")
 	bundle := fs.Bool("print-bundle", false, "print the CA bundle (PEM) to standard output")
 	servingOnly := fs.Bool("serving-only", false, "with rotate: a new serving certificate, the CA kept")
-	kubeconfig := fs.String("kubeconfig", "", "the CA kept in the cluster (serve --cert-store=cluster): this kubeconfig's cluster; empty: --state-dir")
-	ns := fs.String("certs-namespace", kubecerts.DefaultNamespace, "with --kubeconfig: namespace of the certificate objects")
-	action, err := parseAction(fs, args, "ca")
-	if err != nil {
+	kubeconfigFlag(fs, &kubeconfig)
+	certsNamespaceFlag(fs, &ns)
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
-	if *kubeconfig != "" {
+	action := in.action
+	if kubeconfig != "" {
 		var names []string // the serving certificate's own, unless --hosts is given
 		fs.Visit(func(f *flag.Flag) {
 			if f.Name == "hosts" {
 				names = splitList(*hosts)
 			}
 		})
-		return caInCluster(*kubeconfig, *ns, action, names, *bundle, *servingOnly, stdout)
+		return caInCluster(kubeconfig, ns, action, names, *bundle, *servingOnly, stdout)
 	}
 	o := certs.Options{Clock: time.Now, Hosts: splitList(*hosts)}
 	switch action {
@@ -163,7 +202,7 @@ func cmdCA(args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("ca: unknown action %q (show or rotate)", action)
 	}
-	st, err := certs.Ensure(filepath.Join(*dir, "certs"), o)
+	st, err := certs.Ensure(filepath.Join(dir, "certs"), o)
 	if err != nil {
 		return err
 	}
@@ -249,39 +288,42 @@ func certNames(c *x509.Certificate) []string {
 	return out
 }
 
-func cmdPointer(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("pointer", stderr)
+func cmdPointer(_ context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
+	var stateDir, kubeconfig, certsNS, tokenNS string
+	var reload time.Duration
 	pool := fs.String("pool", "worker", "pool")
-	url := fs.String("url", "", "the server, e.g. https://api-int.example:22623 (the /config/<pool> path is added)")
-	caFile := fs.String("ca-bundle", "", "CA bundle PEM the node must trust (default: <state-dir>/certs/current/ca-bundle.crt)")
-	stateDir := fs.String("state-dir", "/var/lib/nodeproof", "state directory of the server")
+	url := fs.String("url", "", "the server, e.g. https://api-int.example:22623 (the /config/<pool> path is added; required)")
+	caFile := fs.String("ca-bundle", "", "CA bundle PEM the node must trust (default: <state-dir>/certs/current/ca-bundle.crt, or with --kubeconfig the cluster's ConfigMap machine-config-server-ca)")
+	stateDirFlag(fs, &stateDir)
 	tokenFile := fs.String("token-file", "", "provisioning token file to put in the pointer config")
-	stateToken := fs.Bool("token", false, "put the server's current provisioning token (from --state-dir) in the pointer config")
+	stateToken := fs.Bool("token", false, "put the server's current provisioning token (from --state-dir, or with --kubeconfig the cluster's Secret machineconfig-auth) in the pointer config")
 	inURL := fs.Bool("token-in-url", false, "pass the token as ?token= rather than an Authorization header")
 	version := fs.String("spec", pointer.DefaultVersion, "Ignition spec version of the pointer config")
 	timeout := fs.Duration("http-total", 0, "ignition.timeouts.httpTotal (0: Ignition's default, retry forever)")
 	out := fs.String("o", "", "write here instead of standard output")
-	kubeconfig := fs.String("kubeconfig", "", "the bundle and token serve keeps in the cluster (--cert-store=cluster, --token-store=cluster): this kubeconfig's cluster")
-	certsNS := fs.String("certs-namespace", kubecerts.DefaultNamespace, "with --kubeconfig: namespace of ConfigMap machine-config-server-ca")
-	tokenNS := fs.String("token-secret-namespace", cluster.TokenSecretNamespace, "with --kubeconfig and --token: namespace of Secret machineconfig-auth")
-	reload := fs.Duration("reload-interval", 10*time.Second, "with --kubeconfig and --token: serve's --reload-interval (a token newer than 3 times it is not yet known to every replica)")
-	if err := fs.Parse(args); err != nil {
+	kubeconfigFlag(fs, &kubeconfig)
+	certsNamespaceFlag(fs, &certsNS)
+	tokenNamespaceFlag(fs, &tokenNS)
+	reloadFlag(fs, &reload)
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
 	if *url == "" {
-		return errors.New("--url is required")
+		return in.usageError("--url is required")
 	}
 	var ca []byte
 	var tok string
 	var err error
-	if *kubeconfig != "" {
-		if ca, tok, err = pointerFromCluster(*kubeconfig, *certsNS, *tokenNS, *caFile, *stateToken, ServeConfig{Reload: *reload}.settle()); err != nil {
+	if kubeconfig != "" {
+		if ca, tok, err = pointerFromCluster(kubeconfig, certsNS, tokenNS, *caFile, *stateToken, ServeConfig{Reload: reload}.settle()); err != nil {
 			return err
 		}
 		*stateToken = false
 	} else {
 		if *caFile == "" {
-			*caFile = filepath.Join(*stateDir, "certs", "current", certs.CABundleFileName)
+			*caFile = filepath.Join(stateDir, "certs", "current", certs.CABundleFileName)
 		}
 		if ca, err = os.ReadFile(*caFile); err != nil {
 			return fmt.Errorf("CA bundle: %w", err)
@@ -300,7 +342,7 @@ func cmdPointer(args []string, stdout, stderr io.Writer) error {
 		}
 		tok = strings.TrimSpace(string(b))
 	case *stateToken:
-		p, err := tokens.LoadProvisioning(filepath.Join(*stateDir, "tokens.json"), 0, time.Now)
+		p, err := tokens.LoadProvisioning(filepath.Join(stateDir, "tokens.json"), 0, time.Now)
 		if err != nil {
 			return err
 		}
@@ -362,19 +404,21 @@ func pointerFromCluster(kubeconfig, certsNS, tokenNS, caFile string, withToken b
 	return ca, p.Published(settle), nil
 }
 
-func cmdToken(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("token", stderr)
-	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
-	grace := fs.Duration("grace", 24*time.Hour, "how long the previous token stays valid after a rotation")
-	kubeconfig := fs.String("kubeconfig", "", "the token kept in the cluster (Secret machineconfig-auth, as serve --token-store=cluster keeps it): this kubeconfig's cluster; empty: --state-dir's file")
-	ns := fs.String("namespace", cluster.TokenSecretNamespace, "with --kubeconfig: namespace of the Secret machineconfig-auth")
-	action, err := parseAction(fs, args, "token")
-	if err != nil {
+func cmdToken(_ context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
+	var dir, kubeconfig, ns string
+	stateDirFlag(fs, &dir)
+	grace := fs.Duration("grace", 24*time.Hour, "how long the previous token stays valid after a rotation (serve's --token-grace)")
+	kubeconfigFlag(fs, &kubeconfig)
+	tokenNamespaceFlag(fs, &ns)
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
+	action := in.action
 	var p *tokens.Provisioning
-	if *kubeconfig != "" {
-		cfg, err := restConfig(*kubeconfig)
+	if kubeconfig != "" {
+		cfg, err := restConfig(kubeconfig)
 		if err != nil {
 			return err
 		}
@@ -382,14 +426,15 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if p, err = tokens.Open(context.Background(), &cluster.TokenSecret{Client: kc, Namespace: *ns}, *grace, time.Now, true); err != nil {
-			return err
+		if p, err = tokens.Open(context.Background(), &cluster.TokenSecret{Client: kc, Namespace: ns}, *grace, time.Now, true); err != nil {
+			return fmt.Errorf("%w (is the server's --token-secret-namespace another? deploy/base keeps the token in nodeproof)", err)
 		}
 	} else {
-		if err := os.MkdirAll(*dir, 0o700); err != nil {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return err
 		}
-		if p, err = tokens.LoadProvisioning(filepath.Join(*dir, "tokens.json"), *grace, time.Now); err != nil {
+		var err error
+		if p, err = tokens.LoadProvisioning(filepath.Join(dir, "tokens.json"), *grace, time.Now); err != nil {
 			return err
 		}
 	}
@@ -406,37 +451,20 @@ func cmdToken(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// parseAction parses flags, an action word, and flags after it
-// (nodeproof token rotate --state-dir D).
-func parseAction(fs *flag.FlagSet, args []string, cmd string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		return "", err
-	}
-	action := fs.Arg(0)
-	if fs.NArg() > 1 {
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return "", err
-		}
-		if fs.NArg() > 0 {
-			return "", fmt.Errorf("%s: unexpected arguments %q", cmd, fs.Args())
-		}
-	}
-	return action, nil
-}
-
-func cmdKeys(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("keys", stderr)
-	dir := fs.String("state-dir", "/var/lib/nodeproof", "state directory")
-	file := fs.String("keys-file", "", "keyring file (default <state-dir>/keys.json)")
+func cmdKeys(_ context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
+	var dir string
+	stateDirFlag(fs, &dir)
+	var keysFile string
+	keysFileFlag(fs, &keysFile)
+	file := &keysFile
 	retain := fs.Duration("retain", 24*time.Hour, "keep older keys this long after their creation (must exceed the longest session or config token life)")
 	activate := fs.Duration("activate-after", 2*time.Minute, "the new key seals only after this delay (every replica must have reloaded the file by then); 0 for a single server")
-	if len(args) == 0 || args[0] != "rotate" {
-		return errors.New("keys: the only action is rotate (nodeproof keys rotate [flags])")
-	}
-	if err := fs.Parse(args[1:]); err != nil {
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
-	path := orDefault(*file, filepath.Join(*dir, "keys.json"))
+	path := orDefault(*file, filepath.Join(dir, "keys.json"))
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}

@@ -63,11 +63,11 @@ func TestRelease(t *testing.T) {
 		wantCode   int
 		wantOutput string
 	}{
-		{"no node", []string{"release"}, 1, "one NODE is required"},
+		{"no node", []string{"release"}, 2, "want NODE, got 0 arguments"},
 		{"an unbound name", []string{"release", "nobody"}, 1, "not bound to any machine"},
 		{"release", []string{"release", "--reason", "RMA", "master-0"}, 0, "it was bound to tpm-ek:aaaa (tpm evidence, pool worker"},
 		{"released already", []string{"release", "master-0"}, 1, "not bound to any machine"},
-		{"enroll without --reset", []string{"enroll"}, 1, "--reset NODE is required"},
+		{"enroll without --reset", []string{"enroll"}, 2, "--reset NODE is required"},
 		{"enroll --reset NODE", []string{"enroll", "--reset", "worker-1"}, 0, "it was bound to tpm-ek:bbbb"},
 		{"enroll --reset KEY", []string{"enroll", "--reset", key}, 0, "cleared " + key},
 	} {

@@ -38,6 +38,7 @@ type server struct {
 	log           *testenv.LockedBuffer
 	gce           *gcptest.Server // the GCE metadata server machines ask
 	awsRegion     *awstest.Region // the test region whose certificate the server trusts
+	inventoried   *swtpm.Machine  // a machine a test listed in the policy's inventory
 }
 
 const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1

@@ -2,9 +2,7 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
@@ -21,31 +19,27 @@ import (
 // condition and taints, CSRs and Events), and the bans and released names.
 // It only reads. A running server with the embedded store is read through
 // its admin socket.
-func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("inspect", stderr)
+func cmdInspect(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
 	var c ServeConfig
 	storeFlags(fs, &c)
 	format := fs.String("o", inspect.FormatTable, "output: table, json or yaml")
 	basedir := fs.String("server-basedir", "", "inspect pool: the MCO bootstrap directory (directory mode); default: the cluster (--kubeconfig)")
-	policyFile := fs.String("policy", "", "the server's policy: each pool's freshness window (default: the built-in policy's, 3 h)")
-	if err := fs.Parse(args); err != nil {
+	policyFile := fs.String("policy", "", "the server's policy (serve's --policy): each pool's freshness window (default: the built-in policy's, 3 h)")
+	pos, err := in.parse()
+	if err != nil {
 		return err
 	}
 	var node, pool string
-	if fs.NArg() > 0 {
-		node = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return err
-		}
-		if node == "pool" && fs.NArg() > 0 {
-			pool = fs.Arg(0)
-			if err := fs.Parse(fs.Args()[1:]); err != nil {
-				return err
-			}
-		}
-		if fs.NArg() != 0 {
-			return errors.New("at most one NODE, or pool NAME")
-		}
+	switch {
+	case len(pos) == 0:
+	case len(pos) == 1 && pos[0] != "pool":
+		node = pos[0]
+	case len(pos) == 2 && pos[0] == "pool":
+		pool = pos[1]
+	default:
+		return in.usageError("want at most one NODE, or pool NAME; got %q", pos)
 	}
 	if err := inspect.CheckFormat(*format); err != nil {
 		return err
@@ -71,7 +65,7 @@ func cmdInspect(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer st.Close()
-	kc, err := c.kubeClient(false)
+	kc, err := c.kubeClient(c.adminCluster())
 	if err != nil {
 		return err
 	}

@@ -22,10 +22,10 @@ func TestInspectCommand(t *testing.T) {
 		{"list as json", []string{"inspect", "-o", "json", "--state-dir", dir}, 0, `{`, ""},
 		{"unknown node", []string{"inspect", "worker-9", "--state-dir", dir}, 1, "", "no binding and no record for this node name"},
 		{"unknown format", []string{"inspect", "-o", "xml", "--state-dir", dir}, 1, "", `output "xml": want table, json or yaml`},
-		{"two nodes", []string{"inspect", "a", "b", "--state-dir", dir}, 1, "", "at most one NODE"},
+		{"two nodes", []string{"inspect", "a", "b", "--state-dir", dir}, 2, "", "at most one NODE"},
 		{"pool from a bootstrap directory", []string{"inspect", "pool", "worker", "--server-basedir", "../../../deploy/examples/bootstrap"}, 0, "MACHINECONFIG", ""},
 		{"unknown pool", []string{"inspect", "pool", "nope", "--server-basedir", "../../../deploy/examples/bootstrap"}, 1, "", `no MachineConfigPool "nope"`},
-		{"pool and a node", []string{"inspect", "pool", "worker", "extra", "--server-basedir", dir}, 1, "", "at most one NODE, or pool NAME"},
+		{"pool and a node", []string{"inspect", "pool", "worker", "extra", "--server-basedir", dir}, 2, "", "at most one NODE, or pool NAME"},
 		{"bad policy", []string{"inspect", "--policy", dir + "/none.yaml", "--state-dir", dir}, 1, "", "none.yaml"},
 	}
 	for _, c := range cases {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,28 +18,25 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/store"
 )
 
-const policyUsage = `policy: usage:
-  nodeproof policy check FILE [--against-records] [store flags]
-  nodeproof policy learn --pool NAME (--event-log FILE | --evidence FILE | --node NODE [store flags]) [--ek-trust ca:NAME|inventory] [--ek-root NAME=DIR] [--merge FILE] [-o FILE]`
-
-// cmdPolicy is `nodeproof policy check|learn`.
-func cmdPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "learn" {
-		return cmdPolicyLearn(ctx, args[1:], stdout, stderr)
-	}
-	if len(args) == 0 || args[0] != "check" {
-		return errors.New(policyUsage)
-	}
-	fs := newFlagSet("policy check", stderr)
+// cmdPolicyCheck is `nodeproof policy check FILE [--against-records]`:
+// the policy must load; with --against-records every enrolled node's last
+// recorded claims are judged by it. A node whose claims are not recorded
+// (enrolled, not re-attested since) or cannot be judged is listed as not
+// judged; the command fails (exit 1) when any node would fail.
+func cmdPolicyCheck(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
 	var c ServeConfig
 	storeFlags(fs, &c)
-	against := fs.Bool("against-records", false, "judge every enrolled node's last recorded claims by this policy: which would fail, and why")
-	file, err := parseOneNode(fs, args[1:])
+	against := fs.Bool("against-records", false, "judge every enrolled node's last recorded claims by this policy: which would fail, and why (exit 1 when any would)")
+	pos, err := in.exactly(1)
 	if err != nil {
-		return errors.New("policy check: one policy FILE is required")
+		return err
 	}
+	file := pos[0]
 	pol, err := loadPolicy(file)
 	if err != nil {
 		return err // names the pool and the field
@@ -52,44 +48,71 @@ func cmdPolicy(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	c.Clock = time.Now
 	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("policy check: %w", err)
+		return err
 	}
 	defer st.Close()
 	bs, err := st.Bindings(ctx)
 	if err != nil {
-		return fmt.Errorf("policy check: %w", err)
+		return err
 	}
 	sort.Slice(bs, func(i, j int) bool { return bs[i].NodeName < bs[j].NodeName })
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tPOOL\tKIND\tUNDER THIS POLICY\tWHY")
-	failing := 0
+	failing, unjudged := 0, 0
 	for _, b := range bs {
-		verdict, why := "unknown", "no claims recorded yet (enrolled, not re-attested since)"
-		if len(b.Status.Claims) > 0 {
-			var cl attest.Claims
-			if err := json.Unmarshal(b.Status.Claims, &cl); err != nil {
-				verdict, why = "unknown", "recorded claims do not decode"
-			} else if err := pol.EvaluateReattestation(b.Pool, &cl); err != nil {
-				r, _ := attest.ReasonOf(err)
-				verdict, why = "FAIL "+string(r), err.Error()
-				if r == attest.ReasonPolicyDBX && withoutDBXContents(pol, b.Pool).EvaluateReattestation(b.Pool, &cl) == nil {
-					// Only minimumDBX.contains failed: a status records the
-					// dbx's entry count, not its entries.
-					verdict, why = "unknown", "the dbx's entries are not recorded (only their count): "+err.Error()
-				} else {
-					failing++
-				}
-			} else {
-				verdict, why = "pass", "last claims from "+b.Status.LastAttempt.UTC().Format(time.RFC3339)
-			}
+		v := judge(pol, b)
+		switch {
+		case v.verdict == verdictNotJudged:
+			unjudged++
+		case v.verdict != verdictPass:
+			failing++
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", b.NodeName, b.Pool, b.Kind, verdict, why)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", b.NodeName, b.Pool, b.Kind, v.verdict, v.why)
 	}
 	if err := w.Flush(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%d of %d nodes would fail at their next re-attestation\n", failing, len(bs))
+	fmt.Fprintf(stdout, "%d of %d nodes would fail at their next re-attestation", failing, len(bs))
+	if unjudged > 0 {
+		fmt.Fprintf(stdout, "; %d could not be judged (see WHY: they pass or fail at their next re-attestation)", unjudged)
+	}
+	fmt.Fprintln(stdout)
+	if failing > 0 {
+		return errFailed
+	}
 	return nil
+}
+
+// Verdicts of policy check --against-records.
+const (
+	verdictPass      = "pass"
+	verdictNotJudged = "NOT JUDGED"
+)
+
+// verdict is one node's line of policy check --against-records.
+type verdict struct{ verdict, why string }
+
+// judge decides what pol makes of b's last recorded claims: pass, FAIL
+// with the reason, or not judged when nothing recorded can decide it.
+func judge(pol *policy.Policy, b *store.Binding) verdict {
+	if len(b.Status.Claims) == 0 {
+		return verdict{verdictNotJudged, "no claims recorded yet (enrolled, not re-attested since; the first re-attestation, at its first boot, records them)"}
+	}
+	var cl attest.Claims
+	if err := json.Unmarshal(b.Status.Claims, &cl); err != nil {
+		return verdict{verdictNotJudged, "its recorded claims do not decode"}
+	}
+	err := pol.EvaluateReattestation(b.Pool, &cl)
+	if err == nil {
+		return verdict{verdictPass, "last claims from " + b.Status.LastAttempt.UTC().Format(time.RFC3339)}
+	}
+	r, _ := attest.ReasonOf(err)
+	if r == attest.ReasonPolicyDBX && withoutDBXContents(pol, b.Pool).EvaluateReattestation(b.Pool, &cl) == nil {
+		// Only minimumDBX.contains failed: a status records the dbx's
+		// entry count, not its entries.
+		return verdict{verdictNotJudged, "the dbx's entries are not recorded (only their count): " + err.Error()}
+	}
+	return verdict{"FAIL " + string(r), err.Error()}
 }
 
 // withoutDBXContents is pol with pool's minimumDBX.contains dropped.
@@ -110,23 +133,22 @@ func withoutDBXContents(pol *policy.Policy, pool string) *policy.Policy {
 // the operator trusts — its event log (a file, or `nodeproof-agent
 // --dump-evidence`'s), or the claims its last re-attestation recorded —
 // written new or merged into an existing policy (policy.Learn).
-func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("policy learn", stderr)
+func cmdPolicyLearn(ctx context.Context, in *invocation) error {
+	stderr, stdout := in.stderr, in.stdout
+	fs := in.flags()
 	var c ServeConfig
 	storeFlags(fs, &c)
 	pool := fs.String("pool", "", "the pool to write (required)")
 	logFile := fs.String("event-log", "", "the trusted machine's TCG event log (its /sys/kernel/security/tpm0/binary_bios_measurements)")
-	evidence := fs.String("evidence", "", "the trusted machine's `nodeproof-agent --dump-evidence` file")
+	evidence := fs.String("evidence", "", "the file nodeproof-agent --dump-evidence wrote on the trusted machine")
 	node := fs.String("node", "", "an enrolled node whose last re-attestation's claims to learn from (store flags)")
 	ekTrust := fs.String("ek-trust", "", "what vouches for the machine's EK: ca:NAME or inventory (default: ca:NAME of --ek-root; from --node, what vouched for it)")
 	ekRoot := fs.String("ek-root", "", "NAME=DIR: the trust.ekRoots entry to add (a new policy needs the one --ek-trust names)")
 	merge := fs.String("merge", "", "an existing policy to add the machine to (its comments are not kept)")
+	nodeNames := fs.String("node-names", "", "how the pool's machines get their node names (serve.nodeNames): requested (the name the agent asks for; needed for an EK trusted through a vendor CA, which names no node) or evidence (an EK inventory entry's nodeName); default: the merged pool's, and asked for when that cannot name the machine")
 	out := fs.String("o", "", "write the policy here (default: standard output)")
-	if err := fs.Parse(args); err != nil {
+	if _, err := in.exactly(0); err != nil {
 		return err
-	}
-	if fs.NArg() != 0 {
-		return errors.New(policyUsage)
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {
@@ -135,9 +157,9 @@ func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	if *pool == "" || sources != 1 {
-		return fmt.Errorf("--pool and exactly one of --event-log, --evidence, --node are required\n%s", policyUsage)
+		return in.usageError("--pool and exactly one of --event-log, --evidence, --node are required")
 	}
-	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256"}
+	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames}
 	if *ekRoot != "" {
 		name, dir, ok := strings.Cut(*ekRoot, "=")
 		if !ok || name == "" || dir == "" {
@@ -194,6 +216,9 @@ func cmdPolicyLearn(ctx context.Context, args []string, stdout, stderr io.Writer
 		}
 	}
 	learned, notes, err := policy.Learn(doc, *pool, l)
+	if errors.Is(err, policy.ErrNodeNamesUnset) {
+		return fmt.Errorf("%w\nsay how: --node-names requested, or --ek-trust inventory with the machine's EK and node in trust.ekInventory", err)
+	}
 	if err != nil {
 		return err
 	}

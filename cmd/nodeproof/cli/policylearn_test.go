@@ -37,7 +37,14 @@ func TestPolicyLearn(t *testing.T) {
 		t.Fatalf("nodeproof-agent --dump-evidence: exit %d: %s", code, aerr.String())
 	}
 	pol := filepath.Join(dir, "policy.yaml")
-	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "-o", pol); code != 0 {
+	// A vendor-CA EK names no node: learn asks how names are established.
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "-o", pol); code != 1 || !strings.Contains(errs, "--node-names requested") {
+		t.Fatalf("policy learn without --node-names for a CA-trusted EK: exit %d: %s; want it to ask for --node-names", code, errs)
+	}
+	if _, err := os.Stat(pol); err == nil {
+		t.Fatal("a refused learn wrote the policy")
+	}
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "--node-names", "requested", "-o", pol); code != 0 {
 		t.Fatalf("policy learn: exit %d: %s", code, errs)
 	} else if !strings.Contains(errs, "kernel: any: true") {
 		t.Errorf("the kernel the log does not establish is not said: %s", errs)
@@ -53,6 +60,9 @@ func TestPolicyLearn(t *testing.T) {
 	if err != nil {
 		t.Fatalf("merged policy: %v\n%s", err, merged)
 	}
+	if got := p.ServeFor("worker").NodeNames; got != "requested" {
+		t.Errorf("merged: serve.nodeNames %q, want the learned pool's requested", got)
+	}
 	if n := len(p.Pools["worker"].TPM.BootComponents.Shim.Allow); n != 2 {
 		t.Errorf("merged: %d shims allowed, want both machines'", n)
 	}
@@ -66,6 +76,7 @@ func TestPolicyLearn(t *testing.T) {
 		{"two sources", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--evidence", dump}, "exactly one of"},
 		{"no pool", []string{"--event-log", logFile("rhel8-uefi")}, "--pool"},
 		{"bad ek-root", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--ek-root", "vendor"}, "want NAME=DIR"},
+		{"bad node names", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--ek-root", "v=/x", "--node-names", "hostname"}, "want requested or evidence"},
 		{"no EK trust for a new policy", []string{"--pool", "worker", "--event-log", logFile("rhel8-uefi")}, "EK trust"},
 		{"not an event log", []string{"--pool", "worker", "--event-log", pol, "--ek-root", "v=/x"}, "EventLogMalformed"},
 		{"not a dump", []string{"--pool", "worker", "--evidence", pol, "--ek-root", "v=/x"}, "not a nodeproof-agent --dump-evidence file"},
@@ -108,7 +119,7 @@ func TestPolicyLearnEKRootDir(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
-			args := []string{"policy", "learn", "--pool", "worker", "--event-log", log, "--ek-root", c.ekRoot}
+			args := []string{"policy", "learn", "--pool", "worker", "--event-log", log, "--ek-root", c.ekRoot, "--node-names", "requested"}
 			file := c.out
 			if file != "" {
 				if err := os.MkdirAll(filepath.Dir(file), 0o755); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -22,27 +23,21 @@ import (
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
-// storeFlags are the flags of the commands that open the store beside a
-// server: release, revoke, unban, adopt, enroll, inspect, policy.
-func storeFlags(fs *flag.FlagSet, c *ServeConfig) {
-	fs.StringVar(&c.Store, "store", "embedded", "embedded or kubernetes")
-	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "embedded store: the server's state directory (a running server is reached on its admin socket there)")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubernetes store: kubeconfig (default: in-cluster)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace")
-}
-
 // openOperatorStore opens the store for an operator's command: with the
 // embedded store, the running server's admin socket when it answers (bbolt
 // locks the file while the server runs), else the file itself; with the
 // kubernetes store, the API server.
 func (c ServeConfig) openOperatorStore(ctx context.Context) (store.Store, error) {
-	if c.storeKind(false) == "embedded" {
+	if c.storeKind(c.adminCluster()) == "embedded" {
 		if cl, err := adminsock.Dial(ctx, adminsock.Path(c.StateDir)); err == nil {
 			return cl, nil
 		}
 	}
-	st, err := c.openStoreTimeout(false, time.Second)
+	st, err := c.openStoreTimeout(c.adminCluster(), time.Second)
 	if err != nil {
+		if c.storeKind(c.adminCluster()) != "embedded" {
+			return nil, fmt.Errorf("open the store: %w", err)
+		}
 		return nil, fmt.Errorf("open the store (no server answers on %s, and the file is locked): %w", adminsock.Path(c.StateDir), err)
 	}
 	return st, nil
@@ -56,7 +51,7 @@ func (c ServeConfig) operator(ctx context.Context, by string) string {
 	if by != "" {
 		return by
 	}
-	if c.storeKind(false) == "kubernetes" {
+	if c.storeKind(c.adminCluster()) == "kubernetes" {
 		if cfg, err := restConfig(c.Kubeconfig); err == nil {
 			if kc, err := kubernetes.NewForConfig(cfg); err == nil {
 				ssr, err := kc.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
@@ -104,26 +99,35 @@ type opCmd struct {
 // startOp parses an operator's command: the store flags, --reason and
 // --by, and either one NODE or, with byIdentity, NODE or --identity ID;
 // then it opens the store.
-func startOp(ctx context.Context, name string, args []string, stderr io.Writer, byIdentity bool) (*opCmd, error) {
-	fs := newFlagSet(name, stderr)
+func startOp(ctx context.Context, in *invocation, byIdentity bool) (*opCmd, error) {
+	fs := in.flags()
 	op := &opCmd{}
 	storeFlags(fs, &op.c)
 	reason, by := actFlags(fs)
 	identity := new(string)
-	var err error
 	if byIdentity {
 		identity = fs.String("identity", "", "the identity (tpm-ek:…, gcp:…, aws:…; nodeproof inspect lists them), instead of NODE's")
-		op.node, err = nodeOrIdentity(fs, args, identity)
-	} else {
-		op.node, err = parseOneNode(fs, args)
 	}
+	pos, err := in.parse()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, err
+	}
+	switch {
+	case len(pos) > 1:
+		return nil, in.usageError("one NODE, got %q", pos)
+	case len(pos) == 1 && *identity != "":
+		return nil, in.usageError("NODE and --identity exclude each other")
+	case len(pos) == 0 && *identity == "" && byIdentity:
+		return nil, in.usageError("NODE or --identity ID is required")
+	case len(pos) == 0 && !byIdentity:
+		return nil, in.usageError("one NODE is required")
+	case len(pos) == 1:
+		op.node = pos[0]
 	}
 	op.c.Clock = time.Now
 	op.identity, op.reason, op.who = *identity, *reason, op.c.operator(ctx, *by)
 	if op.st, err = op.c.openOperatorStore(ctx); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		return nil, err
 	}
 	return op, nil
 }
@@ -136,30 +140,31 @@ func startOp(ctx context.Context, name string, args []string, stderr io.Writer, 
 // it was, and with the kubernetes store writes an Event on the
 // NodeBinding. A running server with the embedded store is reached on its
 // admin socket.
-func cmdRelease(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("release", stderr)
+func cmdRelease(ctx context.Context, in *invocation) error {
+	fs := in.flags()
 	var c ServeConfig
 	storeFlags(fs, &c)
 	reason, by := actFlags(fs)
-	node, err := parseOneNode(fs, args)
+	pos, err := in.exactly(1)
 	if err != nil {
-		return fmt.Errorf("release: %w", err)
+		return err
 	}
 	c.Clock = time.Now
-	return release(ctx, c, node, store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason}, stdout)
+	return release(ctx, c, pos[0], store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason}, in.stdout)
 }
 
 func release(ctx context.Context, c ServeConfig, node string, act store.Act, stdout io.Writer) error {
 	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("release: %w", err)
+		return err
 	}
 	defer st.Close()
+	uid := bindingUID(ctx, st, node) // the Event names the binding released
 	b, err := st.Release(ctx, node, act)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("release: node %s is not bound to any machine", node)
+		return fmt.Errorf("node %s is not bound to any machine", node)
 	} else if err != nil {
-		return fmt.Errorf("release: %w", err)
+		return err
 	}
 	msg := fmt.Sprintf("node %s released by %s: it was bound to %s (%s evidence, pool %s, enrolled %s, last enrolment record %s); the next machine to enrol with this name owns it",
 		node, act.By, b.Identity, b.Kind, b.Pool, b.CreatedAt.UTC().Format(time.RFC3339), b.RecordID)
@@ -170,14 +175,19 @@ func release(ctx context.Context, c ServeConfig, node string, act store.Act, std
 		msg += "; reason: " + act.Reason
 	}
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock(), UID: uid})
 }
 
-// bindingEvent writes ev with the kubernetes store (nothing otherwise).
-func (c ServeConfig) bindingEvent(ctx context.Context, component string, ev kubestore.BindingEvent) error {
-	kc, err := c.kubeClient(false)
+// bindingEvent writes ev with the kubernetes store (nothing otherwise),
+// naming the binding's uid (so kubectl describe nodebinding lists it) when
+// ev does not and st has the binding.
+func (c ServeConfig) bindingEvent(ctx context.Context, st store.Store, component string, ev kubestore.BindingEvent) error {
+	kc, err := c.kubeClient(c.adminCluster())
 	if err != nil || kc == nil {
 		return err
+	}
+	if ev.UID == "" {
+		ev.UID = bindingUID(ctx, st, ev.NodeName)
 	}
 	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), component, ev)
 }
@@ -185,17 +195,18 @@ func (c ServeConfig) bindingEvent(ctx context.Context, component string, ev kube
 // cmdEnroll --reset NODE releases a node name (release); --reset KEY, a
 // key with a slash (aws-instance/<account>/<instance id>), clears a
 // single-use marker that an earlier version set.
-func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("enroll", stderr)
-	reset := fs.String("reset", "", "the node to release (as nodeproof release NODE), or a single-use marker's key to clear")
+func cmdEnroll(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	fs := in.flags()
+	reset := fs.String("reset", "", "the node to release (as nodeproof release NODE), or a single-use marker's key to clear (required)")
 	var c ServeConfig
 	storeFlags(fs, &c)
 	by := fs.String("by", "", "who (default: the user the API server authenticates, or $SUDO_USER / $USER)")
-	if err := fs.Parse(args); err != nil {
+	if _, err := in.exactly(0); err != nil {
 		return err
 	}
 	if *reset == "" {
-		return errors.New("enroll: --reset NODE is required")
+		return in.usageError("--reset NODE is required")
 	}
 	c.Clock = time.Now
 	if !strings.Contains(*reset, "/") {
@@ -203,7 +214,7 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	st, err := c.openOperatorStore(ctx)
 	if err != nil {
-		return fmt.Errorf("enroll: %w", err)
+		return err
 	}
 	defer st.Close()
 	if err := st.ReleaseOnce(ctx, *reset); err != nil {
@@ -224,8 +235,9 @@ func cmdEnroll(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // ban stands). The ban outlives `nodeproof release`, restarts and leader
 // changes; `nodeproof unban` lifts it. Kubelet certificates already issued
 // stay valid until they expire (the signer's duration; docs/lifetime.md).
-func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	op, err := startOp(ctx, "revoke", args, stderr, true)
+func cmdRevoke(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	op, err := startOp(ctx, in, true)
 	if err != nil {
 		return err
 	}
@@ -233,9 +245,9 @@ func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer st.Close()
 	ban, err := st.Ban(ctx, store.Ban{Identity: op.identity, NodeName: op.node, At: c.Clock(), By: op.who, Reason: op.reason})
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("revoke: node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
+		return fmt.Errorf("node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
 	} else if err != nil {
-		return fmt.Errorf("revoke: %w", err)
+		return err
 	}
 	where := "holding no node name"
 	if ban.NodeName != "" {
@@ -247,7 +259,7 @@ func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		msg += "; reason: " + ban.Reason
 	}
 	fmt.Fprintln(stdout, msg)
-	kc, err := c.kubeClient(false)
+	kc, err := c.kubeClient(c.adminCluster())
 	if err != nil || kc == nil {
 		return err
 	}
@@ -266,20 +278,21 @@ func cmdRevoke(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "deleted its bootstrap tokens: %s\n", strings.Join(deleted, ", "))
 	}
 	if derr != nil {
-		derr = fmt.Errorf("revoke: the ban stands, but its bootstrap tokens could not all be deleted (they expire with their records): %w", derr)
+		derr = fmt.Errorf("the ban stands, but its bootstrap tokens could not all be deleted (they expire with their records): %w", derr)
 	}
 	if ban.NodeName == "" {
 		return derr
 	}
 	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
-		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock()}))
+		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: bindingUID(ctx, st, ban.NodeName)}))
 }
 
 // cmdUnban lifts a ban: the identity that holds NODE, or was banned while
 // holding it, or --identity ID. The identity may then re-attest and, if
 // it holds no name, enrol again (after attesting, as any machine).
-func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	op, err := startOp(ctx, "unban", args, stderr, true)
+func cmdUnban(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	op, err := startOp(ctx, in, true)
 	if err != nil {
 		return err
 	}
@@ -288,14 +301,14 @@ func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	id := op.identity
 	if id == "" {
 		if id, err = bannedAt(ctx, st, op.node); err != nil {
-			return fmt.Errorf("unban: %w", err)
+			return err
 		}
 	}
 	ban, err := st.Unban(ctx, id)
 	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("unban: %s is not banned", id)
+		return fmt.Errorf("%s is not banned", id)
 	} else if err != nil {
-		return fmt.Errorf("unban: %w", err)
+		return err
 	}
 	msg := fmt.Sprintf("ban of %s lifted by %s (it was banned at %s by %s: %s)", ban.Identity, op.who,
 		ban.At.UTC().Format(time.RFC3339), dash(ban.By), dash(ban.Reason))
@@ -306,7 +319,7 @@ func cmdUnban(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ban.NodeName == "" {
 		return nil
 	}
-	return c.bindingEvent(ctx, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
 }
 
 // bannedAt is the banned identity that holds node, or that held it when
@@ -341,8 +354,9 @@ func bannedAt(ctx context.Context, st store.Store, node string) (string, error) 
 // NodeNotAdopted): it records the adoption (who, when, why) in the name's
 // history. The name is nodeproof's from then on: once a machine enrols
 // with it, releasing it keeps the Node tainted until another enrols.
-func cmdAdopt(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	op, err := startOp(ctx, "adopt", args, stderr, false)
+func cmdAdopt(ctx context.Context, in *invocation) error {
+	stdout := in.stdout
+	op, err := startOp(ctx, in, false)
 	if err != nil {
 		return err
 	}
@@ -350,11 +364,11 @@ func cmdAdopt(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer st.Close()
 	h, err := st.Adopt(ctx, node, store.Act{At: c.Clock(), By: op.who, Reason: op.reason})
 	if err != nil {
-		return fmt.Errorf("adopt: %w", err)
+		return err
 	}
 	msg := fmt.Sprintf("node %s adopted by %s at %s: a machine may enrol with this name in a pool that takes requested names", node, h.Adopted.By, h.Adopted.At.UTC().Format(time.RFC3339))
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
+	return c.bindingEvent(ctx, st, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
 }
 
 func dash(s string) string {
@@ -364,45 +378,13 @@ func dash(s string) string {
 	return s
 }
 
-// nodeOrIdentity parses fs with args: exactly one NODE, or none and
-// --identity.
-func nodeOrIdentity(fs *flag.FlagSet, args []string, identity *string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		return "", err
-	}
-	var node string
-	if fs.NArg() > 0 {
-		node = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return "", err
+// bindingUID is the uid of node's NodeBinding with the kubernetes store
+// (so `kubectl describe nodebinding` shows the Event), else "".
+func bindingUID(ctx context.Context, st store.Store, node string) types.UID {
+	if ks, ok := st.(*kubestore.Store); ok {
+		if uid, err := ks.BindingUID(ctx, node); err == nil {
+			return uid
 		}
 	}
-	switch {
-	case fs.NArg() != 0:
-		return "", errors.New("one NODE, or --identity ID")
-	case node == "" && *identity == "":
-		return "", errors.New("NODE or --identity ID is required")
-	case node != "" && *identity != "":
-		return "", errors.New("NODE and --identity exclude each other")
-	}
-	return node, nil
-}
-
-// parseOneNode parses fs with args, which hold exactly one node name,
-// before or among the flags.
-func parseOneNode(fs *flag.FlagSet, args []string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		return "", err
-	}
-	var node string
-	if fs.NArg() > 0 {
-		node = fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
-			return "", err
-		}
-	}
-	if node == "" || fs.NArg() != 0 {
-		return "", errors.New("one NODE is required")
-	}
-	return node, nil
+	return ""
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/dirsource"
 	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/proxied"
@@ -161,12 +162,11 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.TLSCipherSuite, "tls-cipher-suites", "", "comma-separated IANA cipher suite names (TLS 1.2); default: ECDHE with AEAD only")
 	fs.StringVar(&c.ServerBasedir, "server-basedir", "", "directory mode: an MCO bootstrap directory (machine-pools/, machine-configs/, controller-config/)")
 	fs.StringVar(&c.BootstrapKube, "bootstrap-kubeconfig", "", "directory mode: the kubeconfig the full config carries for the kubelet")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "cluster mode: kubeconfig to reach the API server")
+	storeFlags(fs, c)
 	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: the API server URL nodes use (goes into the kubeconfigs served)")
 	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
 	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
-	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/nodeproof", "where the CA, keys, tokens and the embedded store live")
-	fs.StringVar(&c.KeysFile, "keys-file", "", "sealing keyring shared by replicas (default <state-dir>/keys.json; created if missing)")
+	keysFileFlag(fs, &c.KeysFile)
 	fs.StringVar(&c.TokensFile, "tokens-file", "", "provisioning tokens shared by replicas (default <state-dir>/tokens.json; created if missing)")
 	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
 	fs.StringVar(&c.UserDataNamespace, "user-data-namespace", "openshift-machine-api", "cluster mode: namespace of the user-data Secrets")
@@ -179,8 +179,6 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.AWSEC2Endpoint, "aws-ec2-endpoint", "", "AWS live check: EC2 endpoint URL (default: the region's)")
 	vpcs := fs.String("aws-live-check-vpcs", "", "AWS live check: comma-separated VPC IDs instances must be in")
 	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
-	fs.StringVar(&c.Store, "store", "", "embedded (bbolt in --state-dir) or kubernetes (CRDs; the default in cluster mode)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", "nodeproof", "kubernetes store: namespace of NodeAttestation records")
 	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 500, "cluster mode: API calls per second")
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 1000, "cluster mode: API call burst")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
@@ -195,11 +193,11 @@ func serveFlags(fs *flag.FlagSet, c *ServeConfig) func() {
 	fs.StringVar(&c.DebugAddr, "debug-addr", "", "serve pprof profiles (/debug/pprof/) here, e.g. 127.0.0.1:6060; empty: off")
 	fs.DurationVar(&c.TokenTTL, "config-token-ttl", 10*time.Minute, "life of a config token")
 	fs.DurationVar(&c.Grace, "token-grace", 24*time.Hour, "how long a rotated-out provisioning token stays valid")
-	fs.DurationVar(&c.Reload, "reload-interval", 10*time.Second, "how often inputs are checked for changes")
+	reloadFlag(fs, &c.Reload)
 	fs.StringVar(&c.CertStore, "cert-store", "", "where nodeproof keeps its CA and serving certificate without --cert: cluster (default in cluster mode: ConfigMap and Secret machine-config-server-ca, Secret machine-config-server-tls) or state-dir (default otherwise)")
-	fs.StringVar(&c.CertsNamespace, "certs-namespace", "openshift-machine-config-operator", "--cert-store=cluster: namespace of the certificate objects")
+	certsNamespaceFlag(fs, &c.CertsNamespace)
 	fs.StringVar(&c.TokenStore, "token-store", "", "where the provisioning tokens are: cluster (default in cluster mode: Secret machineconfig-auth, key token; --tokens-file is still accepted when it exists) or file (--tokens-file)")
-	fs.StringVar(&c.TokenSecretNamespace, "token-secret-namespace", "openshift-config", "--token-store=cluster: namespace of the Secret machineconfig-auth")
+	tokenNamespaceFlag(fs, &c.TokenSecretNamespace)
 	fs.DurationVar(&c.TokenRotateEvery, "token-rotate-every", 0, "--token-store=cluster: rotate the provisioning token this often (the previous one stays valid for --token-grace); 0: only by hand")
 	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity in the Lease nodeproof-server (default: $POD_NAME, else the host name)")
 	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "leader election: how long another replica waits after the leader's last renewal")
@@ -266,7 +264,17 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return opts.Policy
 	}
 	if clusterMode {
-		src, err = c.clusterSource(policyNow, opts.Provisioning, cs)
+		var cls *cluster.Source
+		if cls, err = c.clusterSource(policyNow, opts.Provisioning, cs); err != nil {
+			return err
+		}
+		// Refuse to start without what full configs need, rather than
+		// answer every fetch 503; after the start, /healthz says it (for
+		// the policy in force: a reload may turn the token tier on).
+		if err := cls.Check(ctx, func() bool { return sharedKubeconfig(policyNow()) }); err != nil {
+			return fmt.Errorf("serve: cluster mode cannot serve full configs: %w", err)
+		}
+		src, opts.Health = cls, cls.Health
 	} else {
 		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
 	}
@@ -463,6 +471,9 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 			return o, conns, nil, err
 		}
 		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
+		if w, ok := o.Store.(*kubestore.Watched); ok {
+			be.UIDs(w.UID) // kubectl describe nodebinding shows them
+		}
 		closers = append(closers, be.Close)
 		o.Events = be
 	}
@@ -704,6 +715,18 @@ func loadPolicy(path string) (*policy.Policy, error) {
 		return policy.Parse([]byte(defaultPolicy))
 	}
 	return policy.Load(path)
+}
+
+// sharedKubeconfig reports whether a pool serves the full config without a
+// node of its own (the token tier, fullWithoutCredentials): then cluster
+// mode serves the shared node-bootstrapper kubeconfig.
+func sharedKubeconfig(pol *policy.Policy) bool {
+	for _, pp := range pol.Pools {
+		if pp.Serve.Token || pp.Serve.FullWithoutCredentials {
+			return true
+		}
+	}
+	return false
 }
 
 // tpmVerifier builds the TPM verifier from the policy's trust section; nil

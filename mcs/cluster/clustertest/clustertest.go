@@ -102,6 +102,9 @@ type LaunchOptions struct {
 	// certificates of approved kubelet CSRs once its Run runs
 	// (StartSigning).
 	Signer *Signer
+	// Bare installs no CRD at all, not even the MCO's: a plain cluster,
+	// on which the caller applies them as an operator does.
+	Bare bool
 }
 
 // LaunchWith is Launch with options.
@@ -119,7 +122,10 @@ func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 			return nil, fmt.Errorf("clustertest: %w", err)
 		}
 	}
-	if err := kubetest.CopyOpenShiftCRDs(crds); err != nil {
+	crdDirs := append([]string{crds}, o.CRDDirs...)
+	if o.Bare {
+		crdDirs = nil
+	} else if err := kubetest.CopyOpenShiftCRDs(crds); err != nil {
 		return nil, err
 	}
 	apiserver, etcd := filepath.Join(assets, "kube-apiserver"), filepath.Join(assets, "etcd")
@@ -154,7 +160,7 @@ func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 			APIServer: api,
 			Etcd:      &envtest.Etcd{Path: etcd, DataDir: etcdDir, Out: out, Err: out},
 		},
-		CRDDirectoryPaths:        append([]string{crds}, o.CRDDirs...),
+		CRDDirectoryPaths:        crdDirs,
 		ErrorIfCRDPathMissing:    true,
 		ControlPlaneStartTimeout: kubetest.StartTimeout,
 		ControlPlaneStopTimeout:  30 * time.Second,

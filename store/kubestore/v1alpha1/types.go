@@ -187,7 +187,12 @@ func MarkerName(key string) string {
 //
 // The status is the node's attestation over its life (re-attestations):
 // the server writes it; the approver's node controller reads it to set the
-// Node's Attested condition and the nodeproof.io/unattested taint.
+// Node's Attested condition and the nodeproof.io/unattested taint. The
+// printer columns show the enrolment from the spec (Kind, Pool, Enrolled)
+// as soon as the binding exists; the status's (Passed, Reason,
+// Last-Success) fill at the node's first re-attestation, at its first boot
+// (the enrolment's own create cannot write a status subresource, and
+// writing it apart would cost every machine one more API call).
 // spec.revoked mirrors the identity's IdentityBan (`nodeproof revoke`); set
 // by hand (GitOps) it refuses the identity everything as well, and
 // releasing the binding turns it into the identity's IdentityBan.
@@ -197,6 +202,7 @@ func MarkerName(key string) string {
 // +kubebuilder:subresource:status
 // +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
 // +kubebuilder:printcolumn:name="Pool",type=string,JSONPath=".spec.pool"
+// +kubebuilder:printcolumn:name="Enrolled",type=date,JSONPath=".spec.enrolledAt"
 // +kubebuilder:printcolumn:name="Passed",type=boolean,JSONPath=".status.passed"
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=".status.reason"
 // +kubebuilder:printcolumn:name="Last-Success",type=date,JSONPath=".status.lastSuccess"

@@ -1,8 +1,0 @@
-//go:build !linux
-
-package swtpm
-
-import "syscall"
-
-// procAttr: parent-death signals are Linux's.
-func procAttr() *syscall.SysProcAttr { return nil }
