@@ -41,7 +41,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required)")
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
-	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows)")
+	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows); --mode=reattest defaults to the host name, enrolment has no default (at first boot the host name is often not yet the node's: localhost on every machine)")
 	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm, the GCE metadata server, IMDSv2; the choice is printed); tpm; gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")

@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strings"
 	"time"
 
+	bolterrors "go.etcd.io/bbolt/errors"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -38,7 +40,10 @@ func (c ServeConfig) openOperatorStore(ctx context.Context) (store.Store, error)
 		if c.storeKind(c.adminCluster()) != "embedded" {
 			return nil, fmt.Errorf("open the store: %w", err)
 		}
-		return nil, fmt.Errorf("open the store (no server answers on %s, and the file is locked): %w", adminsock.Path(c.StateDir), err)
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("open the store: no server answers on %s, and another process holds %s locked: %w", adminsock.Path(c.StateDir), filepath.Join(c.StateDir, "state.db"), err)
+		}
+		return nil, fmt.Errorf("open the store (no server answers on %s; is --state-dir %s right?): %w", adminsock.Path(c.StateDir), c.StateDir, err)
 	}
 	return st, nil
 }
