@@ -98,8 +98,11 @@ type env struct {
 	prov    *tokens.Provisioning
 	configs *staticConfigs
 	man     *swtpm.Manufacturer
-	log     testenv.LockedBuffer
-	events  eventLog
+	// opts are the server's options; keysPath its keyring file.
+	opts     mcs.Options
+	keysPath string
+	log      testenv.LockedBuffer
+	events   eventLog
 }
 
 // eventLog records the Events the server publishes (mcs.EnrolmentEvents).
@@ -209,10 +212,12 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mcs.New(mcs.Options{
+	e.keysPath = filepath.Join(dir, "keys.json")
+	e.opts = mcs.Options{
 		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
 		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events,
-	})
+	}
+	srv, err := mcs.New(e.opts)
 	if err != nil {
 		t.Fatal(err)
 	}
