@@ -77,7 +77,14 @@ func commands() []command {
 		{name: "keys", run: cmdKeys,
 			summary: "the keyring that seals sessions and config tokens",
 			actions: []action{
-				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on"},
+				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on; older keys are kept --retain after they stopped sealing, and it prints what it kept and until when"},
+			}},
+		{name: "store", run: cmdStore,
+			summary: "the embedded store (state.db): check it, back it up (also while the server runs), restore a backup",
+			actions: []action{
+				{name: "check", summary: "check the store whole (through the running server when one answers on its admin socket); --file: check a backup"},
+				{name: "backup", summary: "write a consistent copy to --out (through the running server when one answers), checked before it is kept"},
+				{name: "restore", summary: "with the server stopped: put the backup --from in place (checked first; the replaced file is kept) and reset the commit marker"},
 			}},
 		devTPMCommand(),
 		{name: "version", run: cmdVersion, summary: "print the version"},
