@@ -8,11 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/safetext"
 )
 
 // ErrServerNotHTTPS is the error of a server URL that is not https:// to
@@ -28,15 +27,15 @@ func CheckServerURL(raw string) error {
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w: %q does not parse", ErrServerNotHTTPS, Sanitize(raw, 256))
+		return fmt.Errorf("%w: %q does not parse", ErrServerNotHTTPS, safetext.Cut(raw, 256))
 	case u.Scheme != "https":
-		return fmt.Errorf("%w: %q is %s, and the agent speaks only TLS to its server", ErrServerNotHTTPS, Sanitize(raw, 256), orNone(u.Scheme))
+		return fmt.Errorf("%w: %q is %s, and the agent speaks only TLS to its server", ErrServerNotHTTPS, safetext.Cut(raw, 256), orNone(u.Scheme))
 	case u.Host == "" || u.Hostname() == "":
-		return fmt.Errorf("%w: %q names no host", ErrServerNotHTTPS, Sanitize(raw, 256))
+		return fmt.Errorf("%w: %q names no host", ErrServerNotHTTPS, safetext.Cut(raw, 256))
 	case u.User != nil:
-		return fmt.Errorf("%w: %q carries user information", ErrServerNotHTTPS, Sanitize(raw, 256))
+		return fmt.Errorf("%w: %q carries user information", ErrServerNotHTTPS, safetext.Cut(raw, 256))
 	case u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
-		return fmt.Errorf("%w: %q carries a query or fragment", ErrServerNotHTTPS, Sanitize(raw, 256))
+		return fmt.Errorf("%w: %q carries a query or fragment", ErrServerNotHTTPS, safetext.Cut(raw, 256))
 	}
 	return nil
 }
@@ -63,7 +62,7 @@ const (
 	// maxRefusalBody is what the agent reads of a refusal's body.
 	maxRefusalBody = 8 << 10
 	// MaxRefusalDetail bounds a refusal's detail, in bytes, after its
-	// control and format characters were replaced.
+	// control and format characters were replaced (safetext.Cut).
 	MaxRefusalDetail = 2 << 10
 	// maxReasonLen bounds a reason (reasons are CamelCase words).
 	maxReasonLen = 64
@@ -73,31 +72,6 @@ const (
 // itself comes back, and once turns it into a ReasonRedirected refusal.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// Sanitize makes s safe for a console or a log line: invalid UTF-8,
-// control characters (newlines and escapes included) and Unicode format
-// characters (bidi overrides and isolates, zero-width characters, the line
-// and paragraph separators) become U+FFFD, and the result is cut to at
-// most max bytes, on a character boundary, saying how much was left out.
-func Sanitize(s string, max int) string {
-	var b strings.Builder
-	for i, r := range s {
-		if r == utf8.RuneError {
-			if _, size := utf8.DecodeRuneInString(s[i:]); size <= 1 {
-				r = unicode.ReplacementChar
-			}
-		}
-		if unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) {
-			r = unicode.ReplacementChar
-		}
-		if b.Len()+utf8.RuneLen(r) > max {
-			fmt.Fprintf(&b, "… (%d bytes more)", len(s)-i)
-			break
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
 // refusalOf makes the refusal of a non-200, non-5xx answer whose body
 // (at most maxRefusalBody bytes of it) is body: a redirect is
 // ReasonRedirected; otherwise the body's reason, kept only when it has a
@@ -106,17 +80,17 @@ func Sanitize(s string, max int) string {
 func refusalOf(resp *http.Response, body []byte) *Refused {
 	r := &Refused{Status: resp.StatusCode}
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
-		r.Refusal = api.Refusal{Reason: ReasonRedirected, Detail: Sanitize(fmt.Sprintf(
+		r.Refusal = api.Refusal{Reason: ReasonRedirected, Detail: safetext.Cut(fmt.Sprintf(
 			"the server answered %d, to %q; the agent follows no redirect (set the server URL to the address that serves)",
 			resp.StatusCode, resp.Header.Get("Location")), MaxRefusalDetail)}
 		return r
 	}
 	var ref api.Refusal
 	if err := json.Unmarshal(body, &ref); err == nil && reasonShaped(ref.Reason) {
-		r.Refusal = api.Refusal{Reason: ref.Reason, Detail: Sanitize(ref.Detail, MaxRefusalDetail)}
+		r.Refusal = api.Refusal{Reason: ref.Reason, Detail: safetext.Cut(ref.Detail, MaxRefusalDetail)}
 		return r
 	}
-	r.Refusal = api.Refusal{Reason: ReasonUnknown, Detail: Sanitize(strings.TrimSpace(string(body)), MaxRefusalDetail)}
+	r.Refusal = api.Refusal{Reason: ReasonUnknown, Detail: safetext.Cut(strings.TrimSpace(string(body)), MaxRefusalDetail)}
 	return r
 }
 
@@ -138,11 +112,11 @@ func reasonShaped(r attest.Reason) bool {
 const maxConsoleLine = 8 << 10
 
 // console returns the agent's line writer: every line starts with
-// "nodeproof-agent: ", is sanitized (whatever a server, a metadata
+// "nodeproof-agent: ", is cleaned (safetext: whatever a server, a metadata
 // service or a transport error put in it cannot move the cursor, recolour
 // the console, reverse text or start a line of its own) and is bounded.
 func console(out io.Writer) func(format string, args ...any) {
 	return func(format string, args ...any) {
-		fmt.Fprintf(out, "nodeproof-agent: %s\n", Sanitize(fmt.Sprintf(format, args...), maxConsoleLine))
+		fmt.Fprintf(out, "nodeproof-agent: %s\n", safetext.Cut(fmt.Sprintf(format, args...), maxConsoleLine))
 	}
 }

@@ -77,9 +77,21 @@ func TestAttackCSRExtensions(t *testing.T) {
 	}
 	serving := []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageServerAuth}
 	client := []certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}
-	enrol("worker-1", mustKey(t), "")
+	// worker-1's kubelet has its first client certificate (the approver
+	// saw it issued, so it is in the node's lineage): its serving CSRs
+	// carry that certificate's credential ID, as the API server records it.
+	k1 := mustKey(t)
+	enrol("worker-1", k1, "")
+	first, sum := newTestSigner(t).issue(t, extCSR(t, "first-worker-1", SignerKubeletClient, k1, "worker-1", nil, nil, "system:bootstrap:first0", client))
+	if ok, err := d.RecordIssued(ctx, first); err != nil || !ok {
+		t.Fatalf("worker-1's first certificate was not recorded: %v", err)
+	}
+	byKubelet := func(c *certv1.CertificateSigningRequest) *certv1.CertificateSigningRequest {
+		c.Spec.Extra = credential(sum)
+		return c
+	}
 	servingFor := func(name string, extra ...pkix.Extension) *certv1.CertificateSigningRequest {
-		return extCSR(t, name, SignerKubeletServing, mustKey(t), "worker-1", dns, ips, NodeUserPrefix+"worker-1", serving, extra...)
+		return byKubelet(extCSR(t, name, SignerKubeletServing, mustKey(t), "worker-1", dns, ips, NodeUserPrefix+"worker-1", serving, extra...))
 	}
 
 	caTrue := pkix.Extension{Id: asn1.ObjectIdentifier{2, 5, 29, 19}, Critical: true, Value: mustDER(t, struct {
@@ -139,7 +151,7 @@ func TestAttackCSRExtensions(t *testing.T) {
 		wantAction Action
 		wantReason Reason
 	}{
-		{"kubelet serving CSR as client-go makes it", csrObject("ok-serving", SignerKubeletServing, kubeletServing, NodeUserPrefix+"worker-1", serving), Approve, "NodeproofAttestedTPM"},
+		{"kubelet serving CSR as client-go makes it", byKubelet(csrObject("ok-serving", SignerKubeletServing, kubeletServing, NodeUserPrefix+"worker-1", serving)), Approve, "NodeproofAttestedTPM"},
 		{"serving CSR requesting its own usages as extensions", servingFor("ok-usages", keyUsage(keyUsageDigitalSig), eku(oidEKUServerAuth)), Approve, "NodeproofAttestedTPM"},
 		{"kubelet client CSR as client-go makes it", csrObject("ok-client", SignerKubeletClient, kubeletClient, "system:bootstrap:abc123", client), Approve, "NodeproofAttestedTPM"},
 

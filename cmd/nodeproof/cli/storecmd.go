@@ -2,13 +2,7 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,19 +10,12 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
-// The embedded store's files in the state directory, and the local socket
-// through which a running directory-mode server answers `nodeproof store`
-// (the store file is locked while the server runs).
-const (
-	storeFileName   = "state.db"
-	adminSocketName = "admin.sock"
-	// adminBackupPath and adminCheckPath are the socket's endpoints.
-	adminBackupPath = "/v1/store/backup"
-	adminCheckPath  = "/v1/store/check"
-)
+// storeFileName is the embedded store's file in the state directory.
+const storeFileName = "state.db"
 
 // damagedStoreHelp is what an operator reads when the server refuses a
 // damaged embedded store.
@@ -50,7 +37,7 @@ func cmdStore(ctx context.Context, in *invocation) error {
 	}
 	stdout := in.stdout
 	path := filepath.Join(dir, storeFileName)
-	sock := filepath.Join(dir, adminSocketName)
+	sock := adminsock.Path(dir)
 	switch in.action {
 	case "check":
 		var rep boltstore.Report
@@ -110,56 +97,13 @@ func describe(rep boltstore.Report) string {
 	return s + "; " + strings.Join(buckets, " ")
 }
 
-// adminClient is an HTTP client that reaches the server through its
-// socket in the state directory.
-func adminClient(sock string) *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}}
-}
-
-// serverRunning reports whether a server answers on sock.
-func serverRunning(sock string) bool {
-	c, err := net.DialTimeout("unix", sock, time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
-}
-
 // checkStore checks the store at path: through the running server when
 // one answers on sock (it holds the file), else the file itself.
 func checkStore(ctx context.Context, path, sock string) (boltstore.Report, error) {
-	if !serverRunning(sock) {
-		return boltstore.Check(path, time.Second)
+	if c, err := adminsock.Dial(ctx, sock); err == nil {
+		return c.Check(ctx, path)
 	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://nodeproof"+adminCheckPath, nil)
-	resp, err := adminClient(sock).Do(req)
-	if err != nil {
-		return boltstore.Report{Path: path}, fmt.Errorf("store check through the server: %w", err)
-	}
-	defer resp.Body.Close()
-	var ans adminCheck
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&ans); err != nil {
-		return boltstore.Report{Path: path}, fmt.Errorf("store check through the server: %w", err)
-	}
-	switch {
-	case ans.Damage != "":
-		return ans.Report, &boltstore.DamagedError{Path: path, What: ans.Damage}
-	case ans.Error != "":
-		return ans.Report, fmt.Errorf("store check through the server: %s", ans.Error)
-	}
-	return ans.Report, nil
-}
-
-// adminCheck is the socket's answer to a check: the report, and what
-// damage was found (DamagedError.What) or what else failed.
-type adminCheck struct {
-	Report boltstore.Report `json:"report"`
-	Damage string           `json:"damage,omitempty"`
-	Error  string           `json:"error,omitempty"`
+	return boltstore.Check(path, time.Second)
 }
 
 // backupStore writes a consistent copy of the store at path to out —
@@ -173,22 +117,12 @@ func backupStore(ctx context.Context, path, sock, out string) (boltstore.Report,
 	}
 	defer os.Remove(tmp)
 	defer f.Close()
-	if serverRunning(sock) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://nodeproof"+adminBackupPath, nil)
-		resp, err := adminClient(sock).Do(req)
-		if err != nil {
-			return boltstore.Report{}, fmt.Errorf("store backup through the server: %w", err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-			return boltstore.Report{}, fmt.Errorf("store backup through the server: %s: %s", resp.Status, strings.TrimSpace(string(b)))
-		}
-		if _, err := io.Copy(f, resp.Body); err != nil {
+	if c, err := adminsock.Dial(ctx, sock); err == nil {
+		if _, err := c.Backup(ctx, f); err != nil {
 			return boltstore.Report{}, fmt.Errorf("store backup through the server: %w", err)
 		}
 	} else if _, err := boltstore.CopyFile(path, time.Second, f); err != nil {
-		return boltstore.Report{}, fmt.Errorf("store backup: %w", err)
+		return boltstore.Report{}, fmt.Errorf("store backup (no server answers on %s, so from the file): %w", sock, err)
 	}
 	if err := f.Sync(); err != nil {
 		return boltstore.Report{}, err
@@ -202,56 +136,4 @@ func backupStore(ctx context.Context, path, sock, out string) (boltstore.Report,
 	}
 	rep.Path = out
 	return rep, fsutil.SyncDir(filepath.Dir(out))
-}
-
-// serveStoreAdmin answers `nodeproof store check` and `store backup` for
-// the running server's embedded store on a unix socket at sock (mode
-// 0600, in the 0700 state directory: only the server's user reaches it),
-// until stop is called. A socket that cannot be made is logged, not
-// fatal: backups then need the server stopped.
-func serveStoreAdmin(sock string, st *boltstore.Store, log *slog.Logger) (stop func()) {
-	os.Remove(sock) // a stale socket of a server that died; a live one holds the store's lock
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		log.Error("store admin socket (`nodeproof store backup` and `check` need the server stopped)", "err", err.Error())
-		return func() {}
-	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ln.Close()
-		log.Error("store admin socket", "err", err.Error())
-		return func() {}
-	}
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+adminBackupPath, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/octet-stream")
-		n, txid, err := st.Backup(w)
-		if err != nil {
-			// The status is sent; the client's check of the copy fails.
-			log.Error("store backup", "err", err.Error(), "bytes", n)
-			return
-		}
-		log.Info("store backup", "bytes", n, "txid", txid)
-	})
-	mux.HandleFunc("GET "+adminCheckPath, func(w http.ResponseWriter, r *http.Request) {
-		rep, err := st.Check()
-		ans := adminCheck{Report: rep}
-		var d *boltstore.DamagedError
-		switch {
-		case errors.As(err, &d):
-			ans.Damage = d.What
-		case err != nil:
-			ans.Error = err.Error()
-		}
-		if err != nil {
-			log.Error("store check", "err", err.Error())
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(ans)
-	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
-	return func() {
-		srv.Close()
-		os.Remove(sock)
-	}
 }
