@@ -155,12 +155,7 @@ func (g *guardedDB) Update(fn func(*bolt.Tx) error) (err error) {
 	if d := g.broken.Load(); d != nil {
 		return d
 	}
-	defer func() {
-		var d *DamagedError
-		if errors.As(err, &d) {
-			g.broken.CompareAndSwap(nil, &DamagedError{Path: d.Path, What: d.What + "; the store refuses every request until the server is restarted on a good file"})
-		}
-	}()
+	defer func() { g.fail(err) }()
 	defer guard(g.path, &err)()
 	txid := 0
 	if err := g.DB.Update(func(tx *bolt.Tx) error { txid = tx.ID(); return fn(tx) }); err != nil {
@@ -168,6 +163,17 @@ func (g *guardedDB) Update(fn func(*bolt.Tx) error) (err error) {
 	}
 	g.mark(txid)
 	return nil
+}
+
+// fail makes the store refuse everything from now on when err is damage
+// found by a write or a check (either ran in a write transaction, whose
+// rollback reads the damaged file too and may leave bbolt's writer lock
+// held).
+func (g *guardedDB) fail(err error) {
+	var d *DamagedError
+	if errors.As(err, &d) {
+		g.broken.CompareAndSwap(nil, &DamagedError{Path: d.Path, What: d.What + "; the store refuses every request until the server is restarted on a good file"})
+	}
 }
 
 // mark moves the marker to txid (never back).
@@ -498,6 +504,7 @@ func openChecked(path string, lock time.Duration) (*guardedDB, Report, error) {
 		rep = again
 	}
 	if err != nil {
+		g.fail(err)
 		g.Close()
 		return nil, rep, err
 	}
@@ -721,7 +728,8 @@ func lockFile(path string, timeout time.Duration) (unlock func(), err error) {
 }
 
 // Check checks the open store (checkTx lists every check), holding off
-// writes while it runs.
+// writes while it runs. Damage found makes the store refuse everything
+// from then on, as a write that found it does.
 func (s *Store) Check() (Report, error) {
 	if d := s.db.broken.Load(); d != nil {
 		return Report{Path: s.db.path}, d
@@ -735,7 +743,9 @@ func (s *Store) Check() (Report, error) {
 		return Report{Path: s.db.path}, err
 	}
 	defer f.Close()
-	return checkOpen(s.db.DB, f, s.db.path, m.Txid)
+	rep, err := checkOpen(s.db.DB, f, s.db.path, m.Txid)
+	s.db.fail(err)
+	return rep, err
 }
 
 // Backup writes a consistent copy of the open store to w (bbolt's
