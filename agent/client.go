@@ -417,4 +417,3 @@ func (c *Client) Report(ctx context.Context, rep api.ReportRequest) (string, err
 	}
 	return resp.Authenticated, nil
 }
-

@@ -284,20 +284,7 @@ func (e *env) newMachine(log []byte) *machine {
 }
 
 func (e *env) challenge(m *machine, pool, node string) (*api.ChallengeResponse, result) {
-	req, err := m.collector.Request()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node, TPM: req})
-	r := e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
-	if r.status != 200 {
-		return nil, r
-	}
-	var resp api.ChallengeResponse
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		e.t.Fatal(err)
-	}
-	return &resp, r
+	return e.challengeAt(e.secure.URL, m, pool, node)
 }
 
 func (e *env) verifyBody(m *machine, ch *api.ChallengeResponse) []byte {
@@ -310,15 +297,7 @@ func (e *env) verifyBody(m *machine, ch *api.ChallengeResponse) []byte {
 }
 
 func (e *env) verify(body []byte) (*api.VerifyResponse, result) {
-	r := e.do("POST", e.secure.URL+api.PathVerify, body, nil)
-	if r.status != 200 {
-		return nil, r
-	}
-	var resp api.VerifyResponse
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		e.t.Fatal(err)
-	}
-	return &resp, r
+	return e.verifyAt(e.secure.URL, body)
 }
 
 func bearer(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }
