@@ -30,11 +30,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/safetext"
 )
 
 // Refused is a final refusal from the server.
@@ -47,8 +47,8 @@ func (r *Refused) Error() string {
 	return fmt.Sprintf("server refused (%d %s): %s", r.Status, r.Refusal.Reason, r.Refusal.Detail)
 }
 
-// maxResponse bounds what the agent reads from the server (a full config
-// is typically 0.5–2 MB).
+// maxResponse bounds what the agent reads of a 200 answer (a full config
+// is typically 0.5–2 MB); a refusal's body is read to maxRefusalBody.
 const maxResponse = 64 << 20
 
 // maxRetryAfter bounds the wait a Retry-After may ask for: a proxy or a
@@ -95,8 +95,13 @@ type Client struct {
 // DefaultRestarts is Client.Restarts when unset.
 const DefaultRestarts = 3
 
-// NewClient returns a client that trusts exactly caBundle (PEM).
+// NewClient returns a client for the server at baseURL (https only:
+// CheckServerURL) that trusts exactly caBundle (PEM), uses no proxy and
+// follows no redirect.
 func NewClient(baseURL string, caBundle []byte) (*Client, error) {
+	if err := CheckServerURL(baseURL); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caBundle) {
 		return nil, errors.New("agent: CA bundle holds no certificate")
@@ -106,7 +111,7 @@ func NewClient(baseURL string, caBundle []byte) (*Client, error) {
 		TLSHandshakeTimeout: 10 * time.Second,
 		ForceAttemptHTTP2:   false,
 	}
-	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: &http.Client{Transport: tr, Timeout: time.Minute}}, nil
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), HTTP: &http.Client{Transport: tr, Timeout: time.Minute, CheckRedirect: noRedirect}}, nil
 }
 
 // TPM is what AttestTPM needs of a TPM: *tpm.Collector (a real TPM or
@@ -263,7 +268,8 @@ func (c *Client) post(ctx context.Context, path string, v, out any) (int, error)
 	})
 }
 
-// retry runs try until it succeeds, is refused (4xx) or ctx ends, waiting
+// retry runs try until it succeeds, is refused (4xx, a redirect), has no
+// https server to ask (ErrServerNotHTTPS) or ctx ends, waiting
 // between attempts as the server asked (Retry-After, up to maxRetryAfter,
 // honoured even above MaxBackoff) or with backoff (MinBackoff doubling to
 // MaxBackoff), and returns the number of attempts made.
@@ -282,7 +288,7 @@ func (c *Client) retry(ctx context.Context, path string, try func() (time.Durati
 			return attempt, nil
 		}
 		var refused *Refused
-		if errors.As(err, &refused) {
+		if errors.As(err, &refused) || errors.Is(err, ErrServerNotHTTPS) {
 			return attempt, err
 		}
 		if ctx.Err() != nil {
@@ -306,6 +312,10 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
+	// Whoever built the Client: https only, and no redirect followed.
+	if err := CheckServerURL(c.BaseURL); err != nil {
+		return 0, fmt.Errorf("agent: %w", err)
+	}
 	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
 	if err != nil {
 		return 0, err
@@ -313,33 +323,36 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
-	resp, err := c.HTTP.Do(req)
+	hc := *c.HTTP
+	hc.CheckRedirect = noRedirect
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if resp.StatusCode == http.StatusOK {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+		if err != nil {
+			return 0, err
+		}
+		return 0, json.Unmarshal(b, out)
+	}
+	// A refusal's or a "not yet"'s body is shown on the console: a few KiB
+	// of it at most, the rest never read.
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBody))
 	if err != nil {
 		return 0, err
 	}
-	switch {
-	case resp.StatusCode == http.StatusOK:
-		return 0, json.Unmarshal(b, out)
-	case resp.StatusCode >= 500:
+	if resp.StatusCode >= 500 {
 		// The server says why (its refusal body): on the console, so the
 		// operator sees what to fix while the machine waits.
 		var why api.Refusal
 		if json.Unmarshal(b, &why) == nil && why.Reason != "" {
-			return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d %s: %s)", resp.StatusCode, printable(string(why.Reason), 64), printable(why.Detail, 512))
+			return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d %s: %s)", resp.StatusCode, safetext.Cut(string(why.Reason), maxReasonLen), safetext.Cut(why.Detail, 512))
 		}
 		return retryAfter(resp.Header.Get("Retry-After")), fmt.Errorf("server not ready (%d)", resp.StatusCode)
-	default:
-		r := &Refused{Status: resp.StatusCode}
-		if json.Unmarshal(b, &r.Refusal) != nil || r.Refusal.Reason == "" {
-			r.Refusal = api.Refusal{Reason: "Unknown", Detail: strings.TrimSpace(string(b))}
-		}
-		return 0, r
 	}
+	return 0, refusalOf(resp, b)
 }
 
 // retryAfter reads a Retry-After of delay-seconds: 0 when absent, not a
@@ -403,19 +416,4 @@ func (c *Client) Report(ctx context.Context, rep api.ReportRequest) (string, err
 		return "", err
 	}
 	return resp.Authenticated, nil
-}
-
-// printable is s as the console may show it: at most max bytes, control
-// characters replaced (a server, or whatever sits on its path, must not
-// write terminal escapes to the console).
-func printable(s string, max int) string {
-	if len(s) > max {
-		s = s[:max] + "…"
-	}
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, s)
 }

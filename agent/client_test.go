@@ -423,9 +423,9 @@ func TestNotReadyReason(t *testing.T) {
 		{"a refusal body", `{"reason":"ConfigUnavailable","detail":"the server lacks the CA bundle: /etc/mcs/bootstrap-token/ca.crt"}`,
 			"server not ready (503 ConfigUnavailable: the server lacks the CA bundle: /etc/mcs/bootstrap-token/ca.crt)", ""},
 		{"terminal escapes in the detail", `{"reason":"ConfigUnavailable","detail":"x\u001b[2Jy"}`,
-			"(503 ConfigUnavailable: x?[2Jy)", "\x1b"},
+			"(503 ConfigUnavailable: x [2Jy)", "\x1b"}, // safetext.Clean: a control character becomes a space
 		{"a long detail", `{"reason":"ConfigUnavailable","detail":"` + strings.Repeat("a", 2000) + `"}`,
-			strings.Repeat("a", 512) + "…)", strings.Repeat("a", 513)},
+			strings.Repeat("a", 509) + "…)", strings.Repeat("a", 510)}, // safetext.Cut: 512 bytes, "…" included
 		{"no body", ``, "server not ready (503); retrying", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

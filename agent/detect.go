@@ -80,8 +80,9 @@ func DetectEvidence(ctx context.Context, o DetectOptions) (attest.Kind, string, 
 		tried = append(tried, fmt.Sprintf("TPM: %v", err))
 	}
 
-	// Metadata requests never go through a proxy.
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	// Metadata requests never go through a proxy, nor follow a redirect
+	// away from the metadata address.
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, CheckRedirect: noRedirect}
 
 	gceURL := "http://" + strings.TrimRight(o.GCEMetadataHost, "/") + "/computeMetadata/v1/"
 	err = probe(ctx, hc, o.Timeout, http.MethodGet, gceURL, map[string]string{"Metadata-Flavor": "Google"}, func(resp *http.Response, _ []byte) error {

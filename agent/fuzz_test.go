@@ -46,8 +46,10 @@ func (a *answer) RoundTrip(req *http.Request) (*http.Response, error) {
 //   - 200: the answer is decoded exactly when the body is that message;
 //   - 5xx: "not yet", never a *Refused, and the wait asked is between 0
 //     and maxRetryAfter, whatever Retry-After says;
-//   - any other status: a *Refused with that status and a non-empty
-//     reason (the server's, or "Unknown" when the body is not a refusal).
+//   - any other status: a *Refused with that status and a reason-shaped
+//     reason (the server's, "Unknown" when the body is not a refusal or
+//     its reason is not a reason's shape, "Redirected" for every 3xx),
+//     whose detail is bounded and free of control and format characters.
 func FuzzServerAnswers(f *testing.F) {
 	ch, _ := json.Marshal(api.ChallengeResponse{Session: "np1.AAAA", Expires: time.Unix(1e9, 0).UTC()})
 	vr, _ := json.Marshal(api.VerifyResponse{ConfigToken: "np1.BBBB", NodeName: "worker-0", Pool: "worker", Record: "r1"})
@@ -103,8 +105,16 @@ func FuzzServerAnswers(f *testing.F) {
 				t.Fatalf("Retry-After %q asks for %v", retryAfter, wait)
 			}
 		default:
-			if !errors.As(err, &refused) || refused.Status != a.status || refused.Refusal.Reason == "" {
+			if !errors.As(err, &refused) || refused.Status != a.status || !reasonShaped(refused.Refusal.Reason) {
 				t.Fatalf("%d %q: %v", a.status, body, err)
+			}
+			// What reaches the console is bounded and clean, and a
+			// redirect is never followed.
+			if d := refused.Refusal.Detail; len(d) > MaxRefusalDetail+32 || consoleIsClean("nodeproof-agent: "+d+"\n") != "" {
+				t.Fatalf("detail %q", d)
+			}
+			if (a.status >= 300 && a.status < 400) != (refused.Refusal.Reason == ReasonRedirected) {
+				t.Fatalf("%d refused %s", a.status, refused.Refusal.Reason)
 			}
 		}
 	})

@@ -81,7 +81,7 @@ func Reattest(ctx context.Context, cfg ReattestConfig) error {
 	if out == nil {
 		out = io.Discard
 	}
-	say := func(format string, args ...any) { fmt.Fprintf(out, "nodeproof-agent: "+format+"\n", args...) }
+	say := console(out)
 	if cfg.Server == "" || cfg.Pool == "" || cfg.Evidence == nil || cfg.NodeName == "" {
 		return errors.New("agent: Server, Pool, Evidence and NodeName are required to re-attest")
 	}

@@ -90,7 +90,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if out == nil {
 		out = io.Discard
 	}
-	say := func(format string, args ...any) { fmt.Fprintf(out, "nodeproof-agent: "+format+"\n", args...) }
+	say := console(out)
 	switch {
 	case cfg.Server == "" || cfg.Pool == "" || cfg.Evidence == nil:
 		return errors.New("agent: Server, Pool and Evidence are required")

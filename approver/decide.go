@@ -254,6 +254,10 @@ func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		if reason == ReasonNotKubelet {
 			return Decision{Action: Leave, Reason: reason, Message: msg}, nil
 		}
+		if reason == ReasonExtensionNotAllowed {
+			// No kubelet asks for it; no approver should grant it.
+			return Decision{Action: Deny, Reason: reason, Message: msg}, nil
+		}
 		return d.unattested(Decision{Reason: reason, Message: msg}), nil
 	}
 	if dec, ok, err := d.tokenForOtherNode(ctx, k); err != nil || ok {

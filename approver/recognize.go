@@ -66,6 +66,10 @@ type kubeletCSR struct {
 // at least one DNS or IP SAN and no e-mail or URI SAN (SANsNotAllowed);
 // usages exactly {digital signature, server auth}, plus key encipherment
 // only for RSA (UsagesNotAllowed).
+//
+// Both: the CSR requests no extension a kubelet does not send
+// (extensionsAllowed: ExtensionNotAllowed, denied whatever
+// DenyUnattested says).
 func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, string) {
 	signer := csr.Spec.SignerName
 	if signer != SignerKubeletClient && signer != SignerKubeletServing {
@@ -121,6 +125,9 @@ func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, stri
 			k.ips = append(k.ips, ip.String())
 		}
 		extended = certv1.UsageServerAuth
+	}
+	if why := extensionsAllowed(cr, signer == SignerKubeletServing, isRSA); why != "" {
+		return nil, ReasonExtensionNotAllowed, why
 	}
 	if !usagesAllowed(csr.Spec.Usages, extended, isRSA) {
 		return nil, ReasonUsagesNotAllowed, fmt.Sprintf("usages %v", csr.Spec.Usages)

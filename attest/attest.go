@@ -43,6 +43,10 @@ const BindingLabel = "nodeproof/v1 attestation binding"
 // NonceSize is the size of a server nonce in bytes.
 const NonceSize = 32
 
+// DefaultSessionTTL is how long a sealed attestation session lives when a
+// verifier's SessionTTL is unset: the bound between challenge and answer.
+const DefaultSessionTTL = 5 * time.Minute
+
 // BindingDigest returns SHA-256(BindingLabel ‖ 0x00 ‖ nonce ‖ kubeletKeySHA256).
 // It is the qualifying data of a TPM quote and part of a GCP token's
 // audience: one piece of evidence serves exactly one session (the nonce) and

@@ -150,7 +150,9 @@ type Options struct {
 	// or what it lacks: /healthz answers 503 NotReady with it, and a
 	// config that cannot be rendered is refused with it.
 	Health func() error
-	// ConfigTokenTTL bounds a config token's life (default 10 minutes).
+	// ConfigTokenTTL bounds a config token's life (default
+	// DefaultConfigTokenTTL). The sealing keyring must keep a key for at
+	// least this long after it stopped sealing (seal.Keyring.SetMaxLife).
 	ConfigTokenTTL time.Duration
 	// RecordTTL bounds how long a record may approve a CSR (default 1 hour).
 	RecordTTL time.Duration
@@ -197,6 +199,9 @@ type Limits struct {
 // DefaultMaxLiveEnrolments is Options.MaxLiveEnrolments's default.
 const DefaultMaxLiveEnrolments = 4
 
+// DefaultConfigTokenTTL is Options.ConfigTokenTTL when unset.
+const DefaultConfigTokenTTL = 10 * time.Minute
+
 // Server serves the MCS endpoints.
 type Server struct {
 	o       Options
@@ -222,7 +227,7 @@ func New(o Options) (*Server, error) {
 		return nil, errors.New("mcs: Clock and Log are required")
 	}
 	if o.ConfigTokenTTL == 0 {
-		o.ConfigTokenTTL = 10 * time.Minute
+		o.ConfigTokenTTL = DefaultConfigTokenTTL
 	}
 	if o.RecordTTL == 0 {
 		o.RecordTTL = time.Hour

@@ -98,8 +98,11 @@ type env struct {
 	prov    *tokens.Provisioning
 	configs *staticConfigs
 	man     *swtpm.Manufacturer
-	log     testenv.LockedBuffer
-	events  eventLog
+	// opts are the server's options; keysPath its keyring file.
+	opts     mcs.Options
+	keysPath string
+	log      testenv.LockedBuffer
+	events   eventLog
 }
 
 // eventLog records the Events the server publishes (mcs.EnrolmentEvents).
@@ -209,10 +212,12 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := mcs.New(mcs.Options{
+	e.keysPath = filepath.Join(dir, "keys.json")
+	e.opts = mcs.Options{
 		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
 		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events,
-	})
+	}
+	srv, err := mcs.New(e.opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,20 +284,7 @@ func (e *env) newMachine(log []byte) *machine {
 }
 
 func (e *env) challenge(m *machine, pool, node string) (*api.ChallengeResponse, result) {
-	req, err := m.collector.Request()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node, TPM: req})
-	r := e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
-	if r.status != 200 {
-		return nil, r
-	}
-	var resp api.ChallengeResponse
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		e.t.Fatal(err)
-	}
-	return &resp, r
+	return e.challengeAt(e.secure.URL, m, pool, node)
 }
 
 func (e *env) verifyBody(m *machine, ch *api.ChallengeResponse) []byte {
@@ -305,15 +297,7 @@ func (e *env) verifyBody(m *machine, ch *api.ChallengeResponse) []byte {
 }
 
 func (e *env) verify(body []byte) (*api.VerifyResponse, result) {
-	r := e.do("POST", e.secure.URL+api.PathVerify, body, nil)
-	if r.status != 200 {
-		return nil, r
-	}
-	var resp api.VerifyResponse
-	if err := json.Unmarshal(r.body, &resp); err != nil {
-		e.t.Fatal(err)
-	}
-	return &resp, r
+	return e.verifyAt(e.secure.URL, body)
 }
 
 func bearer(tok string) map[string]string { return map[string]string{"Authorization": "Bearer " + tok} }

@@ -83,7 +83,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 		v.maxAge = time.Hour
 	}
 	if v.ttl == 0 {
-		v.ttl = 5 * time.Minute
+		v.ttl = attest.DefaultSessionTTL
 	}
 	if v.rand == nil {
 		v.rand = rand.Reader

@@ -86,7 +86,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 	}
 	v := &Verifier{keys: o.Keys, prefix: o.AudiencePrefix, ttl: o.SessionTTL, skew: o.MaxSkew, clock: o.Clock, rand: o.Rand}
 	if v.ttl == 0 {
-		v.ttl = 5 * time.Minute
+		v.ttl = attest.DefaultSessionTTL
 	}
 	if v.skew == 0 {
 		v.skew = DefaultMaxSkew

@@ -68,7 +68,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = t0.Add(time.Hour)
-	if err := again.Rotate(24*time.Hour, 0); err != nil {
+	if _, err := again.Rotate(24*time.Hour, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := again.Open("session", box); err != nil {
@@ -79,7 +79,7 @@ func TestSealOpen(t *testing.T) {
 		t.Fatal("a keyring without the new key opened its box")
 	}
 	now = t0.Add(48 * time.Hour)
-	if err := again.Rotate(24*time.Hour, 0); err != nil {
+	if _, err := again.Rotate(24*time.Hour, 0); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := again.Open("session", box); !errors.Is(err, ErrInvalid) {
@@ -106,7 +106,7 @@ func TestStagedRotationAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Rotate(24*time.Hour, 2*time.Minute); err != nil {
+	if _, err := a.Rotate(24*time.Hour, 2*time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	// b has not reloaded yet: it must open what a seals now.
@@ -128,7 +128,7 @@ func TestStagedRotationAcrossReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale, err := New(a.keys[1:], clock) // a replica that never got the new key
+	stale, err := New(a.fileKeys()[1:], clock) // a replica that never got the new key
 	if err != nil {
 		t.Fatal(err)
 	}

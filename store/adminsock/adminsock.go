@@ -13,8 +13,9 @@
 // so only the server's user (root) can connect, and Serve checks the peer's
 // credentials (SO_PEERCRED) too: a connection from another uid is closed
 // before a byte is read. Only operators' operations are served: the reads
-// (bindings, records, bans, histories, markers) and Ban, Revoke, Unban,
-// Release, Adopt and ReleaseOnce; what only the server does — enrol, create
+// (bindings, records, bans, histories, markers), Ban, Revoke, Unban,
+// Release, Adopt and ReleaseOnce, and for the embedded store a backup and
+// a check of it (Keeper: `nodeproof store backup` and `store check`); what only the server does — enrol, create
 // or consume records, set markers, write attestation status, collect
 // garbage — is refused (ErrNotServed), so the socket adds no way to forge
 // an enrolment. Requests are bounded (MaxRequest bytes, RequestTimeout).
@@ -155,6 +156,7 @@ func Handler(st store.Store, log *slog.Logger) http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(&ans)
 	})
+	keeperRoutes(mux, st, log)
 	return mux
 }
 

@@ -30,7 +30,7 @@ var (
 
 // Store is a bbolt-backed store.Store.
 type Store struct {
-	db    *bolt.DB
+	db    *guardedDB // no panic of bbolt's escapes it (integrity.go)
 	clock func() time.Time
 }
 
@@ -38,14 +38,16 @@ var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the store file at path. Only one process
 // may hold it: a second Open waits up to timeout, then fails. clock decides
-// whether a marker has expired.
+// whether a marker has expired. A file that is missing or empty where
+// the store committed before, or damaged, is a *DamagedError (ErrDamaged):
+// Open checks the whole file first (openChecked, checkTx).
 func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, error) {
 	if clock == nil {
 		return nil, fmt.Errorf("boltstore: a clock is required")
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	db, _, err := openChecked(path, timeout)
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", path, err)
+		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory} {
@@ -455,7 +457,7 @@ func getJSON[T any](b *bolt.Bucket, key string) (*T, error) {
 
 // viewJSON reads key's value in bucket as a T (store.ErrNotFound when
 // absent).
-func viewJSON[T any](db *bolt.DB, bucket []byte, key string) (*T, error) {
+func viewJSON[T any](db *guardedDB, bucket []byte, key string) (*T, error) {
 	var out *T
 	err := db.View(func(tx *bolt.Tx) error {
 		var err error
@@ -477,7 +479,7 @@ func putJSON(b *bolt.Bucket, key string, v any) error {
 }
 
 // listJSON reads every value of bucket as a T.
-func listJSON[T any](db *bolt.DB, bucket []byte) ([]*T, error) {
+func listJSON[T any](db *guardedDB, bucket []byte) ([]*T, error) {
 	var out []*T
 	err := db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucket).ForEach(func(k, v []byte) error {

@@ -38,7 +38,7 @@ done, 1 error, 2 usage, 3 refused by the server (its reason on the console).
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nodeproof-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required)")
+	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required; https only: the agent speaks only TLS to its server and follows no redirect)")
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows); --mode=reattest defaults to the host name, enrolment has no default (at first boot the host name is often not yet the node's: localhost on every machine)")
@@ -86,6 +86,10 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if *server == "" {
 		fmt.Fprintln(stderr, "nodeproof-agent: --server is required")
+		return 2
+	}
+	if err := agent.CheckServerURL(*server); err != nil {
+		fmt.Fprintf(stderr, "nodeproof-agent: --server (NODEPROOF_SERVER in /etc/nodeproof/agent.env): %v; e.g. https://api-int.example.com:22623 — the agent speaks only TLS to its server, with the CA bundle of --ca-bundle\n", err)
 		return 2
 	}
 	ca, err := os.ReadFile(*caFile)

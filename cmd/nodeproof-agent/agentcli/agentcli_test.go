@@ -109,3 +109,23 @@ func TestHelp(t *testing.T) {
 		t.Errorf("a bad flag: exit %d, stdout %q, stderr %q; want 2, nothing, the usage", code, stdout.String(), stderr.String())
 	}
 }
+
+// TestServerMustBeHTTPS: a --server (agent.env NODEPROOF_SERVER) that is
+// not https is refused before anything else, by a message that names the
+// setting to fix.
+func TestServerMustBeHTTPS(t *testing.T) {
+	for _, server := range []string{"http://api-int.example.com:22623", "api-int.example.com:22623", "https://user:pw@api-int.example.com"} {
+		t.Run(server, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), []string{"--server", server, "--ca-bundle", "/nonexistent", "--evidence", "tpm"}, &stdout, &stderr)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\n%s", code, &stderr)
+			}
+			for _, setting := range []string{"--server", "NODEPROOF_SERVER", "agent.env"} {
+				if !strings.Contains(stderr.String(), setting) {
+					t.Errorf("the message does not name %s: %s", setting, &stderr)
+				}
+			}
+		})
+	}
+}

@@ -77,7 +77,14 @@ func commands() []command {
 		{name: "keys", run: cmdKeys,
 			summary: "the keyring that seals sessions and config tokens",
 			actions: []action{
-				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on"},
+				{name: "rotate", summary: "add a new key (made with the keyring on first use) that seals from --activate-after on; older keys are kept --retain after they stopped sealing, and it prints what it kept and until when"},
+			}},
+		{name: "store", run: cmdStore,
+			summary: "the embedded store (state.db): check it, back it up (also while the server runs), restore a backup",
+			actions: []action{
+				{name: "check", summary: "check the store whole (through the running server when one answers on its admin socket); --file: check a backup"},
+				{name: "backup", summary: "write a consistent copy to --out (through the running server when one answers), checked before it is kept"},
+				{name: "restore", summary: "with the server stopped: put the backup --from in place (checked first; the replaced file is kept) and reset the commit marker"},
 			}},
 		devTPMCommand(),
 		{name: "version", run: cmdVersion, summary: "print the version"},
@@ -452,30 +459,46 @@ func cmdToken(_ context.Context, in *invocation) error {
 }
 
 func cmdKeys(_ context.Context, in *invocation) error {
-	stdout := in.stdout
 	fs := in.flags()
 	var dir string
 	stateDirFlag(fs, &dir)
 	var keysFile string
 	keysFileFlag(fs, &keysFile)
-	file := &keysFile
-	retain := fs.Duration("retain", 24*time.Hour, "keep older keys this long after their creation (must exceed the longest session or config token life)")
-	activate := fs.Duration("activate-after", 2*time.Minute, "the new key seals only after this delay (every replica must have reloaded the file by then); 0 for a single server")
+	retain := fs.Duration("retain", seal.DefaultRetain, "keep an older key this long after it stopped sealing (after the new key took over); must exceed the longest config token and session life")
+	activate := fs.Duration("activate-after", seal.DefaultActivateAfter, "the new key seals only after this delay (every replica must have reloaded the file by then); 0 for a single server")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
-	path := orDefault(*file, filepath.Join(dir, "keys.json"))
+	if *retain < 0 || *activate < 0 {
+		return in.usageError("--retain and --activate-after cannot be negative")
+	}
+	return rotateKeys(in.stdout, orDefault(keysFile, filepath.Join(dir, "keys.json")), *retain, *activate, time.Now)
+}
+
+// rotateKeys rotates the keyring at path and says what it kept, until
+// when, and what it dropped.
+func rotateKeys(stdout io.Writer, path string, retain, activate time.Duration, clock func() time.Time) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	k, err := seal.LoadOrCreate(path, time.Now)
+	k, err := seal.LoadOrCreate(path, clock)
 	if err != nil {
 		return err
 	}
-	if err := k.Rotate(*retain, *activate); err != nil {
+	rot, err := k.Rotate(retain, activate)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "rotated; the new key seals from %s\n", time.Now().Add(*activate).UTC().Format(time.RFC3339))
+	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+	fmt.Fprintf(stdout, "rotated %s; the new key %s seals from %s\n", path, rot.New.ID, ts(rot.New.SealsFrom))
+	for _, st := range rot.Kept {
+		fmt.Fprintf(stdout, "kept key %s (made %s): it seals until %s and opens what it sealed until %s\n",
+			st.ID, ts(st.Created), ts(st.SealsUntil), ts(st.KeptUntil))
+	}
+	for _, st := range rot.Dropped {
+		fmt.Fprintf(stdout, "dropped key %s (made %s): it stopped sealing at %s, more than --retain %s ago\n",
+			st.ID, ts(st.Created), ts(st.SealsUntil), retain)
+	}
 	return nil
 }
 

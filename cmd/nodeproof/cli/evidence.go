@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -89,7 +90,13 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 	kind := c.storeKind(clusterMode)
 	switch kind {
 	case "embedded":
-		return boltstore.Open(filepath.Join(c.StateDir, "state.db"), lock, c.Clock)
+		st, err := boltstore.Open(filepath.Join(c.StateDir, storeFileName), lock, c.Clock)
+		if errors.Is(err, boltstore.ErrDamaged) {
+			return nil, fmt.Errorf("%w\n%s", err, damagedStoreHelp(c.StateDir))
+		} else if err != nil {
+			return nil, err
+		}
+		return st, nil
 	case "kubernetes":
 		ns := c.storeNamespace()
 		cfg, err := restConfig(c.Kubeconfig)

@@ -480,6 +480,7 @@ func (c ServeConfig) serverOptions(ctx context.Context, clusterMode bool, prov *
 	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
 		return o, conns, nil, err
 	}
+	o.Keys.SetMaxLife(c.sealedLife())
 	if o.Provisioning = prov; prov == nil {
 		if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
 			return o, conns, nil, err
@@ -596,6 +597,13 @@ func newHTTPServer(h http.Handler, readHeader time.Duration, log *slog.Logger) *
 	return s
 }
 
+// sealedLife is how long anything the server seals can stay valid: the
+// longest of a config token and a session, plus the time replicas take to
+// reload a rotated keyring (seal.Keyring.SetMaxLife).
+func (c ServeConfig) sealedLife() time.Duration {
+	return max(c.TokenTTL, mcs.DefaultConfigTokenTTL, attest.DefaultSessionTTL) + c.settle()
+}
+
 // maintain reloads an edited policy, renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
 func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served, pol *policyReloader) {
@@ -613,6 +621,10 @@ func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.St
 			c.Log.Error("sealing keys", "err", err.Error())
 		} else if changed {
 			c.Log.Info("sealing keys reloaded (rotated)")
+			for _, h := range keys.Held() {
+				c.Log.Warn("the keyring file dropped a key that can still open live sessions or config tokens; it is kept in memory until then",
+					"key", h.ID, "until", h.KeptUntil.UTC().Format(time.RFC3339))
+			}
 		}
 		if prov == nil {
 			// kept current by the cluster state
