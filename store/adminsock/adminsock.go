@@ -273,14 +273,20 @@ var _ store.Store = (*Client)(nil)
 // there (no socket, or one a dead server left).
 func Dial(ctx context.Context, path string) (*Client, error) {
 	d := net.Dialer{Timeout: 2 * time.Second}
-	c, err := d.DialContext(ctx, "unix", path)
+	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
+		addr, done, err := sockAddr(path)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		return d.DialContext(ctx, "unix", addr)
+	}
+	c, err := dial(ctx, "", "")
 	if err != nil {
 		return nil, err
 	}
 	c.Close()
-	return &Client{path: path, http: &http.Client{Timeout: RequestTimeout + 10*time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", path) },
-	}}}, nil
+	return &Client{path: path, http: &http.Client{Timeout: RequestTimeout + 10*time.Second, Transport: &http.Transport{DialContext: dial}}}, nil
 }
 
 // call runs op with a and decodes its result into out.

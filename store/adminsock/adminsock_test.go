@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,5 +140,48 @@ func adminsockRaw(t *testing.T, path, op string) (string, error) {
 func TestDialNoServer(t *testing.T) {
 	if _, err := adminsock.Dial(context.Background(), filepath.Join(t.TempDir(), adminsock.SocketName)); err == nil {
 		t.Fatal("Dial of a socket nobody serves succeeded")
+	}
+}
+
+// TestLongStateDir: a state directory whose socket path is longer than a
+// unix socket address holds (108 bytes) still gets its admin socket, and
+// operators reach it.
+func TestLongStateDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 60), strings.Repeat("e", 60))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	r := storetest.Record(storetest.ID(2), "worker-2", time.Now().Truncate(time.Second))
+	if err := st.Enrol(context.Background(), r, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	path := adminsock.Path(dir)
+	if len(path) <= 108 {
+		t.Fatalf("the test's path is only %d bytes", len(path))
+	}
+	srv, err := adminsock.Listen(path, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("Listen at a %d-byte path: %v", len(path), err)
+	}
+	go srv.Serve()
+	if fi, err := os.Stat(path); err != nil || fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the socket at its own path: %v, %v", fi, err)
+	}
+	c, err := adminsock.Dial(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if b, err := c.Binding(context.Background(), "worker-2"); err != nil || b.NodeName != "worker-2" {
+		t.Fatalf("Binding over the socket: %+v, %v", b, err)
+	}
+	srv.Close()
+	if _, err := os.Lstat(path); !os.IsNotExist(err) {
+		t.Fatalf("Close left the socket: %v", err)
 	}
 }
