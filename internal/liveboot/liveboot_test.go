@@ -481,6 +481,9 @@ func saveLiveLog(t *testing.T, name string, r *liveboot.Result, parts *liveboot.
 	for _, i := range l.replayed {
 		exp.PCRs[strconv.Itoa(i)] = l.pcrs[i]
 	}
+	if err := exp.ReadSecureBoot(l.raw); err != nil {
+		t.Fatal(err)
+	}
 	b, err := json.MarshalIndent(exp, "", "  ")
 	if err != nil {
 		t.Fatal(err)
