@@ -53,10 +53,17 @@ import (
 // verifier measured exactly one authority, that one verified each image
 // it checked; when several, the log does not say which verified which,
 // and each of its images lists them all as possible signers
-// (attest.BootState.Signer then refuses, BootSignerAmbiguous). Because
-// the sets do not depend on how the log interleaves PCR 7 with PCR 4 —
-// which the quote does not prove — root reordering the log can only make
-// a signer unknown, never name another.
+// (attest.BootState.Signer then refuses, BootSignerAmbiguous). One
+// exception, from PCR 7's own order: the first image the shim verified
+// (the application after it) used the first authority it measured, and
+// where the shim measured its SbatLevel first that authority is known
+// (one root appends comes after it). Because the sets do not depend on
+// how the log interleaves PCR 7 with PCR 4 — which the quote does not
+// prove — root reordering the log can only make a signer unknown, never
+// name another; nor can an authority root appends, which only adds a
+// possible signer. (Matching the shim's later images to its later
+// authorities by order would not hold: an appended authority would then
+// name a kernel's signer.)
 
 // The shim's vendor GUID (SHIM_LOCK_GUID, 605DAB50-E046-4300-ABB6-3DD810DD8B23),
 // as stored, and the signature types of the entries it measures.
@@ -338,6 +345,31 @@ func (r *bootReader) attribute() error {
 			v.Verifier, v.Signers = attest.VerifierShim, later
 		default:
 			v.Verifier, v.Signers = attest.VerifierFirmware, later
+		}
+	}
+	// The first image the shim verified used the first authority it
+	// measured: nothing was in its list before. Where the shim measured
+	// its SbatLevel first, PCR 7's own order (which the quote proves) says
+	// which authority that is — one root appends comes after it — so that
+	// image's signer is known even when the shim used several.
+	if shimRan && r.sbatSeen && len(later) > 1 {
+		first := 1
+		if r.firstInPCR2 {
+			first = 0
+		}
+		if first < len(bs.BootApplications) && bs.AppVerifications[first].Verifier == attest.VerifierShim {
+			var s1 string
+			for i := range r.auths {
+				if r.auths[i].By == attest.VerifierShim {
+					s1 = r.auths[i].SHA256
+					break
+				}
+			}
+			for i, d := range bs.BootApplications {
+				if d == bs.BootApplications[first] && bs.AppVerifications[i].Verifier == attest.VerifierShim {
+					bs.AppVerifications[i].Signers = []string{s1}
+				}
+			}
 		}
 	}
 	if !shimRan {

@@ -162,6 +162,16 @@ func TestSecureBootAuthorityAttacks(t *testing.T) {
 		firmwareLogged(t, joinLog(header, twice)), verifierRefuses)
 	row("root appends an authority naming another signer to PCR 7, moved before the kernel: the kernel's signer is", attest.ReasonBootSignerAmbiguous,
 		rootAppends(t, live, map[int][]rawEvent{kernelApp: {authority(shimLockGUID, "MokListRT", otherEntry)}}), 2)
+	appended, err := swAttest(t, rootAppends(t, live, map[int][]rawEvent{kernelApp: {authority(shimLockGUID, "MokListRT", otherEntry)}}), v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grub, err := appended.TPM.Boot.Signer(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := hb.Signer(1)
+	attacktable.Check(t, "TPM boot state", "... and GRUB's signer (the shim's first authority, in PCR 7's own order) is still", want.Subject, grub.Subject)
 	row("root moves the firmware's db authority after the shim in the log (cross-PCR order), before the shim's SbatLevel", attest.ReasonEventLogOutOfOrder,
 		firmwareLogged(t, joinLog(header, moved(ev, dbAt, shimApp+1))), verifierRefuses)
 	rhelHeader, _ := splitLog(t, rhel)
