@@ -100,24 +100,31 @@ const PartsHint = "run `make tools` (hack/tools.sh boot-chain: Debian's signed s
 // LoadParts reads the parts last fetched into cache (hack/tools.sh's
 // cache directory).
 func LoadParts(cache string) (*Parts, error) {
-	dir := filepath.Join(cache, partsCacheDir, currentLink)
+	return loadManifest(filepath.Join(cache, partsCacheDir, currentLink), "the boot chain", true)
+}
+
+// loadManifest reads the parts fetched into dir (what says "what" in its
+// errors), checking every file is there: the shim and GRUB too when
+// chain.
+func loadManifest(dir, what string, chain bool) (*Parts, error) {
 	b, err := os.ReadFile(filepath.Join(dir, manifestName))
 	if err != nil {
-		return nil, fmt.Errorf("liveboot: the boot chain is not fetched (%v): %s", err, PartsHint)
+		return nil, fmt.Errorf("liveboot: %s is not fetched (%v): %s", what, err, PartsHint)
 	}
 	p := &Parts{}
 	if err := json.Unmarshal(b, p); err != nil {
 		return nil, fmt.Errorf("liveboot: %s: %w (delete %s and %s)", filepath.Join(dir, manifestName), err, dir, PartsHint)
 	}
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
+	if p.Dir, err = filepath.EvalSymlinks(dir); err != nil {
 		return nil, err
 	}
-	p.Dir = real
-	files := append([]string{p.Path(p.Shim), p.Path(p.Grub), p.Path(p.Kernel)}, p.ModulePaths()...)
+	files := append([]string{p.Path(p.Kernel)}, p.ModulePaths()...)
+	if chain {
+		files = append(files, p.Path(p.Shim), p.Path(p.Grub))
+	}
 	for _, f := range files {
 		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("liveboot: the cached boot chain lacks %s (%v): delete %s and %s", f, err, p.Dir, PartsHint)
+			return nil, fmt.Errorf("liveboot: the cached %s lacks %s (%v): delete %s and %s", what, f, err, p.Dir, PartsHint)
 		}
 	}
 	return p, nil
@@ -195,20 +202,26 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	if p.Modules, err = unpackKernel(ctx, deb(kernelPkg), abi, out, p.Kernel, say); err != nil {
 		return nil, err
 	}
-	b, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(out, manifestName), b, 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(out, dir); err != nil {
+	if err := install(p, out, dir); err != nil {
 		return nil, err
 	}
 	return point(root, name)
+}
+
+// install writes p's manifest into out, the directory it was unpacked
+// into, and moves out to dir.
+func install(p *Parts, out, dir string) error {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(filepath.Join(out, manifestName), b, 0o644); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(out, dir)
 }
 
 // unpackKernel unpacks a kernel package's image (as kernelFile) and the
@@ -263,24 +276,7 @@ const previousLink = "previous-kernel"
 // with only a kernel and its modules (WithKernel puts it after the current
 // shim and GRUB).
 func LoadPreviousKernel(cache string) (*Parts, error) {
-	dir := filepath.Join(cache, partsCacheDir, previousLink)
-	b, err := os.ReadFile(filepath.Join(dir, manifestName))
-	if err != nil {
-		return nil, fmt.Errorf("liveboot: the previous kernel is not fetched (%v): %s", err, PartsHint)
-	}
-	p := &Parts{}
-	if err := json.Unmarshal(b, p); err != nil {
-		return nil, fmt.Errorf("liveboot: %s: %w (delete %s and %s)", filepath.Join(dir, manifestName), err, dir, PartsHint)
-	}
-	if p.Dir, err = filepath.EvalSymlinks(dir); err != nil {
-		return nil, err
-	}
-	for _, f := range append([]string{p.Path(p.Kernel)}, p.ModulePaths()...) {
-		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("liveboot: the cached previous kernel lacks %s (%v): delete %s and %s", f, err, p.Dir, PartsHint)
-		}
-	}
-	return p, nil
+	return loadManifest(filepath.Join(cache, partsCacheDir, previousLink), "the previous kernel", false)
 }
 
 // FetchPreviousKernel fetches Debian's signed kernel of the ABI before
@@ -331,17 +327,7 @@ func FetchPreviousKernel(ctx context.Context, cache string, current *Parts, say 
 	if p.Modules, err = unpackKernel(ctx, debs[0], abi, out, p.Kernel, say); err != nil {
 		return nil, err
 	}
-	b, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(out, manifestName), b, 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(out, dir); err != nil {
+	if err := install(p, out, dir); err != nil {
 		return nil, err
 	}
 	if err := link(root, previousLink, name); err != nil {
