@@ -273,6 +273,129 @@ type BootState struct {
 	// KernelCmdlineKnown is set when a kernel command line was measured.
 	KernelCmdlineKnown bool   `json:"kernelCmdlineKnown"`
 	KernelCmdline      string `json:"kernelCmdline,omitempty"`
+
+	// Authorities are the Secure Boot authorities the boot measured
+	// into PCR 7 (EV_EFI_VARIABLE_AUTHORITY: the signature database entry
+	// that verified an image), in PCR 7's order, each once.
+	Authorities []SecureBootAuthority `json:"authorities,omitempty"`
+	// AppVerifications say, for each of BootApplications (same order),
+	// who verified it and with which of Authorities (attest/tpm's
+	// bootState says how the log establishes it). Signer reads one.
+	AppVerifications []AppVerification `json:"appVerifications,omitempty"`
+	// ShimState is what the shim measured about itself (PCRs 7 and 14);
+	// nil when the log shows no shim.
+	ShimState *ShimState `json:"shimState,omitempty"`
+}
+
+// Who verified a boot image (AppVerification.Verifier,
+// SecureBootAuthority.By).
+const (
+	VerifierFirmware = "firmware"
+	VerifierShim     = "shim"
+)
+
+// SecureBootAuthority is one entry of a signature database that verified
+// an image, as measured into PCR 7.
+type SecureBootAuthority struct {
+	// Variable is the database it came from, as measured: "db" (UEFI's,
+	// checked by the firmware or by the shim), "MokListRT" (the shim's
+	// MokList: its vendor certificate, mirrored, then the machine owner's
+	// keys), "Shim" (the shim's built-in vendor certificate, checked
+	// directly), "vendor_db" (the shim's built-in db).
+	Variable string `json:"variable"`
+	// By is who measured it: VerifierFirmware or VerifierShim.
+	By string `json:"by"`
+	// BeforeSeparator: measured before PCR 7's separator (the firmware
+	// verifying drivers and option ROMs, not a boot application).
+	BeforeSeparator bool `json:"beforeSeparator,omitempty"`
+	// SHA256 is the certificate's SHA-256 fingerprint (of its DER), hex;
+	// for a hash entry, the image hash itself.
+	SHA256 string `json:"sha256"`
+	// Hash: the entry is an image's hash (EFI_CERT_SHA256), not a
+	// certificate.
+	Hash bool `json:"hash,omitempty"`
+	// Subject is the certificate's subject ("" for a hash, or a
+	// certificate Go does not parse).
+	Subject string `json:"subject,omitempty"`
+	// Owner is the entry's owner GUID (EFI_SIGNATURE_DATA), when the
+	// measurement carried one (old shims measured the bare certificate).
+	Owner string `json:"owner,omitempty"`
+}
+
+// AppVerification is who verified one boot application.
+type AppVerification struct {
+	// Verifier is VerifierFirmware, VerifierShim, or "" when nothing
+	// verified it (Secure Boot off, or the shim's validation turned off).
+	Verifier string `json:"verifier,omitempty"`
+	// Signers are the SHA256 of each authority (of Authorities) that may
+	// have verified it: exactly one when the log establishes the signer;
+	// several when its verifier used several and the log cannot say
+	// which; none when the log shows none.
+	Signers []string `json:"signers,omitempty"`
+}
+
+// Signer is the authority that verified boot application i (of
+// BootApplications), when the log establishes exactly one. Otherwise a
+// *Denial: BootSignerUnknown (nothing verified it, or the log shows no
+// authority for it), BootSignerAmbiguous (its verifier used several
+// authorities and the log does not say which verified it).
+func (b *BootState) Signer(i int) (SecureBootAuthority, error) {
+	if i < 0 || i >= len(b.BootApplications) || i >= len(b.AppVerifications) {
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d: not measured", i)
+	}
+	v := b.AppVerifications[i]
+	switch {
+	case v.Verifier == "":
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d (%.12s…): nothing verified it (Secure Boot or the shim's validation off)", i, b.BootApplications[i])
+	case len(v.Signers) == 0:
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d (%.12s…): the log shows no authority its verifier (%s) measured", i, b.BootApplications[i], v.Verifier)
+	case len(v.Signers) > 1:
+		return SecureBootAuthority{}, Deny(ReasonBootSignerAmbiguous, "boot application %d (%.12s…): verified by one of %d authorities the %s measured; the log does not say which", i, b.BootApplications[i], len(v.Signers), v.Verifier)
+	}
+	for _, a := range b.Authorities {
+		if a.SHA256 == v.Signers[0] && a.By == v.Verifier {
+			return a, nil
+		}
+	}
+	return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d: its signer %.12s… is not among the authorities", i, v.Signers[0])
+}
+
+// ShimState is what the shim measured about itself.
+type ShimState struct {
+	// SBATLevelKnown is set when the shim measured its SbatLevel (PCR 7):
+	// the revocations it enforced. SBATDate is the level's datestamp (its
+	// first line, sbat,1,<date>); SBAT its generations by component
+	// ("shim": 4, "grub": 5, …): an image of a component whose SBAT
+	// generation is lower was refused.
+	SBATLevelKnown bool           `json:"sbatLevelKnown"`
+	SBATDate       string         `json:"sbatDate,omitempty"`
+	SBAT           map[string]int `json:"sbat,omitempty"`
+	// MokList, MokListX and MokListTrusted are the hex digests (the PCR
+	// bank's hash) of what the shim measured into PCR 14; "" when not
+	// measured. MokList holds the shim's vendor certificate (mirrored)
+	// and the machine owner's keys; MokListX what they revoke. The
+	// measurement is the digest alone: the lists' entries are not in the
+	// log.
+	MokList        string `json:"mokList,omitempty"`
+	MokListX       string `json:"mokListX,omitempty"`
+	MokListTrusted string `json:"mokListTrusted,omitempty"`
+	// MokListEmpty and MokListXEmpty: the list is the shim's placeholder
+	// (one all-zero SHA-256 entry): nothing in it.
+	MokListEmpty  bool `json:"mokListEmpty,omitempty"`
+	MokListXEmpty bool `json:"mokListXEmpty,omitempty"`
+	// MokListOnly is the SHA256 of the one certificate MokList holds,
+	// when its digest is that of a list of exactly one certificate the
+	// log shows (an authority the shim measured): for a distribution's
+	// shim, its vendor certificate and no machine-owner key.
+	MokListOnly string `json:"mokListOnly,omitempty"`
+	// MokListTrustedKnown and MokListTrustedOn: the MokListTrusted value
+	// measured (1: Linux may trust the MokList's CA keys in its machine
+	// keyring).
+	MokListTrustedKnown bool `json:"mokListTrustedKnown,omitempty"`
+	MokListTrustedOn    bool `json:"mokListTrustedOn,omitempty"`
+	// ValidationDisabled: the shim measured MokSBState = 1 (mokutil
+	// --disable-validation): it boots what it cannot verify.
+	ValidationDisabled bool `json:"validationDisabled,omitempty"`
 }
 
 // Reason is the machine-readable cause of a refusal. Tests assert reasons,
@@ -346,6 +469,13 @@ const (
 	// ReasonUEFIDebugger: the firmware logged "UEFI Debug Mode": a
 	// debugger was attached during boot.
 	ReasonUEFIDebugger Reason = "UEFIDebuggerPresent"
+	// ReasonBootSignerUnknown: the log does not establish which Secure
+	// Boot authority verified a boot application (nothing verified it, or
+	// no authority its verifier measured is in the log).
+	// ReasonBootSignerAmbiguous: its verifier used several authorities
+	// and the log does not say which verified it (BootState.Signer).
+	ReasonBootSignerUnknown   Reason = "BootSignerUnknown"
+	ReasonBootSignerAmbiguous Reason = "BootSignerAmbiguous"
 	// Cloud identity: signed tokens and documents.
 	ReasonTokenAlgorithm   Reason = "TokenAlgorithmNotAllowed"
 	ReasonTokenKeyUnknown  Reason = "TokenKeyUnknown"

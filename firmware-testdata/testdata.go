@@ -43,8 +43,35 @@ type Expected struct {
 	// (/sys/class/tpm/tpm0/pcr-sha256/N), hex by index, for each PCR in
 	// ReplayPCRs: the log extended into a fresh TPM must give them.
 	PCRs map[string]string `json:"pcrs,omitempty"`
+	// Authorities are the Secure Boot authorities measured into PCR 7
+	// (EV_EFI_VARIABLE_AUTHORITY), each once, in the log's order, for a
+	// log whose SHA-256 events replay; README.md says how they were read.
+	Authorities []Authority `json:"authorities,omitempty"`
+	// Signers are, for each of BootApplications, the SHA-256 of the
+	// authority that verified it ("" when none did: Secure Boot off).
+	Signers []string `json:"signers,omitempty"`
+	// SbatLevel is the text of the SbatLevel the shim measured into
+	// PCR 7, "" when it measured none.
+	SbatLevel string `json:"sbatLevel,omitempty"`
+	// MokList, MokListX and MokListTrusted are the hex SHA-256 digests
+	// of the shim's PCR 14 measurements of those variables ("" when
+	// none).
+	MokList        string `json:"mokList,omitempty"`
+	MokListX       string `json:"mokListX,omitempty"`
+	MokListTrusted string `json:"mokListTrusted,omitempty"`
 	// Note says anything special about the log.
 	Note string `json:"note,omitempty"`
+}
+
+// Authority is one Secure Boot authority of a log: who measured it
+// ("firmware" before the first boot application, "shim" after), the
+// signature database it names ("db", "MokListRT", "Shim"), and its
+// certificate's SHA-256 (of the DER) and subject.
+type Authority struct {
+	By       string `json:"by"`
+	Variable string `json:"variable"`
+	SHA256   string `json:"sha256"`
+	Subject  string `json:"subject"`
 }
 
 // Log is one real event log and its expected outcome.

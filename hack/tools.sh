@@ -12,8 +12,11 @@
 #                   linux-image-amd64 depends on today) and the guest's
 #                   kernel modules, for the live boot (make test-boot):
 #                   apt-get download and unpacked, never installed, into
-#                   boot/<abi>_<versions>/ with boot/current pointing at it
-#                   (hack/bootchain; ~72 MB downloaded, ~25 s)
+#                   boot/<abi>_<versions>/ with boot/current pointing at it;
+#                   and the signed kernel of the ABI before it (same key,
+#                   another version: the signer tests' second kernel), in
+#                   boot/previous-kernel (hack/bootchain; ~140 MB
+#                   downloaded, ~45 s)
 #
 # Measured on a fresh 2-core machine, with other work beside it (module
 # downloads included): ignition 76 s, kube-apiserver 218 s, kubectl 70 s and

@@ -240,3 +240,51 @@ func onOff(b attest.BootState) string {
 	}
 	return "off"
 }
+
+// AddDigests adds Authenticode digests, by stage ("shim", "bootloader",
+// "kernel"), to the allow lists of pool in the policy document doc
+// (`nodeproof policy learn --efi --digests`: reference values read from
+// the boot files, not from a machine), and returns the new document and
+// notes. The pool must exist (its EK trust and Secure Boot rules come from
+// a machine, or by hand); a stage that says any stays so, with a note.
+// The result must parse. Comments of doc are not kept.
+func AddDigests(doc []byte, pool string, digests map[string][]string) ([]byte, []string, error) {
+	root := map[string]any{}
+	if err := yaml.Unmarshal(doc, &root); err != nil {
+		return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
+	}
+	pools, _ := root["pools"].(map[string]any)
+	p, ok := pools[pool].(map[string]any)
+	if !ok {
+		return nil, nil, fmt.Errorf("policy learn: pool %s is not in the policy to merge into (learn it from a machine first, or write it)", pool)
+	}
+	comps := child(child(p, "tpm"), "bootComponents")
+	var notes []string
+	for _, stage := range []string{"shim", "bootloader", "kernel"} {
+		ds := digests[stage]
+		if len(ds) == 0 {
+			continue
+		}
+		s := child(comps, stage)
+		if truthy(s["any"]) {
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true kept; the %d digest(s) read are not added", pool, stage, len(ds)))
+			continue
+		}
+		for _, d := range ds {
+			s["allow"] = addTo(s["allow"], d)
+		}
+	}
+	for stage := range digests {
+		if stage != "shim" && stage != "bootloader" && stage != "kernel" {
+			return nil, nil, fmt.Errorf("policy learn: no boot stage %q (shim, bootloader, kernel)", stage)
+		}
+	}
+	out, err := yaml.Marshal(root)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy learn: %w", err)
+	}
+	if _, err := Parse(out); err != nil {
+		return nil, nil, fmt.Errorf("policy learn: the policy with the digests added does not check: %w", err)
+	}
+	return out, notes, nil
+}

@@ -42,7 +42,29 @@ import (
 //   - SecureBoot is one byte, 0 or 1 (empty data reads as off, as an unset
 //     variable; anything else is EventLogUnexpectedEvent); on, it needs
 //     PK, KEK and db measured and at least one authority
-//     (EventLogUnexpectedEvent).
+//     (EventLogUnexpectedEvent);
+//   - Secure Boot authorities (authority.go): data matching the digest
+//     (less one trailing byte, an old shim's bug) and parsing as a
+//     UEFI_VARIABLE_DATA holding a certificate or a hash entry
+//     (EventLogMalformed); db and vendor_db under the image security
+//     database GUID, the shim's names (MokListRT, MokList, Shim,
+//     SbatLevel, MokSBState, MokListTrusted) under the shim's
+//     (EventLogVariableGUID); the shim's only after the first boot
+//     application and PCR 7's separator (EventLogOutOfOrder); the
+//     shim's state (SbatLevel, MokSBState, MokListTrusted) each once
+//     (EventLogVariableRepeated), before any authority measured after
+//     the first application (EventLogOutOfOrder), a SbatLevel that
+//     parses (EventLogMalformed); the same authority measured twice by
+//     the firmware, or by a shim that measures SbatLevel (both measure
+//     each once), is EventLogVariableRepeated;
+//   - the shim's PCR 14 logs (EV_IPL named MokList, MokListX, MokSBState,
+//     MokListTrusted, MokPolicy; the name is not measured): only in PCR
+//     14 (elsewhere EventLogUnexpectedEvent), after the first boot
+//     application and before ExitBootServices, PCR 14's first events, in
+//     that order, each once (EventLogOutOfOrder, EventLogVariableRepeated);
+//     MokSBState logged in PCR 14 exactly when measured in PCR 7, and
+//     MokListTrusted's value the same in both (EventLogUnexpectedEvent);
+//   - an authority outside PCR 7 is EventLogUnexpectedEvent.
 //
 // What it establishes:
 //   - Secure Boot and the digests of PK, KEK, db and dbx (dbx's entries
@@ -58,6 +80,11 @@ import (
 //     command (PCR 8; the image GRUB then loads through the shim), else an
 //     application whose image file is vmlinuz* (systemd-boot); otherwise
 //     unknown;
+//   - who verified each boot application, and with which authority
+//     (authority.go's rule: each verifier's authorities are a set; one
+//     names the signer, several leave it ambiguous), the authorities
+//     themselves, and the shim's state: its SBAT level, its MokList,
+//     MokListX and MokListTrusted measurements, its validation;
 //   - the kernel command line, from GRUB's measured commands (PCRs 8/9,
 //     go-eventlog's GRUB extractor), only where what GRUB measured, not
 //     how the log labels it, agrees (grubCmdlineConsistent): the label of
@@ -69,7 +96,7 @@ import (
 // PCR's own sequence is): docs/tpm.md says what that leaves and how PCR
 // reference values close it.
 func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
-	r := bootReader{bank: bank, seen: map[string]bool{}, pcr4Sep: hasSeparator(events, 4)}
+	r := bootReader{bank: bank, seen: map[string]bool{}, shimVars: map[string]bool{}, pcr4Sep: hasSeparator(events, 4)}
 	r.bs.LogEvents = len(events)
 	for i, e := range events {
 		if err := r.event(i, e); err != nil {
@@ -86,14 +113,26 @@ type bootReader struct {
 	replayed    [lastSRTMPCR + 1]bool
 	separator   [8]bool
 	seen        map[string]bool // UEFI variables measured
-	authorities int
-	pk, kek, db bool // non-empty
-	pcr4Sep     bool // the log has PCR 4's separator
+	pk, kek, db bool            // non-empty
+	pcr4Sep     bool            // the log has PCR 4's separator
 	grubEvents  []tcg.Event
 	grubUsable  bool
 	grubSeen    bool
 	afterLinux  bool   // GRUB's linux command measured, its image not yet
 	vmlinuz     string // the first application whose image file is vmlinuz*
+
+	// Secure Boot authorities and the shim (authority.go).
+	appsRan      int  // boot applications measured so far: PCR 4's, and PCR 2's after its separator (a CC log's shim)
+	firstInPCR2  bool // the first application ran from PCR 2, so BootApplications[0] is not it
+	auths        []authEvent
+	authAfterApp bool            // an authority measured after the first application
+	shimSeen     bool            // a measurement only the shim makes
+	sbatSeen     bool            // the shim measured its SbatLevel (15.4 on)
+	shimVars     map[string]bool // the shim's state variables measured into PCR 7
+	shim         attest.ShimState
+	pcr14Seen    [5]bool // the shim's PCR 14 logs (shimPCR14Order)
+	pcr14Next    int     // the next of them the order allows
+	pcr14Other   bool    // a PCR 14 event not the shim's
 }
 
 func (r *bootReader) event(i int, e tcg.Event) error {
@@ -123,7 +162,15 @@ func (r *bootReader) event(i int, e tcg.Event) error {
 		r.separator[e.Index] = true
 		return nil
 	}
+	switch {
+	case e.Index != 14 && shimPCR14Label(e) >= 0:
+		return attest.Deny(attest.ReasonEventLogUnexpected, "event %d: the shim's %s logged in PCR %d (the shim logs it only into PCR 14)", i, bytes.TrimRight(e.Data, "\x00"), e.Index)
+	case e.Index != 7 && e.Type == tcg.EFIVariableAuthority:
+		return attest.Deny(attest.ReasonEventLogUnexpected, "event %d: a Secure Boot authority in PCR %d (firmware and the shim measure them only into PCR 7)", i, e.Index)
+	}
 	switch e.Index {
+	case 14:
+		return r.pcr14(i, e)
 	case 7:
 		return r.pcr7(i, e)
 	case 5:
@@ -136,11 +183,21 @@ func (r *bootReader) event(i int, e tcg.Event) error {
 		}
 		d := hex.EncodeToString(e.Digest)
 		bs.BootApplications = append(bs.BootApplications, d)
+		r.appsRan++
 		if r.afterLinux {
 			bs.Kernel, bs.KernelBy, r.afterLinux = d, "grub-linux-command", false
 		}
 		if r.vmlinuz == "" && strings.HasPrefix(strings.ToLower(path.Base(strings.ReplaceAll(imageFileName(e.Data), `\`, "/"))), "vmlinuz") {
 			r.vmlinuz = d
+		}
+	case 2:
+		// On a confidential VM's log (TDX: RTMR 1 read as PCR 2) the
+		// firmware measures the first application, the shim, here.
+		if e.Type == tcg.EFIBootServicesApplication && r.separator[2] {
+			if r.appsRan == 0 {
+				r.firstInPCR2 = true
+			}
+			r.appsRan++
 		}
 	case 8, 9:
 		// go-eventlog's GRUB extractor reads only EV_IPL and EV_EVENT_TAG;
@@ -161,13 +218,16 @@ func (r *bootReader) event(i int, e tcg.Event) error {
 
 func (r *bootReader) finish() (attest.BootState, error) {
 	bs := &r.bs
-	if bs.SecureBoot && !(r.pk && r.kek && r.db && r.authorities > 0) {
+	if bs.SecureBoot && !(r.pk && r.kek && r.db && len(r.auths) > 0) {
 		return *bs, attest.Deny(attest.ReasonEventLogUnexpected, "Secure Boot is on, but PK, KEK and db were not all measured, or no authority verified an image")
 	}
 	for i, ok := range r.replayed {
 		if ok {
 			bs.ReplayedPCRs = append(bs.ReplayedPCRs, i)
 		}
+	}
+	if err := r.attribute(); err != nil {
+		return *bs, err
 	}
 	if len(bs.BootApplications) > 0 {
 		bs.Shim = bs.BootApplications[0]
@@ -232,8 +292,7 @@ func (r *bootReader) pcr7(i int, e tcg.Event) error {
 	after := r.separator[7]
 	switch e.Type {
 	case tcg.EFIVariableAuthority:
-		r.authorities++
-		return nil
+		return r.authority(i, e)
 	case tcg.EFIVariableDriverConfig:
 		if after {
 			return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: a UEFI variable measured into PCR 7 after its separator (firmware measures them before the first boot application)", i)

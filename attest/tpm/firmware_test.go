@@ -2,8 +2,10 @@ package tpm_test
 
 import (
 	"crypto"
+	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	goattest "github.com/google/go-attestation/attest"
@@ -153,6 +155,7 @@ func checkBoot(t *testing.T, claims *attest.Claims, exp firmwaretestdata.Expecte
 	if b.Kernel != "" && (!slices.Contains(b.BootApplications, b.Kernel) || b.KernelBy == "" || !b.ExitBootServices) {
 		t.Errorf("kernel %s (by %q, ExitBootServices %v) is not a boot application %v", b.Kernel, b.KernelBy, b.ExitBootServices, b.BootApplications)
 	}
+	checkSecureBoot(t, b, exp)
 	if exp.KernelCmdline == "" {
 		if b.KernelCmdlineKnown {
 			t.Errorf("kernel command line %q; want none", b.KernelCmdline)
@@ -201,4 +204,52 @@ func sha1Replay(t *testing.T, m *machine, el *tcg.EventLog) int {
 		t.Fatalf("SHA-1 log does not replay against the simulator's SHA-1 bank: %v", err)
 	}
 	return len(events)
+}
+
+// checkSecureBoot compares the claims' Secure Boot authorities, each boot
+// application's signer and the shim's measurements with the expectation
+// (read with go-eventlog alone: firmwaretestdata's ReadSecureBoot).
+func checkSecureBoot(t *testing.T, b attest.BootState, exp firmwaretestdata.Expected) {
+	t.Helper()
+	var got []firmwaretestdata.Authority
+	for _, a := range b.Authorities {
+		got = append(got, firmwaretestdata.Authority{By: a.By, Variable: a.Variable, SHA256: a.SHA256, Subject: a.Subject})
+	}
+	if !slices.Equal(got, exp.Authorities) {
+		t.Errorf("authorities %+v; want %+v", got, exp.Authorities)
+	}
+	if len(b.AppVerifications) != len(b.BootApplications) {
+		t.Fatalf("%d verifications for %d boot applications", len(b.AppVerifications), len(b.BootApplications))
+	}
+	for i := range b.BootApplications {
+		a, err := b.Signer(i)
+		switch {
+		case len(exp.Signers) == 0 && err == nil:
+			t.Errorf("application %d: signer %s with Secure Boot %s", i, a.Subject, exp.SecureBoot)
+		case len(exp.Signers) > 0 && (err != nil || a.SHA256 != exp.Signers[i]):
+			t.Errorf("application %d: signer %s (%v); want %s", i, a.SHA256, err, exp.Signers[i])
+		}
+	}
+	st := b.ShimState
+	if st == nil {
+		st = &attest.ShimState{}
+	}
+	if st.MokList != exp.MokList || st.MokListX != exp.MokListX || st.MokListTrusted != exp.MokListTrusted {
+		t.Errorf("MokList %q MokListX %q MokListTrusted %q; want %q %q %q", st.MokList, st.MokListX, st.MokListTrusted, exp.MokList, exp.MokListX, exp.MokListTrusted)
+	}
+	if exp.SbatLevel == "" {
+		if st.SBATLevelKnown {
+			t.Errorf("SBAT level %s %v; the log has none", st.SBATDate, st.SBAT)
+		}
+		return
+	}
+	lines := strings.Split(strings.TrimSuffix(exp.SbatLevel, "\n"), "\n")
+	want := map[string]int{}
+	for _, l := range lines[1:] {
+		c, g, _ := strings.Cut(l, ",")
+		want[c], _ = strconv.Atoi(g)
+	}
+	if !st.SBATLevelKnown || "sbat,1,"+st.SBATDate != lines[0] || !maps.Equal(st.SBAT, want) {
+		t.Errorf("SBAT level known %v, %s %v; want %q", st.SBATLevelKnown, st.SBATDate, st.SBAT, exp.SbatLevel)
+	}
 }

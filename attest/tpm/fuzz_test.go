@@ -172,6 +172,49 @@ func checkBootState(t *testing.T, bs attest.BootState, events []tcg.Event) {
 	case !bs.DBXKnown && (bs.DBXEntries != 0 || bs.DBX != ""):
 		t.Fatal("dbx not measured but described")
 	}
+	checkAuthorities(t, bs)
+}
+
+// checkAuthorities: every boot application has a verification; each
+// signer is a listed authority its verifier measured; nothing verified
+// anything with Secure Boot off; the shim's state describes only what it
+// measured.
+func checkAuthorities(t *testing.T, bs attest.BootState) {
+	t.Helper()
+	if len(bs.AppVerifications) != len(bs.BootApplications) {
+		t.Fatalf("%d verifications for %d boot applications", len(bs.AppVerifications), len(bs.BootApplications))
+	}
+	by := map[string]bool{}
+	for _, a := range bs.Authorities {
+		if a.By != attest.VerifierFirmware && a.By != attest.VerifierShim || a.SHA256 == "" {
+			t.Fatalf("authority %+v", a)
+		}
+		by[a.By+" "+a.SHA256] = true
+	}
+	for i, v := range bs.AppVerifications {
+		if v.Verifier == "" && len(v.Signers) > 0 || v.Verifier != "" && !(bs.SecureBootKnown && bs.SecureBoot) {
+			t.Fatalf("application %d: %+v with Secure Boot known %v on %v", i, v, bs.SecureBootKnown, bs.SecureBoot)
+		}
+		for _, s := range v.Signers {
+			if !by[v.Verifier+" "+s] {
+				t.Fatalf("application %d: signer %s is no authority the %s measured", i, s, v.Verifier)
+			}
+		}
+		a, err := bs.Signer(i)
+		r, _ := attest.ReasonOf(err)
+		switch {
+		case len(v.Signers) == 1 && (err != nil || a.SHA256 != v.Signers[0] || a.By != v.Verifier):
+			t.Fatalf("application %d: one signer %s, Signer says %+v, %v", i, v.Signers[0], a, err)
+		case len(v.Signers) > 1 && r != attest.ReasonBootSignerAmbiguous, len(v.Signers) == 0 && r != attest.ReasonBootSignerUnknown:
+			t.Fatalf("application %d: %d signers, Signer says %v", i, len(v.Signers), err)
+		}
+	}
+	if st := bs.ShimState; st != nil {
+		if !st.SBATLevelKnown && (st.SBATDate != "" || len(st.SBAT) > 0) || st.MokListOnly != "" && st.MokList == "" ||
+			st.MokListEmpty && st.MokList == "" || st.MokListXEmpty && st.MokListX == "" {
+			t.Fatalf("shim state %+v", st)
+		}
+	}
 }
 
 // checkBootOrder: an accepted log is in the boot's order.

@@ -210,7 +210,12 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //  7. The event log parses (EventLogMalformed) and replays to the quoted
 //     PCR values (EventLogReplayMismatch).
 //  8. Boot state is read only from replayed events whose data matches its
-//     digest where the meaning is in the data (EventLogMalformed).
+//     digest where the meaning is in the data (EventLogMalformed), as the
+//     boot's sequence: bootState lists each of its checks (the order of
+//     PCR 7, ExitBootServices, Secure Boot authorities and the shim's
+//     PCR 7 and PCR 14 measurements; EventLogOutOfOrder,
+//     EventLogVariableRepeated, EventLogVariableGUID,
+//     EventLogUnexpectedEvent, UEFIDebuggerPresent).
 //
 // Refusals of checks 7 and 8 come after the identity was proven: they are
 // wrapped in an *attest.Identified naming it (a re-attestation records

@@ -1,7 +1,9 @@
 // Command bootchain fetches what the live boot (internal/liveboot, make
 // test-boot, make demo-boot) boots: Debian's Microsoft-signed shim, its
 // signed GRUB and its signed kernel of the ABI linux-image-amd64 depends
-// on today, with the kernel modules the guest loads. They are downloaded
+// on today, with the kernel modules the guest loads, and the signed kernel
+// of the ABI before it (the live boot's second kernel signed by the same
+// key: internal/liveboot's signer tests). They are downloaded
 // with apt-get download and unpacked, never installed, into the cache
 // hack/tools.sh builds into ($NODEPROOF_CACHE, default
 // ~/.cache/nodeproof), under boot/. hack/tools.sh runs it.
@@ -34,4 +36,10 @@ func main() {
 	for _, pkg := range slices.Sorted(maps.Keys(p.Packages)) {
 		say("  %s %s", pkg, p.Packages[pkg])
 	}
+	prev, err := liveboot.FetchPreviousKernel(ctx, testenv.Cache(), p, say)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bootchain:", err)
+		os.Exit(1)
+	}
+	say("previous kernel %s: %s", prev.ABI, filepath.Base(prev.Dir))
 }

@@ -19,12 +19,12 @@ import (
 
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
-	"github.com/saferwall/pe"
 	certv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
@@ -59,32 +59,23 @@ pools:
 // files, as Debian's packages ship them.
 type digests struct{ shim, grub, kernel string }
 
-// authenticode computes them with saferwall/pe (a maintained PE parser),
+// authenticode computes them with attest/bootimage (saferwall/pe),
 // independently of nodeproof's event log code.
 func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	t.Helper()
 	one := func(name string) string {
-		// Headers only: the digest needs the optional header and the
-		// certificate table, not the data directories.
-		f, err := pe.New(parts.Path(name), &pe.Options{Fast: true})
+		img, err := bootimage.ReadFile(parts.Path(name))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		defer f.Close()
-		if err := f.Parse(); err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		h := f.Authentihash()
-		if len(h) != 32 {
-			t.Fatalf("%s: no Authenticode SHA-256 digest", name)
-		}
-		return hex.EncodeToString(h)
+		return hex.EncodeToString(img.AuthenticodeSHA256)
 	}
 	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
 }
 
-// TestLiveBoot boots a real machine four times (make test-boot; about
-// 30-45 s a boot here, one VM at a time): OVMF with Secure Boot and
+// TestLiveBoot boots a real machine five times (make test-boot; about
+// 30-45 s a boot here, one VM at a time; the first run also enrols the
+// test Secure Boot keys, a ~10 s firmware boot, cached after): OVMF with Secure Boot and
 // Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
 // kernel, measured into swtpm; the agent, Ignition and kubelet-csr in the
 // initramfs; the guest's network restricted to the host's loopback
@@ -98,10 +89,19 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //  2. Reboot (a new swtpm process on the same state): fresh PCRs, the same
 //     EK, a higher reset count; the agent re-attests at boot, the binding
 //     counts the boot, the node stays attested.
-//  3. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//  3. Own Secure Boot keys (SignerLab: the test PK and KEK; db
+//     Microsoft's and the test db CA; a real 186-entry dbx; the test MOK
+//     CA in MokList; enrolled once by OVMF's shell and cached), the kernel
+//     re-signed by the test db signer (the same code: the digest policy
+//     admits it): re-attested, and the claims the server recorded name
+//     Microsoft's UEFI CA for the shim, Debian's CA for GRUB, the kernel's
+//     possible signers (Debian's CA and the test db CA: the shim used
+//     both), the store's PK, KEK, db and dbx, and a MokList that holds
+//     the MOK beside Debian's CA.
+//  4. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
 //     Event; the node failed and tainted.
-//  4. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//  5. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
 //
@@ -162,14 +162,14 @@ func TestLiveBoot(t *testing.T) {
 	}
 	t.Cleanup(func() { m.Close() })
 	n := 0
-	boot := func(t *testing.T, name, disk string, secureBoot bool) *liveboot.Result {
+	bootWith := func(t *testing.T, name, disk string, secureBoot bool, vars string) *liveboot.Result {
 		t.Helper()
 		n++
-		if n > 4 {
-			t.Fatal("more than four boots")
+		if n > 5 {
+			t.Fatal("more than five boots")
 		}
 		say("boot %d (%s): Secure Boot %s", n, name, map[bool]string{true: "on", false: "off"}[secureBoot])
-		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Forward: []int{w.serverPort, w.apiPort},
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Vars: vars, Forward: []int{w.serverPort, w.apiPort},
 			FwCfg: map[string]string{"nodeproof/plan": "agent"}, Progress: say})
 		path := cons.save(t, fmt.Sprintf("boot%d-%s", n, name), r)
 		if err != nil {
@@ -177,6 +177,10 @@ func TestLiveBoot(t *testing.T) {
 		}
 		say("boot %d: powered off after %.1fs", n, r.Took.Seconds())
 		return r
+	}
+	boot := func(t *testing.T, name, disk string, secureBoot bool) *liveboot.Result {
+		t.Helper()
+		return bootWith(t, name, disk, secureBoot, "")
 	}
 
 	var first, reboot *liveboot.Result
@@ -252,6 +256,13 @@ func TestLiveBoot(t *testing.T) {
 			t.Errorf("TPM reset count %d after the reboot, %d before", s.Binding.Status.ResetCount, reset1)
 		}
 		say("reboot: boots %d -> %d, TPM reset count %d -> %d, identity %.24s…", boots1, s.Binding.Status.Boots, reset1, s.Binding.Status.ResetCount, s.Binding.Identity)
+	})
+	if !ok {
+		return
+	}
+
+	ok = t.Run("own Secure Boot keys, a real dbx, a MOK, the kernel re-signed by a test db key: re-attested; the claims name each signer", func(t *testing.T) {
+		ownKeys(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+2)
 	})
 	if !ok {
 		return
@@ -480,6 +491,9 @@ func saveLiveLog(t *testing.T, name string, r *liveboot.Result, parts *liveboot.
 	}
 	for _, i := range l.replayed {
 		exp.PCRs[strconv.Itoa(i)] = l.pcrs[i]
+	}
+	if err := exp.ReadSecureBoot(l.raw); err != nil {
+		t.Fatal(err)
 	}
 	b, err := json.MarshalIndent(exp, "", "  ")
 	if err != nil {

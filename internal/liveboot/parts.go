@@ -29,6 +29,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/nodeproof/nodeproof/fsutil"
@@ -72,14 +73,23 @@ type Parts struct {
 	Modules []string `json:"modules"`
 }
 
-// Path is the absolute path of a file of the parts.
-func (p *Parts) Path(name string) string { return filepath.Join(p.Dir, name) }
+// Path is the absolute path of a file of the parts (an absolute name is
+// its own path: parts that mix files from several places, WithKernel).
+func (p *Parts) Path(name string) string {
+	if filepath.IsAbs(name) {
+		return name
+	}
+	return filepath.Join(p.Dir, name)
+}
 
 // ModulePaths are the module files in load order.
 func (p *Parts) ModulePaths() []string {
 	out := make([]string, len(p.Modules))
 	for i, m := range p.Modules {
-		out[i] = filepath.Join(p.Dir, "modules", m)
+		out[i] = m
+		if !filepath.IsAbs(m) {
+			out[i] = filepath.Join(p.Dir, "modules", m)
+		}
 	}
 	return out
 }
@@ -90,24 +100,31 @@ const PartsHint = "run `make tools` (hack/tools.sh boot-chain: Debian's signed s
 // LoadParts reads the parts last fetched into cache (hack/tools.sh's
 // cache directory).
 func LoadParts(cache string) (*Parts, error) {
-	dir := filepath.Join(cache, partsCacheDir, currentLink)
+	return loadManifest(filepath.Join(cache, partsCacheDir, currentLink), "the boot chain", true)
+}
+
+// loadManifest reads the parts fetched into dir (what says "what" in its
+// errors), checking every file is there: the shim and GRUB too when
+// chain.
+func loadManifest(dir, what string, chain bool) (*Parts, error) {
 	b, err := os.ReadFile(filepath.Join(dir, manifestName))
 	if err != nil {
-		return nil, fmt.Errorf("liveboot: the boot chain is not fetched (%v): %s", err, PartsHint)
+		return nil, fmt.Errorf("liveboot: %s is not fetched (%v): %s", what, err, PartsHint)
 	}
 	p := &Parts{}
 	if err := json.Unmarshal(b, p); err != nil {
 		return nil, fmt.Errorf("liveboot: %s: %w (delete %s and %s)", filepath.Join(dir, manifestName), err, dir, PartsHint)
 	}
-	real, err := filepath.EvalSymlinks(dir)
-	if err != nil {
+	if p.Dir, err = filepath.EvalSymlinks(dir); err != nil {
 		return nil, err
 	}
-	p.Dir = real
-	files := append([]string{p.Path(p.Shim), p.Path(p.Grub), p.Path(p.Kernel)}, p.ModulePaths()...)
+	files := append([]string{p.Path(p.Kernel)}, p.ModulePaths()...)
+	if chain {
+		files = append(files, p.Path(p.Shim), p.Path(p.Grub))
+	}
 	for _, f := range files {
 		if _, err := os.Stat(f); err != nil {
-			return nil, fmt.Errorf("liveboot: the cached boot chain lacks %s (%v): delete %s and %s", f, err, p.Dir, PartsHint)
+			return nil, fmt.Errorf("liveboot: the cached %s lacks %s (%v): delete %s and %s", what, f, err, p.Dir, PartsHint)
 		}
 	}
 	return p, nil
@@ -182,9 +199,37 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	if err := extract(ctx, deb(GrubPackage), map[string]string{grubFile: filepath.Join(out, p.Grub)}); err != nil {
 		return nil, err
 	}
-	// The kernel package in two passes over its files: every module's
-	// depends= first, then the image and the modules the guest needs.
-	mods, err := moduleIndex(ctx, deb(kernelPkg), abi)
+	if p.Modules, err = unpackKernel(ctx, deb(kernelPkg), abi, out, p.Kernel, say); err != nil {
+		return nil, err
+	}
+	if err := install(p, out, dir); err != nil {
+		return nil, err
+	}
+	return point(root, name)
+}
+
+// install writes p's manifest into out, the directory it was unpacked
+// into, and moves out to dir.
+func install(p *Parts, out, dir string) error {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(filepath.Join(out, manifestName), b, 0o644); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	return os.Rename(out, dir)
+}
+
+// unpackKernel unpacks a kernel package's image (as kernelFile) and the
+// guest's modules (under modules/) into out, in two passes over its
+// files: every module's depends= first, then the image and the modules
+// the guest needs. It returns the modules' file names in load order.
+func unpackKernel(ctx context.Context, deb, abi, out, kernelFile string, say func(string, ...any)) ([]string, error) {
+	mods, err := moduleIndex(ctx, deb, abi)
 	if err != nil {
 		return nil, err
 	}
@@ -192,43 +237,143 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	if err != nil {
 		return nil, err
 	}
-	want := map[string]string{"boot/vmlinuz-" + abi: filepath.Join(out, p.Kernel)}
+	want := map[string]string{"boot/vmlinuz-" + abi: filepath.Join(out, kernelFile)}
+	var files []string
 	for _, m := range order {
 		file := path.Base(mods[m].path)
 		want[mods[m].path] = filepath.Join(out, "modules", file)
-		p.Modules = append(p.Modules, file)
+		files = append(files, file)
 	}
 	say("boot chain: kernel %s, modules %s", abi, strings.Join(order, " "))
-	if err := extract(ctx, deb(kernelPkg), want); err != nil {
+	if err := extract(ctx, deb, want); err != nil {
 		return nil, err
 	}
-	b, err := json.MarshalIndent(p, "", "  ")
-	if err != nil {
-		return nil, err
-	}
-	if err := fsutil.WriteFileAtomic(filepath.Join(out, manifestName), b, 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(out, dir); err != nil {
-		return nil, err
-	}
-	return point(root, name)
+	return files, nil
 }
 
 // point makes root/current name and loads it.
 func point(root, name string) (*Parts, error) {
-	tmp := filepath.Join(root, ".current.tmp")
-	_ = os.Remove(tmp)
-	if err := os.Symlink(name, tmp); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp, filepath.Join(root, currentLink)); err != nil {
+	if err := link(root, currentLink, name); err != nil {
 		return nil, err
 	}
 	return LoadParts(filepath.Dir(root))
+}
+
+// link makes root/at a symbolic link to name, atomically.
+func link(root, at, name string) error {
+	tmp := filepath.Join(root, "."+at+".tmp")
+	_ = os.Remove(tmp)
+	if err := os.Symlink(name, tmp); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(root, at))
+}
+
+// previousLink names the previous kernel's directory under cache/boot.
+const previousLink = "previous-kernel"
+
+// LoadPreviousKernel reads the kernel FetchPreviousKernel fetched: parts
+// with only a kernel and its modules (WithKernel puts it after the current
+// shim and GRUB).
+func LoadPreviousKernel(cache string) (*Parts, error) {
+	return loadManifest(filepath.Join(cache, partsCacheDir, previousLink), "the previous kernel", false)
+}
+
+// FetchPreviousKernel fetches Debian's signed kernel of the ABI before
+// current's (the highest linux-image-<version>-<n>-amd64 apt knows with a
+// lower n: an older kernel Debian signed with the same key), with the
+// guest's modules, into cache/boot/kernel-<ABI>_linux-<version>, and points
+// cache/boot/previous-kernel at it. A fetch already there is kept.
+func FetchPreviousKernel(ctx context.Context, cache string, current *Parts, say func(string, ...any)) (*Parts, error) {
+	abi, err := previousABI(ctx, current.ABI)
+	if err != nil {
+		return nil, err
+	}
+	pkg := "linux-image-" + abi
+	version, err := candidate(ctx, pkg)
+	if err != nil {
+		return nil, err
+	}
+	root := filepath.Join(cache, partsCacheDir)
+	name := sanitize(fmt.Sprintf("kernel-%s_linux-%s", abi, version))
+	dir := filepath.Join(root, name)
+	if _, err := os.Stat(filepath.Join(dir, manifestName)); err == nil {
+		say("previous kernel %s: cached (%s)", name, dir)
+		if err := link(root, previousLink, name); err != nil {
+			return nil, err
+		}
+		return LoadPreviousKernel(cache)
+	}
+	tmp, err := os.MkdirTemp(root, ".fetch-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	say("previous kernel: apt-get download %s=%s", pkg, version)
+	cmd := exec.CommandContext(ctx, "apt-get", "download", pkg+"="+version)
+	cmd.Dir = tmp
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("liveboot: apt-get download %s=%s: %w\n%s", pkg, version, err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(tmp, pkg+"_*.deb"))
+	if len(debs) != 1 {
+		return nil, fmt.Errorf("liveboot: apt-get download %s left %d packages", pkg, len(debs))
+	}
+	out := filepath.Join(tmp, "parts")
+	if err := os.MkdirAll(filepath.Join(out, "modules"), 0o755); err != nil {
+		return nil, err
+	}
+	p := &Parts{ABI: abi, Packages: map[string]string{pkg: version}, Kernel: "vmlinuz-" + abi}
+	if p.Modules, err = unpackKernel(ctx, debs[0], abi, out, p.Kernel, say); err != nil {
+		return nil, err
+	}
+	if err := install(p, out, dir); err != nil {
+		return nil, err
+	}
+	if err := link(root, previousLink, name); err != nil {
+		return nil, err
+	}
+	return LoadPreviousKernel(cache)
+}
+
+// previousABI is the highest kernel ABI of current's series (6.1.0-<n>)
+// with a lower n that apt has a signed image of.
+func previousABI(ctx context.Context, current string) (string, error) {
+	m := regexp.MustCompile(`^(.+)-(\d+)-amd64$`).FindStringSubmatch(current)
+	if m == nil {
+		return "", fmt.Errorf("liveboot: kernel ABI %q is not <version>-<n>-amd64", current)
+	}
+	n, _ := strconv.Atoi(m[2])
+	out, err := exec.CommandContext(ctx, "apt-cache", "search", "--names-only", "^linux-image-"+regexp.QuoteMeta(m[1])+"-[0-9]+-amd64$").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("liveboot: apt-cache search: %w\n%s", err, out)
+	}
+	best := -1
+	re := regexp.MustCompile(`(?m)^linux-image-` + regexp.QuoteMeta(m[1]) + `-(\d+)-amd64 `)
+	for _, f := range re.FindAllStringSubmatch(string(out), -1) {
+		if k, _ := strconv.Atoi(f[1]); k < n && k > best {
+			best = k
+		}
+	}
+	if best < 0 {
+		return "", fmt.Errorf("liveboot: apt knows no signed kernel of ABI %s-<n>-amd64 older than %s", m[1], current)
+	}
+	return fmt.Sprintf("%s-%d-amd64", m[1], best), nil
+}
+
+// WithKernel is p's shim and GRUB with k's kernel and modules (k from
+// LoadPreviousKernel): parts of absolute paths.
+func (p *Parts) WithKernel(k *Parts) *Parts {
+	out := &Parts{ABI: k.ABI, Packages: map[string]string{}, Shim: p.Path(p.Shim), Grub: p.Path(p.Grub), Kernel: k.Path(k.Kernel), Modules: k.ModulePaths()}
+	for n, v := range p.Packages {
+		if !strings.HasPrefix(n, "linux-image-") {
+			out.Packages[n] = v
+		}
+	}
+	for n, v := range k.Packages {
+		out.Packages[n] = v
+	}
+	return out
 }
 
 var unsafeChars = regexp.MustCompile(`[^A-Za-z0-9._+-]`)

@@ -87,6 +87,9 @@ type Boot struct {
 	Disk string
 	// SecureBoot picks the OVMF variable store: Microsoft's keys, or none.
 	SecureBoot bool
+	// Vars, when set, is the variable store to boot with instead (a copy
+	// of it: the boot's writes are discarded), such as EnrolVars makes.
+	Vars string
 	// Forward are the loopback ports the guest may reach, at GuestHost.
 	Forward []int
 	// FwCfg are QEMU fw_cfg items for the guest (opt/<name>, readable
@@ -175,7 +178,10 @@ func (m *Machine) Boot(ctx context.Context, b Boot) (*Result, error) {
 	}
 	defer os.RemoveAll(run)
 	vars := OVMFVarsNoKeys
-	if b.SecureBoot {
+	switch {
+	case b.Vars != "":
+		vars = b.Vars
+	case b.SecureBoot:
 		vars = OVMFVarsMS
 	}
 	varsCopy := filepath.Join(run, "vars.fd")

@@ -56,7 +56,7 @@ func commands() []command {
 			{name: "check", args: "FILE", run: cmdPolicyCheck,
 				summary: "validate a policy; with --against-records, judge every node's last claims by it (exits 1 when any would fail)"},
 			{name: "learn", run: cmdPolicyLearn,
-				summary: "a pool policy from a trusted machine's event log (--event-log, --evidence) or an enrolled node's claims (--node)"},
+				summary: "a pool policy from a trusted machine's event log (--event-log, --evidence) or an enrolled node's claims (--node); or reference values (digests, signers, SBAT) from the boot files themselves (--efi)"},
 		}},
 		{name: "enroll", run: cmdEnroll,
 			summary: "--reset NODE: the same as release NODE (--reset KEY clears a single-use marker)"},

@@ -147,8 +147,20 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	merge := fs.String("merge", "", "an existing policy to add the machine to (its comments are not kept)")
 	nodeNames := fs.String("node-names", "", "how the pool's machines get their node names (serve.nodeNames): requested (the name the agent asks for; needed for an EK trusted through a vendor CA, which names no node) or evidence (an EK inventory entry's nodeName); default: the merged pool's, and asked for when that cannot name the machine")
 	out := fs.String("o", "", "write the policy here (default: standard output)")
+	var efi efiFlag
+	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader or kernel when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
+	digests := fs.Bool("digests", false, "with --efi: add the files' Authenticode digests to --pool's allow lists in --merge")
 	if _, err := in.exactly(0); err != nil {
 		return err
+	}
+	if len(efi) > 0 {
+		if *logFile != "" || *evidence != "" || *node != "" || *ekTrust != "" || *ekRoot != "" || *nodeNames != "" {
+			return in.usageError("--efi reads boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
+		}
+		return cmdPolicyLearnEFI(efi, *digests, *pool, *merge, *out, stdout, stderr)
+	}
+	if *digests {
+		return in.usageError("--digests goes with --efi")
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {

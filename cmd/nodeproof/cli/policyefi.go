@@ -1,0 +1,170 @@
+package cli
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/safetext"
+)
+
+// efiFlag is --efi [STAGE=]FILE, repeatable.
+type efiFlag []string
+
+func (f *efiFlag) String() string     { return strings.Join(*f, ",") }
+func (f *efiFlag) Set(v string) error { *f = append(*f, v); return nil }
+
+// efiFile is one boot file and the stage it is.
+type efiFile struct {
+	path, stage string
+	img         *bootimage.Image
+}
+
+// readEFIFiles reads each --efi argument: the stage given (STAGE=FILE),
+// or the one the image says it is (bootimage's Stage).
+func readEFIFiles(args []string) ([]efiFile, error) {
+	var out []efiFile
+	for _, a := range args {
+		stage, path, given := strings.Cut(a, "=")
+		if !given || strings.ContainsAny(stage, `/\.`) {
+			stage, path = "", a
+		}
+		img, err := bootimage.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("--efi %s: %w", a, err)
+		}
+		if stage == "" {
+			if stage = img.Stage(); stage == "" {
+				return nil, fmt.Errorf("--efi %s: the file does not say which boot stage it is; say it: --efi shim=%s, bootloader=…, kernel=…", path, path)
+			}
+		}
+		switch stage {
+		case bootimage.StageShim, bootimage.StageBootloader, bootimage.StageKernel:
+		default:
+			return nil, fmt.Errorf("--efi %s: no boot stage %q (shim, bootloader, kernel)", a, stage)
+		}
+		out = append(out, efiFile{path: path, stage: stage, img: img})
+	}
+	return out, nil
+}
+
+// cmdPolicyLearnEFI is `nodeproof policy learn --efi FILE...`: reference
+// values from the boot files themselves. It writes a draft of comments
+// naming, per stage, each file's Authenticode digest, its signers and the
+// certificates their signatures carry, the shim's vendor certificate (what
+// verifies GRUB and the kernel) and SBAT data: the signer rules to write
+// (the policy has no signer rules yet). With --digests it also adds the
+// digests to the allow lists of pool in --merge (an existing pool) and
+// writes that policy after the comments.
+func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, stdout, stderr io.Writer) error {
+	if digests && (pool == "" || merge == "") {
+		return errors.New("policy learn --efi --digests: --pool and --merge (the policy whose pool gets the digests) are required")
+	}
+	if !digests && (pool != "" || merge != "") {
+		return errors.New("policy learn --efi: --pool and --merge go with --digests (without it, the files' signers are written as notes)")
+	}
+	read, err := readEFIFiles(files)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	writeEFIDraft(&b, read)
+	doc := []byte(b.String())
+	if digests {
+		cur, err := os.ReadFile(merge)
+		if err != nil {
+			return err
+		}
+		byStage := map[string][]string{}
+		for _, f := range read {
+			byStage[f.stage] = append(byStage[f.stage], hex.EncodeToString(f.img.AuthenticodeSHA256))
+		}
+		learned, notes, err := policy.AddDigests(cur, pool, byStage)
+		if err != nil {
+			return err
+		}
+		for _, n := range notes {
+			fmt.Fprintln(stderr, "note:", n)
+		}
+		doc = append(doc, learned...)
+	}
+	if out == "" {
+		_, err := stdout.Write(doc)
+		return err
+	}
+	if err := fsutil.WriteFileAtomic(out, doc, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s\n", out)
+	return nil
+}
+
+// writeEFIDraft writes what the files say as YAML comments.
+func writeEFIDraft(w io.Writer, files []efiFile) {
+	fmt.Fprintln(w, "# nodeproof policy learn --efi: reference values read from the boot files.")
+	fmt.Fprintln(w, "# Signer rules (per stage: the certificates that may sign it) are notes here")
+	fmt.Fprintln(w, "# until the policy has them; --digests adds the Authenticode digests to the")
+	fmt.Fprintln(w, "# pool's bootComponents allow lists.")
+	var vendor []*x509.Certificate
+	for _, f := range files {
+		if f.stage == bootimage.StageShim {
+			vendor = append(vendor, f.img.VendorCerts...)
+		}
+	}
+	for _, f := range files {
+		img := f.img
+		fmt.Fprintf(w, "#\n# %s: %s (%s)\n", f.stage, filepath.Base(f.path), img.Kind)
+		fmt.Fprintf(w, "#   authenticode sha256: %s\n", hex.EncodeToString(img.AuthenticodeSHA256))
+		if len(img.Signatures) == 0 {
+			fmt.Fprintln(w, "#   not signed: Secure Boot refuses it")
+		}
+		for i, s := range img.Signatures {
+			fmt.Fprintf(w, "#   signature %d (%v): signer %s\n", i+1, s.Hash, certLine(s.Signer))
+			for _, c := range s.Certificates {
+				if c.Equal(s.Signer) {
+					continue
+				}
+				fmt.Fprintf(w, "#     carries %s\n", certLine(c))
+			}
+			for _, v := range vendor {
+				if f.stage != bootimage.StageShim && s.Signer.CheckSignatureFrom(v) == nil {
+					fmt.Fprintf(w, "#     issued by the shim's vendor certificate %s\n", certLine(v))
+				}
+			}
+		}
+		for _, v := range img.VendorCerts {
+			fmt.Fprintf(w, "#   vendor certificate (verifies GRUB and the kernel): %s\n", certLine(v))
+		}
+		if img.VendorDBXEntries > 0 || len(img.VendorHashes) > 0 {
+			fmt.Fprintf(w, "#   built-in db hashes %d, built-in dbx entries %d\n", len(img.VendorHashes), img.VendorDBXEntries)
+		}
+		for _, e := range img.SBAT {
+			fmt.Fprintf(w, "#   sbat %s,%d (%s %s %s)\n", safetext.Clean(e.Component), e.Generation, safetext.Clean(e.Vendor), safetext.Clean(e.Package), safetext.Clean(e.Version))
+		}
+		if img.SBATLevelAutomatic != "" {
+			fmt.Fprintf(w, "#   SbatLevel it applies: %s\n", oneLine(img.SBATLevelAutomatic))
+			fmt.Fprintf(w, "#   SbatLevel latest it knows: %s\n", oneLine(img.SBATLevelLatest))
+		}
+	}
+}
+
+// certLine names a certificate: its subject and SHA-256 fingerprint.
+func certLine(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return fmt.Sprintf("%q sha256:%s", safetext.Clean(c.Subject.String()), hex.EncodeToString(sum[:]))
+}
+
+// oneLine is a SbatLevel's lines on one line (what a file says goes into
+// comments: nothing in it may start a line of its own).
+func oneLine(level string) string {
+	return safetext.Clean(strings.Join(strings.Split(strings.TrimSpace(level), "\n"), "; "))
+}
