@@ -83,7 +83,7 @@ type Options struct {
 
 // Controller approves kubelet CSRs with evidence: client-go informers on
 // certificates.k8s.io/v1 CSRs, a rate-limited work queue, Workers
-// goroutines. Run it under leader election (RunLeader) when several
+// goroutines. Run it under leader election (package leader) when several
 // replicas run.
 type Controller struct {
 	o        Options

@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/leader"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
 
@@ -220,7 +221,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			done <- RunLeader(rctx, LeaderOptions{Client: w.sa, Namespace: "nodeproof", Identity: identity,
+			done <- leader.Run(rctx, leader.Options{Client: w.sa, Namespace: "nodeproof", Name: "nodeproof-approver", Role: "approver", Identity: identity,
 				// A leader renews every RetryPeriod and has RenewDeadline to
 				// get one through: generous, so a leader on a loaded machine
 				// (a slow API server) keeps the lease mid-subtest; stopping

@@ -19,7 +19,7 @@
 // node's own credentials, a per-node bootstrap token) replaces the single
 // global breaker of other approvers: a flood of CSRs from one machine,
 // whatever names they ask for, delays only that machine. Several replicas
-// run under leader election on a Lease (RunLeader): each term runs a fresh
+// run under leader election on a Lease (package leader): each term runs a fresh
 // Controller, and a replica that loses the Lease stops acting and
 // campaigns again in the same process.
 //

@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/leader"
 	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -35,7 +36,7 @@ type ApproveConfig struct {
 	LeaseNamespace string
 	Identity       string
 	// LeaseDuration, RenewDeadline and RetryPeriod time the Lease (zero:
-	// approver.RunLeader's defaults, 15 s, 10 s, 2 s).
+	// leader.Run's defaults, 15 s, 10 s, 2 s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
 	MetricsAddr    string // serves /metrics and /healthz; empty: off
@@ -105,7 +106,7 @@ func cmdApprove(ctx context.Context, in *invocation) error {
 // controller (new informers, caches and queue), and a term that ends
 // before ctx does (the Lease lost, e.g. while the API server was
 // unreachable) stops the controller and campaigns again in the same
-// process (approver.RunLeader), so an API server blip costs no restart.
+// process (leader.Run), so an API server blip costs no restart.
 func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.Clock == nil || c.Log == nil {
 		return errors.New("approve: Clock and Log are required")
@@ -262,8 +263,8 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			}
 		}
 	}
-	return approver.RunLeader(ctx, approver.LeaderOptions{
-		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Identity: id,
+	return leader.Run(ctx, leader.Options{
+		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Name: "nodeproof-approver", Role: "approver", Identity: id,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
 		OnNewLeader: func(leader string) { c.Log.Info("approver leader", "leader", leader, "me", leader == id) },
 		Log:         c.Log,

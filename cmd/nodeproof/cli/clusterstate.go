@@ -14,7 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
-	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/leader"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
@@ -114,7 +114,7 @@ func (c ServeConfig) startClusterState(ctx context.Context, clusterMode bool) (*
 			}
 		}
 	}
-	go approver.RunLeader(ctx, approver.LeaderOptions{
+	go leader.Run(ctx, leader.Options{
 		Client: kc, Namespace: c.storeNamespace(), Name: "nodeproof-server", Role: "server", Identity: id,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod, Log: c.Log,
 	}, s.lead)

@@ -1,4 +1,9 @@
-package approver
+// Package leader runs a replica's work only while it holds a
+// coordination.k8s.io Lease (client-go leader election), and runs it
+// afresh after every Lease it wins: a term is a function that gets a
+// context ending with the term. The server's cluster-state keeper
+// (mcs/cluster.Keeper) and the CSR approver (approver.Run) lead this way.
+package leader
 
 import (
 	"context"
@@ -13,13 +18,13 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
-// LeaderOptions configure leader election on a coordination.k8s.io Lease.
-type LeaderOptions struct {
+// Options configure leader election on a coordination.k8s.io Lease.
+type Options struct {
 	Client    kubernetes.Interface
 	Namespace string // the Lease's namespace (required)
-	Name      string // the Lease's name (default "nodeproof-approver")
+	Name      string // the Lease's name (required)
 	Identity  string // this replica (required; e.g. the pod name)
-	Role      string // what leads, for logs (default "approver"; the server's keeper says "server")
+	Role      string // what leads, for logs (default: Name): "approver", "server"
 	// Lease timing (each zero one defaults to 15 s, 10 s, 2 s: client-go's
 	// usual values; client-go requires LeaseDuration > RenewDeadline >
 	// RetryPeriod).
@@ -33,10 +38,10 @@ type LeaderOptions struct {
 	Log *slog.Logger
 }
 
-// RunLeader campaigns for the Lease and, each time this replica wins it,
+// Run campaigns for the Lease and, each time this replica wins it,
 // calls run with a context that ends when the term ends: when the Lease is
 // lost (not renewed within RenewDeadline, e.g. while the API server is
-// unreachable) or ctx ends. RunLeader waits for run to return before it
+// unreachable) or ctx ends. Run waits for run to return before it
 // campaigns again, so the caller builds everything a term uses inside run
 // (a fresh Controller, with its own informers, caches and queue) and drops
 // it when run returns: a replica that lost the Lease stops acting at once
@@ -44,23 +49,20 @@ type LeaderOptions struct {
 // exiting (which a Deployment would answer with a restart back-off).
 //
 // If run returns while the term is still on (run gave up), the Lease is
-// released and RunLeader campaigns again after RetryPeriod.
+// released and Run campaigns again after RetryPeriod.
 //
-// RunLeader returns only when ctx ends (nil; a Lease held is released) or
+// Run returns only when ctx ends (nil; a Lease held is released) or
 // when o is invalid. Two replicas never run run at once while their clocks
 // agree within the lease's margins (client-go leader election); because a
 // term's run may still be finishing a call when its Lease is lost, what run
 // writes must tolerate a successor doing the same (the approver writes
 // with the resourceVersion it read, and a record is consumed once).
-func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) error {
-	if o.Client == nil || o.Namespace == "" || o.Identity == "" {
-		return errors.New("approver: LeaderOptions: Client, Namespace and Identity are required")
-	}
-	if o.Name == "" {
-		o.Name = "nodeproof-approver"
+func Run(ctx context.Context, o Options, run func(context.Context)) error {
+	if o.Client == nil || o.Namespace == "" || o.Name == "" || o.Identity == "" {
+		return errors.New("leader: Options: Client, Namespace, Name and Identity are required")
 	}
 	if o.Role == "" {
-		o.Role = "approver"
+		o.Role = o.Name
 	}
 	if o.LeaseDuration == 0 {
 		o.LeaseDuration = 15 * time.Second
@@ -101,7 +103,7 @@ func RunLeader(ctx context.Context, o LeaderOptions, run func(context.Context)) 
 
 // campaign runs one elector until it stops leading or ctx ends, and reports
 // whether it led.
-func campaign(ctx context.Context, o LeaderOptions, lock resourcelock.Interface, run func(context.Context), term int) (bool, error) {
+func campaign(ctx context.Context, o Options, lock resourcelock.Interface, run func(context.Context), term int) (bool, error) {
 	// The elector's own context: cancelled when run returns, so a run that
 	// gave up early releases the Lease (ReleaseOnCancel).
 	ectx, cancel := context.WithCancel(ctx)
@@ -127,7 +129,7 @@ func campaign(ctx context.Context, o LeaderOptions, lock resourcelock.Interface,
 		},
 	})
 	if err != nil {
-		return false, fmt.Errorf("approver: leader election: %w", err)
+		return false, fmt.Errorf("leader: %w", err)
 	}
 	done := make(chan struct{})
 	go func() {
