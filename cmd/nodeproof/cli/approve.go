@@ -7,13 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
@@ -21,6 +17,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/leader"
+	"github.com/nodeproof/nodeproof/metrics"
 	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -162,9 +159,8 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		}
 	}
 
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := approver.NewMetrics(reg)
+	reg := metrics.NewRegistry()
+	am, err := approver.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
@@ -175,7 +171,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			Client: kc, EventClient: events, Decider: &approver.Decider{Store: reads, Fresh: fresh, Lineages: lineages,
 				Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
 			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
-			Metrics: metrics, Clock: c.Clock, Log: c.Log,
+			Metrics: am, Clock: c.Clock, Log: c.Log,
 		})
 	}
 	if _, err := newController(st, nil, nil); err != nil { // check the options before serving
@@ -221,7 +217,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		// The node controller reads the decisions' binding watch: one
 		// watch of the bindings, not two.
 		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: cached,
-			Lifetime: lifetime, Clock: c.Clock, Log: c.Log, Metrics: metrics})
+			Lifetime: lifetime, Clock: c.Clock, Log: c.Log, Metrics: am})
 		if err != nil {
 			return err
 		}
@@ -235,19 +231,14 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	}
 
 	if c.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", c.MetricsAddr)
+		addr, stop, err := metrics.Serve(c.MetricsAddr, reg)
 		if err != nil {
-			return fmt.Errorf("approve: metrics: %w", err)
+			return fmt.Errorf("approve: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		c.Log.Info("metrics", "addr", ln.Addr().String())
+		defer stop()
+		c.Log.Info("metrics", "addr", addr.String())
 		if c.Ready != nil {
-			c.Ready(ln.Addr())
+			c.Ready(addr)
 		}
 	}
 

@@ -31,6 +31,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/proxied"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/metrics"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
@@ -285,11 +286,11 @@ func Serve(ctx context.Context, c ServeConfig) error {
 		return err
 	}
 	opts.Bootstrap = src.Bootstrap()
-	reg, metrics, err := serverMetrics()
+	reg, m, err := serverMetrics()
 	if err != nil {
 		return err
 	}
-	opts.Metrics = metrics
+	opts.Metrics = m
 	srv, err := mcs.New(opts)
 	if err != nil {
 		return err
@@ -306,10 +307,10 @@ func Serve(ctx context.Context, c ServeConfig) error {
 			ports.close()
 			return err
 		}
-		addr, stop, err := serveMetrics(c.MetricsAddr, reg)
+		addr, stop, err := metrics.Serve(c.MetricsAddr, reg)
 		if err != nil {
 			ports.close()
-			return err
+			return fmt.Errorf("serve: %w", err)
 		}
 		defer stop()
 		c.Log.Info("metrics", "addr", addr.String())

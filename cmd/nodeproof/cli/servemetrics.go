@@ -2,19 +2,15 @@ package cli
 
 import (
 	"crypto/x509"
-	"fmt"
-	"net"
-	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/proxied"
+	"github.com/nodeproof/nodeproof/metrics"
 	"github.com/nodeproof/nodeproof/pemcert"
 )
 
@@ -25,8 +21,7 @@ import (
 //	nodeproof_server_connections_refused_total{port,by}         limit: per-source connection limits; proxy: PROXY protocol refusals
 //	nodeproof_server_certificate_expiry_timestamp_seconds{cert}  serving: the served certificate's notAfter; ca: the newest CA's
 func serverMetrics() (*prometheus.Registry, *mcs.Metrics, error) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg := metrics.NewRegistry()
 	m, err := mcs.NewMetrics(reg)
 	return reg, m, err
 }
@@ -96,18 +91,4 @@ func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byt
 		}
 		return float64(newest.Unix())
 	})
-}
-
-// serveMetrics serves /metrics (and /healthz) of reg on addr until stop.
-func serveMetrics(addr string, reg *prometheus.Registry) (net.Addr, func(), error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("serve: metrics: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
-	go srv.Serve(ln)
-	return ln.Addr(), func() { srv.Close() }, nil
 }
