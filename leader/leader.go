@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -146,4 +147,16 @@ func campaign(ctx context.Context, o Options, lock resourcelock.Interface, run f
 	case <-done:
 		return false, nil
 	}
+}
+
+// Identity is a replica's identity in a Lease: given (a flag), else
+// $POD_NAME (the Deployment's downward API), else the host name.
+func Identity(given string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	if id := os.Getenv("POD_NAME"); id != "" {
+		return id, nil
+	}
+	return os.Hostname()
 }

@@ -2,6 +2,7 @@ package leader
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -63,5 +64,25 @@ func TestTermsRunAfresh(t *testing.T) {
 	}
 	if terms != 3 {
 		t.Fatalf("%d terms, want 3", terms)
+	}
+}
+
+// TestIdentity: the flag's value, else $POD_NAME, else the host name.
+func TestIdentity(t *testing.T) {
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, given, pod, want string }{
+		{"given wins", "replica-a", "pod-1", "replica-a"},
+		{"the pod's name", "", "pod-1", "pod-1"},
+		{"the host's name", "", "", host},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("POD_NAME", tc.pod)
+			if got, err := Identity(tc.given); err != nil || got != tc.want {
+				t.Fatalf("Identity(%q) = %q, %v; want %q", tc.given, got, err, tc.want)
+			}
+		})
 	}
 }

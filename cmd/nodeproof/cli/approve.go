@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -246,13 +245,9 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		c.Log.Info("approver starting without leader election")
 		return runTerm(ctx)
 	}
-	id := c.Identity
-	if id == "" {
-		if id = os.Getenv("POD_NAME"); id == "" {
-			if id, err = os.Hostname(); err != nil {
-				return err
-			}
-		}
+	id, err := leader.Identity(c.Identity)
+	if err != nil {
+		return err
 	}
 	return leader.Run(ctx, leader.Options{
 		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Name: "nodeproof-approver", Role: "approver", Identity: id,

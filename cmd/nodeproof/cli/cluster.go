@@ -1,13 +1,18 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"time"
 
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/leader"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
@@ -44,7 +49,7 @@ func (c ServeConfig) limits(cfg *rest.Config) {
 
 // clusterSource is cluster mode's config source, with the user-data
 // Secrets managed when --user-data-url is set.
-func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provisioning, cs *clusterState) (*cluster.Source, error) {
+func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provisioning, keeper *cluster.Keeper) (*cluster.Source, error) {
 	cfg, err := restConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
@@ -80,9 +85,84 @@ func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provi
 		return nil, err
 	}
 	var leading func() bool // nil: always (nothing kept in the cluster, no election)
-	if cs != nil {
-		leading = cs.leading.Load
+	if keeper != nil {
+		leading = keeper.Leading
 	}
 	src.ManageUserData(u, leading)
 	return src, nil
 }
+
+// Where cluster mode keeps its CA and serving certificate, and its
+// provisioning tokens (--cert-store, --token-store).
+const (
+	storeCluster  = "cluster"
+	storeStateDir = "state-dir"
+	storeFile     = "file"
+)
+
+// certStore is where the certificates are: the cluster's objects by
+// default in cluster mode, unless --cert was given.
+func (c ServeConfig) certStore(clusterMode bool) string {
+	switch {
+	case c.CertFile != "":
+		return "cert"
+	case c.CertStore != "":
+		return c.CertStore
+	case clusterMode:
+		return storeCluster
+	}
+	return storeStateDir
+}
+
+// tokenStore is where the provisioning tokens are: the Secret of
+// "Support a provisioning token for the Machine Config Server" by default
+// in cluster mode.
+func (c ServeConfig) tokenStore(clusterMode bool) string {
+	switch {
+	case c.TokenStore != "":
+		return c.TokenStore
+	case clusterMode:
+		return storeCluster
+	}
+	return storeFile
+}
+
+// startKeeper starts the keeper of what --cert-store=cluster and
+// --token-store=cluster keep in the cluster (cluster.Keeper); nil when
+// neither is kept there.
+func (c ServeConfig) startKeeper(ctx context.Context, clusterMode bool) (*cluster.Keeper, error) {
+	certsHere, tokensHere := c.certStore(clusterMode) == storeCluster, c.tokenStore(clusterMode) == storeCluster
+	if !certsHere && !tokensHere {
+		return nil, nil
+	}
+	if !clusterMode {
+		return nil, errors.New("serve: --cert-store=cluster and --token-store=cluster need cluster mode (--kubeconfig/--apiserver-url)")
+	}
+	cfg, err := restConfig(c.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	c.limits(cfg)
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	id, err := leader.Identity(c.Identity)
+	if err != nil {
+		return nil, err
+	}
+	// client-go's leader election logs through klog (process-wide).
+	klog.SetSlogLogger(c.Log)
+	return cluster.StartKeeper(ctx, cluster.KeeperOptions{
+		Client: kc, Certs: certsHere, CertsNamespace: c.CertsNamespace, Hosts: c.Hosts,
+		Tokens: tokensHere, TokenSecretNamespace: c.TokenSecretNamespace, LegacyTokensFile: c.TokensFile,
+		Grace: c.Grace, TokenRotateEvery: c.TokenRotateEvery, Reload: c.Reload,
+		LeaseNamespace: c.storeNamespace(), Identity: id,
+		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
+		Clock: c.Clock, Log: c.Log,
+	})
+}
+
+// settle is how long a new provisioning token waits before the user-data
+// Secrets carry it: three reloads, so every replica accepts it first.
+func (c ServeConfig) settle() time.Duration { return 3 * c.Reload }

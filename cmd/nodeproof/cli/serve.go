@@ -236,21 +236,21 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	// What cluster mode keeps in the cluster (certificates, tokens) is
 	// there, or made by the leader, before anything is served.
-	cs, err := c.startClusterState(ctx, clusterMode)
+	keeper, err := c.startKeeper(ctx, clusterMode)
 	if err != nil {
 		return err
 	}
-	if cs != nil && cs.keeper != nil {
-		c.bundleFrom = cs.caBundle
+	if keeper.KeepsCertificates() {
+		c.bundleFrom = keeper.CABundle
 	}
-	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode, cs.provisioning())
+	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
 	if err != nil {
 		return err
 	}
 	defer closeAll()
 	// The certificates first: nodeproof's own CA bundle, made here on
 	// first start, is what the sources put in the public tier.
-	tlsConf, served, err := c.tlsConfig(cs)
+	tlsConf, served, err := c.tlsConfig(keeper)
 	if err != nil {
 		return err
 	}
@@ -266,7 +266,7 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	if clusterMode {
 		var cls *cluster.Source
-		if cls, err = c.clusterSource(policyNow, opts.Provisioning, cs); err != nil {
+		if cls, err = c.clusterSource(policyNow, opts.Provisioning, keeper); err != nil {
 			return err
 		}
 		// Refuse to start without what full configs need, rather than
@@ -328,8 +328,8 @@ func Serve(ctx context.Context, c ServeConfig) error {
 	}
 	go src.Run(ctx, srv)
 	prov := opts.Provisioning
-	if cs.provisioning() != nil {
-		prov = nil // cs keeps it current
+	if keeper.Provisioning() != nil {
+		prov = nil // the keeper keeps it current
 	}
 	reloader, err := newPolicyReloader(c, srv, reg)
 	if err != nil {
@@ -628,7 +628,7 @@ func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.St
 			}
 		}
 		if prov == nil {
-			// kept current by the cluster state
+			// kept current by the keeper (mcs/cluster.Keeper)
 		} else if changed, err := prov.Reload(); err != nil {
 			c.Log.Error("provisioning tokens", "err", err.Error())
 		} else if changed {
@@ -662,8 +662,8 @@ func (c ServeConfig) maintain(ctx context.Context, clusterMode bool, st store.St
 }
 
 // tlsConfig is the secure port's TLS configuration, with the certificate
-// from --cert, the cluster's objects (cs) or the state directory.
-func (c ServeConfig) tlsConfig(cs *clusterState) (*tls.Config, certs.Served, error) {
+// from --cert, the cluster's objects (the keeper's) or the state directory.
+func (c ServeConfig) tlsConfig(keeper *cluster.Keeper) (*tls.Config, certs.Served, error) {
 	minV, err := certs.ParseTLSMinVersion(c.TLSMinVersion)
 	if err != nil {
 		return nil, nil, err
@@ -684,8 +684,8 @@ func (c ServeConfig) tlsConfig(cs *clusterState) (*tls.Config, certs.Served, err
 			return nil, nil, errors.New("--cert needs --key")
 		}
 		c.Log.Info("serving the certificate given by --cert: nodeproof rotates nothing (renew it, and its --ca-bundle, yourself; both are re-read when they change)", "cert", c.CertFile)
-	case cs != nil && cs.keeper != nil:
-		return certs.TLSConfig(&cs.holder, minV, suites), &cs.holder, nil
+	case keeper.KeepsCertificates():
+		return certs.TLSConfig(keeper.Serving(), minV, suites), keeper.Serving(), nil
 	default:
 		st, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts})
 		if err != nil {
