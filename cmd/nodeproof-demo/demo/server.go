@@ -17,9 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -55,7 +58,7 @@ type planeOptions struct {
 // startPlane starts a real etcd and kube-apiserver with the CRDs, RBAC and
 // example MachineConfigs, then `nodeproof serve` (cluster mode, policy)
 // and `nodeproof approve` in this process.
-func startPlane(ctx context.Context, o Options, deploy, examples, policy string, po planeOptions, step, info func(string, ...any)) (*plane, error) {
+func startPlane(ctx context.Context, o Options, deploy, examples, policyYAML string, po planeOptions, step, info func(string, ...any)) (*plane, error) {
 	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -118,7 +121,7 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 	klog.SetLogger(logr.Discard()) // client-go's leader election narrates through klog
 	state := filepath.Join(o.Dir, "server")
 	policyFile := filepath.Join(o.Dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(policy), 0o600); err != nil {
+	if err := os.WriteFile(policyFile, []byte(policyYAML), 0o600); err != nil {
 		return fail(err)
 	}
 	apiURL := cfg.Host
@@ -137,6 +140,15 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 	for _, ip := range po.ServingIPs {
 		hosts = append(hosts, ip.String())
 	}
+	approverREST, err := clientcmd.BuildConfigFromFlags("", approverKC)
+	if err != nil {
+		return fail(err)
+	}
+	approverREST.QPS, approverREST.Burst = 50, 100
+	pol, err := policy.Load(policyFile)
+	if err != nil {
+		return fail(err)
+	}
 	sctx, stop := context.WithCancel(ctx)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ready := make(chan net.Addr, 1)
@@ -152,10 +164,10 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 		})
 	}()
 	go func() {
-		approved <- cli.Approve(sctx, cli.ApproveConfig{
-			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
-			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
-			Policy: policyFile, Nodes: true, // the node controller: Attested condition and taint
+		approved <- approver.Run(sctx, approver.RunOptions{
+			REST: approverREST, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
+			Identity: "demo", Clock: o.Clock, Log: quiet,
+			Policy: pol, Nodes: true, // the node controller: Attested condition and taint
 		})
 	}()
 	pl.stop = func() { stop(); <-served; <-approved; env.Stop() }
