@@ -23,12 +23,12 @@ import (
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy"
-	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -154,7 +154,7 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policyYAML str
 	ready := make(chan net.Addr, 1)
 	served, approved := make(chan error, 1), make(chan error, 1)
 	go func() {
-		served <- cli.Serve(sctx, cli.ServeConfig{
+		served <- serve.Run(sctx, serve.Config{
 			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 			Kubeconfig: admin, APIServerURL: apiURL, TokenDir: tokenDir,
 			CertStore: "state-dir", TokenStore: "file",

@@ -15,6 +15,7 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/leader"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/metrics"
 	"github.com/nodeproof/nodeproof/safetext"
 )
@@ -56,7 +57,7 @@ type ApproveConfig struct {
 
 func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default: the in-cluster service account)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", defaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", serve.DefaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")
 	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity (default: $POD_NAME, else the host name)")
@@ -100,7 +101,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.Clock == nil || c.Log == nil {
 		return errors.New("approve: Clock and Log are required")
 	}
-	cfg, err := restConfig(c.Kubeconfig)
+	cfg, err := serve.RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -110,7 +111,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	}
 	var pol *policy.Policy
 	if c.Policy != "" {
-		if pol, err = loadPolicy(c.Policy); err != nil {
+		if pol, err = serve.LoadPolicy(c.Policy); err != nil {
 			return err
 		}
 	}

@@ -38,12 +38,13 @@ import (
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // attackLimits are serve's default limits, with a header timeout and a
 // per-source connection cap small enough for a test to reach quickly.
-func attackLimits() LimitConfig {
-	l := DefaultLimits()
+func attackLimits() serve.LimitConfig {
+	l := serve.DefaultLimits()
 	l.ReadHeaderTimeout = 2 * time.Second
 	l.ConnsPerSource = 32
 	return l
@@ -60,7 +61,7 @@ type attackEnv struct {
 
 func newAttackEnv(t *testing.T) *attackEnv {
 	t.Helper()
-	s := startServerWith(t, nil, func(c *ServeConfig) { c.Limits = attackLimits() })
+	s := startServerWith(t, nil, func(c *serve.Config) { c.Limits = attackLimits() })
 	bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
 	if err != nil {
 		t.Fatal(err)

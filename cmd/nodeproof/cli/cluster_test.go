@@ -40,6 +40,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 )
 
@@ -115,10 +116,10 @@ func TestServeClusterMode(t *testing.T) {
 	ready := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(sctx, ServeConfig{
+		done <- serve.Run(sctx, serve.Config{
 			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
 			Kubeconfig: clustertest.AdminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
-			CertStore: storeStateDir, TokenStore: storeFile,
+			CertStore: "state-dir", TokenStore: "file",
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy:        policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
@@ -469,7 +470,7 @@ pools:
 	ready := make(chan net.Addr, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- Serve(sctx, ServeConfig{
+		done <- serve.Run(sctx, serve.Config{
 			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
 			CertFile: certFile, KeyFile: keyFile, CABundleFile: bundleFile,
 			Kubeconfig:   clustertest.ServiceAccountKubeconfig(t, cfg, "openshift-machine-config-operator", "nodeproof-server"),

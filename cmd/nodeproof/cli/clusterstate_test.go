@@ -19,11 +19,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vincent-petithory/dataurl"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/vincent-petithory/dataurl"
 
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -31,6 +30,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 	"github.com/nodeproof/nodeproof/pemcert"
@@ -63,7 +63,7 @@ pools:
 
 // startReplicas prepares a cluster (namespaces, example pools, an
 // installer's <role>-user-data Secret) and starts n replicas.
-func startReplicas(t *testing.T, n int, edit func(*ServeConfig)) *replicaSet {
+func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 	t.Helper()
 	cfg, kc, c := testCluster(t)
 	ctx := context.Background()
@@ -103,7 +103,7 @@ func startReplicas(t *testing.T, n int, edit func(*ServeConfig)) *replicaSet {
 		log := new(testenv.LockedBuffer)
 		rs.logs = append(rs.logs, log)
 		rs.urls = append(rs.urls, fmt.Sprintf("https://127.0.0.1:%d", ports[i]))
-		sc := ServeConfig{
+		sc := serve.Config{
 			Listen: "127.0.0.1", SecurePort: ports[i], TLSMinVersion: "VersionTLS12",
 			Kubeconfig: rs.kubeconfig, APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
 			UserDataURL: rs.urls[0], UserDataNamespace: userdata.DefaultNamespace, UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
@@ -119,7 +119,7 @@ func startReplicas(t *testing.T, n int, edit func(*ServeConfig)) *replicaSet {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := Serve(sctx, sc); err != nil && sctx.Err() == nil {
+			if err := serve.Run(sctx, sc); err != nil && sctx.Err() == nil {
 				t.Errorf("replica %d: %v\n%s", i, err, log)
 			}
 		}()
@@ -462,7 +462,7 @@ func years(y float64) time.Duration { return time.Duration(y * 365.25 * 24 * flo
 // created: each reads its role's user-data Secret, as a MachineSet hands
 // it over, and fetches its config from either replica. No fetch may fail.
 func TestTokenRotationUnderLoad(t *testing.T) {
-	rs := startReplicas(t, 2, func(c *ServeConfig) { c.TokenRotateEvery = 2 * time.Second; c.Grace = 10 * time.Second })
+	rs := startReplicas(t, 2, func(c *serve.Config) { c.TokenRotateEvery = 2 * time.Second; c.Grace = 10 * time.Second })
 	ctx := context.Background()
 	for _, u := range rs.urls {
 		eventually(t, 30*time.Second, "replica "+u+" serves", func() bool {
@@ -529,7 +529,7 @@ func TestTokenRotationUnderLoad(t *testing.T) {
 // rotates away like any other: refused once its grace has passed.
 func TestTokensMovedToTheCluster(t *testing.T) {
 	var old string
-	rs := startReplicas(t, 1, func(c *ServeConfig) {
+	rs := startReplicas(t, 1, func(c *serve.Config) {
 		c.TokensFile = filepath.Join(t.TempDir(), "tokens.json")
 		p, err := tokens.LoadProvisioning(c.TokensFile, time.Hour, time.Now)
 		if err != nil {

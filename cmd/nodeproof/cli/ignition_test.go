@@ -28,6 +28,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // server is `nodeproof serve` running in-process on loopback.
@@ -66,7 +67,7 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 
 // startServerWith is startServer with the configuration edited by edit
 // (when set) before Serve starts.
-func startServerWith(t *testing.T, before func(stateDir string), edit func(*ServeConfig)) *server {
+func startServerWith(t *testing.T, before func(stateDir string), edit func(*serve.Config)) *server {
 	t.Helper()
 	dir := t.TempDir()
 	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer), gce: gcptest.NewServer(t, time.Now)}
@@ -100,7 +101,7 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*Serv
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]net.Addr, 1)
 	done := make(chan error, 1)
-	cfg := ServeConfig{
+	cfg := serve.Config{
 		SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 		ServerBasedir: "../../../deploy/examples/bootstrap", BootstrapKube: "../../../deploy/examples/bootstrap-kubeconfig",
 		Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
@@ -113,7 +114,7 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*Serv
 	if edit != nil {
 		edit(&cfg)
 	}
-	go func() { done <- Serve(ctx, cfg) }()
+	go func() { done <- serve.Run(ctx, cfg) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

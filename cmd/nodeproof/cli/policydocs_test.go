@@ -17,6 +17,7 @@ import (
 	"github.com/nodeproof/nodeproof/internal/doctest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // TestPolicyReferenceTPMExample: the TPM example of docs/policy.md, as
@@ -95,7 +96,7 @@ func TestPolicyReferenceTPMExample(t *testing.T) {
 			if err := os.WriteFile(policyFile, []byte(tc.policy), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			s := startServerWith(t, nil, func(c *ServeConfig) { c.Policy = policyFile })
+			s := startServerWith(t, nil, func(c *serve.Config) { c.Policy = policyFile })
 			s.man, s.inventoried = man, inventoried
 			bundle, err := os.ReadFile(filepath.Join(s.stateDir, "certs", "current", certs.CABundleFileName))
 			if err != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // TestServePolicyReload: serve picks up an edited --policy without a
@@ -20,7 +21,7 @@ import (
 // force, says why in the log and is counted; fixing the file applies it.
 func TestServePolicyReload(t *testing.T) {
 	var policyFile, metrics string
-	s := startServerWith(t, nil, func(c *ServeConfig) {
+	s := startServerWith(t, nil, func(c *serve.Config) {
 		policyFile = c.Policy
 		metrics = freeAddr(t)
 		c.MetricsAddr = metrics

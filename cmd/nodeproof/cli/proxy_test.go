@@ -23,6 +23,7 @@ import (
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/proxied"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // The haproxy in front of the server connects from this address, the
@@ -104,10 +105,10 @@ type behindHAProxy struct {
 	bundle                     []byte // the CA bundle machines trust
 }
 
-func startBehindHAProxy(t *testing.T, limits LimitConfig) *behindHAProxy {
+func startBehindHAProxy(t *testing.T, limits serve.LimitConfig) *behindHAProxy {
 	t.Helper()
 	insecurePort := testenv.FreePort(t)
-	s := startServerWith(t, nil, func(c *ServeConfig) {
+	s := startServerWith(t, nil, func(c *serve.Config) {
 		c.Limits = limits
 		c.InsecurePort = insecurePort
 		c.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix(haproxySource + "/32")}

@@ -35,6 +35,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -120,11 +121,11 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 		ready := make(chan net.Addr, 1)
 		done := make(chan error, 1)
 		go func() {
-			done <- Serve(sctx, ServeConfig{
+			done <- serve.Run(sctx, serve.Config{
 				Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 				CertFile: st.ServingCertFile, KeyFile: st.ServingKeyFile,
 				Kubeconfig: kubeconfig, APIServerURL: cfg.Host, TokenDir: tokenDir,
-				TokenStore: storeFile,
+				TokenStore: "file",
 				KeysFile:   filepath.Join(shared, "keys.json"), TokensFile: filepath.Join(shared, "tokens.json"),
 				Policy: policyFile, StateDir: filepath.Join(dir, fmt.Sprintf("replica-%d", i)), Hosts: []string{"127.0.0.1"},
 				TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,

@@ -21,6 +21,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // TestServeClusterModeStartupChecks: cluster mode refuses to start without
@@ -38,7 +39,7 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 	}
 	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
 	const tokenTier = "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker: {serve: {token: true}}\n"
-	config := func(tokenDir, pol string) (ServeConfig, *testenv.LockedBuffer) {
+	config := func(tokenDir, pol string) (serve.Config, *testenv.LockedBuffer) {
 		dir := t.TempDir()
 		var policyFile string
 		if pol != "" {
@@ -48,10 +49,10 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 			}
 		}
 		log := new(testenv.LockedBuffer)
-		return ServeConfig{
+		return serve.Config{
 			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 			Kubeconfig: kubeconfig, APIServerURL: cfg.Host, TokenDir: tokenDir,
-			CertStore: storeStateDir, TokenStore: storeFile, StateDir: filepath.Join(dir, "state"), Policy: policyFile,
+			CertStore: "state-dir", TokenStore: "file", StateDir: filepath.Join(dir, "state"), Policy: policyFile,
 			Hosts: []string{"127.0.0.1"}, TokenTTL: time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 			Log: slog.New(slog.NewJSONHandler(log, nil)),
 		}, log
@@ -84,7 +85,7 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 			c.Ready = func(net.Addr, net.Addr) { t.Error("it started") }
 			sctx, cancel := context.WithTimeout(ctx, time.Minute)
 			defer cancel()
-			err := Serve(sctx, c)
+			err := serve.Run(sctx, c)
 			if err == nil {
 				t.Fatal("serve started and stopped without an error")
 			}
@@ -113,7 +114,7 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 		c.Ready = func(a, _ net.Addr) { ready <- a }
 		sctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- Serve(sctx, c) }()
+		go func() { done <- serve.Run(sctx, c) }()
 		defer func() { cancel(); <-done }()
 		var url string
 		select {

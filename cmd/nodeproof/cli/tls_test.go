@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/internal/attacktable"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // sslscanReport is the part of sslscan's XML report the test reads.
@@ -180,7 +181,7 @@ func TestTLSAttacks(t *testing.T) {
 	})
 
 	t.Run("--tls-min-version VersionTLS13", func(t *testing.T) {
-		s := startServerWith(t, nil, func(c *ServeConfig) { c.TLSMinVersion = "VersionTLS13" })
+		s := startServerWith(t, nil, func(c *serve.Config) { c.TLSMinVersion = "VersionTLS13" })
 		r := sslscan(t, strings.TrimPrefix(s.url, "https://")).Tests[0]
 		var enabled []string
 		for _, p := range r.Protocols {

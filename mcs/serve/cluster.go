@@ -1,4 +1,4 @@
-package cli
+package serve
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 
 // restConfig is the API server connection: --kubeconfig, or the
 // in-cluster service account when it is empty (as the OpenShift MCS does).
-func restConfig(kubeconfig string) (*rest.Config, error) {
+func RESTConfig(kubeconfig string) (*rest.Config, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -41,7 +41,7 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 }
 
 // limits applies --kube-api-qps/--kube-api-burst (zero: restConfig's).
-func (c ServeConfig) limits(cfg *rest.Config) {
+func (c Config) limits(cfg *rest.Config) {
 	if c.KubeQPS > 0 {
 		cfg.QPS, cfg.Burst = float32(c.KubeQPS), max(c.KubeBurst, 1)
 	}
@@ -49,8 +49,8 @@ func (c ServeConfig) limits(cfg *rest.Config) {
 
 // clusterSource is cluster mode's config source, with the user-data
 // Secrets managed when --user-data-url is set.
-func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provisioning, keeper *cluster.Keeper) (*cluster.Source, error) {
-	cfg, err := restConfig(c.Kubeconfig)
+func (c Config) clusterSource(pol func() *policy.Policy, prov *tokens.Provisioning, keeper *cluster.Keeper) (*cluster.Source, error) {
+	cfg, err := RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -76,7 +76,7 @@ func (c ServeConfig) clusterSource(pol func() *policy.Policy, prov *tokens.Provi
 		Token: func(pool string) string {
 			if pol().ServeFor(pool).Token {
 				// A new token only once every replica accepts it.
-				return prov.Published(c.settle())
+				return prov.Published(c.Settle())
 			}
 			return ""
 		},
@@ -102,7 +102,7 @@ const (
 
 // certStore is where the certificates are: the cluster's objects by
 // default in cluster mode, unless --cert was given.
-func (c ServeConfig) certStore(clusterMode bool) string {
+func (c Config) certStore(clusterMode bool) string {
 	switch {
 	case c.CertFile != "":
 		return "cert"
@@ -117,7 +117,7 @@ func (c ServeConfig) certStore(clusterMode bool) string {
 // tokenStore is where the provisioning tokens are: the Secret of
 // "Support a provisioning token for the Machine Config Server" by default
 // in cluster mode.
-func (c ServeConfig) tokenStore(clusterMode bool) string {
+func (c Config) tokenStore(clusterMode bool) string {
 	switch {
 	case c.TokenStore != "":
 		return c.TokenStore
@@ -130,7 +130,7 @@ func (c ServeConfig) tokenStore(clusterMode bool) string {
 // startKeeper starts the keeper of what --cert-store=cluster and
 // --token-store=cluster keep in the cluster (cluster.Keeper); nil when
 // neither is kept there.
-func (c ServeConfig) startKeeper(ctx context.Context, clusterMode bool) (*cluster.Keeper, error) {
+func (c Config) startKeeper(ctx context.Context, clusterMode bool) (*cluster.Keeper, error) {
 	certsHere, tokensHere := c.certStore(clusterMode) == storeCluster, c.tokenStore(clusterMode) == storeCluster
 	if !certsHere && !tokensHere {
 		return nil, nil
@@ -138,7 +138,7 @@ func (c ServeConfig) startKeeper(ctx context.Context, clusterMode bool) (*cluste
 	if !clusterMode {
 		return nil, errors.New("serve: --cert-store=cluster and --token-store=cluster need cluster mode (--kubeconfig/--apiserver-url)")
 	}
-	cfg, err := restConfig(c.Kubeconfig)
+	cfg, err := RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -165,4 +165,4 @@ func (c ServeConfig) startKeeper(ctx context.Context, clusterMode bool) (*cluste
 
 // settle is how long a new provisioning token waits before the user-data
 // Secrets carry it: three reloads, so every replica accepts it first.
-func (c ServeConfig) settle() time.Duration { return 3 * c.Reload }
+func (c Config) Settle() time.Duration { return 3 * c.Reload }

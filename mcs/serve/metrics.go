@@ -1,4 +1,4 @@
-package cli
+package serve
 
 import (
 	"crypto/x509"

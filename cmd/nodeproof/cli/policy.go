@@ -18,6 +18,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -29,7 +30,7 @@ import (
 func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	stdout := in.stdout
 	fs := in.flags()
-	var c ServeConfig
+	var c serve.Config
 	storeFlags(fs, &c)
 	against := fs.Bool("against-records", false, "judge every enrolled node's last recorded claims by this policy: which would fail, and why (exit 1 when any would)")
 	pos, err := in.exactly(1)
@@ -37,7 +38,7 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 		return err
 	}
 	file := pos[0]
-	pol, err := loadPolicy(file)
+	pol, err := serve.LoadPolicy(file)
 	if err != nil {
 		return err // names the pool and the field
 	}
@@ -46,7 +47,7 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 		return nil
 	}
 	c.Clock = time.Now
-	st, err := c.openOperatorStore(ctx)
+	st, err := openOperatorStore(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func withoutDBXContents(pol *policy.Policy, pool string) *policy.Policy {
 func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	stderr, stdout := in.stderr, in.stdout
 	fs := in.flags()
-	var c ServeConfig
+	var c serve.Config
 	storeFlags(fs, &c)
 	pool := fs.String("pool", "", "the pool to write (required)")
 	logFile := fs.String("event-log", "", "the trusted machine's TCG event log (its /sys/kernel/security/tpm0/binary_bios_measurements)")
@@ -191,7 +192,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	switch {
 	case *node != "":
 		c.Clock = time.Now
-		st, err := c.openOperatorStore(ctx)
+		st, err := openOperatorStore(ctx, c)
 		if err != nil {
 			return err
 		}

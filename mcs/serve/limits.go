@@ -1,11 +1,9 @@
-package cli
+package serve
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"math"
-	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -50,20 +48,6 @@ func DefaultLimits() LimitConfig {
 		UnauthenticatedReports: "0.02/5", UnauthenticatedReportBytes: "8/4096",
 		ConnsPerSource: 256, InFlight: 64, InFlightWait: 10 * time.Second, ReadHeaderTimeout: 10 * time.Second,
 	}
-}
-
-func limitFlags(fs *flag.FlagSet, c *LimitConfig) {
-	d := DefaultLimits()
-	fs.StringVar(&c.AttestPerSource, "limit-attest-per-source", d.AttestPerSource, "attestation requests per second/burst from one source address (IPv6: per /64); 0: no limit")
-	fs.StringVar(&c.ConfigPerSource, "limit-config-per-source", d.ConfigPerSource, "config requests per second/burst from one source address; 0: no limit")
-	fs.StringVar(&c.PerIdentity, "limit-per-identity", d.PerIdentity, "attestations per second/burst of one identity (a claimed TPM EK at challenge; any verified identity before its record is written); 0: no limit")
-	fs.StringVar(&c.NewConnsPerSource, "limit-new-conns-per-source", d.NewConnsPerSource, "new connections per second/burst from one source address, refused before the TLS handshake; 0: no limit")
-	fs.StringVar(&c.UnauthenticatedReports, "limit-unauthenticated-reports", d.UnauthenticatedReports, "failure reports recorded as unauthenticated (anyone may send one; each is an Event), per second/burst, per source address and per node name; 0: no limit")
-	fs.StringVar(&c.UnauthenticatedReportBytes, "limit-unauthenticated-report-bytes", d.UnauthenticatedReportBytes, "bytes of those reports' Events per second/burst, per source address and per node name (the burst must hold one report: at least 1024); 0: no limit")
-	fs.IntVar(&c.ConnsPerSource, "limit-conns-per-source", d.ConnsPerSource, "connections one source address may hold open; 0: no limit")
-	fs.IntVar(&c.InFlight, "limit-attestations-in-flight", d.InFlight, "attestation requests processed at once (each may carry a 2 MiB body); 0: no limit")
-	fs.DurationVar(&c.InFlightWait, "limit-attestations-wait", d.InFlightWait, "how long an attestation request waits for a slot before it is refused Overloaded")
-	fs.DurationVar(&c.ReadHeaderTimeout, "read-header-timeout", d.ReadHeaderTimeout, "time a client has to send its request headers")
 }
 
 // ParseRate parses "PER_SECOND/BURST" ("20/100"), "PER_SECOND" (burst:
@@ -133,13 +117,4 @@ func (c LimitConfig) limits(clock func() time.Time) (mcs.Limits, limit.ListenerO
 		errs = append(errs, errors.New("--limit-conns-per-source and --limit-attestations-in-flight must not be negative"))
 	}
 	return l, lo, errors.Join(errs...)
-}
-
-// limitListener applies the per-source connection limits to ln (before
-// TLS: wrap the result with tls.NewListener).
-func limitListener(ln net.Listener, o limit.ListenerOptions) net.Listener {
-	if o.MaxConnsPerSource == 0 && o.NewConns == nil {
-		return ln
-	}
-	return limit.NewListener(ln, o)
 }

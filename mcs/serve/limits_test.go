@@ -1,8 +1,6 @@
-package cli
+package serve
 
 import (
-	"flag"
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -38,27 +36,17 @@ func TestParseRate(t *testing.T) {
 	}
 }
 
-// TestLimitFlags: serve's flags default to DefaultLimits, which build; a
-// bad value is an error naming its flag; the zero config limits nothing.
-func TestLimitFlags(t *testing.T) {
-	var c LimitConfig
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	limitFlags(fs, &c)
-	if err := fs.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	if c != DefaultLimits() {
-		t.Fatalf("flag defaults %+v differ from DefaultLimits %+v", c, DefaultLimits())
-	}
+// TestLimits: DefaultLimits (serve's flag defaults) build with every limit
+// on; a bad value is an error naming its flag; the zero config limits
+// nothing.
+func TestLimits(t *testing.T) {
+	c := DefaultLimits()
 	l, lo, err := c.limits(time.Now)
 	if err != nil || l.AttestPerSource == nil || l.ConfigPerSource == nil || l.PerIdentity == nil || l.Attestations == nil ||
 		l.UnauthenticatedReports == nil || l.UnauthenticatedReportBytes == nil || lo.NewConns == nil || lo.MaxConnsPerSource == 0 {
 		t.Fatalf("defaults build %+v %+v %v; want every limit on", l, lo, err)
 	}
-	if err := fs.Parse([]string{"--limit-per-identity", "often"}); err != nil {
-		t.Fatal(err)
-	}
+	c.PerIdentity = "often"
 	if _, _, err := c.limits(time.Now); err == nil || !strings.Contains(err.Error(), "--limit-per-identity") {
 		t.Fatalf("a bad rate: %v; want an error naming --limit-per-identity", err)
 	}

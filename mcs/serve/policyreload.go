@@ -1,4 +1,4 @@
-package cli
+package serve
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ import (
 // nodeproof_server_policy_reloads_total{result="refused"} counts it, with
 // nodeproof_server_policy_rejected at 1 until a good version is applied.
 type policyReloader struct {
-	c       ServeConfig
+	c       Config
 	srv     *mcs.Server
 	applied [sha256.Size]byte // the file's hash when last applied
 	tried   [sha256.Size]byte // the last version tried, good or bad
@@ -32,7 +32,7 @@ type policyReloader struct {
 // newPolicyReloader starts from the policy the server was made with (the
 // file's bytes now; nil when serve runs with the default policy: nothing
 // to reload).
-func newPolicyReloader(c ServeConfig, srv *mcs.Server, reg prometheus.Registerer) (*policyReloader, error) {
+func newPolicyReloader(c Config, srv *mcs.Server, reg prometheus.Registerer) (*policyReloader, error) {
 	if c.Policy == "" {
 		return nil, nil
 	}

@@ -1,4 +1,4 @@
-package cli
+package serve
 
 import (
 	"context"
@@ -9,10 +9,6 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/policy"
-	"github.com/nodeproof/nodeproof/identity/aws"
-	"github.com/nodeproof/nodeproof/identity/aws/ec2live"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/store"
@@ -20,44 +16,16 @@ import (
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
-// awsVerifier builds the AWS verifier when a pool takes AWS evidence.
-func (c ServeConfig) awsVerifier(ctx context.Context, pol *policy.Policy) (*aws.Verifier, error) {
-	if !usesEvidence(pol, attest.KindAWS) {
-		return nil, nil
-	}
-	var (
-		certs *aws.RegionCerts
-		err   error
-	)
-	if c.AWSCertsDir != "" {
-		certs, err = aws.LoadRegionCerts(c.AWSCertsDir)
-	} else {
-		certs, err = aws.DefaultRegionCerts()
-	}
-	if err != nil {
-		return nil, err
-	}
-	o := aws.Options{Certs: certs, MaxDocumentAge: c.AWSMaxDocumentAge, Clock: c.Clock}
-	if c.AWSLiveRegion != "" {
-		client, err := ec2live.NewClient(ctx, c.AWSLiveRegion, c.AWSEC2Endpoint)
-		if err != nil {
-			return nil, fmt.Errorf("serve: AWS live check: %w", err)
-		}
-		o.Live = &ec2live.Checker{Client: client, VPCs: c.AWSLiveVPCs, Tags: c.AWSLiveTags}
-	}
-	return aws.NewVerifier(o)
-}
-
 // openStore opens the store --store names: embedded (bbolt in the state
 // directory) or kubernetes (CRDs, through the cluster mode's API server
 // connection, or the in-cluster/kubeconfig one).
-func (c ServeConfig) openStore(clusterMode bool) (store.Store, error) {
-	return c.openStoreTimeout(clusterMode, 10*time.Second)
+func (c Config) OpenStore(clusterMode bool) (store.Store, error) {
+	return c.OpenStoreTimeout(clusterMode, 10*time.Second)
 }
 
 // storeKind is the store --store names, by default the embedded one
 // except in cluster mode.
-func (c ServeConfig) storeKind(clusterMode bool) string {
+func (c Config) StoreKind(clusterMode bool) string {
 	if c.Store != "" {
 		return c.Store
 	}
@@ -68,15 +36,18 @@ func (c ServeConfig) storeKind(clusterMode bool) string {
 }
 
 // storeNamespace is the Kubernetes store's namespace.
-func (c ServeConfig) storeNamespace() string { return orDefault(c.StoreNamespace, "nodeproof") }
+func (c Config) storeNamespace() string { return orDefault(c.StoreNamespace, DefaultStoreNamespace) }
+
+// DefaultStoreNamespace is --store-namespace's default.
+const DefaultStoreNamespace = "nodeproof"
 
 // kubeClient is a clientset on the store's API server connection (for
 // Events), or nil with the embedded store.
-func (c ServeConfig) kubeClient(clusterMode bool) (kubernetes.Interface, error) {
-	if c.storeKind(clusterMode) != "kubernetes" {
+func (c Config) KubeClient(clusterMode bool) (kubernetes.Interface, error) {
+	if c.StoreKind(clusterMode) != "kubernetes" {
 		return nil, nil
 	}
-	cfg, err := restConfig(c.Kubeconfig)
+	cfg, err := RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -86,11 +57,11 @@ func (c ServeConfig) kubeClient(clusterMode bool) (kubernetes.Interface, error) 
 
 // openStoreTimeout is openStore waiting at most lock for the embedded
 // store's file lock.
-func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (store.Store, error) {
-	kind := c.storeKind(clusterMode)
+func (c Config) OpenStoreTimeout(clusterMode bool, lock time.Duration) (store.Store, error) {
+	kind := c.StoreKind(clusterMode)
 	switch kind {
 	case "embedded":
-		st, err := boltstore.Open(filepath.Join(c.StateDir, storeFileName), lock, c.Clock)
+		st, err := boltstore.Open(filepath.Join(c.StateDir, StoreFile), lock, c.Clock)
 		if errors.Is(err, boltstore.ErrDamaged) {
 			return nil, fmt.Errorf("%w\n%s", err, damagedStoreHelp(c.StateDir))
 		} else if err != nil {
@@ -99,7 +70,7 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 		return st, nil
 	case "kubernetes":
 		ns := c.storeNamespace()
-		cfg, err := restConfig(c.Kubeconfig)
+		cfg, err := RESTConfig(c.Kubeconfig)
 		if err != nil {
 			return nil, err
 		}
@@ -115,8 +86,8 @@ func (c ServeConfig) openStoreTimeout(clusterMode bool, lock time.Duration) (sto
 
 // watchNodes starts the watch of the cluster's Node names (cluster.Nodes)
 // into o.Nodes; stop ends it.
-func (c ServeConfig) watchNodes(ctx context.Context, o *mcs.Options) (stop func(), err error) {
-	cfg, err := restConfig(c.Kubeconfig)
+func (c Config) watchNodes(ctx context.Context, o *mcs.Options) (stop func(), err error) {
+	cfg, err := RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
@@ -135,8 +106,8 @@ func (c ServeConfig) watchNodes(ctx context.Context, o *mcs.Options) (stop func(
 // watchBindings starts the server's watch of st's NodeBindings
 // (kubestore.Watched: a config fetch reads the node's binding from it, a
 // miss or an unhealthy watch from the API server); stop ends it.
-func (c ServeConfig) watchBindings(ctx context.Context, st *kubestore.Store) (w *kubestore.Watched, stop func(), err error) {
-	cfg, err := restConfig(c.Kubeconfig)
+func (c Config) watchBindings(ctx context.Context, st *kubestore.Store) (w *kubestore.Watched, stop func(), err error) {
+	cfg, err := RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -153,4 +124,14 @@ func (c ServeConfig) watchBindings(ctx context.Context, st *kubestore.Store) (w 
 		}
 	}()
 	return w, func() { cancel(); <-done }, nil
+}
+
+// StoreFile is the embedded store's file in the state directory.
+const StoreFile = "state.db"
+
+// damagedStoreHelp is what an operator reads when the server refuses a
+// damaged embedded store.
+func damagedStoreHelp(stateDir string) string {
+	return fmt.Sprintf("the server will not start on a damaged store; check a backup with `nodeproof store check --file BACKUP` and restore it with "+
+		"`nodeproof store restore --state-dir %s --from BACKUP` (the damaged file is kept beside it); docs/operations.md, \"Backup and restore\"", stateDir)
 }

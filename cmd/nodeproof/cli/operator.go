@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -29,15 +30,15 @@ import (
 // embedded store, the running server's admin socket when it answers (bbolt
 // locks the file while the server runs), else the file itself; with the
 // kubernetes store, the API server.
-func (c ServeConfig) openOperatorStore(ctx context.Context) (store.Store, error) {
-	if c.storeKind(c.adminCluster()) == "embedded" {
+func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error) {
+	if c.StoreKind(adminCluster(c)) == "embedded" {
 		if cl, err := adminsock.Dial(ctx, adminsock.Path(c.StateDir)); err == nil {
 			return cl, nil
 		}
 	}
-	st, err := c.openStoreTimeout(c.adminCluster(), time.Second)
+	st, err := c.OpenStoreTimeout(adminCluster(c), time.Second)
 	if err != nil {
-		if c.storeKind(c.adminCluster()) != "embedded" {
+		if c.StoreKind(adminCluster(c)) != "embedded" {
 			return nil, fmt.Errorf("open the store: %w", err)
 		}
 		if errors.Is(err, bolterrors.ErrTimeout) {
@@ -52,12 +53,12 @@ func (c ServeConfig) openOperatorStore(ctx context.Context) (store.Store, error)
 // given; with the kubernetes store, the user the API server authenticates
 // (a SelfSubjectReview), else the kubeconfig's user; else $SUDO_USER,
 // $USER or the process's user.
-func (c ServeConfig) operator(ctx context.Context, by string) string {
+func operator(ctx context.Context, c serve.Config, by string) string {
 	if by != "" {
 		return by
 	}
-	if c.storeKind(c.adminCluster()) == "kubernetes" {
-		if cfg, err := restConfig(c.Kubeconfig); err == nil {
+	if c.StoreKind(adminCluster(c)) == "kubernetes" {
+		if cfg, err := serve.RESTConfig(c.Kubeconfig); err == nil {
 			if kc, err := kubernetes.NewForConfig(cfg); err == nil {
 				ssr, err := kc.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 				if err == nil && ssr.Status.UserInfo.Username != "" {
@@ -94,7 +95,7 @@ func actFlags(fs *flag.FlagSet) (reason, by *string) {
 // opCmd is an operator's command with its flags parsed and its store open
 // (close it).
 type opCmd struct {
-	c           ServeConfig
+	c           serve.Config
 	node        string
 	identity    string
 	reason, who string
@@ -130,8 +131,8 @@ func startOp(ctx context.Context, in *invocation, byIdentity bool) (*opCmd, erro
 		op.node = pos[0]
 	}
 	op.c.Clock = time.Now
-	op.identity, op.reason, op.who = *identity, *reason, op.c.operator(ctx, *by)
-	if op.st, err = op.c.openOperatorStore(ctx); err != nil {
+	op.identity, op.reason, op.who = *identity, *reason, operator(ctx, op.c, *by)
+	if op.st, err = openOperatorStore(ctx, op.c); err != nil {
 		return nil, err
 	}
 	return op, nil
@@ -147,7 +148,7 @@ func startOp(ctx context.Context, in *invocation, byIdentity bool) (*opCmd, erro
 // admin socket.
 func cmdRelease(ctx context.Context, in *invocation) error {
 	fs := in.flags()
-	var c ServeConfig
+	var c serve.Config
 	storeFlags(fs, &c)
 	reason, by := actFlags(fs)
 	pos, err := in.exactly(1)
@@ -155,11 +156,11 @@ func cmdRelease(ctx context.Context, in *invocation) error {
 		return err
 	}
 	c.Clock = time.Now
-	return release(ctx, c, pos[0], store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: *reason}, in.stdout)
+	return release(ctx, c, pos[0], store.Act{At: c.Clock(), By: operator(ctx, c, *by), Reason: *reason}, in.stdout)
 }
 
-func release(ctx context.Context, c ServeConfig, node string, act store.Act, stdout io.Writer) error {
-	st, err := c.openOperatorStore(ctx)
+func release(ctx context.Context, c serve.Config, node string, act store.Act, stdout io.Writer) error {
+	st, err := openOperatorStore(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -180,21 +181,21 @@ func release(ctx context.Context, c ServeConfig, node string, act store.Act, std
 		msg += "; reason: " + act.Reason
 	}
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, st, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock(), UID: uid})
+	return bindingEvent(ctx, c, st, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock(), UID: uid})
 }
 
 // bindingEvent writes ev with the kubernetes store (nothing otherwise),
 // naming the binding's uid (so kubectl describe nodebinding lists it) when
 // ev does not and st has the binding.
-func (c ServeConfig) bindingEvent(ctx context.Context, st store.Store, component string, ev kubestore.BindingEvent) error {
-	kc, err := c.kubeClient(c.adminCluster())
+func bindingEvent(ctx context.Context, c serve.Config, st store.Store, component string, ev kubestore.BindingEvent) error {
+	kc, err := c.KubeClient(adminCluster(c))
 	if err != nil || kc == nil {
 		return err
 	}
 	if ev.UID == "" {
 		ev.UID = bindingUID(ctx, st, ev.NodeName)
 	}
-	return kubestore.WriteEvent(ctx, kc, c.storeNamespace(), component, ev)
+	return kubestore.WriteEvent(ctx, kc, c.StoreNamespace, component, ev)
 }
 
 // cmdEnroll --reset NODE releases a node name (release); --reset KEY, a
@@ -204,7 +205,7 @@ func cmdEnroll(ctx context.Context, in *invocation) error {
 	stdout := in.stdout
 	fs := in.flags()
 	reset := fs.String("reset", "", "the node to release (as nodeproof release NODE), or a single-use marker's key to clear (required)")
-	var c ServeConfig
+	var c serve.Config
 	storeFlags(fs, &c)
 	by := fs.String("by", "", "who (default: the user the API server authenticates, or $SUDO_USER / $USER)")
 	if _, err := in.exactly(0); err != nil {
@@ -215,9 +216,9 @@ func cmdEnroll(ctx context.Context, in *invocation) error {
 	}
 	c.Clock = time.Now
 	if !strings.Contains(*reset, "/") {
-		return release(ctx, c, *reset, store.Act{At: c.Clock(), By: c.operator(ctx, *by), Reason: "enroll --reset"}, stdout)
+		return release(ctx, c, *reset, store.Act{At: c.Clock(), By: operator(ctx, c, *by), Reason: "enroll --reset"}, stdout)
 	}
-	st, err := c.openOperatorStore(ctx)
+	st, err := openOperatorStore(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -264,7 +265,7 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 		msg += "; reason: " + ban.Reason
 	}
 	fmt.Fprintln(stdout, msg)
-	kc, err := c.kubeClient(c.adminCluster())
+	kc, err := c.KubeClient(adminCluster(c))
 	if err != nil || kc == nil {
 		return err
 	}
@@ -288,7 +289,7 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 	if ban.NodeName == "" {
 		return derr
 	}
-	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.storeNamespace(), "nodeproof-revoke",
+	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.StoreNamespace, "nodeproof-revoke",
 		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: bindingUID(ctx, st, ban.NodeName)}))
 }
 
@@ -324,7 +325,7 @@ func cmdUnban(ctx context.Context, in *invocation) error {
 	if ban.NodeName == "" {
 		return nil
 	}
-	return c.bindingEvent(ctx, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
+	return bindingEvent(ctx, c, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
 }
 
 // bannedAt is the banned identity that holds node, or that held it when
@@ -373,7 +374,7 @@ func cmdAdopt(ctx context.Context, in *invocation) error {
 	}
 	msg := fmt.Sprintf("node %s adopted by %s at %s: a machine may enrol with this name in a pool that takes requested names", node, h.Adopted.By, h.Adopted.At.UTC().Format(time.RFC3339))
 	fmt.Fprintln(stdout, msg)
-	return c.bindingEvent(ctx, st, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
+	return bindingEvent(ctx, c, st, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
 }
 
 func dash(s string) string {

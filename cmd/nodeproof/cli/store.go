@@ -10,19 +10,10 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
-
-// storeFileName is the embedded store's file in the state directory.
-const storeFileName = "state.db"
-
-// damagedStoreHelp is what an operator reads when the server refuses a
-// damaged embedded store.
-func damagedStoreHelp(stateDir string) string {
-	return fmt.Sprintf("the server will not start on a damaged store; check a backup with `nodeproof store check --file BACKUP` and restore it with "+
-		"`nodeproof store restore --state-dir %s --from BACKUP` (the damaged file is kept beside it); docs/operations.md, \"Backup and restore\"", stateDir)
-}
 
 // cmdStore is `nodeproof store check|backup|restore`.
 func cmdStore(ctx context.Context, in *invocation) error {
@@ -36,7 +27,7 @@ func cmdStore(ctx context.Context, in *invocation) error {
 		return err
 	}
 	stdout := in.stdout
-	path := filepath.Join(dir, storeFileName)
+	path := filepath.Join(dir, serve.StoreFile)
 	sock := adminsock.Path(dir)
 	switch in.action {
 	case "check":

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/internal/attacktable"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
@@ -79,8 +80,8 @@ func TestFaultStoreRestoreCLI(t *testing.T) {
 	}
 	os.Truncate(path, 0)
 
-	c := ServeConfig{StateDir: dir, Clock: time.Now}
-	_, err = c.openStore(false)
+	c := serve.Config{StateDir: dir, Clock: time.Now}
+	_, err = c.OpenStore(false)
 	got := "started"
 	if err != nil {
 		got = "refused"

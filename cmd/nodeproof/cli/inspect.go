@@ -11,6 +11,7 @@ import (
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // cmdInspect is `nodeproof inspect [NODE] [-o table|json|yaml]`: every
@@ -22,7 +23,7 @@ import (
 func cmdInspect(ctx context.Context, in *invocation) error {
 	stdout := in.stdout
 	fs := in.flags()
-	var c ServeConfig
+	var c serve.Config
 	storeFlags(fs, &c)
 	format := fs.String("o", inspect.FormatTable, "output: table, json or yaml")
 	basedir := fs.String("server-basedir", "", "inspect pool: the MCO bootstrap directory (directory mode); default: the cluster (--kubeconfig)")
@@ -55,17 +56,17 @@ func cmdInspect(ctx context.Context, in *invocation) error {
 		}
 		return inspect.WritePool(stdout, *format, pool, es)
 	}
-	pol, err := loadPolicy(*policyFile)
+	pol, err := serve.LoadPolicy(*policyFile)
 	if err != nil {
 		return err
 	}
 	c.Clock = time.Now
-	st, err := c.openOperatorStore(ctx)
+	st, err := openOperatorStore(ctx, c)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
-	kc, err := c.kubeClient(c.adminCluster())
+	kc, err := c.KubeClient(adminCluster(c))
 	if err != nil {
 		return err
 	}
@@ -91,7 +92,7 @@ func poolInputs(ctx context.Context, basedir, kubeconfig string) (*render.Inputs
 	if basedir != "" {
 		return render.LoadBootstrapDir(basedir)
 	}
-	cfg, err := restConfig(kubeconfig)
+	cfg, err := serve.RESTConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("inspect pool: give --server-basedir, or a cluster (--kubeconfig): %w", err)
 	}
