@@ -4,15 +4,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
 	certv1 "k8s.io/api/certificates/v1"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // The signers nodeproof approves for, and the identities of kubelet
@@ -27,9 +27,6 @@ const (
 	// itself takes up to its request size limit).
 	maxCSRSize = 16 << 10
 )
-
-// nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
-var nodeNameRE = regexp.MustCompile(`\A[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\z`)
 
 // kubeletCSR is a CSR a recognizer accepted: a kubelet asking for its
 // client or serving certificate, with the facts the decision needs.
@@ -93,7 +90,7 @@ func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, stri
 		return nil, ReasonBadSubject, fmt.Sprintf("organization %q, want exactly [%s]", cr.Subject.Organization, NodesGroup)
 	}
 	name, ok := strings.CutPrefix(cr.Subject.CommonName, NodeUserPrefix)
-	if !ok || len(name) > 253 || !nodeNameRE.MatchString(name) {
+	if !ok || !attest.ValidNodeName(name) {
 		return nil, ReasonBadSubject, fmt.Sprintf("common name %q is not system:node:<node name>", cr.Subject.CommonName)
 	}
 	isRSA, why := keyAllowed(cr.PublicKey)
@@ -101,8 +98,9 @@ func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, stri
 		return nil, ReasonKeyNotAllowed, why
 	}
 	k := &kubeletCSR{signer: signer, nodeName: name, requester: csr.Spec.Username}
-	sum := sha256.Sum256(cr.RawSubjectPublicKeyInfo)
-	k.keySHA256 = sum[:]
+	if k.keySHA256, err = attest.KeySHA256(cr.RawSubjectPublicKeyInfo); err != nil {
+		return nil, ReasonBadCSR, "request's public key: " + err.Error()
+	}
 	if len(cr.EmailAddresses) > 0 || len(cr.URIs) > 0 {
 		return nil, ReasonSANsNotAllowed, "e-mail or URI SANs"
 	}

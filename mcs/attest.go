@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -45,9 +44,6 @@ func (s *Server) openSession(sealed string) (*sealedSession, error) {
 	}
 	return &ss, nil
 }
-
-// nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
-var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
 
 // decodeBody reads a JSON body strictly: bounded, one object, no unknown
 // fields. It decodes as it reads (no copy of the raw body: a verify body
@@ -120,7 +116,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, deny(attest.ReasonPolicyKindNotAllowed, "pool %s does not accept %q evidence", req.Pool, req.Kind))
 		return
 	}
-	if req.NodeName != "" && (len(req.NodeName) > 253 || !nodeNameRE.MatchString(req.NodeName)) {
+	if req.NodeName != "" && !attest.ValidNodeName(req.NodeName) {
 		s.refuse(w, d, deny(ReasonMalformedRequest, "nodeName is not a DNS name"))
 		return
 	}

@@ -78,7 +78,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 	case !s.poolExists(req.Pool):
 		s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", req.Pool))
 		return
-	case len(req.NodeName) > 253 || !nodeNameRE.MatchString(req.NodeName):
+	case !attest.ValidNodeName(req.NodeName):
 		s.refuse(w, d, deny(ReasonMalformedRequest, "nodeName must be a DNS-1123 subdomain"))
 		return
 	case !slices.Contains(api.ReportStages, req.Stage):
