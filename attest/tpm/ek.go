@@ -115,6 +115,9 @@ func NewInventory(entries []InventoryEntry) (*Inventory, error) {
 		if err != nil || len(raw) != sha256.Size {
 			return nil, fmt.Errorf("inventory entry %d: ekSHA256 must be 64 hex digits", i)
 		}
+		if e.NodeName != "" && !attest.ValidNodeName(e.NodeName) {
+			return nil, fmt.Errorf("inventory entry %d: nodeName %q is not a node name Kubernetes allows (a DNS-1123 subdomain: lower-case letters, digits, '-' and '.')", i, e.NodeName)
+		}
 		var k [32]byte
 		copy(k[:], raw)
 		if _, dup := inv.byHash[k]; dup {
