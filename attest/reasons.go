@@ -1,8 +1,16 @@
 package attest
 
-// Reason is the machine-readable cause of a refusal. Tests assert reasons,
-// never message text; mcs maps each to an HTTP status and approver to a CSR
-// condition reason.
+import "strings"
+
+// Reason is the machine-readable cause of a decision: of a refusal the
+// server sends (mcs maps each to one HTTP status), of a CSR's Approved or
+// Denied condition and Event (approver), of a Node's Attested condition,
+// of a node's failure report, of a connection refused at accept. Tests
+// assert reasons, never message text.
+//
+// This file is nodeproof's one vocabulary of reasons: no other package
+// declares one, and docs/reasons.md explains each in one table (both held
+// by TestReasonsDocumented).
 type Reason string
 
 // Reasons for refusing evidence. Each check has its own.
@@ -79,11 +87,13 @@ const (
 	ReasonBootSignerUnknown   Reason = "BootSignerUnknown"
 	ReasonBootSignerAmbiguous Reason = "BootSignerAmbiguous"
 	// Cloud identity: signed tokens and documents.
-	ReasonTokenAlgorithm   Reason = "TokenAlgorithmNotAllowed"
-	ReasonTokenKeyUnknown  Reason = "TokenKeyUnknown"
-	ReasonTokenSignature   Reason = "TokenSignatureInvalid"
-	ReasonTokenIssuer      Reason = "TokenIssuerMismatch"
-	ReasonTokenAudience    Reason = "TokenAudienceMismatch"
+	ReasonTokenAlgorithm  Reason = "TokenAlgorithmNotAllowed"
+	ReasonTokenKeyUnknown Reason = "TokenKeyUnknown"
+	ReasonTokenSignature  Reason = "TokenSignatureInvalid"
+	ReasonTokenIssuer     Reason = "TokenIssuerMismatch"
+	ReasonTokenAudience   Reason = "TokenAudienceMismatch"
+	// ReasonTokenExpired: a GCP identity token past its exp, or a config
+	// token past its life (the server's --config-token-ttl).
 	ReasonTokenExpired     Reason = "TokenExpired"
 	ReasonTokenNotYetValid Reason = "TokenIssuedInFuture"
 	ReasonTokenClaims      Reason = "TokenClaimsMissing"
@@ -201,3 +211,148 @@ const (
 	ReasonPolicyKernelCmdline   Reason = "KernelCmdlineNotAllowed"
 	ReasonPolicyNodeNameMissing Reason = "NodeNameNotEstablished"
 )
+
+// The server's own refusals (mcs): the request, the credentials of a
+// config fetch and the tiers, the admission limits, readiness.
+const (
+	ReasonNotFound         Reason = "NotFound"
+	ReasonBadPath          Reason = "BadPath"
+	ReasonMethodNotAllowed Reason = "MethodNotAllowed"
+	// ReasonUnknownPool: a config of a pool the inputs do not have.
+	ReasonUnknownPool Reason = "UnknownPool"
+	ReasonSpecVersion Reason = "UnsupportedSpecVersion"
+	ReasonCredentials Reason = "CredentialsRequired"
+	// ReasonTokenInvalid: a config or provisioning token that does not
+	// open or match.
+	ReasonTokenInvalid   Reason = "TokenInvalid"
+	ReasonTokenWrongPool Reason = "TokenForAnotherPool"
+	// ReasonTokenUsed: a config token that fetched its config already.
+	// Nodes act on it: a token spent by a delivery that never arrived
+	// means attesting again (agent).
+	ReasonTokenUsed         Reason = "TokenAlreadyUsed"
+	ReasonTierDisabled      Reason = "TierDisabled"
+	ReasonInsecurePort      Reason = "InsecurePortRefused"
+	ReasonBodyTooLarge      Reason = "BodyTooLarge"
+	ReasonMalformedRequest  Reason = "MalformedRequest"
+	ReasonUnavailable       Reason = "Unavailable"
+	ReasonConfigUnavailable Reason = "ConfigUnavailable"
+	// ReasonNotReady: /healthz of a server that lacks something it needs
+	// to serve configs (mcs.Options.Health says what).
+	ReasonNotReady Reason = "NotReady"
+	// ReasonRateLimited: the source address or the identity asked too
+	// often; Retry-After says when a token is back.
+	ReasonRateLimited Reason = "RateLimited"
+	// ReasonOverloaded: too many attestations in flight.
+	ReasonOverloaded Reason = "Overloaded"
+	// ReasonTPMClockRollback: a TPM's reset count went back since the
+	// node's last attestation (a TPM2_Clear, or evidence that is not this
+	// TPM's boots in order): recorded as the node's failure.
+	ReasonTPMClockRollback Reason = "TPMClockRollback"
+	// ReasonPolicyRefused is the Event reason of an enrolment the policy
+	// refused with an error that carries no reason of its own (the Event
+	// carries the refusal's reason when it has one).
+	ReasonPolicyRefused Reason = "PolicyRefused"
+)
+
+// Event reasons of a node's failure report (POST /report/v1), and what
+// the agent reports.
+const (
+	// ReasonNodeReport: a report whose sender proved the kubelet key of a
+	// session the server issued.
+	ReasonNodeReport Reason = "NodeReportedFailure"
+	// ReasonNodeReportUnauthenticated: a report without that proof.
+	ReasonNodeReportUnauthenticated Reason = "NodeReportedFailureUnauthenticated"
+	// ReasonAgentError and ReasonAgentTimeout: what the agent reports
+	// failed when the server gave no reason (an error of its own, a
+	// deadline).
+	ReasonAgentError   Reason = "Error"
+	ReasonAgentTimeout Reason = "Timeout"
+	// ReasonRedirected is the agent's own refusal of a server answer that
+	// redirects (3xx): the agent follows no redirect, so neither the
+	// session and kubelet key proof of a verify nor the config token of a
+	// fetch ever leave for another host or scheme.
+	ReasonRedirected Reason = "Redirected"
+	// ReasonUnknown is the agent's reason of a refusal whose body names
+	// none (or one that is not a reason's shape).
+	ReasonUnknown Reason = "Unknown"
+)
+
+// Connections refused at accept by the PROXY protocol checks
+// (mcs/proxied): the log's reason and the refusal metric.
+const (
+	// ReasonProxyHeaderMissing: a trusted peer sent no PROXY header.
+	ReasonProxyHeaderMissing Reason = "ProxyHeaderMissing"
+	// ReasonProxyHeaderUntrusted: a peer outside Trusted sent a PROXY
+	// header (or began with a PROXY signature).
+	ReasonProxyHeaderUntrusted Reason = "ProxyHeaderUntrusted"
+	// ReasonProxyHeaderInvalid: a trusted peer's header did not parse.
+	ReasonProxyHeaderInvalid Reason = "ProxyHeaderInvalid"
+	// ReasonProxyQueueFull: too many listed balancers' connections were
+	// waiting for their header.
+	ReasonProxyQueueFull Reason = "ProxyHeaderQueueFull"
+)
+
+// The approver's decisions on a kubelet CSR: the reason of its Approved
+// or Denied condition, of the Event on it, and the decisions metric's
+// label. An approval's is ReasonAttested(kind).
+const (
+	// ReasonAttestedPrefix starts an approval's reason: ReasonAttested.
+	ReasonAttestedPrefix = "NodeproofAttested"
+	// Not ours (left alone, no event).
+	ReasonNotKubelet Reason = "NotKubeletSigner"
+	// Shape: the CSR is not what a kubelet sends.
+	ReasonBadCSR           Reason = "MalformedCSR"
+	ReasonBadSubject       Reason = "SubjectNotAllowed"
+	ReasonKeyNotAllowed    Reason = "KeyNotAllowed"
+	ReasonSANsNotAllowed   Reason = "SANsNotAllowed"
+	ReasonUsagesNotAllowed Reason = "UsagesNotAllowed"
+	// ReasonExtensionNotAllowed: the CSR requests an extension a kubelet's
+	// certificate never carries — BasicConstraints, name constraints, a
+	// key usage or extended key usage beyond its signer's, a SAN of a kind
+	// other than DNS name and IP address, or any other extension. Denied
+	// whatever DenyUnattested says: no kubelet sends it, and a signer that
+	// copies requested extensions would issue it.
+	ReasonExtensionNotAllowed Reason = "ExtensionNotAllowed"
+	// Evidence.
+	ReasonNoAttestation  Reason = "NoAttestation"
+	ReasonRecordExpired  Reason = "AttestationExpired"
+	ReasonKeyNotAttested Reason = "KubeletKeyNotAttested"
+	ReasonRecordConsumed Reason = "AttestationAlreadyUsed"
+	// ReasonRequesterMismatch: a serving CSR not requested by the node
+	// itself, or a client CSR from another requester than the bootstrap
+	// token its record names.
+	ReasonRequesterMismatch Reason = "RequesterMismatch"
+	ReasonSANNotAttested    Reason = "SANNotAttested"
+	// ReasonNoAddresses: the node's record attested no address of a kind
+	// the serving CSR asks for (GCP evidence attests no IP address; a TPM
+	// trusted through a vendor CA with no inventory entry no address at
+	// all): nothing to check those SANs against, so the CSR is left to
+	// another approver.
+	ReasonNoAddresses Reason = "NoAttestedAddresses"
+	// ReasonTokenOtherNode: the CSR was made with a per-node bootstrap
+	// token that nodeproof issued for another node (the records naming the
+	// token are all for other names).
+	ReasonTokenOtherNode Reason = "BootstrapTokenOtherNode"
+	// ReasonNoClientCertificate: a CSR the node made itself (requester
+	// system:node:NAME) carries no credential ID of the X.509 client
+	// certificate that authenticated it (spec.extra
+	// authentication.kubernetes.io/credential-id = X509SHA256=<hex>), so
+	// nothing tells which kubelet made it.
+	ReasonNoClientCertificate Reason = "NoClientCertificate"
+	// ReasonNotCurrentOwner: a CSR the node made itself was authenticated
+	// by a client certificate that is not in the lineage of the identity
+	// that owns the name now (store.Lineage): a certificate issued to a
+	// previous owner of the name, to a kubelet of an earlier enrolment, or
+	// one whose issuance the approver never saw.
+	ReasonNotCurrentOwner Reason = "CertificateNotCurrentOwner"
+	// ReasonNodeAttested is the Node's Attested condition's reason while
+	// it is attested (the node controller); when it is not, the reason is
+	// Revoked, AttestationFailed or AttestationStale.
+	ReasonNodeAttested Reason = "Attested"
+)
+
+// ReasonAttested is the reason of an approval resting on evidence of kind
+// k: NodeproofAttestedTPM, NodeproofAttestedGCP, ...
+func ReasonAttested(k Kind) Reason {
+	return Reason(ReasonAttestedPrefix + strings.ToUpper(string(k)))
+}

@@ -89,7 +89,7 @@ func TestNodeEscapeAttacks(t *testing.T) {
 	self := w.asNode(t, node)
 	deleteCond := []byte(`{"status":{"conditions":[{"type":"` + string(approver.ConditionAttested) + `","$patch":"delete"}]}}`)
 	setTrue := []byte(fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"True","reason":%q,"message":"trust me","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
-		approver.ConditionAttested, approver.ReasonAttestedNode, time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)))
+		approver.ConditionAttested, attest.ReasonNodeAttested, time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)))
 	for _, tc := range []struct {
 		attack, name string
 		patch        []byte

@@ -28,10 +28,10 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/bench/fleet"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -136,7 +136,7 @@ func settle(t *testing.T, w *fleet.World, fault string, ms []*fleet.Machine, err
 		}
 		_, err = c.FetchConfig(ctx, "worker", m.ConfigToken)
 		var r *agent.Refused
-		if !errors.As(err, &r) || r.Refusal.Reason != mcs.ReasonTokenUsed {
+		if !errors.As(err, &r) || r.Refusal.Reason != attest.ReasonTokenUsed {
 			again++
 			t.Logf("%s: its config token again: %v", m.Name, err)
 		}

@@ -29,7 +29,6 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 )
 
 var updateLogs = flag.Bool("update-firmware-testdata", false, "write the live boots' event logs and their expectations into firmware-testdata (see its README)")
@@ -280,7 +279,7 @@ func TestLiveBoot(t *testing.T) {
 				return "state Failed " + string(attest.ReasonPolicySecureBootOff) + ", not " + s.State + " " + s.Reason
 			case a != corev1.ConditionFalse || reason != string(attest.ReasonAttestationFailed) || taint != corev1.TaintEffectNoSchedule:
 				return "the Node's Attested condition False (AttestationFailed) and the NoSchedule taint"
-			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(mcs.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
 				return "the agent's report Event (NodeReportedFailure: SecureBootDisabled)"
 			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed), ""):
 				return "the server's AttestationFailed Event"

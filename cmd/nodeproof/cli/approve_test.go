@@ -341,18 +341,18 @@ func TestApproveCommand(t *testing.T) {
 		name       string
 		csr        csrSpec
 		wantType   certv1.RequestConditionType // "": stays pending
-		wantReason approver.Reason
+		wantReason attest.Reason
 	}{
 		{name: "attested client CSR is approved", csr: csrSpec{name: "attested", node: "worker-1", signer: approver.SignerKubeletClient, record: "rec-worker-1"},
 			wantType: certv1.CertificateApproved, wantReason: "NodeproofAttestedTPM"},
 		{name: "unattested client CSR is denied", csr: csrSpec{name: "unattested", node: "stranger", signer: approver.SignerKubeletClient},
-			wantType: certv1.CertificateDenied, wantReason: approver.ReasonNoAttestation},
+			wantType: certv1.CertificateDenied, wantReason: attest.ReasonNoAttestation},
 		{name: "serving CSR whose record attested no addresses is denied", csr: csrSpec{name: "serving-no-addresses", node: "worker-2",
 			signer: approver.SignerKubeletServing, dns: []string{"worker-2"}, record: "rec-worker-2"},
-			wantType: certv1.CertificateDenied, wantReason: approver.ReasonNoAddresses},
+			wantType: certv1.CertificateDenied, wantReason: attest.ReasonNoAddresses},
 		{name: "serving CSR for an unattested name is denied", csr: csrSpec{name: "serving-no-record", node: "stranger-2",
 			signer: approver.SignerKubeletServing, ips: []net.IP{net.ParseIP("10.0.0.9")}},
-			wantType: certv1.CertificateDenied, wantReason: approver.ReasonNoAttestation},
+			wantType: certv1.CertificateDenied, wantReason: attest.ReasonNoAttestation},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a.create(t, tc.csr)

@@ -35,7 +35,6 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/serve"
@@ -507,13 +506,13 @@ func testRelayAndReplay(t *testing.T, e *attackEnv) {
 	attacktable.Check(t, "TPM (server)", "the genuine machine's verify replayed after its config was delivered",
 		"403 "+string(attest.ReasonSessionReused), refusal(postRaw(t, attacker, api.PathVerify, honestVerify)))
 	attacktable.Check(t, "MCS tokens", "a config token replayed after its config was delivered",
-		"403 "+string(mcs.ReasonTokenUsed), fetchRefusal(attacker.FetchConfig(ctx, "worker", vr.ConfigToken)))
+		"403 "+string(attest.ReasonTokenUsed), fetchRefusal(attacker.FetchConfig(ctx, "worker", vr.ConfigToken)))
 	attacktable.Check(t, "MCS tokens", "a config token for one pool used for another",
-		"403 "+string(mcs.ReasonTokenWrongPool), fetchRefusal(attacker.FetchConfig(ctx, "master", vr.ConfigToken)))
+		"403 "+string(attest.ReasonTokenWrongPool), fetchRefusal(attacker.FetchConfig(ctx, "master", vr.ConfigToken)))
 	attacktable.Check(t, "MCS tokens", "a forged config token",
-		"403 "+string(mcs.ReasonTokenInvalid), fetchRefusal(attacker.FetchConfig(ctx, "worker", "np1."+strings.Repeat("A", 80))))
+		"403 "+string(attest.ReasonTokenInvalid), fetchRefusal(attacker.FetchConfig(ctx, "worker", "np1."+strings.Repeat("A", 80))))
 	attacktable.Check(t, "MCS tokens", "a made-up provisioning token",
-		"403 "+string(mcs.ReasonTokenInvalid), fetchRefusal(attacker.FetchConfig(ctx, "master", "not-the-token")))
+		"403 "+string(attest.ReasonTokenInvalid), fetchRefusal(attacker.FetchConfig(ctx, "master", "not-the-token")))
 }
 
 // testStolenCloudEvidence: a GCP token minted for one session used in

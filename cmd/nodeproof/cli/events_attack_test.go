@@ -21,7 +21,6 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store/kubestore"
@@ -126,7 +125,7 @@ func TestEventRecordAttacks(t *testing.T) {
 			t.Fatalf("report %d: %s", i, got)
 		}
 	}
-	written, _ := e.settled(t, "victim-0", string(mcs.ReasonNodeReportUnauthenticated), "", -1)
+	written, _ := e.settled(t, "victim-0", string(attest.ReasonNodeReportUnauthenticated), "", -1)
 	attacktable.Check(t, "node reports", "40 unauthenticated reports for an enrolled node's name (report limits off): what they write",
 		"the report path's budget for the name spent (at most 25 Events)", map[bool]string{
 			true: "the report path's budget for the name spent (at most 25 Events)", false: fmt.Sprintf("%d written", written)}[written >= 10 && written <= 25])
@@ -183,7 +182,7 @@ func TestEventRecordAttacks(t *testing.T) {
 	if got := e.report(t, rep); got != "200 none" {
 		t.Fatalf("the bidi report: %s", got)
 	}
-	_, evs = e.settled(t, "bidi-0", string(mcs.ReasonNodeReportUnauthenticated), "", 1)
+	_, evs = e.settled(t, "bidi-0", string(attest.ReasonNodeReportUnauthenticated), "", 1)
 	logged := ""
 	for _, line := range strings.Split(e.log.String(), "\n") {
 		if strings.Contains(line, "bidi-0") && strings.Contains(line, "node report") {
@@ -204,7 +203,7 @@ func TestEventRecordAttacks(t *testing.T) {
 	if got := e.report(t, rep); got != "200 none" {
 		t.Fatalf("the long report: %s", got)
 	}
-	_, evs = e.settled(t, "long-0", string(mcs.ReasonNodeReportUnauthenticated), "", 1)
+	_, evs = e.settled(t, "long-0", string(attest.ReasonNodeReportUnauthenticated), "", 1)
 	size := -1
 	if len(evs) == 1 && strings.Contains(evs[0].Message, strings.Repeat("x", 253)+"…") && !strings.Contains(evs[0].Message, strings.Repeat("x", 254)) {
 		size = len(evs[0].Message)
@@ -222,5 +221,5 @@ func TestEventRecordAttacks(t *testing.T) {
 	var refusal api.Refusal
 	json.Unmarshal(rb, &refusal)
 	attacktable.Check(t, "node reports", "an unauthenticated report of 9 KiB (a real API server)", "413 BodyTooLarge, no Event",
-		fmt.Sprintf("%d %s, %s", resp.StatusCode, refusal.Reason, map[bool]string{true: "no Event", false: "an Event"}[len(e.events(t, "long-1", string(mcs.ReasonNodeReportUnauthenticated), "")) == 0]))
+		fmt.Sprintf("%d %s, %s", resp.StatusCode, refusal.Reason, map[bool]string{true: "no Event", false: "an Event"}[len(e.events(t, "long-1", string(attest.ReasonNodeReportUnauthenticated), "")) == 0]))
 }

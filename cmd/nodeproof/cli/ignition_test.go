@@ -25,7 +25,6 @@ import (
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/serve"
@@ -477,7 +476,7 @@ func TestIgnitionAfterACutDelivery(t *testing.T) {
 	if err != nil {
 		t.Fatalf("agent: %v\n%s\n%s", err, console.String(), s.log)
 	}
-	if !strings.Contains(console.String(), "attesting again") || !s.logged(http.StatusForbidden, string(mcs.ReasonTokenUsed)) {
+	if !strings.Contains(console.String(), "attesting again") || !s.logged(http.StatusForbidden, string(attest.ReasonTokenUsed)) {
 		t.Fatalf("the cut delivery's token was not refused and the node did not attest again:\n%s", console.String())
 	}
 	cached, out, err := testenv.IgnitionFetch(t, s.pointerFile(t, "--pool", "worker"), sysDir)

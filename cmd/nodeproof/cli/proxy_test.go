@@ -20,9 +20,9 @@ import (
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs/proxied"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
@@ -211,21 +211,24 @@ func TestProxyProtocolAttacksBehindHAProxy(t *testing.T) {
 
 	// Each refusal is logged with its reason (after the close the client
 	// saw).
-	var reasons map[string]int
+	var reasons map[attest.Reason]int
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		reasons = map[string]int{}
+		reasons = map[attest.Reason]int{}
 		for _, line := range strings.Split(s.log.String(), "\n") {
-			var l struct{ Msg, Reason, Remote string }
+			var l struct {
+				Msg, Remote string
+				Reason      attest.Reason
+			}
 			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "connection refused" {
 				reasons[l.Reason]++
 			}
 		}
-		if reasons[proxied.ReasonHeaderUntrusted] >= 3 && reasons[proxied.ReasonHeaderMissing] >= 1 || time.Now().After(deadline) {
+		if reasons[attest.ReasonProxyHeaderUntrusted] >= 3 && reasons[attest.ReasonProxyHeaderMissing] >= 1 || time.Now().After(deadline) {
 			break
 		}
 	}
-	if reasons[proxied.ReasonHeaderUntrusted] != 3 || reasons[proxied.ReasonHeaderMissing] != 1 {
-		t.Errorf("refused connections logged by reason %v; want 3 %s and 1 %s", reasons, proxied.ReasonHeaderUntrusted, proxied.ReasonHeaderMissing)
+	if reasons[attest.ReasonProxyHeaderUntrusted] != 3 || reasons[attest.ReasonProxyHeaderMissing] != 1 {
+		t.Errorf("refused connections logged by reason %v; want 3 %s and 1 %s", reasons, attest.ReasonProxyHeaderUntrusted, attest.ReasonProxyHeaderMissing)
 	}
 }
 
@@ -355,8 +358,8 @@ func TestProxyHeaderQueueAttack(t *testing.T) {
 	}
 	attacktable.Check(t, "PROXY protocol", "1,024 more unlisted addresses hold an idle connection each: machines through haproxy and directly fetch",
 		"served within 1 s", served("and 1,024 idle from many addresses"))
-	if strings.Contains(s.log.String(), proxied.ReasonPending) {
-		t.Errorf("a connection was refused %s", proxied.ReasonPending)
+	if strings.Contains(s.log.String(), string(attest.ReasonProxyQueueFull)) {
+		t.Errorf("a connection was refused %s", attest.ReasonProxyQueueFull)
 	}
 }
 

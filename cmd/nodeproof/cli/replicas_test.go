@@ -31,7 +31,6 @@ import (
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -243,7 +242,7 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = other.FetchConfig(ctx, "worker", vr.ConfigToken)
-		if r, ok := err.(*agent.Refused); !ok || r.Refusal.Reason != mcs.ReasonTokenUsed {
+		if r, ok := err.(*agent.Refused); !ok || r.Refusal.Reason != attest.ReasonTokenUsed {
 			t.Fatalf("second use of the config token: %v", err)
 		}
 	})

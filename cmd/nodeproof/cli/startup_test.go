@@ -17,8 +17,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/serve"
@@ -155,7 +155,7 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 			t.Fatal(err)
 		}
 		wait("/healthz to say NotReady, naming the CA bundle", func(code int, r api.Refusal) bool {
-			return code == http.StatusServiceUnavailable && r.Reason == mcs.ReasonNotReady && strings.Contains(r.Detail, "ca.crt")
+			return code == http.StatusServiceUnavailable && r.Reason == attest.ReasonNotReady && strings.Contains(r.Detail, "ca.crt")
 		})
 		if !strings.Contains(log.String(), "cannot serve full configs now") {
 			t.Errorf("the log does not say it:\n%s", log)
