@@ -36,6 +36,8 @@ type Decision struct {
 	Record string
 	// NodeName is the node the CSR is for, when the CSR named one.
 	NodeName string
+	// Rule is the rule that decided (Rules).
+	Rule string
 }
 
 // Decider decides CSRs from the store's NodeAttestation records.
@@ -97,94 +99,27 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 	return csr.Name + "/" + string(csr.UID)
 }
 
-// Decide decides csr. For a kubelet client CSR it consumes the record it
-// approves with (store.ConsumeRecord), so the caller must write the
-// approval; deciding again for the same CSR after a failed write finds
-// the record consumed by this CSR and approves again (idempotent). An
-// error is a store failure: retry later. With Fresh set, a denial decided
-// on Store is decided again on Fresh, and that decision stands (except
-// BootstrapTokenOtherNode, which rests on records, whose spec never
-// changes: a cache that holds one is not behind on it).
+// Decide decides csr by the approver's rules (Rules: each with what it
+// checks, why, and every decision it can make), applied in order: the
+// first rule that judges the CSR and decides it makes the decision, which
+// names it (Decision.Rule). For a kubelet client CSR it consumes the
+// record it approves with (store.ConsumeRecord), so the caller must write
+// the approval; deciding again for the same CSR after a failed write
+// finds the record consumed by this CSR and approves again (idempotent).
+// An error is a store failure: retry later. With Fresh set, a denial
+// decided on Store is decided again on Fresh, and that decision stands
+// (except BootstrapTokenOtherNode, which rests on records, whose spec
+// never changes: a cache that holds one is not behind on it).
 //
 // Store (or Lineages) and Fresh must implement store.Lineages
 // (kubestore.Store, kubestore.Cached and boltstore.Store do): without it
-// no CSR the node makes itself is decided (an error). When it also implements store.TokenIndex
-// (kubestore.Cached, boltstore.Store), bootstrap tokens are checked
-// against the node their records name.
+// no CSR the node makes itself is decided (an error). When it also
+// implements store.TokenIndex (kubestore.Cached, boltstore.Store),
+// bootstrap tokens are checked against the node their records name.
 //
-// Every decision rests on the node name's binding (store.Binding): the
-// identity that enrolled with the name first owns it, and only records of
-// that identity count — for a client CSR, only records that bound the
-// binding's kubelet key (the enrolment's), never just the newest record
-// for the name. After recognize's shape checks, in this order:
-//
-//  1. A CSR made with a bootstrap token (requester system:bootstrap:<id>)
-//     that nodeproof issued for one node (the unexpired records naming
-//     the token, store.TokenIndex) but whose CN names another:
-//     BootstrapTokenOtherNode (denied), whatever else it carries.
-//  2. Any CSR for a node whose owner is not attested
-//     (store.Binding.Attested, with StaleAfter of the binding's pool),
-//     whoever the requester — a bootstrap token, the node itself, anyone
-//     — client or serving: Revoked, AttestationFailed (its latest
-//     attestation was refused) or AttestationStale (none passed within the
-//     window) (denied).
-//  3. A CSR the node makes itself (requester system:node:NAME: a client
-//     certificate's renewal, any serving certificate) of a bound name must
-//     come from a kubelet client certificate of the current owner: the CSR
-//     carries the API server's credential ID of the certificate that
-//     authenticated it (spec.extra authentication.kubernetes.io/
-//     credential-id, exactly one value X509SHA256=<64 hex digits>), else
-//     NoClientCertificate (denied); and that certificate is in the
-//     lineage of the binding's enrolment (store.Lineage, Of and Has:
-//     certificates issued for CSRs of this enrolment's kubelet, see
-//     RecordIssued), else CertificateNotCurrentOwner (denied). A client
-//     renewal that passes is approved (renewal); a serving CSR goes on to
-//     the serving checks below. With no binding: NoAttestation (left
-//     pending, or denied with DenyUnattested).
-//
-// A first kubelet client CSR is approved only when an unexpired record
-// for the CN's node name, of the identity that owns the name and with the
-// binding's kubelet key, carries the SHA-256 of exactly this CSR's public
-// key and was not consumed by another CSR, and, when that record names a
-// bootstrap token, the requester is system:bootstrap:<token id>.
-// Otherwise:
-//   - no record for the name: NoAttestation; only expired ones:
-//     AttestationExpired (left pending, or denied with DenyUnattested);
-//   - unexpired records, none with this key: KubeletKeyNotAttested (denied);
-//   - records with this key, none of the owning identity's enrolment (a
-//     machine whose name was released, or no binding at all):
-//     NodeNameTaken (denied);
-//   - records with this key, all consumed by other CSRs:
-//     AttestationAlreadyUsed (denied);
-//   - the record's token user is not the requester: RequesterMismatch
-//     (denied);
-//   - the store refuses to consume the record because its identity is
-//     banned (store.ErrRevoked: a ban the binding does not show yet):
-//     Revoked (denied).
-//
-// A kubelet serving CSR (after recognize's shape checks, which include
-// that the requester is the node itself, and check 3) is decided on the
-// newest record of the identity that owns the node name, expired or
-// consumed ones included (the serving certificate comes after the client
-// certificate the record approved, and is renewed while the node lives):
-//   - no binding, or no record of its identity: NoAttestation (left
-//     pending, or denied with DenyUnattested);
-//   - the CSR has DNS SANs and the record attested no DNS name, or IP SANs
-//     and the record attested no IP address (GCP evidence attests names,
-//     never IPs; TPM evidence through a vendor CA attests no address, an
-//     inventory entry may): NoAttestedAddresses (left pending, or denied
-//     with DenyUnattested): nothing checks those SANs, and another
-//     approver may own the CSR;
-//   - a DNS SAN (case-insensitively) or an IP SAN (IPv4-mapped IPv6 equal
-//     to its IPv4 form) is not among the names or IPs the record attested:
-//     SANNotAttested (denied);
-//   - otherwise approved, naming the evidence kind and the record.
-//
-// The serving key is not bound by evidence (the kubelet makes it later);
-// the node's client certificate, which was, is what authenticates the
-// request. Records are garbage-collected once they expire (the store's GC,
-// in the server): a serving-certificate renewal after that finds no record
-// and is NoAttestation, left pending for the cluster's own approver (or
+// Records are garbage-collected once they expire (the store's GC, in the
+// server): a serving-certificate renewal after that finds no record and
+// is NoAttestation, left pending for the cluster's own approver (or
 // denied with DenyUnattested), like any CSR nodeproof has no evidence for.
 func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
 	dec, err := d.decide(ctx, csr)
@@ -196,59 +131,27 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 	return fresh.decide(ctx, csr)
 }
 
+// rules is Rules, made once.
+var rules = Rules()
+
 func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
-	k, reason, msg := recognize(csr)
-	if k == nil {
-		if reason == attest.ReasonNotKubelet {
-			return Decision{Action: Leave, Reason: reason, Message: msg}, nil
+	f := &facts{csr: csr}
+	for _, r := range rules {
+		if !r.judges(f) {
+			continue
 		}
-		if reason == attest.ReasonExtensionNotAllowed {
-			// No kubelet asks for it; no approver should grant it.
-			return Decision{Action: Deny, Reason: reason, Message: msg}, nil
+		dec, decided, err := r.decide(ctx, d, f)
+		if err != nil {
+			return Decision{}, err
 		}
-		return d.unattested(Decision{Reason: reason, Message: msg}), nil
-	}
-	if dec, ok, err := d.tokenForOtherNode(ctx, k); err != nil || ok {
-		return dec, err
-	}
-	b, err := d.Store.Binding(ctx, k.nodeName)
-	if errors.Is(err, store.ErrNotFound) {
-		b = nil
-	} else if err != nil {
-		return Decision{}, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
-	}
-	if b != nil {
-		// Every CSR for the node, whoever asks — its bootstrap token, its
-		// kubelet, anyone — needs the owner attested.
-		if ok, why, last := b.Attested(d.Clock(), d.staleAfter(b.Pool)); !ok {
-			return Decision{Action: Deny, Reason: why, NodeName: k.nodeName, Record: b.RecordID,
-				Message: fmt.Sprintf("node %s is not attested (%s since %s): nodeproof approves its certificates again once it passes a re-attestation", k.nodeName, why, last.UTC().Format(time.RFC3339))}, nil
+		if decided {
+			dec.Rule = r.Name
+			return dec, nil
 		}
 	}
-	if k.requester == NodeUserPrefix+k.nodeName && b != nil {
-		// The node itself: its client certificate must be the current
-		// owner's.
-		if dec, ok, err := d.notCurrentOwner(ctx, csr, k, b); err != nil || ok {
-			return dec, err
-		}
-	}
-	if k.signer == SignerKubeletClient && k.requester == NodeUserPrefix+k.nodeName {
-		return d.renewal(k, b), nil
-	}
-	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
-	if err != nil {
-		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
-	}
-	if k.signer == SignerKubeletServing {
-		var owned []*store.Record
-		for _, r := range recs {
-			if b != nil && r.Identity == b.Identity {
-				owned = append(owned, r)
-			}
-		}
-		return d.serving(k, owned), nil
-	}
-	return d.client(ctx, csr, k, b, recs)
+	// The last rule decides every client CSR, and the one before every
+	// serving CSR; recognize passes no other.
+	return Decision{}, fmt.Errorf("approver: no rule decided %s", csr.Name)
 }
 
 // tokenForOtherNode denies a CSR made with a bootstrap token that

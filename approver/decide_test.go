@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -277,6 +278,7 @@ func TestDecide(t *testing.T) {
 	withSigner := func(s csrSpec, signer string) csrSpec { s.signer = signer; return s }
 	withRequester := func(s csrSpec, r string) csrSpec { s.requester = r; return s }
 
+	reached := map[ruleOutcome]bool{} // the rules' outcomes the cases reach
 	// Ordered: later cases see what earlier ones consumed.
 	for _, tc := range []struct {
 		name        string
@@ -435,6 +437,7 @@ func TestDecide(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			reached[checkOutcome(t, dec)] = true
 			if tc.wantAction == Approve {
 				if dec.Action != tc.wantAction || dec.Reason != tc.wantReason {
 					t.Fatalf("decision %s %s (%s), want %s %s", dec.Action, dec.Reason, dec.Message, tc.wantAction, tc.wantReason)
@@ -460,6 +463,22 @@ func TestDecide(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Every decision of every rule is reached by a case here, but for those
+	// that other tests reach: an extension (TestAttackCSRExtensions), a
+	// request that does not parse (TestDecideMalformedRequest), a ban the
+	// binding does not show yet (TestDecideBanNotYetInBinding).
+	elsewhere := map[ruleOutcome]bool{
+		{"a kubelet's CSR", attest.ReasonExtensionNotAllowed}:                   true,
+		{"a kubelet's CSR", attest.ReasonBadCSR}:                                true,
+		{"a first client certificate's key was attested", attest.ReasonRevoked}: true,
+	}
+	for _, r := range Rules() {
+		for _, o := range r.Outcomes {
+			if k := (ruleOutcome{r.Name, o.Reason}); !reached[k] && !elsewhere[k] {
+				t.Errorf("rule %q: no case decides %s", r.Name, o.Reason)
+			}
+		}
 	}
 }
 
@@ -535,5 +554,106 @@ func TestDecideFresh(t *testing.T) {
 	dec, err = (&Decider{Store: fresh, Fresh: fresh, Clock: clock}).Decide(ctx, again)
 	if err != nil || dec.Action != Deny || dec.Reason != attest.ReasonRecordConsumed {
 		t.Fatalf("a second CSR: %s %s, %v; want denied as consumed", dec.Action, dec.Reason, err)
+	}
+}
+
+// ruleOutcome is a rule and a reason it gives.
+type ruleOutcome struct {
+	rule   string
+	reason attest.Reason
+}
+
+// checkOutcome fails unless dec is one of the outcomes its rule lists
+// (Rules: each rule's table row says every decision it makes), and
+// returns it.
+func checkOutcome(t *testing.T, dec Decision) ruleOutcome {
+	t.Helper()
+	for _, r := range Rules() {
+		if r.Name != dec.Rule {
+			continue
+		}
+		for _, o := range r.Outcomes {
+			reason := dec.Reason
+			if o.Action == Approve && strings.HasPrefix(string(reason), attest.ReasonAttestedPrefix) {
+				reason = attest.ReasonAttestedPrefix
+			}
+			if o.Reason == reason && (o.Action == dec.Action || o.Action == Unattested && (dec.Action == Leave || dec.Action == Deny)) {
+				return ruleOutcome{r.Name, o.Reason}
+			}
+		}
+		t.Fatalf("rule %q decided %s %s, which its outcomes %v do not list", r.Name, dec.Action, dec.Reason, r.Outcomes)
+	}
+	t.Fatalf("decision %s %s names rule %q, which Rules does not have", dec.Action, dec.Reason, dec.Rule)
+	return ruleOutcome{}
+}
+
+// bindingsBehind is a store whose binding reads are a moment behind, as a
+// watch cache is (kubestore.Cached): Binding answers what was read before
+// the test moved the store on.
+type bindingsBehind struct {
+	store.Store
+	bindings map[string]*store.Binding
+}
+
+func (s *bindingsBehind) Binding(_ context.Context, node string) (*store.Binding, error) {
+	if b, ok := s.bindings[node]; ok {
+		return b, nil
+	}
+	return nil, store.ErrNotFound
+}
+
+// TestDecideBanNotYetInBinding: a machine banned a moment ago, whose
+// binding the decision's cache still shows attested, asks for its first
+// client certificate with the key its record bound: the store refuses to
+// consume a banned identity's record, and the CSR is denied Revoked by
+// the first-client rule (a ban written by hand before the server's watch
+// revokes the binding).
+func TestDecideBanNotYetInBinding(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	k := mustKey(t)
+	if err := st.Enrol(ctx, &store.Record{ID: "rec-b", NodeName: "banned-0", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:banned",
+		KubeletKeySHA256: keyHash(t, k), CreatedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := st.Binding(ctx, "banned-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Ban(ctx, store.Ban{Identity: "tpm-ek:banned", Kind: attest.KindTPM, NodeName: "banned-0", At: now, By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	d := &Decider{Store: &bindingsBehind{Store: st, bindings: map[string]*store.Binding{"banned-0": before}}, Lineages: st.(store.Lineages), Clock: clock}
+	dec, err := d.Decide(ctx, makeCSR(t, clientCSR(t, "csr-banned", "banned-0", k, "system:serviceaccount:x:node-bootstrapper")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacktable.Check(t, "approver", "CSR: a machine banned a moment ago, its binding not yet revoked in the approver's cache, asks for its first certificate",
+		fmt.Sprintf("%s %s", Deny, attest.ReasonRevoked), fmt.Sprintf("%s %s", dec.Action, dec.Reason))
+	if o := checkOutcome(t, dec); o.rule != "a first client certificate's key was attested" {
+		t.Errorf("decided by %q, want the first-client rule (the cache's binding is attested)", o.rule)
+	}
+}
+
+// TestDecideMalformedRequest: a kubelet signer's CSR whose request is not
+// a CSR is left to another approver (denied with DenyUnattested), by the
+// shape rule.
+func TestDecideMalformedRequest(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		d := &Decider{Store: openStore(t), Clock: clock, DenyUnattested: deny}
+		csr := makeCSR(t, clientCSR(t, "csr-junk", "worker-1", mustKey(t), "u"))
+		csr.Spec.Request = []byte("-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n-----END CERTIFICATE REQUEST-----\n")
+		dec, err := d.Decide(context.Background(), csr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Leave
+		if deny {
+			want = Deny
+		}
+		if dec.Action != want || dec.Reason != attest.ReasonBadCSR {
+			t.Fatalf("DenyUnattested %v: %s %s, want %s %s", deny, dec.Action, dec.Reason, want, attest.ReasonBadCSR)
+		}
+		checkOutcome(t, dec)
 	}
 }
