@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
@@ -102,7 +103,7 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*serv
 	done := make(chan error, 1)
 	cfg := serve.Config{
 		SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-		ServerBasedir: "../../../deploy/examples/bootstrap", BootstrapKube: "../../../deploy/examples/bootstrap-kubeconfig",
+		ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
 		Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 		TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 		GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
@@ -153,7 +154,7 @@ func (s *server) pointerFile(t *testing.T, args ...string) string {
 	out := filepath.Join(t.TempDir(), "pointer.ign")
 	var stderr bytes.Buffer
 	args = append([]string{"pointer", "--state-dir", s.stateDir, "--url", s.url, "--http-total", "15s", "-o", out}, args...)
-	if code := Run(context.Background(), args, io.Discard, &stderr); code != 0 {
+	if code := cli.Run(context.Background(), args, io.Discard, &stderr); code != 0 {
 		t.Fatalf("nodeproof %v: exit %d: %s", args, code, stderr.String())
 	}
 	return out
@@ -206,11 +207,11 @@ func configFiles(cfgJSON []byte) (map[string]string, error) {
 // spec 3.5 (what Ignition v2.24 asks for), as path → source.
 func expectedFiles(t *testing.T, pool string, tier render.Tier, caBundle []byte) map[string]string {
 	t.Helper()
-	in, err := render.LoadBootstrapDir("../../../deploy/examples/bootstrap")
+	in, err := render.LoadBootstrapDir("../../deploy/examples/bootstrap")
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc, _ := os.ReadFile("../../../deploy/examples/bootstrap-kubeconfig")
+	kc, _ := os.ReadFile("../../deploy/examples/bootstrap-kubeconfig")
 	extra, err := render.CABundleExtra(caBundle)
 	if err != nil {
 		t.Fatal(err)

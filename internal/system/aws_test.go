@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -73,7 +74,7 @@ func newAWSSetup(t *testing.T, poolAWS string) *awsSetup {
 
 // directoryMode are serve's flags for the example MCO bootstrap directory
 // (the embedded store).
-var directoryMode = []string{"--server-basedir", "../../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../../deploy/examples/bootstrap-kubeconfig"}
+var directoryMode = []string{"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}
 
 // cmdServer is `nodeproof serve` run through Run, with flags, in process.
 type cmdServer struct {
@@ -102,7 +103,7 @@ func (s *awsSetup) serve(t *testing.T, mode []string, extra ...string) *cmdServe
 	srv := &cmdServer{url: fmt.Sprintf("https://127.0.0.1:%d", port), log: new(testenv.LockedBuffer)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	go func() { done <- Run(ctx, args, io.Discard, srv.log) }()
+	go func() { done <- cli.Run(ctx, args, io.Discard, srv.log) }()
 	var once sync.Once
 	srv.stop = func() {
 		once.Do(func() {
@@ -233,7 +234,7 @@ func TestAWSReenrolment(t *testing.T) {
 					srv.stop()
 				}
 				var stdout, stderr bytes.Buffer
-				if code := Run(context.Background(), append(append([]string{"enroll"}, storeFlags...), "--reset", key), &stdout, &stderr); code != 0 {
+				if code := cli.Run(context.Background(), append(append([]string{"enroll"}, storeFlags...), "--reset", key), &stdout, &stderr); code != 0 {
 					t.Fatalf("nodeproof enroll --reset %s: exit %d: %s", key, code, stderr.String())
 				}
 				if !tc.resetWhileServing {

@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
@@ -73,7 +74,7 @@ func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 			t.Fatal(err)
 		}
 	}
-	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	dir := t.TempDir()
 	policyFile := filepath.Join(dir, "policy.yaml")
 	if err := os.WriteFile(policyFile, []byte(clusterStatePolicy), 0o600); err != nil {
@@ -570,7 +571,7 @@ func TestCAAndPointerFromTheCluster(t *testing.T) {
 	run := func(args ...string) string {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		if code := Run(ctx, args, &stdout, &stderr); code != 0 {
+		if code := cli.Run(ctx, args, &stdout, &stderr); code != 0 {
 			t.Fatalf("nodeproof %v: exit %d: %s", args, code, stderr.String())
 		}
 		return stdout.String()
@@ -586,7 +587,7 @@ func TestCAAndPointerFromTheCluster(t *testing.T) {
 	var out string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		var stdout, stderr bytes.Buffer
-		code := Run(ctx, []string{"ca", "rotate", "--kubeconfig", kubeconfig}, &stdout, &stderr)
+		code := cli.Run(ctx, []string{"ca", "rotate", "--kubeconfig", kubeconfig}, &stdout, &stderr)
 		if code == 0 {
 			out = stdout.String()
 			break

@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
@@ -175,7 +176,7 @@ func TestServeClusterMode(t *testing.T) {
 	// ends Ignition's fetch for good, so every 200 must be the whole
 	// public tier; before that, only 503s that say when to retry.
 	poll := startPublicPoller(t, plain, s.url+"/config/worker", expectedFiles(t, "worker", render.TierPublic, bundle))
-	ex := clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap")
+	ex := clustertest.LoadExamples(t, "../../deploy/examples/bootstrap")
 	if err := ex.CreateBackwards(ctx, c, func(string) { time.Sleep(4 * cluster.DefaultDebounce) }); err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +314,7 @@ func TestServeClusterMode(t *testing.T) {
 			t.Fatalf("ignition with the master user data: %v\n%s", err, out)
 		}
 		var stderr bytes.Buffer
-		if code := Run(ctx, []string{"token", "rotate", "--state-dir", s.stateDir, "--grace", "1h"}, io.Discard, &stderr); code != 0 {
+		if code := cli.Run(ctx, []string{"token", "rotate", "--state-dir", s.stateDir, "--grace", "1h"}, io.Discard, &stderr); code != 0 {
 			t.Fatalf("token rotate: %s", stderr.String())
 		}
 		newMaster := userData("master", oldMaster)
@@ -409,8 +410,8 @@ func TestServeUserDataAsDeployed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	applyRenderedRBAC(t, cfg, "../../../deploy/overlays/openshift")
-	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
+	applyRenderedRBAC(t, cfg, "../../deploy/overlays/openshift")
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	// The Secrets as the MCO made them (its pointer, another key nodeproof
 	// must keep), plus one nodeproof's account must not read.
 	secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)

@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -26,7 +27,7 @@ import (
 func (e *enrolEnv) nodeproof(t *testing.T, args ...string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	if code := Run(context.Background(), append(args, e.storeFlags...), &stdout, &stderr); code != 0 {
+	if code := cli.Run(context.Background(), append(args, e.storeFlags...), &stdout, &stderr); code != 0 {
 		t.Fatalf("nodeproof %v: exit %d: %s", args, code, stderr.String())
 	}
 	return stdout.String()
@@ -88,7 +89,7 @@ func TestBanAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	// A Node that existed before nodeproof (made first, so the server's
 	// watch of Node names has it well before it is asked for).
 	if _, err := e.kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "legacy-0"}}, metav1.CreateOptions{}); err != nil {

@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bufio"
@@ -32,6 +32,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -54,7 +55,7 @@ type approverCluster struct {
 
 func startApproverCluster(t *testing.T) *approverCluster {
 	t.Helper()
-	cfg, _ := clustertest.StartSigning(t, "../../../deploy/crds")
+	cfg, _ := clustertest.StartSigning(t, "../../deploy/crds")
 	admin, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -67,7 +68,7 @@ func startApproverCluster(t *testing.T) *approverCluster {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.ApplyYAML(t, c, "../../../deploy/approver/rbac.yaml")
+	kubetest.ApplyYAML(t, c, "../../deploy/approver/rbac.yaml")
 	// Nodes create their CSRs (a cluster grants this to system:nodes).
 	if err := clustertest.NodesMayRequest(ctx, admin); err != nil {
 		t.Fatal(err)
@@ -295,7 +296,7 @@ func TestApproveCommand(t *testing.T) {
 	stderr := new(testenv.LockedBuffer)
 	done := make(chan int, 1)
 	go func() {
-		done <- Run(ctx, []string{"approve",
+		done <- cli.Run(ctx, []string{"approve",
 			"--kubeconfig", a.kubeconfig(t, ""), "--store-namespace", "nodeproof",
 			"--leader-elect-namespace", "nodeproof", "--leader-elect-id", "approver-cmd",
 			"--metrics-addr", metricsAddr, "--deny-unattested",
@@ -484,7 +485,7 @@ func TestApproveLeaderFailover(t *testing.T) {
 		p := &approverProc{id: id, proxy: faultproxy.New(t, u.Host), log: new(testenv.LockedBuffer), done: make(chan error, 1)}
 		kubeconfig := a.kubeconfig(t, "https://"+p.proxy.Addr())
 		go func() {
-			p.done <- Approve(ctx, ApproveConfig{
+			p.done <- cli.Approve(ctx, cli.ApproveConfig{
 				Kubeconfig: kubeconfig, StoreNamespace: "nodeproof",
 				LeaderElect: true, LeaseNamespace: "nodeproof", Identity: id,
 				LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
@@ -497,7 +498,7 @@ func TestApproveLeaderFailover(t *testing.T) {
 		t.Helper()
 		select {
 		case err := <-p.done:
-			t.Fatalf("%s: Approve returned (%v) while its context is live\n%s", p.id, err, p.log)
+			t.Fatalf("%s: cli.Approve returned (%v) while its context is live\n%s", p.id, err, p.log)
 		default:
 		}
 	}

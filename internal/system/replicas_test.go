@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -26,6 +26,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
@@ -84,8 +85,8 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(ctx, t, c)
-	for _, f := range []string{"../../../deploy/approver/rbac.yaml", "../../../deploy/store/rbac.yaml", "../../../deploy/cluster/node-bootstrap-rbac.yaml"} {
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
 		kubetest.ApplyYAML(t, c, f)
 	}
 	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
@@ -153,7 +154,7 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 	actx, acancel := context.WithCancel(ctx)
 	adone := make(chan error, 1)
 	go func() {
-		adone <- Approve(actx, ApproveConfig{
+		adone <- cli.Approve(actx, cli.ApproveConfig{
 			Kubeconfig: clustertest.ServiceAccountKubeconfig(t, cfg, "nodeproof", "nodeproof-approver"), StoreNamespace: "nodeproof",
 			LeaderElect: true, LeaseNamespace: "nodeproof", Identity: "approver-0",
 			QPS: 50, Burst: 100, Clock: time.Now, Log: slog.New(slog.NewJSONHandler(logs, nil)).With("component", "approver"),
@@ -228,7 +229,7 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 		os.WriteFile(tokFile, []byte(vr.ConfigToken), 0o600)
 		pointer := filepath.Join(t.TempDir(), "pointer.ign")
 		var stderr bytes.Buffer
-		if code := Run(ctx, []string{"pointer", "--url", "https://" + hosts[1], "--ca-bundle", st.CABundleFile, "--pool", "worker",
+		if code := cli.Run(ctx, []string{"pointer", "--url", "https://" + hosts[1], "--ca-bundle", st.CABundleFile, "--pool", "worker",
 			"--token-file", tokFile, "--http-total", "15s", "-o", pointer}, io.Discard, &stderr); code != 0 {
 			t.Fatal(stderr.String())
 		}
@@ -330,7 +331,7 @@ func revokedAtEveryReplica(t *testing.T, ctx context.Context, man *swtpm.Manufac
 		t.Fatalf("attest: %v\n%s", err, logs)
 	}
 	var stderr bytes.Buffer
-	if code := Run(ctx, []string{"revoke", "--store", "kubernetes", "--kubeconfig", kubeconfig, "--reason", "stolen", vr.NodeName}, io.Discard, &stderr); code != 0 {
+	if code := cli.Run(ctx, []string{"revoke", "--store", "kubernetes", "--kubeconfig", kubeconfig, "--reason", "stolen", vr.NodeName}, io.Discard, &stderr); code != 0 {
 		t.Fatalf("revoke: %s", stderr.String())
 	}
 	for i, h := range hosts {

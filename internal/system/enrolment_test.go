@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -22,6 +22,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
@@ -168,7 +169,7 @@ func (e *enrolEnv) mustEnrol(t *testing.T, what string, ev agent.Evidence, pool,
 func (e *enrolEnv) release(t *testing.T, node string) string {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
-	if code := Run(context.Background(), append(append([]string{"release"}, e.storeFlags...), node), &stdout, &stderr); code != 0 {
+	if code := cli.Run(context.Background(), append(append([]string{"release"}, e.storeFlags...), node), &stdout, &stderr); code != 0 {
 		t.Fatalf("nodeproof release %s: exit %d: %s", node, code, stderr.String())
 	}
 	return stdout.String()
@@ -404,8 +405,8 @@ func TestServeRefusesFailOpenPolicy(t *testing.T) {
 				t.Fatal(err)
 			}
 			var stderr bytes.Buffer
-			code := Run(context.Background(), []string{"serve", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
-				"--server-basedir", "../../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
+			code := cli.Run(context.Background(), []string{"serve", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
+				"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
 			if code == 0 || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("serve: exit %d, %q; want a refusal naming %q", code, stderr.String(), tc.want)
 			}

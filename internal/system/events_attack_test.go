@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -104,7 +105,7 @@ func hidesText(s string) bool {
 func TestEventRecordAttacks(t *testing.T) {
 	e := newEnrolEnv(t, "--limit-unauthenticated-reports", "0", "--limit-unauthenticated-report-bytes", "0")
 	// Reports name a pool the server serves: the example MCO objects.
-	clustertest.LoadExamples(t, "../../../deploy/examples/bootstrap").Create(context.Background(), t, e.cluster)
+	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(context.Background(), t, e.cluster)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		got := e.report(t, api.ReportRequest{Pool: "worker", NodeName: "pool-ready", Stage: "agent", Reason: "Error"})
 		if got == "200 none" {
@@ -167,7 +168,7 @@ func TestEventRecordAttacks(t *testing.T) {
 
 	// A revoked machine that attests again leaves an Event of the server's.
 	var stdout, stderr bytes.Buffer
-	if code := Run(context.Background(), append(append([]string{"revoke"}, e.storeFlags...), "--reason", "stolen disk", "victim-0"), &stdout, &stderr); code != 0 {
+	if code := cli.Run(context.Background(), append(append([]string{"revoke"}, e.storeFlags...), "--reason", "stolen disk", "victim-0"), &stdout, &stderr); code != 0 {
 		t.Fatalf("nodeproof revoke: exit %d: %s", code, stderr.String())
 	}
 	revoked := "403 " + string(attest.ReasonRevoked)

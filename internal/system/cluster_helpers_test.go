@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"testing"
@@ -15,7 +15,7 @@ import (
 // admin config, a clientset and a controller-runtime client for it.
 func testCluster(t *testing.T) (*rest.Config, kubernetes.Interface, client.Client) {
 	t.Helper()
-	cfg := clustertest.Start(t, "../../../deploy/crds")
+	cfg := clustertest.Start(t, "../../deploy/crds")
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

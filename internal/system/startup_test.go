@@ -1,4 +1,4 @@
-package cli
+package system_test
 
 import (
 	"context"
