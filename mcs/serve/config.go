@@ -92,7 +92,7 @@ type Config struct {
 	CertsNamespace string
 	// TokenStore is where the provisioning tokens are: "cluster" (the
 	// default in cluster mode: Secret machineconfig-auth in
-	// TokenSecretNamespace, seed 004; TokensFile's tokens, when the file
+	// TokenSecretNamespace, as the OpenShift enhancement mco-auth-token keeps it; TokensFile's tokens, when the file
 	// exists, are also accepted) or "file" (TokensFile).
 	TokenStore           string
 	TokenSecretNamespace string
