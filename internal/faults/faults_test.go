@@ -3,7 +3,7 @@
 // server unreachable for 30 seconds, every key and certificate rotated —
 // and checks that nothing is lost: every machine gets its config and its
 // kubelet certificate approved, exactly once, no record is lost and no
-// config token works twice. It runs internal/fleet worlds: real etcd and
+// config token works twice. It runs bench/fleet worlds: real etcd and
 // kube-apiserver, `nodeproof serve` and `nodeproof approve` as processes,
 // TPM-model, GCP and AWS machines.
 package faults
