@@ -1,6 +1,9 @@
 // Package layout_test holds docs/architecture.md's floors against the
 // code: a package may import packages on its own floor or below, never
 // above. Tests are left out (a test may reach anywhere to set a scene).
+// It also holds what a newcomer reads first: every package has a doc
+// comment, every markdown link stays inside the repository and resolves,
+// and docs/README.md indexes every page of docs/.
 package layout_test
 
 import (
