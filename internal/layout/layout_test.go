@@ -44,26 +44,41 @@ func floorOf(t *testing.T, pkg string) (string, int) {
 	return top, 0
 }
 
-func TestImportsRunDown(t *testing.T) {
-	cmd := exec.Command("go", "list", "-json=ImportPath,Imports", module+"/...")
+// pkg is what the tests read of a package (go list -json).
+type pkg struct {
+	ImportPath, Dir, Name              string
+	Imports                            []string
+	GoFiles, TestGoFiles, XTestGoFiles []string
+}
+
+// packages lists the module's packages.
+func packages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json=ImportPath,Dir,Name,Imports,GoFiles,TestGoFiles,XTestGoFiles", module+"/...")
 	cmd.Dir = "../.."
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
+	var pkgs []pkg
 	dec := json.NewDecoder(strings.NewReader(string(out)))
-	n := 0
 	for {
-		var p struct {
-			ImportPath string
-			Imports    []string
-		}
+		var p pkg
 		if err := dec.Decode(&p); err == io.EOF {
 			break
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		n++
+		pkgs = append(pkgs, p)
+	}
+	if len(pkgs) < 40 {
+		t.Fatalf("go list named %d packages; the module has more", len(pkgs))
+	}
+	return pkgs
+}
+
+func TestImportsRunDown(t *testing.T) {
+	for _, p := range packages(t) {
 		top, f := floorOf(t, p.ImportPath)
 		for _, imp := range p.Imports {
 			if !strings.HasPrefix(imp, module+"/") {
@@ -74,8 +89,5 @@ func TestImportsRunDown(t *testing.T) {
 				t.Errorf("%s (%s, floor %d) imports %s (%s, floor %d): an import that runs up", p.ImportPath, top, f, imp, itop, fi)
 			}
 		}
-	}
-	if n < 40 {
-		t.Fatalf("go list named %d packages; the module has more", n)
 	}
 }
