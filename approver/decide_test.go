@@ -467,7 +467,7 @@ func TestDecide(t *testing.T) {
 	// Every decision of every rule is reached by a case here, but for those
 	// that other tests reach: an extension (TestAttackCSRExtensions), a
 	// request that does not parse (TestDecideMalformedRequest), a ban the
-	// binding does not show yet (TestDecideBanNotYetInBinding).
+	// binding does not show yet (TestAttackBanNotYetInBinding).
 	elsewhere := map[ruleOutcome]bool{
 		{"a kubelet's CSR", attest.ReasonExtensionNotAllowed}:                   true,
 		{"a kubelet's CSR", attest.ReasonBadCSR}:                                true,
@@ -602,13 +602,13 @@ func (s *bindingsBehind) Binding(_ context.Context, node string) (*store.Binding
 	return nil, store.ErrNotFound
 }
 
-// TestDecideBanNotYetInBinding: a machine banned a moment ago, whose
+// TestAttackBanNotYetInBinding: a machine banned a moment ago, whose
 // binding the decision's cache still shows attested, asks for its first
 // client certificate with the key its record bound: the store refuses to
 // consume a banned identity's record, and the CSR is denied Revoked by
 // the first-client rule (a ban written by hand before the server's watch
 // revokes the binding).
-func TestDecideBanNotYetInBinding(t *testing.T) {
+func TestAttackBanNotYetInBinding(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
 	k := mustKey(t)
