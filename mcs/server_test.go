@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
@@ -34,25 +35,17 @@ import (
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
-const testPolicy = `
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {token: true, nodeNames: requested}
-  master:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {nodeNames: requested}
-  infra:
-    evidence: []
-    serve: {public: false}
-  legacy:
-    serve: {fullWithoutCredentials: true}
-  broken: {}
-`
+// testPolicy: worker takes TPM evidence with Secure Boot, and the
+// provisioning token; master TPM evidence; infra serves no public tier;
+// legacy serves everything without credentials; broken has nothing.
+func testPolicy(t testing.TB) *policy.Policy {
+	return policytest.New().
+		Pool("worker", policytest.TPM().SecureBoot().Token().Requested()).
+		Pool("master", policytest.TPM().Requested()).
+		Pool("infra", policytest.Public().Private()).
+		Pool("legacy", policytest.Public().Edit(func(p *policy.Pool) { p.Serve.FullWithoutCredentials = true })).
+		Pool("broken", policytest.Public()).Must(t)
+}
 
 // staticConfigs serves fixed bytes and remembers which record asked.
 type staticConfigs struct {
@@ -171,10 +164,8 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 		configs = e.configs
 	}
 	dir := t.TempDir()
-	pol, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := testPolicy(t)
+	var err error
 	if e.store, err = boltstore.Open(filepath.Join(dir, "state.db"), time.Second, e.clock); err != nil {
 		t.Fatal(err)
 	}

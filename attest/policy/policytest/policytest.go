@@ -70,6 +70,22 @@ func (b *Builder) Policy() (*policy.Policy, error) {
 	return policy.Parse(doc)
 }
 
+// TB is what Must needs of a test (testing.TB fits).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+// Must is Policy for a test: a policy that does not load fails it.
+func (b *Builder) Must(t TB) *policy.Policy {
+	t.Helper()
+	p, err := b.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // YAML renders the policy (the fields set, in the order of the policy's
 // types) and checks that policy.Parse loads it.
 func (b *Builder) YAML() ([]byte, error) {
