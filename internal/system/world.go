@@ -73,6 +73,9 @@ type Options struct {
 	Signer        *clustertest.Signer
 	ServingIPs    []net.IP
 	CommandPrefix []string
+	// EditExamples, if set, changes the example MachineConfigs and pools
+	// before they are created (bench/fleet grows a config).
+	EditExamples func(*clustertest.Examples) error
 	// TPM makes a software TPM vendor (swtpm, its EK CA in EKRoots),
 	// trusted by the policy as "ca:"+VendorRoot.
 	TPM bool
@@ -213,6 +216,11 @@ func (w *World) startCluster(ctx context.Context) error {
 	ex, err := clustertest.ReadExamples(w.Path("deploy/examples/bootstrap"))
 	if err != nil {
 		return err
+	}
+	if w.o.EditExamples != nil {
+		if err := w.o.EditExamples(ex); err != nil {
+			return err
+		}
 	}
 	if err := ex.CreateAll(ctx, w.Client); err != nil {
 		return err
