@@ -25,9 +25,11 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
@@ -35,24 +37,15 @@ var updateLogs = flag.Bool("update-firmware-testdata", false, "write the live bo
 
 const node = "live-1"
 
-// policyTemplate admits exactly Debian's signed shim, GRUB and kernel by
-// the Authenticode digests this test computes from the package files, on
-// an EK from the swtpm manufacturer, with Secure Boot on.
-const policyTemplate = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      ekTrust: [ca:swtpm-localca]
-      requireSecureBoot: true
-      bootComponents: {shim: {allow: [%s]}, bootloader: {allow: [%s]}, kernel: {allow: [%s]}}
-    serve: {nodeNames: requested}
-    lifetime: {interval: 30m, staleAfter: 2h}
-`
+// livePolicy admits exactly Debian's signed shim, GRUB and kernel by the
+// Authenticode digests this test computes from the package files, on an
+// EK from the swtpm manufacturer, with Secure Boot on.
+func livePolicy(dg digests) func(*system.World) *policytest.Builder {
+	return func(w *system.World) *policytest.Builder {
+		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker",
+			policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour))
+	}
+}
 
 // digests are the PE Authenticode SHA-256 digests of the boot chain's
 // files, as Debian's packages ship them.
@@ -125,9 +118,7 @@ func TestLiveBoot(t *testing.T) {
 	cons := &consoles{dir: artifacts}
 
 	bins := build(t, say)
-	w := startWorld(t, bins, func(roots string) string {
-		return fmt.Sprintf(policyTemplate, roots, dg.shim, dg.grub, dg.kernel)
-	}, say)
+	w := startWorld(t, bins, livePolicy(dg), say)
 
 	imgStart := time.Now()
 	work, err := os.MkdirTemp("", "np-liveboot-")
