@@ -23,6 +23,8 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -42,17 +44,17 @@ type awsSetup struct {
 	stateDir string
 }
 
-const awsPolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [aws]
-    aws: %s
-`
+// awsPool is the AWS requirements most tests here use: the fake's
+// account, in us-east-1, the EC2 live check required if live.
+func awsPool(live bool, nodeName string) func(*policy.AWSPolicy) {
+	return func(a *policy.AWSPolicy) {
+		a.Accounts, a.Regions, a.RequireLiveCheck, a.NodeName = []string{policytest.AWSAccount}, []string{"us-east-1"}, live, nodeName
+	}
+}
 
-// newAWSSetup writes the certificate and a policy with poolAWS as the
-// pool's aws: requirements.
-func newAWSSetup(t *testing.T, poolAWS string) *awsSetup {
+// newAWSSetup writes the certificate and a policy whose pool worker takes
+// AWS evidence as poolAWS requires (nil: the caller writes the policy).
+func newAWSSetup(t *testing.T, poolAWS func(*policy.AWSPolicy)) *awsSetup {
 	t.Helper()
 	dir := t.TempDir()
 	s := &awsSetup{certsDir: filepath.Join(dir, "aws-certs"), policy: filepath.Join(dir, "policy.yaml"), stateDir: filepath.Join(dir, "state")}
@@ -66,8 +68,12 @@ func newAWSSetup(t *testing.T, poolAWS string) *awsSetup {
 	if err := os.WriteFile(filepath.Join(s.certsDir, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.region.Cert.Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(s.policy, fmt.Appendf(nil, awsPolicy, poolAWS), 0o600); err != nil {
-		t.Fatal(err)
+	if poolAWS != nil {
+		worker := policytest.Public().Edit(func(p *policy.Pool) {
+			p.Evidence = []attest.Kind{attest.KindAWS}
+			poolAWS(&p.AWS)
+		})
+		s.policy = writePolicy(t, dir, policytest.New().Pool("worker", worker))
 	}
 	return s
 }
@@ -225,7 +231,7 @@ func TestAWSReenrolment(t *testing.T) {
 		}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newAWSSetup(t, `{accounts: ["123456789012"], regions: [us-east-1]}`)
+			s := newAWSSetup(t, awsPool(false, ""))
 			mode, storeFlags := tc.start(t, s)
 			srv := s.serve(t, mode)
 			reset := func(key string) {
@@ -303,16 +309,18 @@ func TestAWSReenrolment(t *testing.T) {
 func TestAWSNodeNamePolicy(t *testing.T) {
 	d := awstest.NewDocument("us-east-1", time.Now().Add(-5*time.Minute))
 	for _, tc := range []struct {
-		name    string
-		poolAWS string
-		want    string
+		name     string
+		nodeName string
+		want     string
 	}{
-		{"default", `{accounts: ["123456789012"], anyRegion: true}`, "ip-10-0-1-2.ec2.internal"},
-		{"privateDNSName", `{accounts: ["123456789012"], anyRegion: true, nodeName: privateDNSName}`, "ip-10-0-1-2.ec2.internal"},
-		{"instanceID", `{accounts: ["123456789012"], anyRegion: true, nodeName: instanceID}`, d.InstanceID},
+		{"default", "", "ip-10-0-1-2.ec2.internal"},
+		{"privateDNSName", policy.AWSNodeNamePrivateDNS, "ip-10-0-1-2.ec2.internal"},
+		{"instanceID", policy.AWSNodeNameInstanceID, d.InstanceID},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := newAWSSetup(t, tc.poolAWS)
+			s := newAWSSetup(t, func(a *policy.AWSPolicy) {
+				a.Accounts, a.AnyRegion, a.NodeName = []string{policytest.AWSAccount}, true, tc.nodeName
+			})
 			srv := s.serve(t, directoryMode)
 			md := awstest.NewIMDS(s.instanceFiles(t, d))
 			defer md.Close()
@@ -398,7 +406,7 @@ func TestAWSLiveCheckFlags(t *testing.T) {
 		ec2.Put(in)
 	}
 
-	s := newAWSSetup(t, `{accounts: ["123456789012"], regions: [us-east-1], requireLiveCheck: true}`)
+	s := newAWSSetup(t, awsPool(true, ""))
 	srv := s.serve(t, directoryMode,
 		"--aws-live-check-region", "us-east-1", "--aws-ec2-endpoint", ec2.URL,
 		"--aws-live-check-vpcs", "vpc-other-allowed,vpc-good",

@@ -7,6 +7,7 @@ import (
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
@@ -25,4 +26,20 @@ func testCluster(t *testing.T) (*rest.Config, kubernetes.Interface, client.Clien
 		t.Fatal(err)
 	}
 	return cfg, kc, c
+}
+
+// writePolicy writes b's policy to dir/policy.yaml and returns its path.
+func writePolicy(t *testing.T, dir string, b *policytest.Builder) string {
+	t.Helper()
+	path, err := b.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// clusterStatePolicy: worker serves its public tier; master only the
+// provisioning token's.
+func clusterStatePolicy() *policytest.Builder {
+	return policytest.New().Pool("worker", policytest.Public()).Pool("master", policytest.Public().Private().Token())
 }

@@ -88,10 +88,7 @@ func TestServeClusterMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policyFile := writePolicy(t, dir, e2ePolicy(roots))
 	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
 		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -449,16 +446,7 @@ func TestServeUserDataAsDeployed(t *testing.T) {
 	writeAtomic(t, keyFile, read(ca1.ServingKeyFile))
 	writeAtomic(t, bundleFile, ca1.CABundlePEM)
 
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(`apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker: {}
-  master:
-    serve: {public: false, token: true}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policyFile := writePolicy(t, dir, clusterStatePolicy())
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

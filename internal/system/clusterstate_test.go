@@ -54,14 +54,6 @@ type replicaSet struct {
 	clk        *offsetClock
 }
 
-const clusterStatePolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker: {}
-  master:
-    serve: {public: false, token: true}
-`
-
 // startReplicas prepares a cluster (namespaces, example pools, an
 // installer's <role>-user-data Secret) and starts n replicas.
 func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
@@ -76,10 +68,7 @@ func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 	}
 	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	dir := t.TempDir()
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(clusterStatePolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policyFile := writePolicy(t, dir, clusterStatePolicy())
 	rs := &replicaSet{kc: kc, clk: &offsetClock{}, kubeconfig: clustertest.AdminKubeconfig(t, cfg)}
 	ports := make([]int, n)
 	for i := range ports {

@@ -22,12 +22,15 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
@@ -37,24 +40,12 @@ import (
 // names (the weakest naming: the name rule must hold on its own); pool
 // reinstall re-enrols always (the documented opt-out). Two GCP projects
 // and two AWS accounts, so that cloud names can repeat across them.
-const enrolPolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    gcp: {projects: [nodeproof-test, other-project], anyZone: true}
-    aws: {accounts: ["123456789012", "210987654321"], anyRegion: true}
-    serve: {nodeNames: requested}
-  reinstall:
-    evidence: [tpm]
-    tpm: {ekTrust: [ca:swtpm-localca], bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {nodeNames: requested}
-    reenrol: always
-`
+func enrolPolicy(roots string) *policytest.Builder {
+	return policytest.New().EKRoot(system.VendorRoot, roots).
+		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().
+			GCP(policytest.GCPProject, "other-project").AWS(policytest.AWSAccount, "210987654321").Requested()).
+		Pool("reinstall", policytest.TPM("ca:"+system.VendorRoot).Requested().Reenrol(policy.ReenrolAlways))
+}
 
 // enrolEnv is `nodeproof serve` in cluster mode with the Kubernetes store
 // on a real API server, swtpm machines from a vendor, a GCE metadata
@@ -88,11 +79,9 @@ func newEnrolEnv(t *testing.T, extra ...string) *enrolEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setup := newAWSSetup(t, `{}`)
+	setup := newAWSSetup(t, nil)
 	e.region = setup.region
-	if err := os.WriteFile(setup.policy, fmt.Appendf(nil, enrolPolicy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	setup.policy = writePolicy(t, filepath.Dir(setup.policy), enrolPolicy(roots))
 	cfg, kc, cl := testCluster(t)
 	e.kc, e.cfg, e.cluster = kc, cfg, cl
 	if e.objects, err = kubestore.NewClient(cfg); err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -19,12 +18,14 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
@@ -42,21 +43,11 @@ type server struct {
 	inventoried   *swtpm.Machine  // a machine a test listed in the policy's inventory
 }
 
-const e2ePolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    gcp: {projects: [nodeproof-test], anyZone: true, maxInstanceAge: 1h}
-    aws: {accounts: ["123456789012"], anyRegion: true}
-    serve: {nodeNames: requested}
-  master:
-    serve: {public: false, token: true}
-`
+func e2ePolicy(roots string) *policytest.Builder {
+	return policytest.New().EKRoot(system.VendorRoot, roots).
+		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().GCP().MaxInstanceAge(time.Hour).AWS().Requested()).
+		Pool("master", policytest.Public().Private().Token())
+}
 
 // startServer runs Serve on the example bootstrap directory. before, if
 // set, runs on the state directory first (to plant old certificates).
@@ -91,10 +82,7 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*serv
 	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.awsRegion.Cert.Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policyFile := writePolicy(t, dir, e2ePolicy(roots))
 	if before != nil {
 		before(s.stateDir)
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 )
@@ -68,7 +69,14 @@ func TestServePolicyReload(t *testing.T) {
 		t.Fatalf("GET /config/master: %d; want 401 before the edit", code)
 	}
 
-	publicMaster := []byte(strings.Replace(string(good), "serve: {public: false, token: true}", "serve: {public: true, token: true}", 1))
+	ekRoots, err := s.man.RootsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	publicMaster, err := e2ePolicy(ekRoots).Pool("master", policytest.Public().Token()).YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
 	write(publicMaster)
 	waitFor("the edited policy (master's public tier) in force", func() bool { return master() == http.StatusOK })
 	if counter("applied") != 1 || rejected() != 0 {
@@ -77,7 +85,7 @@ func TestServePolicyReload(t *testing.T) {
 
 	for i, bad := range []struct{ name, body string }{
 		{"YAML that does not parse", "pools: [\n"},
-		{"a policy that does not check", strings.Replace(string(publicMaster), "evidence: [tpm, gcp, aws]", "evidence: [tpm, carrier-pigeon]", 1)},
+		{"a policy that does not check", strings.Replace(string(publicMaster), "- aws\n", "- carrier-pigeon\n", 1)},
 		{"a trust root that cannot be read", strings.Replace(string(publicMaster), "dir: ", "dir: /nonexistent", 1)},
 	} {
 		write([]byte(bad.body))

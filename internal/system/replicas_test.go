@@ -110,10 +110,7 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, e2ePolicy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	policyFile := writePolicy(t, dir, e2ePolicy(roots))
 	logs := new(testenv.LockedBuffer)
 	var hosts []string
 	for i := range 3 {

@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -38,7 +39,11 @@ func TestServeClusterModeStartupChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
-	const tokenTier = "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker: {serve: {token: true}}\n"
+	tokenTierDoc, err := policytest.New().Pool("worker", policytest.Public().Token()).YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenTier := string(tokenTierDoc)
 	config := func(tokenDir, pol string) (serve.Config, *testenv.LockedBuffer) {
 		dir := t.TempDir()
 		var policyFile string
