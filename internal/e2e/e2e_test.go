@@ -435,26 +435,9 @@ func unitCommand(t *testing.T, unit string, env map[string]string, root string) 
 // files maps the paths of an Ignition config to their sources.
 func files(t *testing.T, cfg []byte) map[string]string {
 	t.Helper()
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source *string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(cfg, &c); err != nil {
+	m, err := system.ConfigFiles(cfg)
+	if err != nil {
 		t.Fatal(err)
-	}
-	m := map[string]string{}
-	for _, f := range c.Storage.Files {
-		if f.Contents.Source != nil {
-			m[f.Path] = *f.Contents.Source
-		} else {
-			m[f.Path] = ""
-		}
 	}
 	return m
 }

@@ -36,6 +36,7 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
@@ -693,7 +694,7 @@ func startPublicPoller(t *testing.T, hc *http.Client, url string, want map[strin
 				default:
 					return fmt.Errorf("request %d: %d %s; want 503 until the pool is complete, then 200", n, resp.StatusCode, body)
 				}
-				files, err := configFiles(body)
+				files, err := system.ConfigFiles(body)
 				if err != nil {
 					return fmt.Errorf("request %d: 200 with an undecodable config: %w", n, err)
 				}

@@ -158,37 +158,11 @@ func ignitionFetch(t *testing.T, pointer string) (cached []byte, output string, 
 // cachedFiles maps the cached config's file paths to their sources.
 func cachedFiles(t *testing.T, cached []byte) map[string]string {
 	t.Helper()
-	files, err := configFiles(cached)
+	files, err := system.ConfigFiles(cached)
 	if err != nil {
 		t.Fatalf("cached config: %v", err)
 	}
 	return files
-}
-
-// configFiles maps each file of an Ignition 3 config to its source.
-func configFiles(cfgJSON []byte) (map[string]string, error) {
-	var cfg struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source *string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(cfgJSON, &cfg); err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, f := range cfg.Storage.Files {
-		src := ""
-		if f.Contents.Source != nil {
-			src = *f.Contents.Source
-		}
-		out[f.Path] = src
-	}
-	return out, nil
 }
 
 // expectedFiles is what the server's renderer serves for pool and tier at
