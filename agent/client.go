@@ -234,7 +234,7 @@ func (c *Client) AttestAndFetch(ctx context.Context, ev Evidence, pool, nodeName
 			return vr, full, nil
 		}
 		var r *Refused
-		if !errors.As(err, &r) || r.Refusal.Reason != api.ReasonTokenAlreadyUsed || n >= restarts {
+		if !errors.As(err, &r) || r.Refusal.Reason != attest.ReasonTokenUsed || n >= restarts {
 			return vr, nil, err
 		}
 		c.progress("%s: the config token was spent by a delivery that did not arrive here; attesting again (%d of %d)",

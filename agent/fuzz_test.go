@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/render"
 )
@@ -113,7 +114,7 @@ func FuzzServerAnswers(f *testing.F) {
 			if d := refused.Refusal.Detail; len(d) > MaxRefusalDetail+32 || consoleIsClean("nodeproof-agent: "+d+"\n") != "" {
 				t.Fatalf("detail %q", d)
 			}
-			if (a.status >= 300 && a.status < 400) != (refused.Refusal.Reason == ReasonRedirected) {
+			if (a.status >= 300 && a.status < 400) != (refused.Refusal.Reason == attest.ReasonRedirected) {
 				t.Fatalf("%d refused %s", a.status, refused.Refusal.Reason)
 			}
 		}

@@ -206,7 +206,7 @@ func TestAttackHostileServer(t *testing.T) {
 		if got == "" {
 			got = "clean"
 		}
-		if reasonOf(err) != ReasonUnknown {
+		if reasonOf(err) != attest.ReasonUnknown {
 			t.Errorf("a reason with an escape was kept: %q", reasonOf(err))
 		}
 		attacktable.Check(t, "agent", "a refusal whose reason and detail carry escapes, bidi overrides, line separators and a forged console line",

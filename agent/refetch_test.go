@@ -67,7 +67,7 @@ func (f *fetchServer) handler(t *testing.T) http.Handler {
 // agent attest again, at most Restarts times; other refusals are final.
 // Every verify proves the kubelet key.
 func TestAttestAndFetch(t *testing.T) {
-	used := refuse(http.StatusForbidden, api.ReasonTokenAlreadyUsed)
+	used := refuse(http.StatusForbidden, attest.ReasonTokenUsed)
 	okReply := reply{status: http.StatusOK}
 	cases := []struct {
 		name        string
@@ -81,7 +81,7 @@ func TestAttestAndFetch(t *testing.T) {
 			[]string{"np1.s-1", "np1.s-1", "np1.s-2"}, ""},
 		{"spent again and again: gives up after three",
 			map[string][]reply{"np1.s-1": {reset, used}, "np1.s-2": {reset, used}, "np1.s-3": {serve503(""), used}, "np1.s-4": {reset, used}},
-			[]string{"np1.s-1", "np1.s-1", "np1.s-2", "np1.s-2", "np1.s-3", "np1.s-3", "np1.s-4", "np1.s-4"}, api.ReasonTokenAlreadyUsed},
+			[]string{"np1.s-1", "np1.s-1", "np1.s-2", "np1.s-2", "np1.s-3", "np1.s-3", "np1.s-4", "np1.s-4"}, attest.ReasonTokenUsed},
 		{"spent on what looks like the first try (Go's transport retried the reset GET): attest again",
 			map[string][]reply{"np1.s-1": {used}},
 			[]string{"np1.s-1", "np1.s-2"}, ""},

@@ -192,15 +192,15 @@ func report(ctx context.Context, c *Client, say func(string, ...any), pool, node
 		}
 		node = strings.ToLower(h)
 	}
-	reason := "Error"
+	reason := attest.ReasonAgentError
 	var r *Refused
 	switch {
 	case errors.As(err, &r):
-		reason = string(r.Refusal.Reason)
+		reason = r.Refusal.Reason
 	case errors.Is(err, context.DeadlineExceeded):
-		reason = "Timeout"
+		reason = attest.ReasonAgentTimeout
 	}
-	auth, rerr := c.Report(ctx, api.ReportRequest{Pool: pool, NodeName: node, Stage: step, Reason: reason, Detail: err.Error()})
+	auth, rerr := c.Report(ctx, api.ReportRequest{Pool: pool, NodeName: node, Stage: step, Reason: string(reason), Detail: err.Error()})
 	if rerr != nil {
 		say("could not report this failure to the server: %v", rerr)
 		return

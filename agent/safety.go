@@ -47,16 +47,6 @@ func orNone(scheme string) string {
 	return "scheme " + scheme
 }
 
-// ReasonRedirected is the agent's own refusal of a server answer that
-// redirects (3xx): the agent follows no redirect, so neither the session
-// and kubelet key proof of a verify nor the config token of a fetch ever
-// leave for another host or scheme.
-const ReasonRedirected attest.Reason = "Redirected"
-
-// ReasonUnknown is the reason of a refusal whose body names none (or one
-// that is not a reason's shape).
-const ReasonUnknown attest.Reason = "Unknown"
-
 // Bounds on what a refusal carries to the console and the log.
 const (
 	// maxRefusalBody is what the agent reads of a refusal's body.
@@ -69,18 +59,18 @@ const (
 )
 
 // noRedirect is every agent HTTP client's CheckRedirect: the 3xx answer
-// itself comes back, and once turns it into a ReasonRedirected refusal.
+// itself comes back, and once turns it into a attest.ReasonRedirected refusal.
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 // refusalOf makes the refusal of a non-200, non-5xx answer whose body
 // (at most maxRefusalBody bytes of it) is body: a redirect is
-// ReasonRedirected; otherwise the body's reason, kept only when it has a
-// reason's shape (ReasonUnknown if not), and its detail, bounded and
+// attest.ReasonRedirected; otherwise the body's reason, kept only when it has a
+// reason's shape (attest.ReasonUnknown if not), and its detail, bounded and
 // sanitized.
 func refusalOf(resp *http.Response, body []byte) *Refused {
 	r := &Refused{Status: resp.StatusCode}
 	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
-		r.Refusal = api.Refusal{Reason: ReasonRedirected, Detail: safetext.Cut(fmt.Sprintf(
+		r.Refusal = api.Refusal{Reason: attest.ReasonRedirected, Detail: safetext.Cut(fmt.Sprintf(
 			"the server answered %d, to %q; the agent follows no redirect (set the server URL to the address that serves)",
 			resp.StatusCode, resp.Header.Get("Location")), MaxRefusalDetail)}
 		return r
@@ -90,7 +80,7 @@ func refusalOf(resp *http.Response, body []byte) *Refused {
 		r.Refusal = api.Refusal{Reason: ref.Reason, Detail: safetext.Cut(ref.Detail, MaxRefusalDetail)}
 		return r
 	}
-	r.Refusal = api.Refusal{Reason: ReasonUnknown, Detail: safetext.Cut(strings.TrimSpace(string(body)), MaxRefusalDetail)}
+	r.Refusal = api.Refusal{Reason: attest.ReasonUnknown, Detail: safetext.Cut(strings.TrimSpace(string(body)), MaxRefusalDetail)}
 	return r
 }
 

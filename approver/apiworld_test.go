@@ -280,9 +280,9 @@ func TestCSRAttacksOnAPIServer(t *testing.T) {
 		}
 		newKubelet, _ := kubeletConfig(t, admin, cfg, name, kB)
 		attacktable.Check(t, "approver", "on a real API server: the previous owner of a moved name renews its client certificate",
-			"Denied "+string(ReasonNotCurrentOwner), decided(t, renew(t, oldKubelet, "worker-6", mustKey(t)).Name))
+			"Denied "+string(attest.ReasonNotCurrentOwner), decided(t, renew(t, oldKubelet, "worker-6", mustKey(t)).Name))
 		attacktable.Check(t, "approver", "on a real API server: the previous owner of a moved name asks for a serving certificate with the new owner's address",
-			"Denied "+string(ReasonNotCurrentOwner), decided(t, servingRequest(oldKubelet, "serving-6a", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}).Name))
+			"Denied "+string(attest.ReasonNotCurrentOwner), decided(t, servingRequest(oldKubelet, "serving-6a", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}).Name))
 		if got := decided(t, renew(t, newKubelet, "worker-6", mustKey(t)).Name); got != "Approved NodeproofAttestedTPM" {
 			t.Fatalf("the new owner's renewal: %s", got)
 		}
@@ -311,7 +311,7 @@ func TestCSRAttacksOnAPIServer(t *testing.T) {
 		imp := rest.CopyConfig(cfg)
 		imp.Impersonate = rest.ImpersonationConfig{UserName: NodeUserPrefix + "worker-8", Groups: []string{NodesGroup, "system:authenticated"}}
 		attacktable.Check(t, "approver", "on a real API server: a renewal as system:node:NAME made without a client certificate (impersonation)",
-			"Denied "+string(ReasonNoClientCertificate), decided(t, kubeletRequest(t, imp, "worker-8", mustKey(t))))
+			"Denied "+string(attest.ReasonNoClientCertificate), decided(t, kubeletRequest(t, imp, "worker-8", mustKey(t))))
 	})
 
 	t.Run("2,000 junk CSRs from one machine's bootstrap token do not delay the victim", func(t *testing.T) {
@@ -385,14 +385,14 @@ func TestCSRAttacksOnAPIServer(t *testing.T) {
 				switch {
 				case cond.Type == certv1.CertificateApproved:
 					approved++
-				case cond.Type == certv1.CertificateDenied && cond.Reason == string(ReasonTokenOtherNode):
+				case cond.Type == certv1.CertificateDenied && cond.Reason == string(attest.ReasonTokenOtherNode):
 					denied++
 				}
 			}
 		}
-		t.Logf("%d junk CSRs denied %s so far, %d approved", denied, ReasonTokenOtherNode, approved)
+		t.Logf("%d junk CSRs denied %s so far, %d approved", denied, attest.ReasonTokenOtherNode, approved)
 		if approved > 0 || denied == 0 {
-			t.Fatalf("junk CSRs: %d approved, %d denied %s; want none approved and some denied", approved, denied, ReasonTokenOtherNode)
+			t.Fatalf("junk CSRs: %d approved, %d denied %s; want none approved and some denied", approved, denied, attest.ReasonTokenOtherNode)
 		}
 	})
 

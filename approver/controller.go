@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
@@ -83,7 +84,7 @@ type Options struct {
 
 // Controller approves kubelet CSRs with evidence: client-go informers on
 // certificates.k8s.io/v1 CSRs, a rate-limited work queue, Workers
-// goroutines. Run it under leader election (RunLeader) when several
+// goroutines. Run it under leader election (package leader) when several
 // replicas run.
 type Controller struct {
 	o        Options
@@ -97,7 +98,7 @@ type Controller struct {
 	limiters map[string]*rate.Limiter
 	// left remembers which reason a pending CSR was last left with, so a
 	// resync does not repeat the event.
-	left map[string]Reason
+	left map[string]attest.Reason
 	// turns are the times postponed CSRs were given by their limiter.
 	turns map[string]time.Time
 	// recorded names the issued CSRs (name → UID) whose certificate
@@ -131,7 +132,7 @@ func New(o Options) (*Controller, error) {
 	if o.Resync <= 0 {
 		o.Resync = DefaultResync
 	}
-	return &Controller{o: o, limiters: map[string]*rate.Limiter{}, left: map[string]Reason{},
+	return &Controller{o: o, limiters: map[string]*rate.Limiter{}, left: map[string]attest.Reason{},
 		turns: map[string]time.Time{}, recorded: map[string]string{}}, nil
 }
 
@@ -324,7 +325,7 @@ func (c *Controller) handle(ctx context.Context, name string) (time.Duration, er
 	log := c.o.Log.With("csr", csr.Name, "node", dec.NodeName, "requester", csr.Spec.Username,
 		"signer", csr.Spec.SignerName, "action", string(dec.Action), "reason", string(dec.Reason), "record", dec.Record)
 	if dec.Action == Leave {
-		if dec.Reason != ReasonNotKubelet && c.leftChanged(csr.Name, dec.Reason) {
+		if dec.Reason != attest.ReasonNotKubelet && c.leftChanged(csr.Name, dec.Reason) {
 			c.recorder.Event(csr, corev1.EventTypeWarning, string(dec.Reason), "nodeproof: left pending: "+dec.Message)
 			c.observe(csr, dec)
 			log.Info("csr left pending", "detail", dec.Message)
@@ -478,7 +479,7 @@ func (c *Controller) pruneLimiters() {
 	}
 }
 
-func (c *Controller) leftChanged(name string, r Reason) bool {
+func (c *Controller) leftChanged(name string, r attest.Reason) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.left[name] == r {

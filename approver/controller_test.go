@@ -27,7 +27,9 @@ import (
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/leader"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
 
@@ -93,7 +95,7 @@ func waitDecided(t *testing.T, kc kubernetes.Interface, name string, timeout tim
 }
 
 // waitEvent waits for an event on the CSR with reason.
-func waitEvent(t *testing.T, kc kubernetes.Interface, csrName string, reason Reason) *corev1.Event {
+func waitEvent(t *testing.T, kc kubernetes.Interface, csrName string, reason attest.Reason) *corev1.Event {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -167,7 +169,7 @@ func waitMetric(t *testing.T, reg *prometheus.Registry, name string, labels map[
 }
 
 // decisions is the decisions metric for one action and reason.
-func decisions(t *testing.T, reg *prometheus.Registry, action Action, reason Reason) float64 {
+func decisions(t *testing.T, reg *prometheus.Registry, action Action, reason attest.Reason) float64 {
 	t.Helper()
 	return metricValue(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(action), "reason": string(reason)})
 }
@@ -220,7 +222,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		rctx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() {
-			done <- RunLeader(rctx, LeaderOptions{Client: w.sa, Namespace: "nodeproof", Identity: identity,
+			done <- leader.Run(rctx, leader.Options{Client: w.sa, Namespace: "nodeproof", Name: "nodeproof-approver", Role: "approver", Identity: identity,
 				// A leader renews every RetryPeriod and has RenewDeadline to
 				// get one through: generous, so a leader on a loaded machine
 				// (a slow API server) keeps the lease mid-subtest; stopping
@@ -262,7 +264,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 	// expectDecision waits for the CSR's condition and for the decisions
 	// metric to count it under its reason (it is counted just after the
 	// condition is written: the test may see the condition first).
-	expectDecision := func(t *testing.T, name string, action Action, reason Reason, before float64) certv1.CertificateSigningRequestCondition {
+	expectDecision := func(t *testing.T, name string, action Action, reason attest.Reason, before float64) certv1.CertificateSigningRequestCondition {
 		t.Helper()
 		cond := waitDecided(t, admin, name, 30*time.Second)
 		wantType := certv1.CertificateApproved
@@ -296,15 +298,15 @@ func TestControllerOnAPIServer(t *testing.T) {
 	})
 
 	t.Run("a second CSR with the consumed attestation is denied", func(t *testing.T) {
-		before := decisions(t, reg, Deny, ReasonRecordConsumed)
-		expectDecision(t, kubeletRequest(t, kubelet1, "worker-1", k1), Deny, ReasonRecordConsumed, before)
+		before := decisions(t, reg, Deny, attest.ReasonRecordConsumed)
+		expectDecision(t, kubeletRequest(t, kubelet1, "worker-1", k1), Deny, attest.ReasonRecordConsumed, before)
 	})
 
 	k2 := mustKey(t)
 	kubelet2 := attestNode("rec-2", "worker-2", k2)
 	t.Run("a swapped key is denied", func(t *testing.T) {
-		before := decisions(t, reg, Deny, ReasonKeyMismatch)
-		expectDecision(t, kubeletRequest(t, kubelet2, "worker-2", mustKey(t)), Deny, ReasonKeyMismatch, before)
+		before := decisions(t, reg, Deny, attest.ReasonKeyNotAttested)
+		expectDecision(t, kubeletRequest(t, kubelet2, "worker-2", mustKey(t)), Deny, attest.ReasonKeyNotAttested, before)
 	})
 
 	t.Run("another node's name from this token is denied", func(t *testing.T) {
@@ -312,19 +314,19 @@ func TestControllerOnAPIServer(t *testing.T) {
 		attestNode("rec-3", "worker-3", k3)
 		// worker-1's token asks for worker-3's certificate, even with the
 		// right key: the token was issued for worker-1.
-		before := decisions(t, reg, Deny, ReasonTokenOtherNode)
-		expectDecision(t, kubeletRequest(t, kubelet1, "worker-3", k3), Deny, ReasonTokenOtherNode, before)
+		before := decisions(t, reg, Deny, attest.ReasonTokenOtherNode)
+		expectDecision(t, kubeletRequest(t, kubelet1, "worker-3", k3), Deny, attest.ReasonTokenOtherNode, before)
 	})
 
 	t.Run("without attestation the CSR stays pending, with the reason visible", func(t *testing.T) {
-		before := decisions(t, reg, Leave, ReasonNoAttestation)
+		before := decisions(t, reg, Leave, attest.ReasonNoAttestation)
 		// A requester no record names (a shared bootstrap credential).
 		name := kubeletRequest(t, cfg, "worker-9", mustKey(t))
-		ev := waitEvent(t, admin, name, ReasonNoAttestation)
+		ev := waitEvent(t, admin, name, attest.ReasonNoAttestation)
 		if ev.Type != corev1.EventTypeWarning {
 			t.Errorf("event type %s", ev.Type)
 		}
-		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(ReasonNoAttestation)}, before+1, 10*time.Second)
+		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(attest.ReasonNoAttestation)}, before+1, 10*time.Second)
 		got, err := admin.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -335,9 +337,9 @@ func TestControllerOnAPIServer(t *testing.T) {
 	})
 
 	t.Run("serving CSR with an unattested IP is denied", func(t *testing.T) {
-		before := decisions(t, reg, Deny, ReasonSANNotAttested)
+		before := decisions(t, reg, Deny, attest.ReasonSANNotAttested)
 		servingRequest(node1, "serving-1", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1"), net.ParseIP("10.9.9.9")})
-		expectDecision(t, "serving-1", Deny, ReasonSANNotAttested, before)
+		expectDecision(t, "serving-1", Deny, attest.ReasonSANNotAttested, before)
 	})
 
 	t.Run("serving CSR with attested SANs is approved", func(t *testing.T) {
@@ -355,13 +357,13 @@ func TestControllerOnAPIServer(t *testing.T) {
 			t.Fatalf("worker-2's bootstrap CSR: %s %s", cond.Type, cond.Reason)
 		}
 		node2, _ := kubeletConfig(t, admin, cfg, name, k2)
-		before := decisions(t, reg, Leave, ReasonNoAddresses)
+		before := decisions(t, reg, Leave, attest.ReasonNoAddresses)
 		servingRequest(node2, "serving-3", "worker-2", []string{"worker-2"}, []net.IP{net.ParseIP("10.0.0.2")})
-		ev := waitEvent(t, admin, "serving-3", ReasonNoAddresses)
+		ev := waitEvent(t, admin, "serving-3", attest.ReasonNoAddresses)
 		if ev.Type != corev1.EventTypeWarning {
 			t.Errorf("event type %s", ev.Type)
 		}
-		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(ReasonNoAddresses)}, before+1, 10*time.Second)
+		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(attest.ReasonNoAddresses)}, before+1, 10*time.Second)
 		got, err := admin.CertificatesV1().CertificateSigningRequests().Get(ctx, "serving-3", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -405,7 +407,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 	t.Run("a flood for one name does not hold up another", func(t *testing.T) {
 		const flood = 40
 		limitedBefore := metricValue(t, reg, "nodeproof_approver_rate_limited_total", nil)
-		leftBefore := decisions(t, reg, Leave, ReasonNoAttestation)
+		leftBefore := decisions(t, reg, Leave, attest.ReasonNoAttestation)
 		for i := range flood {
 			obj := makeCSR(t, clientCSR(t, fmt.Sprintf("flood-%02d", i), "flooded", mustKey(t), ""))
 			obj.UID, obj.CreationTimestamp = "", metav1.Time{}
@@ -432,7 +434,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		if cond.Type != certv1.CertificateApproved {
 			t.Fatalf("condition %s %s", cond.Type, cond.Reason)
 		}
-		seen := decisions(t, reg, Leave, ReasonNoAttestation) - leftBefore
+		seen := decisions(t, reg, Leave, attest.ReasonNoAttestation) - leftBefore
 		limitedAt := metricValue(t, reg, "nodeproof_approver_rate_limited_total", nil)
 		t.Logf("approved in %s while %v of %d flood CSRs had been decided", took.Round(time.Millisecond), seen, flood)
 		if seen >= flood {
@@ -449,7 +451,7 @@ func TestControllerOnAPIServer(t *testing.T) {
 		// about 19 s on an idle machine; with the CPUs busy (two hogs
 		// beside the suite) 31 of 40 were seen after 40 s: the deadline
 		// is for a lost CSR, not for a slow machine.
-		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(ReasonNoAttestation)}, leftBefore+flood, 3*time.Minute)
+		waitMetric(t, reg, "nodeproof_approver_decisions_total", map[string]string{"action": string(Leave), "reason": string(attest.ReasonNoAttestation)}, leftBefore+flood, 3*time.Minute)
 		waitMetric(t, reg, "nodeproof_approver_pending_csrs", nil, float64(2+flood), 10*time.Second)
 	})
 

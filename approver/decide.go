@@ -15,58 +15,6 @@ import (
 	"github.com/nodeproof/nodeproof/store"
 )
 
-// Reason is why the approver decided as it did. It is the reason of the
-// CSR's Approved or Denied condition, of the event on the CSR, and the
-// label of the decisions metric. Tests assert reasons, not messages.
-type Reason string
-
-// Reasons. Approvals name the evidence kind: Attested + TPM | GCP | AWS.
-const (
-	ReasonAttestedPrefix = "NodeproofAttested"
-
-	// Not ours (left alone, no event).
-	ReasonNotKubelet Reason = "NotKubeletSigner"
-	// Shape: the CSR is not what a kubelet sends.
-	ReasonBadCSR           Reason = "MalformedCSR"
-	ReasonBadSubject       Reason = "SubjectNotAllowed"
-	ReasonKeyNotAllowed    Reason = "KeyNotAllowed"
-	ReasonSANsNotAllowed   Reason = "SANsNotAllowed"
-	ReasonUsagesNotAllowed Reason = "UsagesNotAllowed"
-	// Evidence.
-	ReasonNoAttestation     Reason = "NoAttestation"
-	ReasonRecordExpired     Reason = "AttestationExpired"
-	ReasonKeyMismatch       Reason = "KubeletKeyNotAttested"
-	ReasonRecordConsumed    Reason = "AttestationAlreadyUsed"
-	ReasonRequesterMismatch Reason = "RequesterMismatch"
-	ReasonSANNotAttested    Reason = "SANNotAttested"
-	// ReasonNameTaken: the CSR's key was attested, but by an identity
-	// that does not own the node name (another machine's binding, or a
-	// name released since): attest.ReasonNodeNameTaken.
-	ReasonNameTaken = Reason(attest.ReasonNodeNameTaken)
-	// ReasonNoAddresses: the node's record attested no address of a kind
-	// the serving CSR asks for (GCP evidence attests no IP address; a TPM
-	// trusted through a vendor CA with no inventory entry no address at
-	// all): nothing to check those SANs against, so the CSR is left to
-	// another approver.
-	ReasonNoAddresses Reason = "NoAttestedAddresses"
-	// ReasonTokenOtherNode: the CSR was made with a per-node bootstrap
-	// token that nodeproof issued for another node (the records naming the
-	// token are all for other names).
-	ReasonTokenOtherNode Reason = "BootstrapTokenOtherNode"
-	// ReasonNoClientCertificate: a CSR the node made itself (requester
-	// system:node:NAME) carries no credential ID of the X.509 client
-	// certificate that authenticated it (spec.extra
-	// authentication.kubernetes.io/credential-id = X509SHA256=<hex>), so
-	// nothing tells which kubelet made it.
-	ReasonNoClientCertificate Reason = "NoClientCertificate"
-	// ReasonNotCurrentOwner: a CSR the node made itself was authenticated
-	// by a client certificate that is not in the lineage of the identity
-	// that owns the name now (store.Lineage): a certificate issued to a
-	// previous owner of the name, to a kubelet of an earlier enrolment, or
-	// one whose issuance the approver never saw.
-	ReasonNotCurrentOwner Reason = "CertificateNotCurrentOwner"
-)
-
 // Action is what a decision does to the CSR.
 type Action string
 
@@ -82,12 +30,14 @@ const (
 // Decision is the outcome for one CSR.
 type Decision struct {
 	Action  Action
-	Reason  Reason
+	Reason  attest.Reason
 	Message string
 	// Record is the NodeAttestation record the decision rests on, if any.
 	Record string
 	// NodeName is the node the CSR is for, when the CSR named one.
 	NodeName string
+	// Rule is the rule that decided (Rules).
+	Rule string
 }
 
 // Decider decides CSRs from the store's NodeAttestation records.
@@ -149,98 +99,31 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 	return csr.Name + "/" + string(csr.UID)
 }
 
-// Decide decides csr. For a kubelet client CSR it consumes the record it
-// approves with (store.ConsumeRecord), so the caller must write the
-// approval; deciding again for the same CSR after a failed write finds
-// the record consumed by this CSR and approves again (idempotent). An
-// error is a store failure: retry later. With Fresh set, a denial decided
-// on Store is decided again on Fresh, and that decision stands (except
-// BootstrapTokenOtherNode, which rests on records, whose spec never
-// changes: a cache that holds one is not behind on it).
+// Decide decides csr by the approver's rules (Rules: each with what it
+// checks, why, and every decision it can make), applied in order: the
+// first rule that judges the CSR and decides it makes the decision, which
+// names it (Decision.Rule). For a kubelet client CSR it consumes the
+// record it approves with (store.ConsumeRecord), so the caller must write
+// the approval; deciding again for the same CSR after a failed write
+// finds the record consumed by this CSR and approves again (idempotent).
+// An error is a store failure: retry later. With Fresh set, a denial
+// decided on Store is decided again on Fresh, and that decision stands
+// (except BootstrapTokenOtherNode, which rests on records, whose spec
+// never changes: a cache that holds one is not behind on it).
 //
 // Store (or Lineages) and Fresh must implement store.Lineages
 // (kubestore.Store, kubestore.Cached and boltstore.Store do): without it
-// no CSR the node makes itself is decided (an error). When it also implements store.TokenIndex
-// (kubestore.Cached, boltstore.Store), bootstrap tokens are checked
-// against the node their records name.
+// no CSR the node makes itself is decided (an error). When it also
+// implements store.TokenIndex (kubestore.Cached, boltstore.Store),
+// bootstrap tokens are checked against the node their records name.
 //
-// Every decision rests on the node name's binding (store.Binding): the
-// identity that enrolled with the name first owns it, and only records of
-// that identity count — for a client CSR, only records that bound the
-// binding's kubelet key (the enrolment's), never just the newest record
-// for the name. After recognize's shape checks, in this order:
-//
-//  1. A CSR made with a bootstrap token (requester system:bootstrap:<id>)
-//     that nodeproof issued for one node (the unexpired records naming
-//     the token, store.TokenIndex) but whose CN names another:
-//     BootstrapTokenOtherNode (denied), whatever else it carries.
-//  2. Any CSR for a node whose owner is not attested
-//     (store.Binding.Attested, with StaleAfter of the binding's pool),
-//     whoever the requester — a bootstrap token, the node itself, anyone
-//     — client or serving: Revoked, AttestationFailed (its latest
-//     attestation was refused) or AttestationStale (none passed within the
-//     window) (denied).
-//  3. A CSR the node makes itself (requester system:node:NAME: a client
-//     certificate's renewal, any serving certificate) of a bound name must
-//     come from a kubelet client certificate of the current owner: the CSR
-//     carries the API server's credential ID of the certificate that
-//     authenticated it (spec.extra authentication.kubernetes.io/
-//     credential-id, exactly one value X509SHA256=<64 hex digits>), else
-//     NoClientCertificate (denied); and that certificate is in the
-//     lineage of the binding's enrolment (store.Lineage, Of and Has:
-//     certificates issued for CSRs of this enrolment's kubelet, see
-//     RecordIssued), else CertificateNotCurrentOwner (denied). A client
-//     renewal that passes is approved (renewal); a serving CSR goes on to
-//     the serving checks below. With no binding: NoAttestation (left
-//     pending, or denied with DenyUnattested).
-//
-// A first kubelet client CSR is approved only when an unexpired record
-// for the CN's node name, of the identity that owns the name and with the
-// binding's kubelet key, carries the SHA-256 of exactly this CSR's public
-// key and was not consumed by another CSR, and, when that record names a
-// bootstrap token, the requester is system:bootstrap:<token id>.
-// Otherwise:
-//   - no record for the name: NoAttestation; only expired ones:
-//     AttestationExpired (left pending, or denied with DenyUnattested);
-//   - unexpired records, none with this key: KubeletKeyNotAttested (denied);
-//   - records with this key, none of the owning identity's enrolment (a
-//     machine whose name was released, or no binding at all):
-//     NodeNameTaken (denied);
-//   - records with this key, all consumed by other CSRs:
-//     AttestationAlreadyUsed (denied);
-//   - the record's token user is not the requester: RequesterMismatch
-//     (denied);
-//   - the store refuses to consume the record because its identity is
-//     banned (store.ErrRevoked: a ban the binding does not show yet):
-//     Revoked (denied).
-//
-// A kubelet serving CSR (after recognize's shape checks, which include
-// that the requester is the node itself, and check 3) is decided on the
-// newest record of the identity that owns the node name, expired or
-// consumed ones included (the serving certificate comes after the client
-// certificate the record approved, and is renewed while the node lives):
-//   - no binding, or no record of its identity: NoAttestation (left
-//     pending, or denied with DenyUnattested);
-//   - the CSR has DNS SANs and the record attested no DNS name, or IP SANs
-//     and the record attested no IP address (GCP evidence attests names,
-//     never IPs; TPM evidence through a vendor CA attests no address, an
-//     inventory entry may): NoAttestedAddresses (left pending, or denied
-//     with DenyUnattested): nothing checks those SANs, and another
-//     approver may own the CSR;
-//   - a DNS SAN (case-insensitively) or an IP SAN (IPv4-mapped IPv6 equal
-//     to its IPv4 form) is not among the names or IPs the record attested:
-//     SANNotAttested (denied);
-//   - otherwise approved, naming the evidence kind and the record.
-//
-// The serving key is not bound by evidence (the kubelet makes it later);
-// the node's client certificate, which was, is what authenticates the
-// request. Records are garbage-collected once they expire (the store's GC,
-// in the server): a serving-certificate renewal after that finds no record
-// and is NoAttestation, left pending for the cluster's own approver (or
+// Records are garbage-collected once they expire (the store's GC, in the
+// server): a serving-certificate renewal after that finds no record and
+// is NoAttestation, left pending for the cluster's own approver (or
 // denied with DenyUnattested), like any CSR nodeproof has no evidence for.
 func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
 	dec, err := d.decide(ctx, csr)
-	if err != nil || dec.Action != Deny || d.Fresh == nil || dec.Reason == ReasonTokenOtherNode {
+	if err != nil || dec.Action != Deny || d.Fresh == nil || dec.Reason == attest.ReasonTokenOtherNode {
 		return dec, err
 	}
 	fresh := *d
@@ -248,59 +131,27 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 	return fresh.decide(ctx, csr)
 }
 
+// rules is Rules, made once.
+var rules = Rules()
+
 func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequest) (Decision, error) {
-	k, reason, msg := recognize(csr)
-	if k == nil {
-		if reason == ReasonNotKubelet {
-			return Decision{Action: Leave, Reason: reason, Message: msg}, nil
+	f := &facts{csr: csr}
+	for _, r := range rules {
+		if !r.judges(f) {
+			continue
 		}
-		if reason == ReasonExtensionNotAllowed {
-			// No kubelet asks for it; no approver should grant it.
-			return Decision{Action: Deny, Reason: reason, Message: msg}, nil
+		dec, decided, err := r.decide(ctx, d, f)
+		if err != nil {
+			return Decision{}, err
 		}
-		return d.unattested(Decision{Reason: reason, Message: msg}), nil
-	}
-	if dec, ok, err := d.tokenForOtherNode(ctx, k); err != nil || ok {
-		return dec, err
-	}
-	b, err := d.Store.Binding(ctx, k.nodeName)
-	if errors.Is(err, store.ErrNotFound) {
-		b = nil
-	} else if err != nil {
-		return Decision{}, fmt.Errorf("approver: binding of %s: %w", k.nodeName, err)
-	}
-	if b != nil {
-		// Every CSR for the node, whoever asks — its bootstrap token, its
-		// kubelet, anyone — needs the owner attested.
-		if ok, why, last := b.Attested(d.Clock(), d.staleAfter(b.Pool)); !ok {
-			return Decision{Action: Deny, Reason: Reason(why), NodeName: k.nodeName, Record: b.RecordID,
-				Message: fmt.Sprintf("node %s is not attested (%s since %s): nodeproof approves its certificates again once it passes a re-attestation", k.nodeName, why, last.UTC().Format(time.RFC3339))}, nil
+		if decided {
+			dec.Rule = r.Name
+			return dec, nil
 		}
 	}
-	if k.requester == NodeUserPrefix+k.nodeName && b != nil {
-		// The node itself: its client certificate must be the current
-		// owner's.
-		if dec, ok, err := d.notCurrentOwner(ctx, csr, k, b); err != nil || ok {
-			return dec, err
-		}
-	}
-	if k.signer == SignerKubeletClient && k.requester == NodeUserPrefix+k.nodeName {
-		return d.renewal(k, b), nil
-	}
-	recs, err := d.Store.RecordsForNode(ctx, k.nodeName)
-	if err != nil {
-		return Decision{}, fmt.Errorf("approver: records for %s: %w", k.nodeName, err)
-	}
-	if k.signer == SignerKubeletServing {
-		var owned []*store.Record
-		for _, r := range recs {
-			if b != nil && r.Identity == b.Identity {
-				owned = append(owned, r)
-			}
-		}
-		return d.serving(k, owned), nil
-	}
-	return d.client(ctx, csr, k, b, recs)
+	// The last rule decides every client CSR, and the one before every
+	// serving CSR; recognize passes no other.
+	return Decision{}, fmt.Errorf("approver: no rule decided %s", csr.Name)
 }
 
 // tokenForOtherNode denies a CSR made with a bootstrap token that
@@ -317,7 +168,7 @@ func (d *Decider) tokenForOtherNode(ctx context.Context, k *kubeletCSR) (Decisio
 	if err != nil || len(nodes) == 0 || slices.Contains(nodes, k.nodeName) {
 		return Decision{}, false, err
 	}
-	return Decision{Action: Deny, Reason: ReasonTokenOtherNode, NodeName: k.nodeName,
+	return Decision{Action: Deny, Reason: attest.ReasonTokenOtherNode, NodeName: k.nodeName,
 		Message: fmt.Sprintf("bootstrap token %s%s was issued for node %s, not %s", BootstrapUserPrefix, id, strings.Join(nodes, ", "), k.nodeName)}, true, nil
 }
 
@@ -345,7 +196,7 @@ func (d *Decider) notCurrentOwner(ctx context.Context, csr *certv1.CertificateSi
 	base := Decision{Action: Deny, NodeName: k.nodeName, Record: b.RecordID}
 	sum, why := RequesterCertificate(csr)
 	if sum == nil {
-		base.Reason = ReasonNoClientCertificate
+		base.Reason = attest.ReasonNoClientCertificate
 		base.Message = fmt.Sprintf("this CSR from %s carries no credential ID of an X.509 client certificate (%s): nodeproof cannot tell whose kubelet made it", k.requester, why)
 		return base, true, nil
 	}
@@ -362,7 +213,7 @@ func (d *Decider) notCurrentOwner(ctx context.Context, csr *certv1.CertificateSi
 	if _, has := lin.Has(sum); has && lin.Of(b) {
 		return Decision{}, false, nil
 	}
-	base.Reason = ReasonNotCurrentOwner
+	base.Reason = attest.ReasonNotCurrentOwner
 	base.Message = fmt.Sprintf("this CSR from %s was made with the client certificate X509SHA256=%x, which is not one nodeproof saw issued to the kubelet of %s, the owner of node %s since %s (a certificate of a previous owner of the name, or of an earlier enrolment)",
 		k.requester, sum, b.Identity, k.nodeName, b.CreatedAt.UTC().Format(time.RFC3339))
 	return base, true, nil
@@ -382,11 +233,11 @@ func (d *Decider) notCurrentOwner(ctx context.Context, csr *certv1.CertificateSi
 func (d *Decider) renewal(k *kubeletCSR, b *store.Binding) Decision {
 	base := Decision{NodeName: k.nodeName}
 	if b == nil {
-		base.Reason, base.Message = ReasonNoAttestation, "node "+k.nodeName+" is bound to no attested identity"
+		base.Reason, base.Message = attest.ReasonNoAttestation, "node "+k.nodeName+" is bound to no attested identity"
 		return d.unattested(base)
 	}
 	base.Action, base.Record = Approve, b.RecordID
-	base.Reason = Reason(ReasonAttestedPrefix + strings.ToUpper(string(b.Kind)))
+	base.Reason = attest.ReasonAttested(b.Kind)
 	base.Message = fmt.Sprintf("nodeproof: renewal by node %s with a certificate of its owner's kubelet, whose %s attestation is fresh (%s)", k.nodeName, b.Kind, b.Identity)
 	return base
 }
@@ -424,22 +275,22 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 	}
 	switch {
 	case len(recs) == 0:
-		base.Reason, base.Message = ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
+		base.Reason, base.Message = attest.ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
 		return d.unattested(base), nil
 	case len(live) == 0:
-		base.Reason, base.Message = ReasonRecordExpired, fmt.Sprintf("the %d NodeAttestation record(s) for node %s expired", len(recs), k.nodeName)
+		base.Reason, base.Message = attest.ReasonRecordExpired, fmt.Sprintf("the %d NodeAttestation record(s) for node %s expired", len(recs), k.nodeName)
 		return d.unattested(base), nil
 	case len(matching) == 0 && len(foreign) > 0:
 		owner := "no identity (released)"
 		if b != nil {
 			owner = b.Identity
 		}
-		base.Action, base.Reason, base.Record = Deny, ReasonNameTaken, foreign[0].ID
+		base.Action, base.Reason, base.Record = Deny, attest.ReasonNodeNameTaken, foreign[0].ID
 		base.Message = fmt.Sprintf("this CSR's key was attested by %s (NodeAttestation %s), which does not own node %s: it is bound to %s",
 			foreign[0].Identity, foreign[0].ID, k.nodeName, owner)
 		return base, nil
 	case len(matching) == 0:
-		base.Action, base.Reason = Deny, ReasonKeyMismatch
+		base.Action, base.Reason = Deny, attest.ReasonKeyNotAttested
 		base.Message = fmt.Sprintf("node %s attested another kubelet key (%d record(s)); this CSR's key was not bound by any evidence", k.nodeName, len(live))
 		return base, nil
 	}
@@ -454,7 +305,7 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 			continue
 		}
 		if r.BootstrapTokenID != "" && k.requester != BootstrapUserPrefix+r.BootstrapTokenID {
-			base.Action, base.Reason, base.Record = Deny, ReasonRequesterMismatch, r.ID
+			base.Action, base.Reason, base.Record = Deny, attest.ReasonRequesterMismatch, r.ID
 			base.Message = fmt.Sprintf("NodeAttestation %s gave node %s the bootstrap token %s%s; this CSR was made by %q",
 				r.ID, k.nodeName, BootstrapUserPrefix, r.BootstrapTokenID, k.requester)
 			return base, nil
@@ -466,7 +317,7 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 		if errors.Is(err, store.ErrRevoked) {
 			// A ban the binding does not show yet (one written by hand,
 			// before the server's watch revokes the binding).
-			base.Action, base.Reason, base.Record = Deny, Reason(attest.ReasonRevoked), r.ID
+			base.Action, base.Reason, base.Record = Deny, attest.ReasonRevoked, r.ID
 			base.Message = fmt.Sprintf("NodeAttestation %s for node %s is of %s, which is banned", r.ID, k.nodeName, r.Identity)
 			return base, nil
 		}
@@ -475,7 +326,7 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 		}
 		return approval(base, r), nil
 	}
-	base.Action, base.Reason, base.Record = Deny, ReasonRecordConsumed, matching[0].ID
+	base.Action, base.Reason, base.Record = Deny, attest.ReasonRecordConsumed, matching[0].ID
 	base.Message = fmt.Sprintf("NodeAttestation %s for node %s already approved a certificate (%s); attest again for another", matching[0].ID, k.nodeName, matching[0].ConsumedBy)
 	return base, nil
 }
@@ -483,7 +334,7 @@ func (d *Decider) client(ctx context.Context, csr *certv1.CertificateSigningRequ
 // approval names the evidence kind and the record.
 func approval(d Decision, r *store.Record) Decision {
 	d.Action, d.Record = Approve, r.ID
-	d.Reason = Reason(ReasonAttestedPrefix + strings.ToUpper(string(r.Kind)))
+	d.Reason = attest.ReasonAttested(r.Kind)
 	d.Message = fmt.Sprintf("nodeproof: kubelet key bound by %s evidence, NodeAttestation %s (%s)", r.Kind, r.ID, r.Summary)
 	return d
 }
@@ -491,7 +342,7 @@ func approval(d Decision, r *store.Record) Decision {
 func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
 	base := Decision{NodeName: k.nodeName}
 	if len(recs) == 0 {
-		base.Reason, base.Message = ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
+		base.Reason, base.Message = attest.ReasonNoAttestation, "no NodeAttestation record for node "+k.nodeName
 		return d.unattested(base)
 	}
 	r := recs[0]
@@ -513,7 +364,7 @@ func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
 		if len(k.ips) > 0 && len(ips) == 0 {
 			kind = "IP addresses"
 		}
-		base.Reason, base.Record = ReasonNoAddresses, r.ID
+		base.Reason, base.Record = attest.ReasonNoAddresses, r.ID
 		base.Message = fmt.Sprintf("NodeAttestation %s (%s evidence) for node %s attested no %s to check the serving SANs against", r.ID, r.Kind, k.nodeName, kind)
 		return d.unattested(base)
 	}
@@ -530,7 +381,7 @@ func (d *Decider) serving(k *kubeletCSR, recs []*store.Record) Decision {
 		}
 	}
 	if len(missing) > 0 {
-		base.Action, base.Reason, base.Record = Deny, ReasonSANNotAttested, r.ID
+		base.Action, base.Reason, base.Record = Deny, attest.ReasonSANNotAttested, r.ID
 		base.Message = fmt.Sprintf("NodeAttestation %s for node %s attested %v, not %v", r.ID, k.nodeName, r.Addresses, missing)
 		return base
 	}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -277,13 +278,14 @@ func TestDecide(t *testing.T) {
 	withSigner := func(s csrSpec, signer string) csrSpec { s.signer = signer; return s }
 	withRequester := func(s csrSpec, r string) csrSpec { s.requester = r; return s }
 
+	reached := map[ruleOutcome]bool{} // the rules' outcomes the cases reach
 	// Ordered: later cases see what earlier ones consumed.
 	for _, tc := range []struct {
 		name        string
 		csr         csrSpec
 		deny        bool // DenyUnattested
 		wantAction  Action
-		wantReason  Reason
+		wantReason  attest.Reason
 		wantRecord  string
 		wantConsume string // record that must now be consumed
 	}{
@@ -292,21 +294,21 @@ func TestDecide(t *testing.T) {
 		{name: "the same CSR again (approval write retried) approves", csr: clientCSR(t, "csr-1", "worker-1", k1, "system:serviceaccount:x:node-bootstrapper"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
 		{name: "a second CSR after the record was consumed", csr: clientCSR(t, "csr-1b", "worker-1", k1, "system:serviceaccount:x:node-bootstrapper"),
-			wantAction: Deny, wantReason: ReasonRecordConsumed, wantRecord: "rec-w1"},
+			wantAction: Deny, wantReason: attest.ReasonRecordConsumed, wantRecord: "rec-w1"},
 		{name: "swapped key", csr: clientCSR(t, "csr-2", "worker-2", k1, "u"),
-			wantAction: Deny, wantReason: ReasonKeyMismatch},
+			wantAction: Deny, wantReason: attest.ReasonKeyNotAttested},
 		{name: "another node's key under this node's name", csr: clientCSR(t, "csr-2b", "worker-2", k3, "u"),
-			wantAction: Deny, wantReason: ReasonKeyMismatch},
+			wantAction: Deny, wantReason: attest.ReasonKeyNotAttested},
 		{name: "gcp evidence names its kind", csr: clientCSR(t, "csr-2c", "worker-2", k2, "u"),
 			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-w2", wantConsume: "rec-w2"},
 		{name: "no record: left pending", csr: clientCSR(t, "csr-3", "stranger", mustKey(t), "u"),
-			wantAction: Leave, wantReason: ReasonNoAttestation},
+			wantAction: Leave, wantReason: attest.ReasonNoAttestation},
 		{name: "no record, deny unattested", csr: clientCSR(t, "csr-3b", "stranger", mustKey(t), "u"), deny: true,
-			wantAction: Deny, wantReason: ReasonNoAttestation},
+			wantAction: Deny, wantReason: attest.ReasonNoAttestation},
 		{name: "expired record: left pending", csr: clientCSR(t, "csr-4", "worker-3", k3, "u"),
-			wantAction: Leave, wantReason: ReasonRecordExpired},
+			wantAction: Leave, wantReason: attest.ReasonRecordExpired},
 		{name: "token record, other requester", csr: clientCSR(t, "csr-5", "worker-4", kTok, "system:bootstrap:zzzzzz"),
-			wantAction: Deny, wantReason: ReasonRequesterMismatch, wantRecord: "rec-tok"},
+			wantAction: Deny, wantReason: attest.ReasonRequesterMismatch, wantRecord: "rec-tok"},
 		{name: "token record, its token's user", csr: clientCSR(t, "csr-5b", "worker-4", kTok, "system:bootstrap:abcdef"),
 			wantAction: Approve, wantReason: "NodeproofAttestedAWS", wantRecord: "rec-tok", wantConsume: "rec-tok"},
 		{name: "RSA with key encipherment", csr: withUsages(clientCSR(t, "csr-6", "worker-5", rsaKey, "u"),
@@ -314,120 +316,120 @@ func TestDecide(t *testing.T) {
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-rsa"},
 		{name: "ECDSA with key encipherment", csr: withUsages(clientCSR(t, "csr-7", "worker-1", mustKey(t), "u"),
 			certv1.UsageDigitalSignature, certv1.UsageKeyEncipherment, certv1.UsageClientAuth),
-			wantAction: Leave, wantReason: ReasonUsagesNotAllowed},
+			wantAction: Leave, wantReason: attest.ReasonUsagesNotAllowed},
 		{name: "server auth on a client CSR", csr: withUsages(clientCSR(t, "csr-8", "worker-1", mustKey(t), "u"),
 			certv1.UsageDigitalSignature, certv1.UsageServerAuth),
-			wantAction: Leave, wantReason: ReasonUsagesNotAllowed},
+			wantAction: Leave, wantReason: attest.ReasonUsagesNotAllowed},
 		{name: "extra organization", csr: withOrg(clientCSR(t, "csr-9", "worker-1", mustKey(t), "u"), NodesGroup, "system:masters"),
-			wantAction: Leave, wantReason: ReasonBadSubject},
+			wantAction: Leave, wantReason: attest.ReasonBadSubject},
 		{name: "not system:node", csr: func() csrSpec { s := clientCSR(t, "csr-10", "x", mustKey(t), "u"); s.cn = "admin"; return s }(),
-			wantAction: Leave, wantReason: ReasonBadSubject},
+			wantAction: Leave, wantReason: attest.ReasonBadSubject},
 		{name: "client CSR with SANs", csr: withSANs(clientCSR(t, "csr-11", "worker-1", mustKey(t), "u")),
-			wantAction: Leave, wantReason: ReasonSANsNotAllowed},
+			wantAction: Leave, wantReason: attest.ReasonSANsNotAllowed},
 		{name: "RSA 1024", csr: clientCSR(t, "csr-12", "worker-1", smallRSA, "u"),
-			wantAction: Leave, wantReason: ReasonKeyNotAllowed},
+			wantAction: Leave, wantReason: attest.ReasonKeyNotAllowed},
 		{name: "P-521", csr: clientCSR(t, "csr-13", "worker-1", p521, "u"), deny: true,
-			wantAction: Deny, wantReason: ReasonKeyNotAllowed},
+			wantAction: Deny, wantReason: attest.ReasonKeyNotAllowed},
 		{name: "another signer is not ours", csr: withSigner(clientCSR(t, "csr-14", "worker-1", mustKey(t), "u"), "example.com/other"), deny: true,
-			wantAction: Leave, wantReason: ReasonNotKubelet},
+			wantAction: Leave, wantReason: attest.ReasonNotKubelet},
 		{name: "serving, attested SANs", csr: srv("srv-1", "worker-1", []string{"worker-1.example.com"}, []net.IP{net.ParseIP("10.0.0.1")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
 		{name: "serving, unattested IP", csr: srv("srv-2", "worker-1", nil, []net.IP{net.ParseIP("10.9.9.9")}),
-			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
+			wantAction: Deny, wantReason: attest.ReasonSANNotAttested, wantRecord: "rec-w1"},
 		{name: "serving, unattested name", csr: srv("srv-3", "worker-1", []string{"evil.example.com"}, nil),
-			wantAction: Deny, wantReason: ReasonSANNotAttested},
+			wantAction: Deny, wantReason: attest.ReasonSANNotAttested},
 		{name: "serving, requested by someone else", csr: withRequester(srv("srv-4", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), "system:node:worker-2"),
-			wantAction: Leave, wantReason: ReasonRequesterMismatch},
+			wantAction: Leave, wantReason: attest.ReasonRequesterMismatch},
 		{name: "serving, no record", csr: srv("srv-5", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}),
-			wantAction: Leave, wantReason: ReasonNoAttestation},
+			wantAction: Leave, wantReason: attest.ReasonNoAttestation},
 		{name: "serving, no record, deny unattested", csr: srv("srv-5b", "stranger", nil, []net.IP{net.ParseIP("10.0.0.1")}), deny: true,
-			wantAction: Deny, wantReason: ReasonNoAttestation},
+			wantAction: Deny, wantReason: attest.ReasonNoAttestation},
 		{name: "serving, one SAN attested and one not", csr: srv("srv-6", "worker-1", []string{"worker-1.example.com", "worker-1.evil.com"}, nil),
-			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-w1"},
+			wantAction: Deny, wantReason: attest.ReasonSANNotAttested, wantRecord: "rec-w1"},
 		{name: "serving, DNS SAN in another case, IPv4-mapped IP", csr: srv("srv-7", "worker-1", []string{"WORKER-1.example.com"}, []net.IP{net.ParseIP("::ffff:10.0.0.1")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-w1"},
 		{name: "serving, record without addresses (GCP before addresses): left pending", csr: srv("srv-8", "worker-2", []string{"worker-2"}, nil),
-			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
+			wantAction: Leave, wantReason: attest.ReasonNoAddresses, wantRecord: "rec-w2"},
 		{name: "serving, record without addresses, deny unattested", csr: srv("srv-8b", "worker-2", []string{"worker-2"}, nil), deny: true,
-			wantAction: Deny, wantReason: ReasonNoAddresses, wantRecord: "rec-w2"},
+			wantAction: Deny, wantReason: attest.ReasonNoAddresses, wantRecord: "rec-w2"},
 		{name: "serving, the newest record attested no addresses: left pending", csr: srv("srv-9", "worker-6", nil, []net.IP{net.ParseIP("10.0.0.6")}),
-			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-w6"},
+			wantAction: Leave, wantReason: attest.ReasonNoAddresses, wantRecord: "rec-w6"},
 		{name: "serving, expired record's addresses still count", csr: srv("srv-10", "worker-3", nil, []net.IP{net.ParseIP("10.0.0.3")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-old"},
 		{name: "serving, GCP instance name and zonal DNS name", csr: srv("srv-11", "gke-1", []string{"gke-1", "gke-1.us-central1-a.c.my-project.internal"}, nil),
 			wantAction: Approve, wantReason: "NodeproofAttestedGCP", wantRecord: "rec-gcp"},
 		{name: "serving, GCP node with an IP SAN: GCP evidence attests no IP, left to another approver", csr: srv("srv-12", "gke-1", []string{"gke-1"}, []net.IP{net.ParseIP("10.128.0.5")}),
-			wantAction: Leave, wantReason: ReasonNoAddresses, wantRecord: "rec-gcp"},
+			wantAction: Leave, wantReason: attest.ReasonNoAddresses, wantRecord: "rec-gcp"},
 		{name: "the key of a machine whose name was released and taken by another", csr: clientCSR(t, "csr-m0-a", "master-0", kA, "u"),
-			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-m0-a"},
+			wantAction: Deny, wantReason: attest.ReasonNodeNameTaken, wantRecord: "rec-m0-a"},
 		{name: "the key of a machine whose name was released", csr: clientCSR(t, "csr-gone", "gone-1", kC, "u"),
-			wantAction: Deny, wantReason: ReasonNameTaken, wantRecord: "rec-gone"},
+			wantAction: Deny, wantReason: attest.ReasonNodeNameTaken, wantRecord: "rec-gone"},
 		{name: "the owner of a name taken over approves", csr: clientCSR(t, "csr-m0-b", "master-0", kB, "u"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2", wantConsume: "rec-m0-b2"},
 		{name: "serving, the addresses of the newest record, not the owner's", csr: srv("srv-m0-a", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}),
-			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-m0-b2"},
+			wantAction: Deny, wantReason: attest.ReasonSANNotAttested, wantRecord: "rec-m0-b2"},
 		{name: "serving, the owner's addresses", csr: srv("srv-m0-b", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
 		{name: "serving, a released name", csr: srv("srv-gone", "gone-1", nil, []net.IP{net.ParseIP("10.0.0.30")}), deny: true,
-			wantAction: Deny, wantReason: ReasonNoAttestation},
+			wantAction: Deny, wantReason: attest.ReasonNoAttestation},
 		{name: "renewal by a freshly attested node", csr: renewal("renew-1", "life-fresh"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-life-fresh"},
 		{name: "renewal by a node that passed a re-attestation after its enrolment went stale", csr: renewal("renew-2", "life-passed"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM"},
 		{name: "renewal by a node not attested since its enrolment 4 h ago", csr: renewal("renew-3", "life-stale"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationStale},
 		{name: "renewal by a node whose last re-attestation failed", csr: renewal("renew-4", "life-failed"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationFailed},
 		{name: "renewal by a revoked node", csr: renewal("renew-5", "life-revoked"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+			wantAction: Deny, wantReason: attest.ReasonRevoked},
 		{name: "renewal for a node name no identity owns", csr: renewal("renew-6", "stranger"), deny: true,
-			wantAction: Deny, wantReason: ReasonNoAttestation},
+			wantAction: Deny, wantReason: attest.ReasonNoAttestation},
 		{name: "serving, a node whose last re-attestation failed", csr: srv("srv-life-1", "life-failed", nil, []net.IP{net.ParseIP("10.0.9.9")}),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationFailed},
 		{name: "serving, a revoked node", csr: srv("srv-life-2", "life-revoked", nil, []net.IP{net.ParseIP("10.0.9.9")}),
-			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+			wantAction: Deny, wantReason: attest.ReasonRevoked},
 		{name: "serving, a stale node", csr: srv("srv-life-3", "life-stale", nil, []net.IP{net.ParseIP("10.0.9.9")}),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationStale},
 		{name: "serving, GCP node with a DNS SAN the token does not attest", csr: srv("srv-13", "gke-1", []string{"gke-1.evil.example"}, nil),
-			wantAction: Deny, wantReason: ReasonSANNotAttested, wantRecord: "rec-gcp"},
+			wantAction: Deny, wantReason: attest.ReasonSANNotAttested, wantRecord: "rec-gcp"},
 		// Renewals and serving CSRs belong to the kubelet of the identity
 		// that owns the name now.
 		{name: "renewal with the node's second certificate (issued for a renewal the first made)", csr: withCred(renewal("renew-7", "life-fresh"), freshSecond),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-life-fresh"},
 		{name: "renewal by the node with no client certificate credential (a token; impersonation)", csr: withCred(clientCSR(t, "renew-8", "life-fresh", mustKey(t), NodeUserPrefix+"life-fresh"), nil),
-			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+			wantAction: Deny, wantReason: attest.ReasonNoClientCertificate},
 		{name: "renewal by the node with a service account token's credential ID", csr: jti(renewal("renew-9", "life-fresh")),
-			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+			wantAction: Deny, wantReason: attest.ReasonNoClientCertificate},
 		{name: "renewal with a client certificate nodeproof never saw issued", csr: withCred(renewal("renew-10", "life-fresh"), never[:]),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner},
 		{name: "renewal by the previous owner of a name that moved (its certificate from before)", csr: withCred(renewal("renew-11", "master-0"), m0A),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner, wantRecord: "rec-m0-b2"},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner, wantRecord: "rec-m0-b2"},
 		{name: "renewal by the current owner of a name that moved", csr: renewal("renew-12", "master-0"),
 			wantAction: Approve, wantReason: "NodeproofAttestedTPM", wantRecord: "rec-m0-b2"},
 		{name: "serving, by the previous owner of a name that moved, with addresses it attested", csr: withCred(srv("srv-m0-a2", "master-0", nil, []net.IP{net.ParseIP("10.0.0.10")}), m0A),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner},
 		{name: "serving, by the previous owner of a name that moved, with the owner's addresses", csr: withCred(srv("srv-m0-a3", "master-0", nil, []net.IP{net.ParseIP("10.0.0.20")}), m0A),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner},
 		{name: "serving, without a client certificate credential", csr: withCred(servingCSR(t, "srv-14", "worker-1", nil, []net.IP{net.ParseIP("10.0.0.1")}), nil),
-			wantAction: Deny, wantReason: ReasonNoClientCertificate},
+			wantAction: Deny, wantReason: attest.ReasonNoClientCertificate},
 		{name: "renewal with the certificate of the kubelet of an earlier enrolment (enrolled again with a new key)", csr: withCred(renewal("renew-13", "worker-6"), w6old),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner},
 		{name: "renewal with another node's certificate", csr: withCred(renewal("renew-14", "worker-2"), creds["worker-1"]),
-			wantAction: Deny, wantReason: ReasonNotCurrentOwner},
+			wantAction: Deny, wantReason: attest.ReasonNotCurrentOwner},
 		// A node that is not attested gets no certificate, whoever asks.
 		{name: "first client CSR of a revoked node, with its bootstrap token and bound key", csr: clientCSR(t, "csr-life-1", "life-revoked", lifeKeys["life-revoked"], "system:bootstrap:lifere"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonRevoked)},
+			wantAction: Deny, wantReason: attest.ReasonRevoked},
 		{name: "first client CSR of a node whose last re-attestation failed, with its bootstrap token and bound key", csr: clientCSR(t, "csr-life-2", "life-failed", lifeKeys["life-failed"], "system:bootstrap:lifefa"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationFailed)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationFailed},
 		{name: "first client CSR of a stale node, with its bound key", csr: clientCSR(t, "csr-life-3", "life-stale", lifeKeys["life-stale"], "system:serviceaccount:x:node-bootstrapper"),
-			wantAction: Deny, wantReason: Reason(attest.ReasonAttestationStale)},
+			wantAction: Deny, wantReason: attest.ReasonAttestationStale},
 		// A per-node bootstrap token asks for its own node only.
 		{name: "a node's bootstrap token asks for another node's certificate, with that node's attested key", csr: clientCSR(t, "csr-tok-1", "worker-1", k1, "system:bootstrap:abcdef"),
-			wantAction: Deny, wantReason: ReasonTokenOtherNode},
+			wantAction: Deny, wantReason: attest.ReasonTokenOtherNode},
 		{name: "a node's bootstrap token asks for a name no identity owns", csr: clientCSR(t, "csr-tok-2", "stranger", mustKey(t), "system:bootstrap:abcdef"),
-			wantAction: Deny, wantReason: ReasonTokenOtherNode},
+			wantAction: Deny, wantReason: attest.ReasonTokenOtherNode},
 		{name: "a bootstrap token whose record expired asks for another node (left to the record checks)", csr: clientCSR(t, "csr-tok-3", "worker-1", mustKey(t), "system:bootstrap:old123"),
-			wantAction: Deny, wantReason: ReasonKeyMismatch},
+			wantAction: Deny, wantReason: attest.ReasonKeyNotAttested},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d.DenyUnattested = tc.deny
@@ -435,6 +437,7 @@ func TestDecide(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			reached[checkOutcome(t, dec)] = true
 			if tc.wantAction == Approve {
 				if dec.Action != tc.wantAction || dec.Reason != tc.wantReason {
 					t.Fatalf("decision %s %s (%s), want %s %s", dec.Action, dec.Reason, dec.Message, tc.wantAction, tc.wantReason)
@@ -447,7 +450,7 @@ func TestDecide(t *testing.T) {
 			if tc.wantRecord != "" && dec.Record != tc.wantRecord {
 				t.Errorf("record %q, want %q", dec.Record, tc.wantRecord)
 			}
-			if dec.Message == "" && dec.Reason != ReasonNotKubelet {
+			if dec.Message == "" && dec.Reason != attest.ReasonNotKubelet {
 				t.Error("no message")
 			}
 			if tc.wantConsume != "" {
@@ -460,6 +463,22 @@ func TestDecide(t *testing.T) {
 				}
 			}
 		})
+	}
+	// Every decision of every rule is reached by a case here, but for those
+	// that other tests reach: an extension (TestAttackCSRExtensions), a
+	// request that does not parse (TestDecideMalformedRequest), a ban the
+	// binding does not show yet (TestAttackBanNotYetInBinding).
+	elsewhere := map[ruleOutcome]bool{
+		{"a kubelet's CSR", attest.ReasonExtensionNotAllowed}:                   true,
+		{"a kubelet's CSR", attest.ReasonBadCSR}:                                true,
+		{"a first client certificate's key was attested", attest.ReasonRevoked}: true,
+	}
+	for _, r := range Rules() {
+		for _, o := range r.Outcomes {
+			if k := (ruleOutcome{r.Name, o.Reason}); !reached[k] && !elsewhere[k] {
+				t.Errorf("rule %q: no case decides %s", r.Name, o.Reason)
+			}
+		}
 	}
 }
 
@@ -495,7 +514,7 @@ func TestDecideRace(t *testing.T) {
 		switch {
 		case r.Action == Approve:
 			approved++
-		case r.Action != Deny || r.Reason != ReasonRecordConsumed:
+		case r.Action != Deny || r.Reason != attest.ReasonRecordConsumed:
 			t.Errorf("decision %s %s", r.Action, r.Reason)
 		}
 	}
@@ -533,7 +552,108 @@ func TestDecideFresh(t *testing.T) {
 	// Now consumed on both: a second CSR with that key is denied, on Fresh too.
 	again := makeCSR(t, clientCSR(t, "csr-again", "n", newKey, "u"))
 	dec, err = (&Decider{Store: fresh, Fresh: fresh, Clock: clock}).Decide(ctx, again)
-	if err != nil || dec.Action != Deny || dec.Reason != ReasonRecordConsumed {
+	if err != nil || dec.Action != Deny || dec.Reason != attest.ReasonRecordConsumed {
 		t.Fatalf("a second CSR: %s %s, %v; want denied as consumed", dec.Action, dec.Reason, err)
+	}
+}
+
+// ruleOutcome is a rule and a reason it gives.
+type ruleOutcome struct {
+	rule   string
+	reason attest.Reason
+}
+
+// checkOutcome fails unless dec is one of the outcomes its rule lists
+// (Rules: each rule's table row says every decision it makes), and
+// returns it.
+func checkOutcome(t *testing.T, dec Decision) ruleOutcome {
+	t.Helper()
+	for _, r := range Rules() {
+		if r.Name != dec.Rule {
+			continue
+		}
+		for _, o := range r.Outcomes {
+			reason := dec.Reason
+			if o.Action == Approve && strings.HasPrefix(string(reason), attest.ReasonAttestedPrefix) {
+				reason = attest.ReasonAttestedPrefix
+			}
+			if o.Reason == reason && (o.Action == dec.Action || o.Action == Unattested && (dec.Action == Leave || dec.Action == Deny)) {
+				return ruleOutcome{r.Name, o.Reason}
+			}
+		}
+		t.Fatalf("rule %q decided %s %s, which its outcomes %v do not list", r.Name, dec.Action, dec.Reason, r.Outcomes)
+	}
+	t.Fatalf("decision %s %s names rule %q, which Rules does not have", dec.Action, dec.Reason, dec.Rule)
+	return ruleOutcome{}
+}
+
+// bindingsBehind is a store whose binding reads are a moment behind, as a
+// watch cache is (kubestore.Cached): Binding answers what was read before
+// the test moved the store on.
+type bindingsBehind struct {
+	store.Store
+	bindings map[string]*store.Binding
+}
+
+func (s *bindingsBehind) Binding(_ context.Context, node string) (*store.Binding, error) {
+	if b, ok := s.bindings[node]; ok {
+		return b, nil
+	}
+	return nil, store.ErrNotFound
+}
+
+// TestAttackBanNotYetInBinding: a machine banned a moment ago, whose
+// binding the decision's cache still shows attested, asks for its first
+// client certificate with the key its record bound: the store refuses to
+// consume a banned identity's record, and the CSR is denied Revoked by
+// the first-client rule (a ban written by hand before the server's watch
+// revokes the binding).
+func TestAttackBanNotYetInBinding(t *testing.T) {
+	ctx := context.Background()
+	st := openStore(t)
+	k := mustKey(t)
+	if err := st.Enrol(ctx, &store.Record{ID: "rec-b", NodeName: "banned-0", Pool: "worker", Kind: attest.KindTPM, Identity: "tpm-ek:banned",
+		KubeletKeySHA256: keyHash(t, k), CreatedAt: now.Add(-time.Minute), Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := st.Binding(ctx, "banned-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Ban(ctx, store.Ban{Identity: "tpm-ek:banned", Kind: attest.KindTPM, NodeName: "banned-0", At: now, By: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	d := &Decider{Store: &bindingsBehind{Store: st, bindings: map[string]*store.Binding{"banned-0": before}}, Lineages: st.(store.Lineages), Clock: clock}
+	dec, err := d.Decide(ctx, makeCSR(t, clientCSR(t, "csr-banned", "banned-0", k, "system:serviceaccount:x:node-bootstrapper")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	attacktable.Check(t, "approver", "CSR: a machine banned a moment ago, its binding not yet revoked in the approver's cache, asks for its first certificate",
+		fmt.Sprintf("%s %s", Deny, attest.ReasonRevoked), fmt.Sprintf("%s %s", dec.Action, dec.Reason))
+	if o := checkOutcome(t, dec); o.rule != "a first client certificate's key was attested" {
+		t.Errorf("decided by %q, want the first-client rule (the cache's binding is attested)", o.rule)
+	}
+}
+
+// TestDecideMalformedRequest: a kubelet signer's CSR whose request is not
+// a CSR is left to another approver (denied with DenyUnattested), by the
+// shape rule.
+func TestDecideMalformedRequest(t *testing.T) {
+	for _, deny := range []bool{false, true} {
+		d := &Decider{Store: openStore(t), Clock: clock, DenyUnattested: deny}
+		csr := makeCSR(t, clientCSR(t, "csr-junk", "worker-1", mustKey(t), "u"))
+		csr.Spec.Request = []byte("-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n-----END CERTIFICATE REQUEST-----\n")
+		dec, err := d.Decide(context.Background(), csr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := Leave
+		if deny {
+			want = Deny
+		}
+		if dec.Action != want || dec.Reason != attest.ReasonBadCSR {
+			t.Fatalf("DenyUnattested %v: %s %s, want %s %s", deny, dec.Action, dec.Reason, want, attest.ReasonBadCSR)
+		}
+		checkOutcome(t, dec)
 	}
 }

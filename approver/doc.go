@@ -18,9 +18,11 @@
 // Prometheus metrics. A per-requester rate limit (Decider.LimitKey: a
 // node's own credentials, a per-node bootstrap token) replaces the single
 // global breaker of other approvers: a flood of CSRs from one machine,
-// whatever names they ask for, delays only that machine. Several replicas
-// run under leader election on a Lease (RunLeader): each term runs a fresh
-// Controller, and a replica that loses the Lease stops acting and
+// whatever names they ask for, delays only that machine. Run wires it all
+// in a cluster (`nodeproof approve`): several replicas run under leader
+// election on the Lease nodeproof-approver (package leader), each term
+// runs a fresh Controller (and NodeController) on one watch of records
+// and bindings, and a replica that loses the Lease stops acting and
 // campaigns again in the same process.
 //
 // The Controller also watches the certificates issued for kubelet client

@@ -6,14 +6,6 @@ import (
 	"fmt"
 )
 
-// ReasonExtensionNotAllowed: the CSR requests an extension a kubelet's
-// certificate never carries — BasicConstraints, name constraints, a key
-// usage or extended key usage beyond its signer's, a SAN of a kind other
-// than DNS name and IP address, or any other extension. Denied whatever
-// DenyUnattested says: no kubelet sends it, and a signer that copies
-// requested extensions would issue it.
-const ReasonExtensionNotAllowed Reason = "ExtensionNotAllowed"
-
 // Extensions a kubelet CSR may request, and the values they may hold.
 var (
 	oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}

@@ -149,26 +149,26 @@ func TestAttackCSRExtensions(t *testing.T) {
 		name       string
 		csr        *certv1.CertificateSigningRequest
 		wantAction Action
-		wantReason Reason
+		wantReason attest.Reason
 	}{
 		{"kubelet serving CSR as client-go makes it", byKubelet(csrObject("ok-serving", SignerKubeletServing, kubeletServing, NodeUserPrefix+"worker-1", serving)), Approve, "NodeproofAttestedTPM"},
 		{"serving CSR requesting its own usages as extensions", servingFor("ok-usages", keyUsage(keyUsageDigitalSig), eku(oidEKUServerAuth)), Approve, "NodeproofAttestedTPM"},
 		{"kubelet client CSR as client-go makes it", csrObject("ok-client", SignerKubeletClient, kubeletClient, "system:bootstrap:abc123", client), Approve, "NodeproofAttestedTPM"},
 
-		{"serving CSR asking for BasicConstraints CA:TRUE", servingFor("ca-true", caTrue), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR asking for NameConstraints", servingFor("name-constraints", nameConstraints), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR asking for client auth besides server auth", servingFor("eku-client", eku(oidEKUServerAuth, oidEKUClientAuth)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR asking for any extended key usage", servingFor("eku-any", eku(anyEKU)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR asking for code signing", servingFor("eku-code", eku(codeSigning)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR asking for key usage certificate signing", servingFor("ku-certsign", keyUsage(keyUsageDigitalSig, 5)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR (ECDSA) asking for key usage key encipherment", servingFor("ku-encipher", keyUsage(keyUsageDigitalSig, keyUsageKeyEncipher)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR with an otherName (UPN) SAN beside its DNS name", servingFor("san-upn", san(dnsName, otherName)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR with a directoryName SAN", servingFor("san-dir", san(ipName, dirName)), Deny, ReasonExtensionNotAllowed},
-		{"serving CSR with an unknown private extension", servingFor("private", pkix.Extension{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}, Value: []byte{5, 0}}), Deny, ReasonExtensionNotAllowed},
+		{"serving CSR asking for BasicConstraints CA:TRUE", servingFor("ca-true", caTrue), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR asking for NameConstraints", servingFor("name-constraints", nameConstraints), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR asking for client auth besides server auth", servingFor("eku-client", eku(oidEKUServerAuth, oidEKUClientAuth)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR asking for any extended key usage", servingFor("eku-any", eku(anyEKU)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR asking for code signing", servingFor("eku-code", eku(codeSigning)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR asking for key usage certificate signing", servingFor("ku-certsign", keyUsage(keyUsageDigitalSig, 5)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR (ECDSA) asking for key usage key encipherment", servingFor("ku-encipher", keyUsage(keyUsageDigitalSig, keyUsageKeyEncipher)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR with an otherName (UPN) SAN beside its DNS name", servingFor("san-upn", san(dnsName, otherName)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR with a directoryName SAN", servingFor("san-dir", san(ipName, dirName)), Deny, attest.ReasonExtensionNotAllowed},
+		{"serving CSR with an unknown private extension", servingFor("private", pkix.Extension{Id: asn1.ObjectIdentifier{1, 3, 6, 1, 4, 1, 99999, 1}, Value: []byte{5, 0}}), Deny, attest.ReasonExtensionNotAllowed},
 		{"client CSR asking for BasicConstraints CA:TRUE", extCSR(t, "client-ca", SignerKubeletClient, rsaKey, "worker-3", nil, nil, "system:bootstrap:def456",
-			append(client, certv1.UsageKeyEncipherment), caTrue), Deny, ReasonExtensionNotAllowed},
+			append(client, certv1.UsageKeyEncipherment), caTrue), Deny, attest.ReasonExtensionNotAllowed},
 		{"client CSR asking for server auth", extCSR(t, "client-eku", SignerKubeletClient, rsaKey, "worker-3", nil, nil, "system:bootstrap:def456", client,
-			eku(oidEKUClientAuth, oidEKUServerAuth)), Deny, ReasonExtensionNotAllowed},
+			eku(oidEKUClientAuth, oidEKUServerAuth)), Deny, attest.ReasonExtensionNotAllowed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dec, err := d.Decide(ctx, tc.csr)

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 var labelsEverything = labels.Everything()
@@ -61,8 +63,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"reason"}),
 		nodeState: map[string]string{},
 	}
-	for _, r := range []string{ReasonAttestedNode, "AttestationFailed", "AttestationStale", "Revoked", "NotEnrolled"} {
-		m.nodes.WithLabelValues(r)
+	for _, r := range []attest.Reason{attest.ReasonNodeAttested, attest.ReasonAttestationFailed, attest.ReasonAttestationStale, attest.ReasonRevoked, attest.ReasonNotEnrolled} {
+		m.nodes.WithLabelValues(string(r))
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.pending, m.latency, m.limited, m.recorded, m.nodes} {
 		if err := reg.Register(c); err != nil {

@@ -35,8 +35,6 @@ const (
 	// attested: NoSchedule (or its pool's lifetime.taintEffect), NoExecute
 	// when revoked or released.
 	TaintUnattested = "nodeproof.io/unattested"
-	// ReasonAttestedNode is the condition's reason while attested.
-	ReasonAttestedNode = "Attested"
 )
 
 // BindingReader is where the node controller reads bindings and the
@@ -221,7 +219,7 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 		ok, why, last := b.Attested(now, stale)
 		switch {
 		case ok:
-			j = judgement{attested: true, reason: ReasonAttestedNode,
+			j = judgement{attested: true, reason: string(attest.ReasonNodeAttested),
 				message: fmt.Sprintf("%s evidence of %s passed at %s", b.Kind, b.Identity, last.UTC().Format(time.RFC3339))}
 			after = last.Add(stale).Sub(now) + time.Second
 		case why == attest.ReasonRevoked:

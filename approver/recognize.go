@@ -4,15 +4,15 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 
 	certv1 "k8s.io/api/certificates/v1"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // The signers nodeproof approves for, and the identities of kubelet
@@ -27,9 +27,6 @@ const (
 	// itself takes up to its request size limit).
 	maxCSRSize = 16 << 10
 )
-
-// nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
-var nodeNameRE = regexp.MustCompile(`\A[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\z`)
 
 // kubeletCSR is a CSR a recognizer accepted: a kubelet asking for its
 // client or serving certificate, with the facts the decision needs.
@@ -46,8 +43,8 @@ type kubeletCSR struct {
 }
 
 // recognize parses csr and checks its shape for its signer. It returns nil
-// and ReasonNotKubelet for a signer nodeproof does not approve for, or a
-// shape reason (ReasonBadCSR and kin) for a kubelet signer's CSR that is
+// and attest.ReasonNotKubelet for a signer nodeproof does not approve for, or a
+// shape reason (attest.ReasonBadCSR and kin) for a kubelet signer's CSR that is
 // not what a kubelet sends. Checks, for both kubelet signers:
 //   - spec.request is one PEM CERTIFICATE REQUEST (at most 16 KiB) that
 //     parses and whose self-signature verifies (BadCSR);
@@ -70,55 +67,56 @@ type kubeletCSR struct {
 // Both: the CSR requests no extension a kubelet does not send
 // (extensionsAllowed: ExtensionNotAllowed, denied whatever
 // DenyUnattested says).
-func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, string) {
+func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, attest.Reason, string) {
 	signer := csr.Spec.SignerName
 	if signer != SignerKubeletClient && signer != SignerKubeletServing {
-		return nil, ReasonNotKubelet, "signer " + signer
+		return nil, attest.ReasonNotKubelet, "signer " + signer
 	}
 	if len(csr.Spec.Request) > maxCSRSize {
-		return nil, ReasonBadCSR, fmt.Sprintf("request exceeds %d bytes", maxCSRSize)
+		return nil, attest.ReasonBadCSR, fmt.Sprintf("request exceeds %d bytes", maxCSRSize)
 	}
 	block, rest := pem.Decode(csr.Spec.Request)
 	if block == nil || block.Type != "CERTIFICATE REQUEST" || len(strings.TrimSpace(string(rest))) != 0 {
-		return nil, ReasonBadCSR, "request is not exactly one PEM CERTIFICATE REQUEST"
+		return nil, attest.ReasonBadCSR, "request is not exactly one PEM CERTIFICATE REQUEST"
 	}
 	cr, err := x509.ParseCertificateRequest(block.Bytes)
 	if err != nil {
-		return nil, ReasonBadCSR, fmt.Sprintf("request does not parse: %v", err)
+		return nil, attest.ReasonBadCSR, fmt.Sprintf("request does not parse: %v", err)
 	}
 	if err := cr.CheckSignature(); err != nil {
-		return nil, ReasonBadCSR, fmt.Sprintf("request signature: %v", err)
+		return nil, attest.ReasonBadCSR, fmt.Sprintf("request signature: %v", err)
 	}
 	if len(cr.Subject.Organization) != 1 || cr.Subject.Organization[0] != NodesGroup {
-		return nil, ReasonBadSubject, fmt.Sprintf("organization %q, want exactly [%s]", cr.Subject.Organization, NodesGroup)
+		return nil, attest.ReasonBadSubject, fmt.Sprintf("organization %q, want exactly [%s]", cr.Subject.Organization, NodesGroup)
 	}
 	name, ok := strings.CutPrefix(cr.Subject.CommonName, NodeUserPrefix)
-	if !ok || len(name) > 253 || !nodeNameRE.MatchString(name) {
-		return nil, ReasonBadSubject, fmt.Sprintf("common name %q is not system:node:<node name>", cr.Subject.CommonName)
+	if !ok || !attest.ValidNodeName(name) {
+		return nil, attest.ReasonBadSubject, fmt.Sprintf("common name %q is not system:node:<node name>", cr.Subject.CommonName)
 	}
 	isRSA, why := keyAllowed(cr.PublicKey)
 	if why != "" {
-		return nil, ReasonKeyNotAllowed, why
+		return nil, attest.ReasonKeyNotAllowed, why
 	}
 	k := &kubeletCSR{signer: signer, nodeName: name, requester: csr.Spec.Username}
-	sum := sha256.Sum256(cr.RawSubjectPublicKeyInfo)
-	k.keySHA256 = sum[:]
+	if k.keySHA256, err = attest.KeySHA256(cr.RawSubjectPublicKeyInfo); err != nil {
+		return nil, attest.ReasonBadCSR, "request's public key: " + err.Error()
+	}
 	if len(cr.EmailAddresses) > 0 || len(cr.URIs) > 0 {
-		return nil, ReasonSANsNotAllowed, "e-mail or URI SANs"
+		return nil, attest.ReasonSANsNotAllowed, "e-mail or URI SANs"
 	}
 	var extended certv1.KeyUsage
 	switch signer {
 	case SignerKubeletClient:
 		if len(cr.DNSNames) > 0 || len(cr.IPAddresses) > 0 {
-			return nil, ReasonSANsNotAllowed, "a kubelet client certificate has no SANs"
+			return nil, attest.ReasonSANsNotAllowed, "a kubelet client certificate has no SANs"
 		}
 		extended = certv1.UsageClientAuth
 	case SignerKubeletServing:
 		if csr.Spec.Username != cr.Subject.CommonName {
-			return nil, ReasonRequesterMismatch, fmt.Sprintf("requested by %q, not by the node %q itself", csr.Spec.Username, cr.Subject.CommonName)
+			return nil, attest.ReasonRequesterMismatch, fmt.Sprintf("requested by %q, not by the node %q itself", csr.Spec.Username, cr.Subject.CommonName)
 		}
 		if len(cr.DNSNames) == 0 && len(cr.IPAddresses) == 0 {
-			return nil, ReasonSANsNotAllowed, "a kubelet serving certificate needs a DNS or IP SAN"
+			return nil, attest.ReasonSANsNotAllowed, "a kubelet serving certificate needs a DNS or IP SAN"
 		}
 		k.dnsNames = cr.DNSNames
 		for _, ip := range cr.IPAddresses {
@@ -127,10 +125,10 @@ func recognize(csr *certv1.CertificateSigningRequest) (*kubeletCSR, Reason, stri
 		extended = certv1.UsageServerAuth
 	}
 	if why := extensionsAllowed(cr, signer == SignerKubeletServing, isRSA); why != "" {
-		return nil, ReasonExtensionNotAllowed, why
+		return nil, attest.ReasonExtensionNotAllowed, why
 	}
 	if !usagesAllowed(csr.Spec.Usages, extended, isRSA) {
-		return nil, ReasonUsagesNotAllowed, fmt.Sprintf("usages %v", csr.Spec.Usages)
+		return nil, attest.ReasonUsagesNotAllowed, fmt.Sprintf("usages %v", csr.Spec.Usages)
 	}
 	return k, "", ""
 }

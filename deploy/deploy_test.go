@@ -310,7 +310,7 @@ func TestKustomizeRender(t *testing.T) {
 			t.Errorf("SCC Role rules = %v, want use of hostnetwork-v2 only", rules)
 		}
 		mustHave(t, objs, "RoleBinding", "openshift-machine-config-operator", "nodeproof-server-scc")
-		// The token where seed 004 keeps it, and the Lease, for the
+		// The token where the mco-auth-token enhancement keeps it, and the Lease, for the
 		// DaemonSet's account.
 		if got := boundTo(t, objs, "Role", "nodeproof-server-token"); !slices.Equal(got, []string{"openshift-machine-config-operator/nodeproof-server"}) {
 			t.Errorf("nodeproof-server-token is bound to %v, want only openshift-machine-config-operator/nodeproof-server", got)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -46,18 +45,15 @@ func (s *Server) openSession(sealed string) (*sealedSession, error) {
 	return &ss, nil
 }
 
-// nodeNameRE is a DNS-1123 subdomain, what Kubernetes allows a node name.
-var nodeNameRE = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
-
 // decodeBody reads a JSON body strictly: bounded, one object, no unknown
 // fields. It decodes as it reads (no copy of the raw body: a verify body
 // carries an event log, and a thousand machines attest at once).
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		return deny(ReasonMalformedRequest, "Content-Type must be application/json")
+		return deny(attest.ReasonMalformedRequest, "Content-Type must be application/json")
 	}
 	if r.ContentLength > limit {
-		return deny(ReasonBodyTooLarge, "body exceeds %d bytes", limit)
+		return deny(attest.ReasonBodyTooLarge, "body exceeds %d bytes", limit)
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
 	dec.DisallowUnknownFields()
@@ -76,9 +72,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	case err == nil:
 		return nil
 	case errors.As(err, &tooBig):
-		return deny(ReasonBodyTooLarge, "body exceeds %d bytes", limit)
+		return deny(attest.ReasonBodyTooLarge, "body exceeds %d bytes", limit)
 	}
-	return deny(ReasonMalformedRequest, "body: %v", err)
+	return deny(attest.ReasonMalformedRequest, "body: %v", err)
 }
 
 func writeJSON(w http.ResponseWriter, d *decision, v any) {
@@ -120,19 +116,19 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, deny(attest.ReasonPolicyKindNotAllowed, "pool %s does not accept %q evidence", req.Pool, req.Kind))
 		return
 	}
-	if req.NodeName != "" && (len(req.NodeName) > 253 || !nodeNameRE.MatchString(req.NodeName)) {
-		s.refuse(w, d, deny(ReasonMalformedRequest, "nodeName is not a DNS name"))
+	if req.NodeName != "" && !attest.ValidNodeName(req.NodeName) {
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "nodeName is not a DNS name"))
 		return
 	}
 	switch req.Purpose {
 	case "", attest.PurposeEnrol:
 	case attest.PurposeReattest:
 		if req.NodeName == "" {
-			s.refuse(w, d, deny(ReasonMalformedRequest, "a re-attestation names its node (nodeName)"))
+			s.refuse(w, d, deny(attest.ReasonMalformedRequest, "a re-attestation names its node (nodeName)"))
 			return
 		}
 	default:
-		s.refuse(w, d, deny(ReasonMalformedRequest, "purpose %q is not enrol or reattest", req.Purpose))
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "purpose %q is not enrol or reattest", req.Purpose))
 		return
 	}
 	keySHA, err := attest.KeySHA256(req.KubeletPublicKey)
@@ -151,7 +147,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		// The EK the request claims, before any cryptography is spent on it.
 		ek := sha256.Sum256(req.TPM.EKPublic)
 		if ok, wait := s.o.Limits.PerIdentity.Allow("tpm-ek-claimed/" + hex.EncodeToString(ek[:])); !ok {
-			s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this TPM; retry later")))
+			s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many attestations for this TPM; retry later")))
 			return
 		}
 		resp.TPM, sess, err = v.TPM.Challenge(req.Pool, keySHA, req.TPM)
@@ -284,7 +280,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	}
 	d.node = node
 	if ok, wait := s.o.Limits.PerIdentity.Allow(identityKey(claims)); !ok {
-		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this identity; retry later")))
+		s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many attestations for this identity; retry later")))
 		return
 	}
 	if s.nodeName(sess.Pool, claims, "") == "" { // a requested name
@@ -342,7 +338,7 @@ func (s *Server) claimable(ctx context.Context, node, identity string) error {
 	}
 	exists, err := s.o.Nodes.Exists(node)
 	if err != nil {
-		return later(time.Second, deny(ReasonUnavailable, "the cluster's Nodes are not known yet: %v", err))
+		return later(time.Second, deny(attest.ReasonUnavailable, "the cluster's Nodes are not known yet: %v", err))
 	}
 	if !exists {
 		return nil
@@ -364,11 +360,6 @@ func (s *Server) claimable(ctx context.Context, node, identity string) error {
 	return deny(attest.ReasonNodeNotAdopted, "a Node named %s exists that nodeproof never owned; an operator adopts it first: nodeproof adopt %s", node, node)
 }
 
-// ReasonPolicyRefused is the Event reason of an enrolment the policy
-// refused with an error that carries no reason of its own (the Event
-// carries the refusal's reason when it has one).
-const ReasonPolicyRefused attest.Reason = "PolicyRefused"
-
 // policyRefused records an enrolment the policy refused (authentic
 // evidence, a boot state or an identity pool does not allow) as an Event
 // on the node name it would have had, within the identity's rate
@@ -385,7 +376,7 @@ func (s *Server) policyRefused(pool string, claims *attest.Claims, requested str
 	}
 	reason, ok := attest.ReasonOf(refusal)
 	if !ok {
-		reason = ReasonPolicyRefused
+		reason = attest.ReasonPolicyRefused
 	}
 	s.eventAbout(claims.Identity, node, true, reason, fmt.Sprintf("%s (%s evidence) asked to enrol as node %s in pool %s; refused by policy: %v",
 		claims.Identity, claims.Kind, node, pool, refusal))
@@ -496,7 +487,7 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
 	if errors.Is(err, store.ErrNotFound) {
 		// Released, or an enrolment still completing: the machine retries.
-		return later(time.Second, deny(ReasonUnavailable, "this identity's enrolment changed meanwhile; retry"))
+		return later(time.Second, deny(attest.ReasonUnavailable, "this identity's enrolment changed meanwhile; retry"))
 	} else if err != nil {
 		return err
 	}
@@ -576,7 +567,7 @@ func (s *Server) liveEnrolments(ctx context.Context, b *store.Binding, rec *stor
 	}
 	slices.SortFunc(live, func(a, b time.Time) int { return a.Compare(b) })
 	wait := live[len(live)-s.o.MaxLiveEnrolments].Sub(now)
-	return later(wait, deny(ReasonRateLimited, "node %s already holds %d unexpired enrolments (each with its own bootstrap token); retry when the oldest expires", b.NodeName, len(live)))
+	return later(wait, deny(attest.ReasonRateLimited, "node %s already holds %d unexpired enrolments (each with its own bootstrap token); retry when the oldest expires", b.NodeName, len(live)))
 }
 
 // keyState describes the kubelet key of an enrolment attempt for an Event.

@@ -41,7 +41,7 @@ var poolName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$`)
 func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, d *decision) {
 	pool := strings.TrimPrefix(r.URL.Path, "/config/")
 	if !poolName.MatchString(pool) {
-		s.refuse(w, d, deny(ReasonBadPath, "not a pool name"))
+		s.refuse(w, d, deny(attest.ReasonBadPath, "not a pool name"))
 		return
 	}
 	d.pool = pool
@@ -50,11 +50,11 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 	if port == Insecure {
 		switch serve.InsecurePort {
 		case "none":
-			s.refuse(w, d, attest.DenySetting(ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "pool %s is not served on the plain-HTTP port: pools.%s.serve.insecurePort is none; use the TLS port", pool, pool))
+			s.refuse(w, d, attest.DenySetting(attest.ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "pool %s is not served on the plain-HTTP port: pools.%s.serve.insecurePort is none; use the TLS port", pool, pool))
 			return
 		case "", "public":
 			if token != "" || len(r.Header.Values("Authorization")) > 0 || r.URL.Query().Has("token") {
-				s.refuse(w, d, attest.DenySetting(ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "credentials are not accepted over plain HTTP; use the TLS port (pools.%s.serve.insecurePort: all would accept them here)", pool))
+				s.refuse(w, d, attest.DenySetting(attest.ReasonInsecurePort, "pools."+pool+".serve.insecurePort", "credentials are not accepted over plain HTTP; use the TLS port (pools.%s.serve.insecurePort: all would accept them here)", pool))
 				return
 			}
 		}
@@ -68,11 +68,11 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 	case token != "":
 		d.cred = "provisioning"
 		if !serve.Token || s.o.Provisioning == nil {
-			s.refuse(w, d, attest.DenySetting(ReasonTierDisabled, "pools."+pool+".serve.token", "pool %s does not take provisioning tokens (pools.%s.serve.token)", pool, pool))
+			s.refuse(w, d, attest.DenySetting(attest.ReasonTierDisabled, "pools."+pool+".serve.token", "pool %s does not take provisioning tokens (pools.%s.serve.token)", pool, pool))
 			return
 		}
 		if !s.o.Provisioning.Check(token) {
-			s.refuse(w, d, deny(ReasonTokenInvalid, "provisioning token is not valid"))
+			s.refuse(w, d, deny(attest.ReasonTokenInvalid, "provisioning token is not valid"))
 			return
 		}
 		d.tier = "token"
@@ -88,10 +88,10 @@ func (s *Server) serveConfig(w http.ResponseWriter, r *http.Request, port Port, 
 		}, nil)
 	default:
 		if !s.poolExists(pool) {
-			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", pool))
+			s.refuse(w, d, deny(attest.ReasonUnknownPool, "no pool %q", pool))
 			return
 		}
-		s.refuse(w, d, attest.DenySetting(ReasonCredentials, "pools."+pool+".serve.public", "pool %s needs a provisioning token or attestation: its public tier is off (pools.%s.serve.public)", pool, pool))
+		s.refuse(w, d, attest.DenySetting(attest.ReasonCredentials, "pools."+pool+".serve.public", "pool %s needs a provisioning token or attestation: its public tier is off (pools.%s.serve.public)", pool, pool))
 	}
 }
 
@@ -108,25 +108,25 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 	ct, err := tokens.OpenConfigToken(s.o.Keys, token, s.o.Clock())
 	switch {
 	case errors.Is(err, tokens.ErrTokenExpired):
-		s.refuse(w, d, deny(ReasonTokenExpired, "config token has expired; attest again"))
+		s.refuse(w, d, deny(attest.ReasonTokenExpired, "config token has expired; attest again"))
 		return
 	case err != nil:
-		s.refuse(w, d, deny(ReasonTokenInvalid, "config token is not valid"))
+		s.refuse(w, d, deny(attest.ReasonTokenInvalid, "config token is not valid"))
 		return
 	}
 	d.node, d.record = ct.NodeName, ct.RecordID
 	if ct.Pool != pool {
-		s.refuse(w, d, deny(ReasonTokenWrongPool, "config token is for another pool"))
+		s.refuse(w, d, deny(attest.ReasonTokenWrongPool, "config token is for another pool"))
 		return
 	}
 	if !serve.AttestedTier() {
-		s.refuse(w, d, attest.DenySetting(ReasonTierDisabled, "pools."+pool+".serve.attested", "pool %s does not take attested fetches (pools.%s.serve.attested)", pool, pool))
+		s.refuse(w, d, attest.DenySetting(attest.ReasonTierDisabled, "pools."+pool+".serve.attested", "pool %s does not take attested fetches (pools.%s.serve.attested)", pool, pool))
 		return
 	}
 	rec, err := s.tokenRecord(ctx, ct)
 	if err != nil {
 		if errors.Is(err, store.ErrNotFound) {
-			s.refuse(w, d, deny(ReasonTokenInvalid, "config token's record is gone"))
+			s.refuse(w, d, deny(attest.ReasonTokenInvalid, "config token's record is gone"))
 		} else {
 			s.refuse(w, d, err)
 		}
@@ -150,7 +150,7 @@ func (s *Server) serveAttested(ctx context.Context, w http.ResponseWriter, r *ht
 	release, err := s.spendConfigToken(ctx, ct, rec)
 	if err != nil {
 		if errors.Is(err, store.ErrUsed) {
-			s.refuse(w, d, deny(ReasonTokenUsed, "config token was already used"))
+			s.refuse(w, d, deny(attest.ReasonTokenUsed, "config token was already used"))
 		} else {
 			s.refuse(w, d, err)
 		}
@@ -236,11 +236,11 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 		}
 		switch {
 		case errors.Is(err, ErrUnknownPool):
-			s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", d.pool))
+			s.refuse(w, d, deny(attest.ReasonUnknownPool, "no pool %q", d.pool))
 		case errors.Is(err, ErrSpecVersion):
-			s.refuse(w, d, deny(ReasonSpecVersion, "%v", err))
+			s.refuse(w, d, deny(attest.ReasonSpecVersion, "%v", err))
 		case errors.Is(err, ErrNotReady):
-			s.refuse(w, d, deny(ReasonConfigUnavailable, "the config for pool %s is not ready yet; retry", d.pool))
+			s.refuse(w, d, deny(attest.ReasonConfigUnavailable, "the config for pool %s is not ready yet; retry", d.pool))
 		default:
 			s.o.Log.Error("render config", "pool", d.pool, "tier", d.tier, "err", err.Error())
 			why := "the config for pool %s cannot be rendered now"
@@ -248,11 +248,11 @@ func (s *Server) deliver(w http.ResponseWriter, r *http.Request, d *decision, re
 				if herr := s.o.Health(); herr != nil {
 					// What the server lacks, for the machine's console
 					// (the agent prints it): the operator's fix.
-					s.refuse(w, d, deny(ReasonConfigUnavailable, why+": the server lacks %v", d.pool, herr))
+					s.refuse(w, d, deny(attest.ReasonConfigUnavailable, why+": the server lacks %v", d.pool, herr))
 					return
 				}
 			}
-			s.refuse(w, d, deny(ReasonConfigUnavailable, why, d.pool))
+			s.refuse(w, d, deny(attest.ReasonConfigUnavailable, why, d.pool))
 		}
 		return
 	}

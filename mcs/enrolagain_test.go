@@ -149,7 +149,7 @@ func TestEnrolAgainAttacks(t *testing.T) {
 		}
 	}
 	row(fmt.Sprintf("TPM: an enrolled machine enrols again and again to mint bootstrap tokens (%d live per identity)", mcs.DefaultMaxLiveEnrolments),
-		fmt.Sprintf("503 %s with %d enrolments live", mcs.ReasonRateLimited, mcs.DefaultMaxLiveEnrolments), got)
+		fmt.Sprintf("503 %s with %d enrolments live", attest.ReasonRateLimited, mcs.DefaultMaxLiveEnrolments), got)
 	recs, _ := e.store.RecordsForNode(ctx, "w-1")
 	if len(recs) != mcs.DefaultMaxLiveEnrolments {
 		t.Fatalf("%d records for w-1; want %d", len(recs), mcs.DefaultMaxLiveEnrolments)

@@ -313,10 +313,7 @@ func FuzzConfigRequest(f *testing.F) {
 func fuzzState(f *testing.F, clock func() time.Time) (string, *policy.Policy, *boltstore.Store, *seal.Keyring) {
 	f.Helper()
 	dir := f.TempDir()
-	pol, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		f.Fatal(err)
-	}
+	pol := testPolicy(f)
 	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, clock)
 	if err != nil {
 		f.Fatal(err)

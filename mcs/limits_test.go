@@ -42,7 +42,7 @@ func TestLostVerifyAnswer(t *testing.T) {
 		t.Fatalf("fetch with the second answer's token: %d %s", r.status, r.body)
 	}
 	// Both answers' tokens share one single-use ID: one config per session.
-	if r := e.do("GET", e.secure.URL+"/config/worker", nil, bearer(lost.ConfigToken)); r.reason != mcs.ReasonTokenUsed {
+	if r := e.do("GET", e.secure.URL+"/config/worker", nil, bearer(lost.ConfigToken)); r.reason != attest.ReasonTokenUsed {
 		t.Fatalf("the lost answer's token after the config was delivered: %d %q", r.status, r.reason)
 	}
 	if _, r := e.verify(body); r.reason != attest.ReasonSessionReused {
@@ -75,24 +75,24 @@ func TestLimits(t *testing.T) {
 				return mcs.Limits{AttestPerSource: limit.NewBuckets(limit.Rate{PerSecond: 0.01, Burst: 2}, 0, clock)}
 			},
 			[]req{challengeJunk, challengeJunk, challengeJunk, config},
-			[]attest.Reason{"", "", mcs.ReasonRateLimited, ""}},
+			[]attest.Reason{"", "", attest.ReasonRateLimited, ""}},
 		{"config requests per source",
 			func(clock func() time.Time) mcs.Limits {
 				return mcs.Limits{ConfigPerSource: limit.NewBuckets(limit.Rate{PerSecond: 0.01, Burst: 1}, 0, clock)}
 			},
 			[]req{config, config, challengeJunk},
-			[]attest.Reason{"", mcs.ReasonRateLimited, ""}},
+			[]attest.Reason{"", attest.ReasonRateLimited, ""}},
 		{"no slot for an attestation",
 			func(clock func() time.Time) mcs.Limits { return mcs.Limits{Attestations: fullGate(t)} },
 			[]req{challengeJunk, config},
-			[]attest.Reason{mcs.ReasonOverloaded, ""}},
+			[]attest.Reason{attest.ReasonOverloaded, ""}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnvLimits(t, nil, tc.limits(time.Now))
 			for i, s := range tc.sends {
 				r := e.do(s.method, e.secure.URL+s.path, s.body, map[string]string{"Content-Type": "application/json"})
-				limited := r.reason == mcs.ReasonRateLimited || r.reason == mcs.ReasonOverloaded
+				limited := r.reason == attest.ReasonRateLimited || r.reason == attest.ReasonOverloaded
 				if tc.want[i] == "" && limited || tc.want[i] != "" && r.reason != tc.want[i] {
 					t.Fatalf("request %d (%s %s): %d %q; want %q", i, s.method, s.path, r.status, r.reason, tc.want[i])
 				}
@@ -131,7 +131,7 @@ func TestPerIdentityLimit(t *testing.T) {
 	if ch1 == nil {
 		t.Fatalf("first challenge of TPM a: %d %s", r.status, r.body)
 	}
-	if _, r := e.challenge(a, "worker", "a"); r.reason != mcs.ReasonRateLimited {
+	if _, r := e.challenge(a, "worker", "a"); r.reason != attest.ReasonRateLimited {
 		t.Fatalf("second challenge of TPM a at once: %d %q; want RateLimited", r.status, r.reason)
 	}
 	if ch, r := e.challenge(b, "worker", "b"); ch == nil {
@@ -147,7 +147,7 @@ func TestPerIdentityLimit(t *testing.T) {
 	}
 	// The second session of a is valid, but its verified identity has
 	// used its token: no second record now.
-	if _, r := e.verify(e.verifyBody(a, ch2)); r.reason != mcs.ReasonRateLimited {
+	if _, r := e.verify(e.verifyBody(a, ch2)); r.reason != attest.ReasonRateLimited {
 		t.Fatalf("second attestation of TPM a at once: %d %q; want RateLimited", r.status, r.reason)
 	}
 	if recs, _ := e.store.RecordsForNode(context.Background(), "a"); len(recs) != 1 {

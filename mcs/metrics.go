@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -60,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	// The series alerts and the dashboard read exist from the start.
 	for _, e := range []string{"config", "challenge", "verify"} {
-		for _, r := range []string{string(ReasonRateLimited), string(ReasonOverloaded)} {
+		for _, r := range []string{string(attest.ReasonRateLimited), string(attest.ReasonOverloaded)} {
 			m.limited.WithLabelValues(e, r)
 		}
 	}
@@ -97,7 +98,7 @@ func (m *Metrics) observe(d *decision, took time.Duration) {
 	e, code := endpoint(d.path), strconv.Itoa(d.status)
 	m.requests.WithLabelValues(d.port.String(), e, code).Inc()
 	m.duration.WithLabelValues(e).Observe(took.Seconds())
-	if d.reason == ReasonRateLimited || d.reason == ReasonOverloaded {
+	if d.reason == attest.ReasonRateLimited || d.reason == attest.ReasonOverloaded {
 		m.limited.WithLabelValues(e, string(d.reason)).Inc()
 	}
 	switch e {

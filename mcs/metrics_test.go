@@ -7,6 +7,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // TestMetricsLabels: what a client sends (paths, pools, names) never
@@ -23,7 +25,7 @@ func TestMetricsLabels(t *testing.T) {
 	m.observe(&decision{port: Insecure, path: "/config/worker", tier: "public", status: 200}, time.Millisecond)
 	m.observe(&decision{port: Secure, path: "/attest/v1/verify", kind: "tpm", purpose: "enrol", status: 403, reason: "SecureBootDisabled"}, time.Millisecond)
 	m.observe(&decision{port: Secure, path: "/config/worker", cred: "config", tier: "attested", status: 200}, time.Millisecond)
-	m.observe(&decision{port: Secure, path: "/attest/v1/challenge", status: 503, reason: ReasonRateLimited}, time.Millisecond)
+	m.observe(&decision{port: Secure, path: "/attest/v1/challenge", status: 503, reason: attest.ReasonRateLimited}, time.Millisecond)
 	var nil_ *Metrics
 	nil_.observe(&decision{}, 0) // no metrics: nothing, no panic
 
@@ -56,7 +58,7 @@ func TestMetricsLabels(t *testing.T) {
 		{m.attestations.WithLabelValues("tpm", "enrol", "refused", "SecureBootDisabled"), 1},
 		{m.tokens.WithLabelValues("config", "accepted"), 1},
 		{m.configs.WithLabelValues("public", "200"), 1},
-		{m.limited.WithLabelValues("challenge", string(ReasonRateLimited)), 1},
+		{m.limited.WithLabelValues("challenge", string(attest.ReasonRateLimited)), 1},
 	}
 	for i, c := range cases {
 		if got := testutil.ToFloat64(c.c); got != c.want {

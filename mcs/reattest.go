@@ -16,11 +16,6 @@ import (
 // errReplayed stops a status update for a replayed session.
 var errReplayed = errors.New("replayed session")
 
-// ReasonTPMClockRollback: a TPM's reset count went back since the node's
-// last attestation (a TPM2_Clear, or evidence that is not this TPM's
-// boots in order): recorded as the node's failure.
-const ReasonTPMClockRollback attest.Reason = "TPMClockRollback"
-
 // reattest answers the verify of a re-attestation: an enrolled node
 // proving itself again, at every boot and on a timer. It releases nothing:
 // no config token, no record. verr is the verifier's outcome.
@@ -63,7 +58,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		identity = claims.Identity
 	}
 	if ok, wait := s.o.Limits.PerIdentity.Allow(identity); !ok {
-		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many attestations for this identity; retry later")))
+		s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many attestations for this identity; retry later")))
 		return
 	}
 	node := ss.NodeName
@@ -101,7 +96,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		st := &b.Status
 		wasPassing = st.LastAttempt.IsZero() || st.Passed
 		if refusal == nil && claims.TPM != nil && !st.LastAttempt.IsZero() && int64(claims.TPM.ResetCount) < st.ResetCount {
-			refusal = deny(ReasonTPMClockRollback, "the TPM's reset count went back from %d to %d since the last attestation (a TPM2_Clear?): release and re-enrol the node if that was you", st.ResetCount, claims.TPM.ResetCount)
+			refusal = deny(attest.ReasonTPMClockRollback, "the TPM's reset count went back from %d to %d since the last attestation (a TPM2_Clear?): release and re-enrol the node if that was you", st.ResetCount, claims.TPM.ResetCount)
 		}
 		if claims != nil && claims.TPM != nil {
 			if st.LastAttempt.IsZero() || int64(claims.TPM.ResetCount) != st.ResetCount {

@@ -9,7 +9,6 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -91,11 +90,11 @@ func TestReattestAttacks(t *testing.T) {
 	}
 
 	_, r = e.reattestChallenge(m, "worker", "")
-	row("a re-attestation that names no node", mcs.ReasonMalformedRequest, r)
+	row("a re-attestation that names no node", attest.ReasonMalformedRequest, r)
 	req, _ := m.collector.Request()
 	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: m.keyDER, NodeName: "worker-5", Purpose: "promote", TPM: req})
 	r = e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
-	row("an attestation with an unknown purpose", mcs.ReasonMalformedRequest, r)
+	row("an attestation with an unknown purpose", attest.ReasonMalformedRequest, r)
 
 	// A re-attestation releases nothing: there is no token to fetch with.
 	if recs, _ := e.store.RecordsForNode(ctx, "worker-5"); len(recs) != 1 {

@@ -86,7 +86,7 @@ func TestRenderedTiersOverHTTP(t *testing.T) {
 		{"3.1", "application/vnd.coreos.ignition+json;version=3.1.0", "3.1.0", ""},
 		{"3.4", "application/vnd.coreos.ignition+json;version=3.4.0", "3.4.0", ""},
 		{"newer 3.x gets the newest", "application/vnd.coreos.ignition+json;version=3.9.0", "3.5.0", ""},
-		{"4.x is refused", "application/vnd.coreos.ignition+json;version=4.0.0", "", mcs.ReasonSpecVersion},
+		{"4.x is refused", "application/vnd.coreos.ignition+json;version=4.0.0", "", attest.ReasonSpecVersion},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,15 +16,6 @@ import (
 	"github.com/nodeproof/nodeproof/store"
 )
 
-// Event reasons of a node's failure report.
-const (
-	// ReasonNodeReport: a report whose sender proved the kubelet key of a
-	// session the server issued.
-	ReasonNodeReport attest.Reason = "NodeReportedFailure"
-	// ReasonNodeReportUnauthenticated: a report without that proof.
-	ReasonNodeReportUnauthenticated attest.Reason = "NodeReportedFailureUnauthenticated"
-)
-
 // reportReasonRE is what a report's reason may be.
 var reportReasonRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,64}$`)
 
@@ -76,16 +67,16 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 	d.pool, d.node = req.Pool, req.NodeName
 	switch {
 	case !s.poolExists(req.Pool):
-		s.refuse(w, d, deny(ReasonUnknownPool, "no pool %q", req.Pool))
+		s.refuse(w, d, deny(attest.ReasonUnknownPool, "no pool %q", req.Pool))
 		return
-	case len(req.NodeName) > 253 || !nodeNameRE.MatchString(req.NodeName):
-		s.refuse(w, d, deny(ReasonMalformedRequest, "nodeName must be a DNS-1123 subdomain"))
+	case !attest.ValidNodeName(req.NodeName):
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "nodeName must be a DNS-1123 subdomain"))
 		return
 	case !slices.Contains(api.ReportStages, req.Stage):
-		s.refuse(w, d, deny(ReasonMalformedRequest, "stage must be one of %v", api.ReportStages))
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "stage must be one of %v", api.ReportStages))
 		return
 	case !reportReasonRE.MatchString(req.Reason):
-		s.refuse(w, d, deny(ReasonMalformedRequest, "reason must be 1 to 64 letters, digits, '.', '_' or '-'"))
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "reason must be 1 to 64 letters, digits, '.', '_' or '-'"))
 		return
 	}
 	auth := "none"
@@ -97,10 +88,10 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 		}
 		switch {
 		case ss.Session.Pool != req.Pool:
-			s.refuse(w, d, deny(ReasonMalformedRequest, "the session is for pool %s", ss.Session.Pool))
+			s.refuse(w, d, deny(attest.ReasonMalformedRequest, "the session is for pool %s", ss.Session.Pool))
 			return
 		case ss.NodeName != "" && ss.NodeName != req.NodeName:
-			s.refuse(w, d, deny(ReasonMalformedRequest, "the session is for node %s", ss.NodeName))
+			s.refuse(w, d, deny(attest.ReasonMalformedRequest, "the session is for node %s", ss.NodeName))
 			return
 		case s.o.Clock().Sub(ss.Session.IssuedAt) > maxReportSessionAge:
 			s.refuse(w, d, deny(attest.ReasonSessionExpired, "a report's session must be less than %s old", maxReportSessionAge))
@@ -115,7 +106,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 			return
 		}
 	}
-	reason, msg, detail := ReasonNodeReport, "", safetext.Cut(req.Detail, api.MaxReportDetail)
+	reason, msg, detail := attest.ReasonNodeReport, "", safetext.Cut(req.Detail, api.MaxReportDetail)
 	switch auth {
 	case "owner":
 		msg = fmt.Sprintf("node %s (pool %s) reports %s failed: %s: %s (the sender proved the kubelet key its node name is bound to; from %s)",
@@ -125,11 +116,11 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, d *decision) {
 			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
 	default:
 		detail = safetext.Cut(req.Detail, api.MaxUnauthenticatedReportDetail)
-		reason, msg = ReasonNodeReportUnauthenticated, fmt.Sprintf("UNAUTHENTICATED report (used for no decision) for node %s (pool %s): %s failed: %s: %s (from %s)",
+		reason, msg = attest.ReasonNodeReportUnauthenticated, fmt.Sprintf("UNAUTHENTICATED report (used for no decision) for node %s (pool %s): %s failed: %s: %s (from %s)",
 			req.NodeName, req.Pool, req.Stage, req.Reason, detail, d.remote)
 	}
 	if ok, wait := s.allowReport(auth, req.NodeName, d.remote, len(msg)); !ok {
-		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many reports for node %s or from this address; retry later", req.NodeName)))
+		s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many reports for node %s or from this address; retry later", req.NodeName)))
 		return
 	}
 	if s.o.Events != nil {
@@ -168,7 +159,7 @@ func (s *Server) reportOwner(ctx context.Context, node string, keySHA256 []byte)
 	case errors.Is(err, store.ErrNotFound):
 		return "session", nil
 	case err != nil:
-		return "", later(time.Second, deny(ReasonUnavailable, "the store: %v", err))
+		return "", later(time.Second, deny(attest.ReasonUnavailable, "the store: %v", err))
 	case b.Revoked != nil:
 		return "none", nil // a banned identity owns nothing, its reports included
 	case attest.Equal(b.KubeletKeySHA256, keySHA256):

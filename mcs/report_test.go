@@ -74,16 +74,16 @@ func TestNodeReportAttacks(t *testing.T) {
 		{"a report with its session and the kubelet key proof", "", ok, "200 session"},
 		{"a report with a captured session and a proof by another key", "", with(func(r *api.ReportRequest) { r.KubeletKeyProof = otherProof }), "403 " + string(attest.ReasonKeyProof)},
 		{"a report with a captured session and no proof", "", with(func(r *api.ReportRequest) { r.KubeletKeyProof = nil }), "403 " + string(attest.ReasonKeyProof)},
-		{"a report with a session for another node name", "", with(func(r *api.ReportRequest) { r.NodeName = "rep-2" }), "400 " + string(mcs.ReasonMalformedRequest)},
-		{"a report with a session for another pool", "", with(func(r *api.ReportRequest) { r.Pool = "master" }), "400 " + string(mcs.ReasonMalformedRequest)},
+		{"a report with a session for another node name", "", with(func(r *api.ReportRequest) { r.NodeName = "rep-2" }), "400 " + string(attest.ReasonMalformedRequest)},
+		{"a report with a session for another pool", "", with(func(r *api.ReportRequest) { r.Pool = "master" }), "400 " + string(attest.ReasonMalformedRequest)},
 		{"a report with a forged session", "", with(func(r *api.ReportRequest) { r.Session = "bm90IGEgc2Vzc2lvbg" }), "403 " + string(attest.ReasonSessionInvalid)},
 		{"a report without a session, naming any node", "", api.ReportRequest{Pool: "worker", NodeName: "someone-else", Stage: "agent", Reason: "Error"}, "200 none"},
-		{"a report on the plain port", "plain", ok, "403 " + string(mcs.ReasonInsecurePort)},
-		{"a report for a pool the server does not serve", "", api.ReportRequest{Pool: "nope", NodeName: "x", Stage: "agent", Reason: "Error"}, "404 " + string(mcs.ReasonUnknownPool)},
-		{"a report with a node name that is no DNS name", "", api.ReportRequest{Pool: "worker", NodeName: "../etc", Stage: "agent", Reason: "Error"}, "400 " + string(mcs.ReasonMalformedRequest)},
-		{"a report with a stage it made up", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "reboot", Reason: "Error"}, "400 " + string(mcs.ReasonMalformedRequest)},
-		{"a report whose reason carries a new line", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "agent", Reason: "Error\nFAKE"}, "400 " + string(mcs.ReasonMalformedRequest)},
-		{"a report of more than 8 KiB", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "agent", Reason: "Error", Detail: strings.Repeat("x", 9000)}, "413 " + string(mcs.ReasonBodyTooLarge)},
+		{"a report on the plain port", "plain", ok, "403 " + string(attest.ReasonInsecurePort)},
+		{"a report for a pool the server does not serve", "", api.ReportRequest{Pool: "nope", NodeName: "x", Stage: "agent", Reason: "Error"}, "404 " + string(attest.ReasonUnknownPool)},
+		{"a report with a node name that is no DNS name", "", api.ReportRequest{Pool: "worker", NodeName: "../etc", Stage: "agent", Reason: "Error"}, "400 " + string(attest.ReasonMalformedRequest)},
+		{"a report with a stage it made up", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "reboot", Reason: "Error"}, "400 " + string(attest.ReasonMalformedRequest)},
+		{"a report whose reason carries a new line", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "agent", Reason: "Error\nFAKE"}, "400 " + string(attest.ReasonMalformedRequest)},
+		{"a report of more than 8 KiB", "", api.ReportRequest{Pool: "worker", NodeName: "x", Stage: "agent", Reason: "Error", Detail: strings.Repeat("x", 9000)}, "413 " + string(attest.ReasonBodyTooLarge)},
 	}
 	for _, c := range cases {
 		before := len(e.events.all())
@@ -95,8 +95,8 @@ func TestNodeReportAttacks(t *testing.T) {
 		}
 	}
 	evs := e.events.all()
-	if len(evs) != 2 || !strings.Contains(evs[0], "rep-1 true "+string(mcs.ReasonNodeReport)+": ") || !strings.Contains(evs[0], "Secure Boot off") ||
-		!strings.Contains(evs[1], "someone-else true "+string(mcs.ReasonNodeReportUnauthenticated)+": UNAUTHENTICATED") {
+	if len(evs) != 2 || !strings.Contains(evs[0], "rep-1 true "+string(attest.ReasonNodeReport)+": ") || !strings.Contains(evs[0], "Secure Boot off") ||
+		!strings.Contains(evs[1], "someone-else true "+string(attest.ReasonNodeReportUnauthenticated)+": UNAUTHENTICATED") {
 		t.Errorf("Events %q", evs)
 	}
 
@@ -116,7 +116,7 @@ func TestNodeReportAttacks(t *testing.T) {
 	before := len(e.events.all())
 	attacktable.Check(t, "node reports", "another genuine TPM asks for an enrolled node's name at its challenge and reports for it with that session",
 		"200 none", e.postReport("", with(func(r *api.ReportRequest) { r.Session, r.KubeletKeyProof = ch2.Session, proof2 })))
-	if evs := e.events.all(); len(evs) != before+1 || !strings.Contains(evs[before], string(mcs.ReasonNodeReportUnauthenticated)+": UNAUTHENTICATED") {
+	if evs := e.events.all(); len(evs) != before+1 || !strings.Contains(evs[before], string(attest.ReasonNodeReportUnauthenticated)+": UNAUTHENTICATED") {
 		t.Errorf("the impostor's report: %q", evs[before:])
 	}
 

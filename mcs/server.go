@@ -367,7 +367,7 @@ type decision struct {
 
 func (s *Server) logDecision(ctx context.Context, d *decision, start time.Time) {
 	var suppressed int64
-	if d.reason == ReasonRateLimited || d.reason == ReasonOverloaded {
+	if d.reason == attest.ReasonRateLimited || d.reason == attest.ReasonOverloaded {
 		if ok, _ := s.limitLog.Allow(limit.SourceKey(d.remote)); !ok {
 			s.suppressed.Add(1)
 			return
@@ -407,13 +407,13 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 	// as a request (RFC 9112 §6.1).
 	if len(r.TransferEncoding) > 0 {
 		w.Header().Set("Connection", "close")
-		s.refuse(w, d, deny(ReasonMalformedRequest, "Transfer-Encoding is not accepted; send the body with a Content-Length"))
+		s.refuse(w, d, deny(attest.ReasonMalformedRequest, "Transfer-Encoding is not accepted; send the body with a Content-Length"))
 		return
 	}
 	// Refuse encoded paths outright: the only names we serve are plain, and
 	// a %2F or %2E can only be an attempt to reach something else.
 	if r.URL.RawPath != "" || strings.Contains(r.URL.Path, "//") || strings.Contains(r.URL.Path, "/..") || strings.Contains(r.URL.Path, "/./") {
-		s.refuse(w, d, deny(ReasonBadPath, "path must be plain"))
+		s.refuse(w, d, deny(attest.ReasonBadPath, "path must be plain"))
 		return
 	}
 	switch {
@@ -423,7 +423,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 		}
 		if s.o.Health != nil {
 			if err := s.o.Health(); err != nil {
-				s.refuse(w, d, deny(ReasonNotReady, "%v", err))
+				s.refuse(w, d, deny(attest.ReasonNotReady, "%v", err))
 				return
 			}
 		}
@@ -447,7 +447,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 			return
 		}
 		if port == Insecure {
-			s.refuse(w, d, deny(ReasonInsecurePort, "attestation and reports are only served over TLS"))
+			s.refuse(w, d, deny(attest.ReasonInsecurePort, "attestation and reports are only served over TLS"))
 			return
 		}
 		if !s.admit(w, r, d, s.o.Limits.AttestPerSource) {
@@ -459,7 +459,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 		}
 		leave := s.o.Limits.Attestations.Enter(r.Context())
 		if leave == nil {
-			s.refuse(w, d, later(time.Second, deny(ReasonOverloaded, "too many attestations in flight; retry")))
+			s.refuse(w, d, later(time.Second, deny(attest.ReasonOverloaded, "too many attestations in flight; retry")))
 			return
 		}
 		defer leave()
@@ -469,7 +469,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 			s.verify(w, r, d)
 		}
 	default:
-		s.refuse(w, d, deny(ReasonNotFound, "no such endpoint"))
+		s.refuse(w, d, deny(attest.ReasonNotFound, "no such endpoint"))
 	}
 }
 
@@ -478,7 +478,7 @@ func (s *Server) route(w http.ResponseWriter, r *http.Request, port Port, d *dec
 func (s *Server) admit(w http.ResponseWriter, r *http.Request, d *decision, b *limit.Buckets) bool {
 	ok, wait := b.Allow(limit.SourceKey(r.RemoteAddr))
 	if !ok {
-		s.refuse(w, d, later(wait, deny(ReasonRateLimited, "too many requests from this address; retry later")))
+		s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many requests from this address; retry later")))
 	}
 	return ok
 }
@@ -490,7 +490,7 @@ func methodIs(w http.ResponseWriter, r *http.Request, d *decision, s *Server, me
 		}
 	}
 	w.Header().Set("Allow", strings.Join(methods, ", "))
-	s.refuse(w, d, deny(ReasonMethodNotAllowed, "method %s not allowed", r.Method))
+	s.refuse(w, d, deny(attest.ReasonMethodNotAllowed, "method %s not allowed", r.Method))
 	return false
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
@@ -34,25 +35,17 @@ import (
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
-const testPolicy = `
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {token: true, nodeNames: requested}
-  master:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {nodeNames: requested}
-  infra:
-    evidence: []
-    serve: {public: false}
-  legacy:
-    serve: {fullWithoutCredentials: true}
-  broken: {}
-`
+// testPolicy: worker takes TPM evidence with Secure Boot, and the
+// provisioning token; master TPM evidence; infra serves no public tier;
+// legacy serves everything without credentials; broken has nothing.
+func testPolicy(t testing.TB) *policy.Policy {
+	return policytest.New().
+		Pool("worker", policytest.TPM().SecureBoot().Token().Requested()).
+		Pool("master", policytest.TPM().Requested()).
+		Pool("infra", policytest.Public().Private()).
+		Pool("legacy", policytest.Public().Edit(func(p *policy.Pool) { p.Serve.FullWithoutCredentials = true })).
+		Pool("broken", policytest.Public()).Must(t)
+}
 
 // staticConfigs serves fixed bytes and remembers which record asked.
 type staticConfigs struct {
@@ -171,10 +164,8 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 		configs = e.configs
 	}
 	dir := t.TempDir()
-	pol, err := policy.Parse([]byte(testPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := testPolicy(t)
+	var err error
 	if e.store, err = boltstore.Open(filepath.Join(dir, "state.db"), time.Second, e.clock); err != nil {
 		t.Fatal(err)
 	}
@@ -324,21 +315,21 @@ func TestTiers(t *testing.T) {
 		{"provisioning token", "GET", e.secure.URL + "/config/worker", bearer(cur), 200, "full", ""},
 		{"previous token within grace", "GET", e.secure.URL + "/config/worker", bearer(prev), 200, "full", ""},
 		{"token as query parameter", "GET", e.secure.URL + "/config/worker?token=" + strings.ReplaceAll(cur, "+", "%2B"), nil, 200, "full", ""},
-		{"wrong token", "GET", e.secure.URL + "/config/worker", bearer("bm90IGEgdG9rZW4="), 403, "", mcs.ReasonTokenInvalid},
-		{"token on a pool without the token tier", "GET", e.secure.URL + "/config/master", bearer(cur), 403, "", mcs.ReasonTierDisabled},
-		{"public tier off", "GET", e.secure.URL + "/config/infra", nil, 401, "", mcs.ReasonCredentials},
-		{"unknown pool", "GET", e.secure.URL + "/config/nosuch", nil, 404, "", mcs.ReasonUnknownPool},
-		{"POST", "POST", e.secure.URL + "/config/worker", nil, 405, "", mcs.ReasonMethodNotAllowed},
-		{"dot-dot", "GET", e.secure.URL + "/config/../config/worker", nil, 400, "", mcs.ReasonBadPath},
-		{"encoded slash", "GET", e.secure.URL + "/config/..%2Fconfig%2Fworker", nil, 400, "", mcs.ReasonBadPath},
-		{"not a pool name", "GET", e.secure.URL + "/config/Worker_1", nil, 400, "", mcs.ReasonBadPath},
+		{"wrong token", "GET", e.secure.URL + "/config/worker", bearer("bm90IGEgdG9rZW4="), 403, "", attest.ReasonTokenInvalid},
+		{"token on a pool without the token tier", "GET", e.secure.URL + "/config/master", bearer(cur), 403, "", attest.ReasonTierDisabled},
+		{"public tier off", "GET", e.secure.URL + "/config/infra", nil, 401, "", attest.ReasonCredentials},
+		{"unknown pool", "GET", e.secure.URL + "/config/nosuch", nil, 404, "", attest.ReasonUnknownPool},
+		{"POST", "POST", e.secure.URL + "/config/worker", nil, 405, "", attest.ReasonMethodNotAllowed},
+		{"dot-dot", "GET", e.secure.URL + "/config/../config/worker", nil, 400, "", attest.ReasonBadPath},
+		{"encoded slash", "GET", e.secure.URL + "/config/..%2Fconfig%2Fworker", nil, 400, "", attest.ReasonBadPath},
+		{"not a pool name", "GET", e.secure.URL + "/config/Worker_1", nil, 400, "", attest.ReasonBadPath},
 		{"plain port, no credentials", "GET", e.plain.URL + "/config/worker", nil, 200, "public", ""},
-		{"plain port refuses credentials", "GET", e.plain.URL + "/config/worker", bearer(cur), 403, "", mcs.ReasonInsecurePort},
-		{"plain port refuses any Authorization", "GET", e.plain.URL + "/config/legacy", map[string]string{"Authorization": "Basic " + cur}, 403, "", mcs.ReasonInsecurePort},
-		{"plain port refuses a token beside another Authorization", "GET", e.plain.URL + "/config/worker?token=" + cur, map[string]string{"Authorization": "0"}, 403, "", mcs.ReasonInsecurePort},
-		{"plain port refuses attestation", "POST", e.plain.URL + api.PathChallenge, nil, 403, "", mcs.ReasonInsecurePort},
+		{"plain port refuses credentials", "GET", e.plain.URL + "/config/worker", bearer(cur), 403, "", attest.ReasonInsecurePort},
+		{"plain port refuses any Authorization", "GET", e.plain.URL + "/config/legacy", map[string]string{"Authorization": "Basic " + cur}, 403, "", attest.ReasonInsecurePort},
+		{"plain port refuses a token beside another Authorization", "GET", e.plain.URL + "/config/worker?token=" + cur, map[string]string{"Authorization": "0"}, 403, "", attest.ReasonInsecurePort},
+		{"plain port refuses attestation", "POST", e.plain.URL + api.PathChallenge, nil, 403, "", attest.ReasonInsecurePort},
 		{"healthz", "GET", e.secure.URL + "/healthz", nil, 200, "", ""},
-		{"anything else", "GET", e.secure.URL + "/etc/passwd", nil, 404, "", mcs.ReasonNotFound},
+		{"anything else", "GET", e.secure.URL + "/etc/passwd", nil, 404, "", attest.ReasonNotFound},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -391,10 +382,10 @@ func TestAttestedFetch(t *testing.T) {
 		wantStatus int
 		wantReason attest.Reason
 	}{
-		{"token for another pool", func() result { return e.do("GET", e.secure.URL+"/config/master", nil, bearer(vr.ConfigToken)) }, 403, mcs.ReasonTokenWrongPool},
+		{"token for another pool", func() result { return e.do("GET", e.secure.URL+"/config/master", nil, bearer(vr.ConfigToken)) }, 403, attest.ReasonTokenWrongPool},
 		{"HEAD does not spend the token", func() result { return e.do("HEAD", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 200, ""},
 		{"the full config, for this node", func() result { return e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 200, ""},
-		{"the token is single-use", func() result { return e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 403, mcs.ReasonTokenUsed},
+		{"the token is single-use", func() result { return e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr.ConfigToken)) }, 403, attest.ReasonTokenUsed},
 		{"the session answered again after its config was delivered", func() result { _, r := e.verify(body); return r }, 403, attest.ReasonSessionReused},
 	}
 	for _, s := range steps {
@@ -429,7 +420,7 @@ func TestAttestedFetch(t *testing.T) {
 		t.Fatalf("second attestation refused: %s", r.body)
 	}
 	e.advance(11 * time.Minute)
-	if r := e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr2.ConfigToken)); r.reason != mcs.ReasonTokenExpired {
+	if r := e.do("GET", e.secure.URL+"/config/worker", nil, bearer(vr2.ConfigToken)); r.reason != attest.ReasonTokenExpired {
 		t.Fatalf("expired token: %d %q", r.status, r.reason)
 	}
 }
@@ -460,16 +451,16 @@ func TestBadInputAttacks(t *testing.T) {
 		wantStatus int
 		wantReason attest.Reason
 	}{
-		{"oversized challenge", api.PathChallenge, bytes.Repeat([]byte("A"), api.MaxChallengeBody+1), 413, mcs.ReasonBodyTooLarge},
-		{"oversized evidence", api.PathVerify, bytes.Repeat([]byte("A"), api.MaxVerifyBody+1), 413, mcs.ReasonBodyTooLarge},
-		{"malformed JSON", api.PathVerify, []byte(`{"session":`), 400, mcs.ReasonMalformedRequest},
-		{"two JSON values", api.PathVerify, append(append([]byte(nil), good...), good...), 400, mcs.ReasonMalformedRequest},
-		{"unknown field", api.PathVerify, withUnknown, 400, mcs.ReasonMalformedRequest},
+		{"oversized challenge", api.PathChallenge, bytes.Repeat([]byte("A"), api.MaxChallengeBody+1), 413, attest.ReasonBodyTooLarge},
+		{"oversized evidence", api.PathVerify, bytes.Repeat([]byte("A"), api.MaxVerifyBody+1), 413, attest.ReasonBodyTooLarge},
+		{"malformed JSON", api.PathVerify, []byte(`{"session":`), 400, attest.ReasonMalformedRequest},
+		{"two JSON values", api.PathVerify, append(append([]byte(nil), good...), good...), 400, attest.ReasonMalformedRequest},
+		{"unknown field", api.PathVerify, withUnknown, 400, attest.ReasonMalformedRequest},
 		{"tampered session", api.PathVerify, tampered, 403, attest.ReasonSessionInvalid},
 		{"pool not in policy", api.PathChallenge, []byte(`{"kind":"tpm","pool":"nosuch","kubeletPublicKey":"AA=="}`), 403, attest.ReasonPolicyUnknownPool},
 		{"kind the pool does not take", api.PathChallenge, []byte(`{"kind":"gcp","pool":"worker","kubeletPublicKey":"AA=="}`), 403, attest.ReasonPolicyKindNotAllowed},
 		{"kubelet key not PKIX", api.PathChallenge, []byte(`{"kind":"tpm","pool":"worker","kubeletPublicKey":"AAAA","tpm":{}}`), 400, attest.ReasonMalformed},
-		{"bad node name", api.PathChallenge, []byte(`{"kind":"tpm","pool":"worker","nodeName":"../etc","kubeletPublicKey":"AA=="}`), 400, mcs.ReasonMalformedRequest},
+		{"bad node name", api.PathChallenge, []byte(`{"kind":"tpm","pool":"worker","nodeName":"../etc","kubeletPublicKey":"AA=="}`), 400, attest.ReasonMalformedRequest},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -503,7 +494,7 @@ func TestMigrationAndUnavailable(t *testing.T) {
 		t.Fatalf("legacy pool: %d %s", r.status, r.body)
 	}
 	r := e.do("GET", e.secure.URL+"/config/broken", nil, nil)
-	if r.status != 503 || r.reason != mcs.ReasonConfigUnavailable || r.header.Get("Retry-After") == "" {
+	if r.status != 503 || r.reason != attest.ReasonConfigUnavailable || r.header.Get("Retry-After") == "" {
 		t.Fatalf("unrenderable pool: %d %q Retry-After=%q", r.status, r.reason, r.header.Get("Retry-After"))
 	}
 	if strings.Contains(string(r.body), "do not render") {
@@ -515,7 +506,7 @@ func TestMigrationAndUnavailable(t *testing.T) {
 	ch, _ := e.challenge(m, "worker", "node-y")
 	body := e.verifyBody(m, ch)
 	e.store.Close()
-	if _, r := e.verify(body); r.status != 503 || r.reason != mcs.ReasonUnavailable || r.header.Get("Retry-After") == "" {
+	if _, r := e.verify(body); r.status != 503 || r.reason != attest.ReasonUnavailable || r.header.Get("Retry-After") == "" {
 		t.Fatalf("store down: %d %q", r.status, r.reason)
 	}
 }

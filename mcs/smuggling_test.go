@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -77,7 +77,7 @@ func TestSmugglingAttacks(t *testing.T) {
 	if strings.Contains(e.log.String(), `"path":"/config/legacy"`) {
 		t.Fatalf("a smuggled request reached the handler:\n%s", e.log.String())
 	}
-	if !strings.Contains(e.log.String(), `"reason":"`+string(mcs.ReasonMalformedRequest)+`"`) {
+	if !strings.Contains(e.log.String(), `"reason":"`+string(attest.ReasonMalformedRequest)+`"`) {
 		t.Fatal("the refusal of a Transfer-Encoding was not logged with its reason")
 	}
 }

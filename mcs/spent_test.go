@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -63,7 +63,7 @@ func TestPartialDeliveryAttacks(t *testing.T) {
 
 	again := e.do(http.MethodGet, e.secure.URL+"/config/worker", nil, auth)
 	attacktable.Check(t, "MCS tokens", "read the start of the full config, close the connection, fetch again with the same token",
-		"403 "+string(mcs.ReasonTokenUsed), fmt.Sprintf("%d %s", again.status, again.reason))
+		"403 "+string(attest.ReasonTokenUsed), fmt.Sprintf("%d %s", again.status, again.reason))
 	if again.reason == "" {
 		t.Fatalf("the second fetch was served (%d bytes)", len(again.body))
 	}

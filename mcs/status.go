@@ -11,35 +11,6 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
-// Reasons the server itself gives (the verifiers' and policy's are in
-// package attest).
-const (
-	ReasonNotFound          attest.Reason = "NotFound"
-	ReasonBadPath           attest.Reason = "BadPath"
-	ReasonMethodNotAllowed  attest.Reason = "MethodNotAllowed"
-	ReasonUnknownPool       attest.Reason = "UnknownPool"
-	ReasonSpecVersion       attest.Reason = "UnsupportedSpecVersion"
-	ReasonCredentials       attest.Reason = "CredentialsRequired"
-	ReasonTokenInvalid      attest.Reason = "TokenInvalid"
-	ReasonTokenExpired      attest.Reason = "TokenExpired"
-	ReasonTokenWrongPool    attest.Reason = "TokenForAnotherPool"
-	ReasonTokenUsed                       = api.ReasonTokenAlreadyUsed
-	ReasonTierDisabled      attest.Reason = "TierDisabled"
-	ReasonInsecurePort      attest.Reason = "InsecurePortRefused"
-	ReasonBodyTooLarge      attest.Reason = "BodyTooLarge"
-	ReasonMalformedRequest  attest.Reason = "MalformedRequest"
-	ReasonUnavailable       attest.Reason = "Unavailable"
-	ReasonConfigUnavailable attest.Reason = "ConfigUnavailable"
-	// ReasonNotReady: /healthz of a server that lacks something it needs
-	// to serve configs (Options.Health says what).
-	ReasonNotReady attest.Reason = "NotReady"
-	// ReasonRateLimited: the source address or the identity asked too
-	// often; Retry-After says when a token is back.
-	ReasonRateLimited attest.Reason = "RateLimited"
-	// ReasonOverloaded: too many attestations in flight.
-	ReasonOverloaded attest.Reason = "Overloaded"
-)
-
 // retryAfter is what a 503 asks the client to wait.
 const retryAfter = 5
 
@@ -47,17 +18,17 @@ const retryAfter = 5
 // server. 4xx is final for Ignition and the agent; 5xx means retry.
 func statusOf(r attest.Reason) int {
 	switch r {
-	case ReasonNotFound, ReasonUnknownPool:
+	case attest.ReasonNotFound, attest.ReasonUnknownPool:
 		return http.StatusNotFound
-	case ReasonMethodNotAllowed:
+	case attest.ReasonMethodNotAllowed:
 		return http.StatusMethodNotAllowed
-	case ReasonBodyTooLarge:
+	case attest.ReasonBodyTooLarge:
 		return http.StatusRequestEntityTooLarge
-	case ReasonBadPath, ReasonSpecVersion, ReasonMalformedRequest, attest.ReasonMalformed:
+	case attest.ReasonBadPath, attest.ReasonSpecVersion, attest.ReasonMalformedRequest, attest.ReasonMalformed:
 		return http.StatusBadRequest
-	case ReasonCredentials:
+	case attest.ReasonCredentials:
 		return http.StatusUnauthorized
-	case ReasonUnavailable, ReasonConfigUnavailable, ReasonNotReady, attest.ReasonKeysUnavailable, ReasonRateLimited, ReasonOverloaded:
+	case attest.ReasonUnavailable, attest.ReasonConfigUnavailable, attest.ReasonNotReady, attest.ReasonKeysUnavailable, attest.ReasonRateLimited, attest.ReasonOverloaded:
 		// Trust roots that cannot be fetched now (GCP's JWKS) are "not yet".
 		return http.StatusServiceUnavailable
 	}
@@ -83,7 +54,7 @@ func later(d time.Duration, err error) error { return &retryLater{err: err, afte
 // Denial is an internal failure: 503, and its text is not sent.
 func (s *Server) refuse(w http.ResponseWriter, d *decision, err error) {
 	var den *attest.Denial
-	body := api.Refusal{Reason: ReasonUnavailable, Detail: "the server cannot answer now; retry"}
+	body := api.Refusal{Reason: attest.ReasonUnavailable, Detail: "the server cannot answer now; retry"}
 	if errors.As(err, &den) {
 		body = api.Refusal{Reason: den.Reason, Detail: den.Detail}
 	} else if err != nil {

@@ -16,22 +16,17 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
-const workerPolicy = `
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      anyEKTrust: true
-      requireSecureBoot: true
-      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
-`
+// workerPolicy: the worker pool takes TPM evidence any trust vouched
+// for, booted with Secure Boot.
+func workerPolicy(t testing.TB) *policy.Policy {
+	return policytest.New().Pool("worker", policytest.TPM().SecureBoot()).Must(t)
+}
 
 // honest is one honest run's material, for attacks to reuse.
 type honest struct {
@@ -338,10 +333,7 @@ func TestSHA1OnlyTPM(t *testing.T) {
 	if claims.TPM.PCRBank != "sha1" {
 		t.Fatalf("bank %q, want sha1", claims.TPM.PCRBank)
 	}
-	pol, err := policy.Parse([]byte(workerPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := workerPolicy(t)
 	wantReason(t, pol.Evaluate("worker", claims), attest.ReasonPolicySHA1)
 }
 
@@ -354,9 +346,6 @@ func TestSecureBootOffRefusedByPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("authentic evidence refused: %v", err)
 	}
-	pol, err := policy.Parse([]byte(workerPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := workerPolicy(t)
 	wantReason(t, pol.Evaluate("worker", claims), attest.ReasonPolicySecureBootOff)
 }

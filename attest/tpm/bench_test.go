@@ -60,10 +60,7 @@ func record(b *testing.B) *recorded {
 		b.Fatal(err)
 	}
 	m.close()
-	pol, err := policy.Parse([]byte(workerPolicy))
-	if err != nil {
-		b.Fatal(err)
-	}
+	pol := workerPolicy(b)
 	rec = &recorded{ca: ca, req: req, sess: sess, ev: ev, key: m.keySHA, pol: pol}
 	return rec
 }

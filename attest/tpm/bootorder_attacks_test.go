@@ -17,6 +17,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
@@ -327,17 +328,7 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pinned, err := policy.Parse([]byte(`
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, requireSecureBoot: true, pcrs: {"4": "` + honest.TPM.PCRs[4] + `"}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pinned := policytest.New().Pool("worker", policytest.TPM().SecureBoot().PCR(4, honest.TPM.PCRs[4])).Must(t)
 	got, _ := attest.ReasonOf(pinned.Evaluate("worker", claims))
 	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4 to its known boot chain", string(attest.ReasonPolicyPCRValue), string(got))
 	if err := pinned.Evaluate("worker", honest); err != nil {
@@ -369,10 +360,7 @@ pools:
 		t.Fatal(err)
 	}
 	pin := honestNoSB.TPM.PCRs[4]
-	pinned, err = policy.Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    evidence: [tpm]\n    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, pcrs: {\"4\": \"" + pin + "\"}}\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pinned = policytest.New().Pool("worker", policytest.TPM().PCR(4, pin)).Must(t)
 	got, _ = attest.ReasonOf(pinned.Evaluate("worker", claims))
 	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4", string(attest.ReasonPolicyPCRValue), string(got))
 
@@ -405,17 +393,9 @@ func cmdlineRows(t *testing.T, v *tpm.Verifier) {
 	rhel := firmwaretestdata.MustLog("rhel8-uefi")
 	header, events := splitLog(t, rhel)
 	const forbidden = "crashkernel=auto"
-	pol, err := policy.Parse([]byte(`
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {forbid: ["` + forbidden + `"]}}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := policytest.New().Pool("worker", policytest.TPM().Edit(func(p *policy.Pool) {
+		p.TPM.KernelCmdline = &policy.KernelCmdline{Forbid: []string{forbidden}}
+	})).Must(t)
 	cmdAt := index(t, events, func(e rawEvent) bool { return e.pcr == 8 && bytes.HasPrefix(e.data, []byte("grub_kernel_cmdline ")) })
 	real := string(bytes.TrimSuffix(bytes.TrimPrefix(events[cmdAt].data, []byte("grub_kernel_cmdline ")), []byte{0}))
 	if !strings.Contains(real, forbidden) {

@@ -42,6 +42,17 @@ type RootSet struct {
 // LoadRootSet reads every PEM certificate in dir. Self-signed certificates
 // become roots, the others intermediates. A directory with no root is an
 // error: it would trust nothing, and saying so early beats a refusal later.
+//
+// Unlike the other bundles nodeproof reads (pemcert, which refuses
+// anything but whole certificates), an EK root directory is read
+// leniently: it holds what TPM vendors publish, copied as it comes — PEM
+// files that also carry CRLs or other blocks, notes, text around the
+// blocks — and each file is read up to its first non-PEM data, skipping
+// blocks that are not certificates. Leniency here can only trust less:
+// nothing but a certificate that parses is ever added, a file cut short
+// loses its last roots (machines whose EKs chain there are refused
+// EKUntrusted, which names the trust), and a certificate that does not
+// parse is an error.
 func LoadRootSet(name, dir string) (RootSet, error) {
 	set := RootSet{Name: name}
 	entries, err := os.ReadDir(dir)
@@ -103,6 +114,9 @@ func NewInventory(entries []InventoryEntry) (*Inventory, error) {
 		raw, err := hex.DecodeString(strings.TrimSpace(e.EKSHA256))
 		if err != nil || len(raw) != sha256.Size {
 			return nil, fmt.Errorf("inventory entry %d: ekSHA256 must be 64 hex digits", i)
+		}
+		if e.NodeName != "" && !attest.ValidNodeName(e.NodeName) {
+			return nil, fmt.Errorf("inventory entry %d: nodeName %q is not a node name Kubernetes allows (a DNS-1123 subdomain: lower-case letters, digits, '-' and '.')", i, e.NodeName)
 		}
 		var k [32]byte
 		copy(k[:], raw)

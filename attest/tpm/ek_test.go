@@ -86,6 +86,9 @@ func TestLoadInventory(t *testing.T) {
 		{"unknown field", "entries:\n- ekSHA256: " + h + "\n  node: n1\n", "node"},
 		{"short hash", "entries:\n- ekSHA256: abcd\n", "64 hex"},
 		{"listed twice", "entries:\n- ekSHA256: " + h + "\n- ekSHA256: " + h + "\n", "twice"},
+		// A name no Node can have would enrol a machine whose kubelet's
+		// CSR the approver then refuses: refused here, where it is written.
+		{"a node name Kubernetes refuses", "entries:\n- ekSHA256: " + h + "\n  nodeName: Rack1_Node7\n", "nodeName"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

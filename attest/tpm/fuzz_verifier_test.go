@@ -10,7 +10,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	tpm2new "github.com/google/go-tpm/tpm2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -20,6 +19,7 @@ import (
 
 	goattest "github.com/google/go-attestation/attest"
 	"github.com/google/go-tpm/legacy/tpm2"
+	tpm2new "github.com/google/go-tpm/tpm2"
 
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"

@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/policy"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
@@ -51,10 +50,7 @@ func TestWithheldEventLogAttack(t *testing.T) {
 	m.ch.log = nil // the PCRs hold the boot; the evidence carries no log
 	claims, err := attestOnce(t, m, newVerifier(t, ca, nil))
 	if err == nil {
-		pol, perr := policy.Parse([]byte(workerPolicy))
-		if perr != nil {
-			t.Fatal(perr)
-		}
+		pol := workerPolicy(t)
 		err = pol.Evaluate("worker", claims)
 	}
 	attacktable.CheckRefusal(t, "TPM", "a machine booted with Secure Boot off withholds its event log", attest.ReasonEventLogMissing, err)

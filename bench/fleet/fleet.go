@@ -15,7 +15,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -30,44 +29,34 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/bench/bigconfig"
 	"github.com/nodeproof/nodeproof/bench/simtpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 )
 
 // Policy is the world's attestation policy: TPM machines trusted through
-// the fleet's vendor CA, GCP machines of the test project, AWS machines of
-// the test account named by instance ID; the provisioning token (the
-// token tier) also fetches the worker config.
-const Policy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: fleet-vendor, dir: %s}
-pools:
-  worker:
-    evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:fleet-vendor], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    gcp: {projects: [nodeproof-test], anyZone: true}
-    aws: {accounts: ["123456789012"], anyRegion: true, nodeName: instanceID}
-    serve: {nodeNames: requested, token: true}
-`
+// the fleet's vendor CA (roots), GCP machines of the test project, AWS
+// machines of the test account named by instance ID; the provisioning
+// token (the token tier) also fetches the worker config.
+func Policy(roots string) *policytest.Builder {
+	return policytest.New().EKRoot("fleet-vendor", roots).Pool("worker",
+		policytest.TPM("ca:fleet-vendor").SecureBoot().GCP().AWS().AWSNodeName(policy.AWSNodeNameInstanceID).Requested().Token())
+}
 
 // TB is what the metadata fakes need of a test (testing.TB fits; a program
 // can pass its own).
@@ -144,7 +133,7 @@ type World struct {
 	// provisioning tokens).
 	StateDir string
 
-	env *clustertest.Env
+	sys *system.World
 	// ekMu guards ekUsed, how many cached EK keys TPMMachines handed out:
 	// each EK is one identity, which enrols once.
 	ekMu     sync.Mutex
@@ -175,48 +164,43 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 			world.Close()
 		}
 	}()
-	w.logf("starting etcd and kube-apiserver")
-	if w.env, err = clustertest.Launch(w.CPDir, w.path("deploy/crds")); err != nil {
+	// Trust roots: the TPM vendor (a software model's: bench/simtpm).
+	if w.vendor, err = tpmtest.NewVendorCA("fleet-vendor", time.Now()); err != nil {
 		return nil, err
 	}
-	cfg := rest.CopyConfig(w.env.Config)
+	w.rootsDir = mkdir(o.Dir, "vendor")
+	if err := w.vendor.WriteRoots(w.rootsDir); err != nil {
+		return nil, err
+	}
+	w.logf("starting etcd and kube-apiserver")
+	// The cluster as a deployment leaves it, GCP's signing key and an AWS
+	// region (internal/system).
+	sys, err := system.Start(ctx, system.Options{Root: o.Root, Dir: w.CPDir, Cluster: true, Cloud: true, Fakes: tb,
+		EditExamples: func(ex *clustertest.Examples) error {
+			if !o.GrowConfig {
+				return nil
+			}
+			for _, mc := range ex.Configs {
+				if strings.HasPrefix(mc.Name, "rendered-worker-") {
+					if w.GrownBytes, err = bigconfig.Grow(mc); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		},
+		Policy: func(*system.World) *policytest.Builder { return Policy(w.rootsDir) }})
+	if err != nil {
+		return nil, err
+	}
+	w.sys = sys
+	cfg := rest.CopyConfig(sys.Config)
 	cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
 	w.Config = cfg
 	if w.KC, err = kubernetes.NewForConfig(cfg); err != nil {
 		return nil, err
 	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		return nil, err
-	}
-	if _, err := w.KC.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		return nil, err
-	}
-	tokenDir := mkdir(o.Dir, "node-bootstrapper")
-	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, w.KC, tokenDir); err != nil {
-		return nil, err
-	}
-	for _, f := range []string{"deploy/approver/rbac.yaml", "deploy/store/rbac.yaml", "deploy/cluster/node-bootstrap-rbac.yaml"} {
-		if err := kubetest.ApplyFile(ctx, c, w.path(f)); err != nil {
-			return nil, err
-		}
-	}
-	ex, err := clustertest.ReadExamples(w.path("deploy/examples/bootstrap"))
-	if err != nil {
-		return nil, err
-	}
-	if o.GrowConfig {
-		for _, mc := range ex.Configs {
-			if strings.HasPrefix(mc.Name, "rendered-worker-") {
-				if w.GrownBytes, err = bigconfig.Grow(mc); err != nil {
-					return nil, err
-				}
-			}
-		}
-	}
-	if err := ex.CreateAll(ctx, c); err != nil {
-		return nil, err
-	}
+	w.gceKey, w.region = sys.GCE.Key(), sys.Region
 	// What the world's processes and kubelets dial: the API server, or the
 	// proxy in front of it.
 	reach := rest.CopyConfig(cfg)
@@ -229,35 +213,9 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 			return nil, err
 		}
 		reach.Host = "https://" + w.Proxy.Addr()
-	}
-	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
-	if err := clustertest.WriteKubeconfig(reach, admin, ""); err != nil {
-		return nil, err
-	}
-	if err := clustertest.WriteKubeconfig(reach, approverKC, "nodeproof/nodeproof-approver"); err != nil {
-		return nil, err
-	}
-
-	// Trust roots: the TPM vendor, GCP's signing key, an AWS region.
-	if w.vendor, err = tpmtest.NewVendorCA("fleet-vendor", time.Now()); err != nil {
-		return nil, err
-	}
-	w.rootsDir = mkdir(o.Dir, "vendor")
-	if err := w.vendor.WriteRoots(w.rootsDir); err != nil {
-		return nil, err
-	}
-	w.gceKey = gcptest.NewKey(tb)
-	jwks := gcptest.NewServerWithKey(tb, time.Now, w.gceKey)
-	if w.region, err = awstest.NewRegion("us-east-1"); err != nil {
-		return nil, err
-	}
-	awsCerts := mkdir(o.Dir, "aws-certs")
-	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.region.Cert.Raw}), 0o600); err != nil {
-		return nil, err
-	}
-	policyFile := filepath.Join(o.Dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, Policy, w.rootsDir), 0o600); err != nil {
-		return nil, err
+		if err := sys.WriteKubeconfigs(reach); err != nil {
+			return nil, err
+		}
 	}
 
 	if o.Replicas < 1 {
@@ -266,13 +224,8 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	if o.Approvers < 1 {
 		o.Approvers = 1
 	}
-	common := []string{"serve",
-		"--kubeconfig", admin, "--apiserver-url", reach.Host, "--bootstrap-token-dir", tokenDir, "--policy", policyFile,
-		"--hosts", "127.0.0.1", "--listen", "127.0.0.1",
-		"--gcp-jwks-url", jwks.JWKSURL(), "--aws-certs-dir", awsCerts}
-	if o.Replicas == 1 {
-		common = append(common, "--cert-store=state-dir", "--token-store=file")
-	} else {
+	common := append([]string{"serve"}, append(sys.ServeArgs(reach.Host), "--hosts", "127.0.0.1")...)
+	if o.Replicas > 1 {
 		// What replicas share: the keyring file (made here, before any
 		// replica starts), and the state the leader keeps in the cluster.
 		keys := filepath.Join(mkdir(o.Dir, "shared"), "keys.json")
@@ -319,7 +272,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	}
 	w.Server = w.Servers[0]
 	for i, pu := range w.PlainURLs {
-		if err := waitServing(pu, time.Minute); err != nil {
+		if err := system.WaitServing(pu, time.Minute); err != nil {
 			return nil, fmt.Errorf("%w\n%s", err, w.Servers[i].Tail())
 		}
 	}
@@ -339,8 +292,8 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 		if i > 0 {
 			name, logName = fmt.Sprint("approve-", i), fmt.Sprintf("approve-%d.log", i)
 		}
-		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env, Args: append([]string{"approve",
-			"--kubeconfig", approverKC, "--leader-elect-id", fmt.Sprint("fleet-", i), "--metrics-addr", "127.0.0.1:0"}, o.ApproveArgs...)}
+		p := &Process{Name: name, Bin: o.Nodeproof, Log: filepath.Join(o.Dir, logName), Env: o.Env,
+			Args: append(append([]string{"approve"}, sys.ApproveArgs(fmt.Sprint("fleet-", i))...), append([]string{"--metrics-addr", "127.0.0.1:0"}, o.ApproveArgs...)...)}
 		if err := p.Start(); err != nil {
 			return nil, err
 		}
@@ -360,32 +313,17 @@ func (w *World) Close() {
 	if w.Proxy != nil {
 		w.Proxy.Close()
 	}
-	if w.env != nil {
-		w.env.Stop()
+	if w.sys != nil {
+		w.sys.Close()
 	}
 }
 
 // WaitServing waits until the server answers on its plain port.
 func (w *World) WaitServing(timeout time.Duration) error {
-	if err := waitServing(w.PlainURL, timeout); err != nil {
+	if err := system.WaitServing(w.PlainURL, timeout); err != nil {
 		return fmt.Errorf("%w\n%s", err, w.Server.Tail())
 	}
 	return nil
-}
-
-// waitServing waits until plainURL serves the worker pool.
-func waitServing(plainURL string, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get(plainURL + "/config/worker"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("fleet: %s does not serve the worker pool", plainURL)
 }
 
 // spread sends each request to the next of the world's servers in turn

@@ -9,6 +9,7 @@ import (
 	mcfgv1 "github.com/openshift/api/machineconfiguration/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/bench/bigconfig"
 )
 
@@ -47,8 +48,8 @@ func writeInputs(dir string) (int, error) {
 	if err := os.WriteFile(filepath.Join(dir, "kubeconfig"), kc, 0o600); err != nil {
 		return 0, err
 	}
-	policy := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    serve: {token: true}\n"
-	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(policy), 0o600); err != nil {
+	// The worker pool serves its full config for the provisioning token.
+	if _, err := policytest.New().Pool("worker", policytest.Public().Token()).Write(dir); err != nil {
 		return 0, err
 	}
 	matches, err := filepath.Glob(filepath.Join(dst, "machine-configs", "rendered-worker-*.yaml"))

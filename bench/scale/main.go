@@ -1,5 +1,5 @@
 // Command scale is `make bench`: a thousand machines arrive at once, in
-// an internal/fleet world: a real etcd and kube-apiserver, `nodeproof
+// a bench/fleet world: a real etcd and kube-apiserver, `nodeproof
 // serve` (cluster mode, Kubernetes store, its default limits) and
 // `nodeproof approve` as processes from their built binaries, and a load
 // generator standing in for N machines, each from its own loopback

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
@@ -19,17 +21,11 @@ import (
 // A model machine is a TPM for agent.AttestTPM.
 var _ agent.TPM = (*Machine)(nil)
 
-const workerPolicy = `
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      anyEKTrust: true
-      requireSecureBoot: true
-      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
-`
+// workerPolicy: the worker pool takes TPM evidence any trust vouched
+// for, booted with Secure Boot.
+func workerPolicy(t testing.TB) *policy.Policy {
+	return policytest.New().Pool("worker", policytest.TPM().SecureBoot()).Must(t)
+}
 
 // testKeyCount EK keys are generated once per test binary (not cached:
 // tests leave the user's cache alone); tests take distinct ones.

@@ -15,7 +15,6 @@ import (
 	"github.com/google/go-tpm/tpm2"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/policy"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 )
 
@@ -42,10 +41,7 @@ func TestModelPassesVerifierAndPolicy(t *testing.T) {
 	if !bytes.Equal(claims.KubeletKeySHA256, key) {
 		t.Error("claims bind another kubelet key")
 	}
-	pol, err := policy.Parse([]byte(workerPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pol := workerPolicy(t)
 	if err := pol.Evaluate("worker", claims); err != nil {
 		t.Fatalf("policy refused the model: %v", err)
 	}

@@ -1,5 +1,7 @@
-// Command nodeproof is the hardware-attested Machine Config Server and its
-// tools: serve, ca, pointer, token, version. See cmd/nodeproof/cli.
+// Command nodeproof is the hardware-attested Machine Config Server, the
+// kubelet CSR approver and the operator's tools (serve, approve, pointer,
+// ca, token, keys, release, revoke, inspect, policy, …): every command and
+// its flags are in cmd/nodeproof/cli and docs/cli.md.
 package main
 
 import (

@@ -21,7 +21,7 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 )
@@ -89,7 +89,7 @@ func TestNodeEscapeAttacks(t *testing.T) {
 	self := w.asNode(t, node)
 	deleteCond := []byte(`{"status":{"conditions":[{"type":"` + string(approver.ConditionAttested) + `","$patch":"delete"}]}}`)
 	setTrue := []byte(fmt.Sprintf(`{"status":{"conditions":[{"type":%q,"status":"True","reason":%q,"message":"trust me","lastHeartbeatTime":%q,"lastTransitionTime":%q}]}}`,
-		approver.ConditionAttested, approver.ReasonAttestedNode, time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)))
+		approver.ConditionAttested, attest.ReasonNodeAttested, time.Now().UTC().Format(time.RFC3339), time.Now().UTC().Format(time.RFC3339)))
 	for _, tc := range []struct {
 		attack, name string
 		patch        []byte
@@ -137,23 +137,9 @@ func TestNodeEscapeAttacks(t *testing.T) {
 // enrol. The server process is never stopped.
 func TestOperatorsWithoutDowntimeAttacks(t *testing.T) {
 	nodeproof, agentBin := bins(t)
-	dir := t.TempDir()
-	man, err := swtpm.NewManufacturer(filepath.Join(dir, "vendor"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := man.Provision(context.Background(), filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, policy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	stateDir := filepath.Join(dir, "state")
+	sys := system.New(t, "../..", system.Options{TPM: true, Policy: policy})
+	man, policyFile := sys.Manufacturer, sys.PolicyFile
+	stateDir := filepath.Join(t.TempDir(), "state")
 	secure := testenv.FreePort(t)
 	w := &world{nodeproof: nodeproof, agent: agentBin, man: man, stateDir: stateDir, serverLog: new(testenv.LockedBuffer),
 		url: fmt.Sprintf("https://127.0.0.1:%d", secure), bundleFile: filepath.Join(stateDir, "certs", "current", certs.CABundleFileName)}

@@ -13,7 +13,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -30,7 +29,6 @@ import (
 
 	"github.com/vincent-petithory/dataurl"
 	certv1 "k8s.io/api/certificates/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -38,38 +36,27 @@ import (
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
 )
 
-const policy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm, gcp, aws]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    gcp: {projects: [nodeproof-test], anyZone: true, maxInstanceAge: 1h}
-    aws: {accounts: ["123456789012"], anyRegion: true}
-    serve: {nodeNames: requested}
-    lifetime: {interval: 10s, staleAfter: 40s}
-  master:
-    serve: {public: false}
-`
+// policy is the e2e world's: system.DefaultPolicy, with GCP instances
+// at most an hour old and a re-attestation every 10 s (stale after 40 s).
+func policy(w *system.World) *policytest.Builder {
+	return system.DefaultPolicy(w).Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().
+		GCP().MaxInstanceAge(time.Hour).AWS().Requested().Lifetime(10*time.Second, 40*time.Second))
+}
 
 // bins builds nodeproof and nodeproof-agent once for the package.
 func bins(t *testing.T) (nodeproof, agent string) {
@@ -225,86 +212,44 @@ func withAPIProxy(t *testing.T) worldOption {
 func start(t *testing.T, opts ...worldOption) *world {
 	w := &world{serverLog: new(testenv.LockedBuffer)}
 	w.nodeproof, w.agent = bins(t)
-	w.cfg, _ = clustertest.StartSigning(t, "../../deploy/crds")
-	ctx := context.Background()
-	var err error
-	if w.kc, err = kubernetes.NewForConfig(w.cfg); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(w.cfg, client.Options{Scheme: cluster.Scheme()})
+	signer, err := clustertest.NewSigner()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, w.cfg, w.kc)
-	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
-		kubetest.ApplyYAML(t, c, f)
-	}
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	sys := system.New(t, "../..", system.Options{Cluster: true, Signer: signer, TPM: true, Cloud: true, Policy: policy})
+	w.cfg, w.kc = sys.Config, sys.KC
+	signCtx, stopSigning := context.WithCancel(context.Background())
+	signed := make(chan error, 1)
+	go func() { signed <- signer.Run(signCtx, w.kc) }()
+	t.Cleanup(func() {
+		stopSigning()
+		if err := <-signed; err != nil {
+			t.Errorf("the kubelet signer: %v", err)
+		}
+	})
 	for _, o := range opts {
 		o(w)
 	}
 	// What the server and the approver reach the API server through.
-	procCfg := w.cfg
 	if w.apiProxy != nil {
-		procCfg = rest.CopyConfig(w.cfg)
+		procCfg := rest.CopyConfig(w.cfg)
 		procCfg.Host = "https://" + w.apiProxy.Addr()
+		if err := sys.WriteKubeconfigs(procCfg); err != nil {
+			t.Fatal(err)
+		}
 	}
+	w.man, w.gce, w.region, w.policyFile = sys.Manufacturer, sys.GCE, sys.Region, sys.PolicyFile
 
-	dir := t.TempDir()
-	if w.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := w.man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	policyFile := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, fmt.Appendf(nil, policy, roots), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	w.gce = gcptest.NewServer(t, time.Now)
-	if w.region, err = awstest.NewRegion("us-east-1"); err != nil {
-		t.Fatal(err)
-	}
-	awsCerts := filepath.Join(dir, "aws-certs")
-	os.Mkdir(awsCerts, 0o700)
-	os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.region.Cert.Raw}), 0o600)
-
-	w.stateDir = filepath.Join(dir, "state")
+	w.stateDir = filepath.Join(t.TempDir(), "state")
 	secure, plain := testenv.FreePort(t), testenv.FreePort(t)
 	w.url, w.plainURL = fmt.Sprintf("https://127.0.0.1:%d", secure), fmt.Sprintf("http://127.0.0.1:%d", plain)
-	w.server = process(t, "nodeproof serve", w.serverLog, w.nodeproof, "serve",
-		"--kubeconfig", clustertest.AdminKubeconfig(t, procCfg), "--apiserver-url", w.cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
-		"--policy", policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--listen", "127.0.0.1",
-		"--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
-		"--gcp-audience-url", w.url, "--gcp-jwks-url", w.gce.JWKSURL(), "--aws-certs-dir", awsCerts,
-		"--metrics-addr", "127.0.0.1:0")
-	w.policyFile = policyFile
+	w.server = process(t, "nodeproof serve", w.serverLog, w.nodeproof, append([]string{"serve"}, append(sys.ServeArgs(w.cfg.Host),
+		"--state-dir", w.stateDir, "--hosts", "127.0.0.1", "--secure-port", fmt.Sprint(secure), "--insecure-port", fmt.Sprint(plain),
+		"--gcp-audience-url", w.url, "--metrics-addr", "127.0.0.1:0")...)...)
 	w.approverLog = new(testenv.LockedBuffer)
-	w.approver = process(t, "nodeproof approve", w.approverLog, w.nodeproof, "approve",
-		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, procCfg, "nodeproof", "nodeproof-approver"),
-		"--leader-elect-id", "e2e", "--metrics-addr", "127.0.0.1:0", "--policy", policyFile)
-
-	// The server is up once the worker pool is served on the plain port.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		resp, err := http.Get(w.plainURL + "/config/worker")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server does not serve: %v\n%s", err, w.serverLog)
-		}
-		time.Sleep(200 * time.Millisecond)
+	w.approver = process(t, "nodeproof approve", w.approverLog, w.nodeproof, append([]string{"approve"}, append(sys.ApproveArgs("e2e"), "--metrics-addr", "127.0.0.1:0")...)...)
+	if err := system.WaitServing(w.plainURL, time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, w.serverLog)
 	}
 	w.bundleFile = filepath.Join(w.stateDir, "certs", "current", certs.CABundleFileName)
 	return w
@@ -490,26 +435,9 @@ func unitCommand(t *testing.T, unit string, env map[string]string, root string) 
 // files maps the paths of an Ignition config to their sources.
 func files(t *testing.T, cfg []byte) map[string]string {
 	t.Helper()
-	var c struct {
-		Storage struct {
-			Files []struct {
-				Path     string `json:"path"`
-				Contents struct {
-					Source *string `json:"source"`
-				} `json:"contents"`
-			} `json:"files"`
-		} `json:"storage"`
-	}
-	if err := json.Unmarshal(cfg, &c); err != nil {
+	m, err := system.ConfigFiles(cfg)
+	if err != nil {
 		t.Fatal(err)
-	}
-	m := map[string]string{}
-	for _, f := range c.Storage.Files {
-		if f.Contents.Source != nil {
-			m[f.Path] = *f.Contents.Source
-		} else {
-			m[f.Path] = ""
-		}
 	}
 	return m
 }

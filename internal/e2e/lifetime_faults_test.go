@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
@@ -66,7 +65,7 @@ func TestNodeLifetimeFaults(t *testing.T) {
 	stateDir := t.TempDir()
 	state := filepath.Join(stateDir, "reattest.json")
 	keyFile := filepath.Join(stateDir, "kubelet.key")
-	attested := nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}
+	attested := nodeState{attested: corev1.ConditionTrue, reason: string(attest.ReasonNodeAttested)}
 	failed := nodeState{attested: corev1.ConditionFalse, reason: string(attest.ReasonAttestationFailed), taint: corev1.TaintEffectNoSchedule}
 
 	w.enrolNode(t, a, node, keyFile)

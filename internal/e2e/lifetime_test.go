@@ -262,7 +262,7 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	stateDir := t.TempDir()
 	state := filepath.Join(stateDir, "reattest.json")
 	keyFile := filepath.Join(stateDir, "kubelet.key")
-	attested := nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}
+	attested := nodeState{attested: corev1.ConditionTrue, reason: string(attest.ReasonNodeAttested)}
 
 	// Boot 1: enrol, fetch, first certificate.
 	w.enrolNode(t, a, node, keyFile)
@@ -382,7 +382,7 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	approved(t, w.kubeletCSR(t, kubeconfig, bKey, node), "NodeproofAttestedTPM")
 	cond = w.renewalWith(t, node, oldKubelet)
 	attacktable.Check(t, "lifetime", "the previous owner's kubelet renews its certificate after the name moved to another machine",
-		"Denied "+string(approver.ReasonNotCurrentOwner), string(cond.Type)+" "+cond.Reason)
+		"Denied "+string(attest.ReasonNotCurrentOwner), string(cond.Type)+" "+cond.Reason)
 	approved(t, w.renewal(t, node), "NodeproofAttestedTPM")
 }
 
@@ -447,7 +447,7 @@ func (w *world) enrolNode(t *testing.T, m *bootedMachine, node, keyFile string) 
 	}
 	approved(t, w.kubeletCSR(t, kubeconfig, keyFile, node), "NodeproofAttestedTPM")
 	w.registerNode(t, node)
-	w.waitNode(t, node, nodeState{attested: corev1.ConditionTrue, reason: approver.ReasonAttestedNode}, 30*time.Second)
+	w.waitNode(t, node, nodeState{attested: corev1.ConditionTrue, reason: string(attest.ReasonNodeAttested)}, 30*time.Second)
 }
 
 // dyn is the NodeBindings of the store's namespace, as an administrator

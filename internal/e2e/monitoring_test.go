@@ -16,9 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"sigs.k8s.io/yaml"
 
-	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
-	"github.com/nodeproof/nodeproof/mcs"
 )
 
 // metricsAddr is the address a process logged its metrics at.
@@ -165,7 +164,7 @@ func TestMonitoring(t *testing.T) {
 			return "the cluster's part"
 		}
 		for _, e := range s.Cluster.Events {
-			if e.Object == "NodeBinding/mon-2" && e.Reason == string(mcs.ReasonNodeReport) && strings.Contains(e.Message, "SecureBootDisabled") {
+			if e.Object == "NodeBinding/mon-2" && e.Reason == string(attest.ReasonNodeReport) && strings.Contains(e.Message, "SecureBootDisabled") {
 				return ""
 			}
 		}
@@ -194,7 +193,7 @@ func TestMonitoring(t *testing.T) {
 	var apr map[string]*dto.MetricFamily
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		apr = scrape(t, metricsAddr(t, w.approverLog))
-		if value(apr, "nodeproof_approver_nodes", map[string]string{"reason": approver.ReasonAttestedNode}) == 1 || time.Now().After(deadline) {
+		if value(apr, "nodeproof_approver_nodes", map[string]string{"reason": string(attest.ReasonNodeAttested)}) == 1 || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -212,7 +211,7 @@ func TestMonitoring(t *testing.T) {
 		{"the attested config", srv, "nodeproof_server_config_fetches_total", map[string]string{"tier": "attested", "code": "200"}, 1},
 		{"two verifications timed", srv, "nodeproof_server_request_duration_seconds", map[string]string{"endpoint": "verify"}, 2},
 		{"the CSR approved", apr, "nodeproof_approver_decisions_total", map[string]string{"action": "approve"}, 1},
-		{"the attested node", apr, "nodeproof_approver_nodes", map[string]string{"reason": approver.ReasonAttestedNode}, 1},
+		{"the attested node", apr, "nodeproof_approver_nodes", map[string]string{"reason": string(attest.ReasonNodeAttested)}, 1},
 		{"no unattested node", apr, "nodeproof_approver_nodes", map[string]string{"reason": "AttestationFailed"}, 0},
 	}
 	for _, c := range checks {

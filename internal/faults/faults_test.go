@@ -3,7 +3,7 @@
 // server unreachable for 30 seconds, every key and certificate rotated —
 // and checks that nothing is lost: every machine gets its config and its
 // kubelet certificate approved, exactly once, no record is lost and no
-// config token works twice. It runs internal/fleet worlds: real etcd and
+// config token works twice. It runs bench/fleet worlds: real etcd and
 // kube-apiserver, `nodeproof serve` and `nodeproof approve` as processes,
 // TPM-model, GCP and AWS machines.
 package faults
@@ -28,10 +28,10 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/bench/fleet"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -136,7 +136,7 @@ func settle(t *testing.T, w *fleet.World, fault string, ms []*fleet.Machine, err
 		}
 		_, err = c.FetchConfig(ctx, "worker", m.ConfigToken)
 		var r *agent.Refused
-		if !errors.As(err, &r) || r.Refusal.Reason != mcs.ReasonTokenUsed {
+		if !errors.As(err, &r) || r.Refusal.Reason != attest.ReasonTokenUsed {
 			again++
 			t.Logf("%s: its config token again: %v", m.Name, err)
 		}

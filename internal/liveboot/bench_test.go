@@ -87,7 +87,7 @@ func BenchmarkLiveBoot(b *testing.B) {
 	tb := testing.TB(b)
 	dg := authenticode(tb, parts)
 	bins := build(tb, say)
-	w := startWorld(tb, bins, func(roots string) string { return fmt.Sprintf(policyTemplate, roots, dg.shim, dg.grub, dg.kernel) }, say)
+	w := startWorld(tb, bins, livePolicy(dg), say)
 	work := b.TempDir()
 	ignition, err := testenv.IgnitionPath()
 	if err != nil {

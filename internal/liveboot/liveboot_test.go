@@ -25,35 +25,27 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
-	"github.com/nodeproof/nodeproof/mcs"
 )
 
 var updateLogs = flag.Bool("update-firmware-testdata", false, "write the live boots' event logs and their expectations into firmware-testdata (see its README)")
 
 const node = "live-1"
 
-// policyTemplate admits exactly Debian's signed shim, GRUB and kernel by
-// the Authenticode digests this test computes from the package files, on
-// an EK from the swtpm manufacturer, with Secure Boot on.
-const policyTemplate = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      ekTrust: [ca:swtpm-localca]
-      requireSecureBoot: true
-      bootComponents: {shim: {allow: [%s]}, bootloader: {allow: [%s]}, kernel: {allow: [%s]}}
-    serve: {nodeNames: requested}
-    lifetime: {interval: 30m, staleAfter: 2h}
-`
+// livePolicy admits exactly Debian's signed shim, GRUB and kernel by the
+// Authenticode digests this test computes from the package files, on an
+// EK from the swtpm manufacturer, with Secure Boot on.
+func livePolicy(dg digests) func(*system.World) *policytest.Builder {
+	return func(w *system.World) *policytest.Builder {
+		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker",
+			policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour))
+	}
+}
 
 // digests are the PE Authenticode SHA-256 digests of the boot chain's
 // files, as Debian's packages ship them.
@@ -126,9 +118,7 @@ func TestLiveBoot(t *testing.T) {
 	cons := &consoles{dir: artifacts}
 
 	bins := build(t, say)
-	w := startWorld(t, bins, func(roots string) string {
-		return fmt.Sprintf(policyTemplate, roots, dg.shim, dg.grub, dg.kernel)
-	}, say)
+	w := startWorld(t, bins, livePolicy(dg), say)
 
 	imgStart := time.Now()
 	work, err := os.MkdirTemp("", "np-liveboot-")
@@ -280,7 +270,7 @@ func TestLiveBoot(t *testing.T) {
 				return "state Failed " + string(attest.ReasonPolicySecureBootOff) + ", not " + s.State + " " + s.Reason
 			case a != corev1.ConditionFalse || reason != string(attest.ReasonAttestationFailed) || taint != corev1.TaintEffectNoSchedule:
 				return "the Node's Attested condition False (AttestationFailed) and the NoSchedule taint"
-			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(mcs.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
 				return "the agent's report Event (NodeReportedFailure: SecureBootDisabled)"
 			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed), ""):
 				return "the server's AttestationFailed Event"

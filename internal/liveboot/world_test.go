@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -20,17 +19,15 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
 
 // binaries are what the test builds: nodeproof for the host, and the
@@ -141,25 +138,14 @@ func (w *world) guestURL() string {
 }
 
 // startWorld starts the API server (its certificate also naming
-// GuestHost), `nodeproof serve` in cluster mode with policy (a template
-// taking the EK roots' directory) and `nodeproof approve`.
-func startWorld(t testing.TB, bins binaries, policy func(roots string) string, say func(string, ...any)) *world {
+// GuestHost) as a deployment leaves it (internal/system), `nodeproof
+// serve` in cluster mode with policy and `nodeproof approve`.
+func startWorld(t testing.TB, bins binaries, policy func(*system.World) *policytest.Builder, say func(string, ...any)) *world {
 	t.Helper()
 	w := &world{bins: bins}
-	ctx := context.Background()
 	start := time.Now()
-	env, err := clustertest.LaunchWith(t.TempDir(), clustertest.LaunchOptions{
-		CRDDirs: []string{"../../deploy/crds"}, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := env.Stop(); err != nil {
-			t.Errorf("stopping the control plane: %v", err)
-		}
-	})
-	w.cfg = env.Config
+	sys := system.New(t, "../..", system.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy})
+	w.cfg, w.kc, w.man, w.roots, w.policyFile, w.admin = sys.Config, sys.KC, sys.Manufacturer, sys.EKRoots, sys.PolicyFile, sys.Admin
 	u, err := url.Parse(w.cfg.Host)
 	if err != nil {
 		t.Fatal(err)
@@ -167,63 +153,17 @@ func startWorld(t testing.TB, bins binaries, policy func(roots string) string, s
 	if _, err := fmt.Sscan(u.Port(), &w.apiPort); err != nil {
 		t.Fatal(err)
 	}
-	if w.kc, err = kubernetes.NewForConfig(w.cfg); err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(w.cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := w.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, w.cfg, w.kc)
-	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
-		kubetest.ApplyYAML(t, c, f)
-	}
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	say("kube-apiserver %s at %s (certificate names %s too), up in %.1fs", testenv.KubeVersion, w.cfg.Host, liveboot.GuestHost, time.Since(start).Seconds())
 
-	dir := t.TempDir()
-	if w.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
-		t.Fatal(err)
-	}
-	// The manufacturer's CA exists once it made a TPM.
-	if err := w.man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	if w.roots, err = w.man.RootsDir(); err != nil {
-		t.Fatal(err)
-	}
-	w.policyFile = filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(w.policyFile, []byte(policy(w.roots)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	w.stateDir = filepath.Join(dir, "state")
+	w.stateDir = filepath.Join(t.TempDir(), "state")
 	w.serverPort = testenv.FreePort(t)
 	plain := testenv.FreePort(t)
-	w.admin = clustertest.AdminKubeconfig(t, w.cfg)
-	w.server = process(t, "nodeproof serve", bins.nodeproof, "serve",
-		"--kubeconfig", w.admin, "--apiserver-url", fmt.Sprintf("https://%s:%d", liveboot.GuestHost, w.apiPort),
-		"--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
-		"--policy", w.policyFile, "--state-dir", w.stateDir, "--hosts", "127.0.0.1,"+liveboot.GuestHost, "--listen", "127.0.0.1",
-		"--secure-port", fmt.Sprint(w.serverPort), "--insecure-port", fmt.Sprint(plain), "--metrics-addr", "127.0.0.1:0")
-	w.approver = process(t, "nodeproof approve", bins.nodeproof, "approve",
-		"--kubeconfig", clustertest.ServiceAccountKubeconfig(t, w.cfg, "nodeproof", "nodeproof-approver"),
-		"--leader-elect-id", "liveboot", "--metrics-addr", "127.0.0.1:0", "--policy", w.policyFile)
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/config/worker", plain))
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the server does not serve: %v\n%s", err, w.server.out)
-		}
-		time.Sleep(200 * time.Millisecond)
+	w.server = process(t, "nodeproof serve", bins.nodeproof, append([]string{"serve"}, append(sys.ServeArgs(fmt.Sprintf("https://%s:%d", liveboot.GuestHost, w.apiPort)),
+		"--state-dir", w.stateDir, "--hosts", "127.0.0.1,"+liveboot.GuestHost,
+		"--secure-port", fmt.Sprint(w.serverPort), "--insecure-port", fmt.Sprint(plain), "--metrics-addr", "127.0.0.1:0")...)...)
+	w.approver = process(t, "nodeproof approve", bins.nodeproof, append([]string{"approve"}, append(sys.ApproveArgs("liveboot"), "--metrics-addr", "127.0.0.1:0")...)...)
+	if err := system.WaitServing(fmt.Sprintf("http://127.0.0.1:%d", plain), 2*time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, w.server.out)
 	}
 	say("nodeproof serve at %s (reached from the guest at %s), nodeproof approve running", fmt.Sprintf("https://127.0.0.1:%d", w.serverPort), w.guestURL())
 	return w

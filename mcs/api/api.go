@@ -145,12 +145,6 @@ type ReattestResult struct {
 	IntervalSeconds int64 `json:"intervalSeconds"`
 }
 
-// ReasonTokenAlreadyUsed is the server's refusal of a config token that
-// fetched its config already (package mcs names every server reason; this
-// one is here because nodes act on it: a token spent by a delivery that
-// never arrived means attesting again).
-const ReasonTokenAlreadyUsed attest.Reason = "TokenAlreadyUsed"
-
 // Refusal is the body of every refusal: Reason is machine-readable (an
 // attest.Reason), Detail is for humans and never holds a secret.
 type Refusal struct {

@@ -1,8 +1,10 @@
 // Package cluster is what `nodeproof serve` needs in cluster mode, where
 // it replaces the in-cluster OpenShift Machine Config Server (`start
 // --kubeconfig --apiserver-url`): inputs watched from the API server, and
-// a Kubernetes bootstrap token per attested node. It does no HTTP and no
-// logging; errors go to callbacks and return values.
+// a Kubernetes bootstrap token per attested node, and the certificates and
+// provisioning tokens kept in the cluster's objects. It does no HTTP;
+// errors go to callbacks and return values, except the Keeper's, which
+// runs on its own and logs one line per change or refusal.
 //
 // # Inputs (Watch)
 //
@@ -78,6 +80,17 @@
 // service-account token, exactly what any network peer of the stock MCS
 // obtains today; pools that must not expose it take attestation only
 // (serve.token: false, the default).
+//
+// # The certificates and tokens kept in the cluster (Keeper)
+//
+// With --cert-store=cluster and --token-store=cluster, the MCS CA and
+// serving certificate (mcs/certs/kubecerts) and the provisioning tokens
+// (TokenSecret, the Secret of the OpenShift enhancement "Support a
+// provisioning token for the Machine Config Server") are shared by every
+// replica: each reads them every reload interval and serves the last good
+// state, and only the holder of the Lease KeeperLease (package leader)
+// makes them on first start, rotates them when due and keeps the
+// user-data Secrets current (Keeper.Leading).
 //
 // # RBAC
 //

@@ -21,7 +21,8 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 )
 
-// Where the provisioning token lives (seed 004, "mco-auth-token"):
+// Where the provisioning token lives (the OpenShift enhancement "mco-auth-token",
+// "Support a provisioning token for the Machine Config Server"):
 //
 //	oc -n openshift-config create secret generic machineconfig-auth --from-file=token
 const (

@@ -42,26 +42,14 @@ import (
 	"time"
 
 	"github.com/pires/go-proxyproto"
-)
 
-// Reasons for a refusal (Refusal.Reason).
-const (
-	// ReasonHeaderMissing: a trusted peer sent no PROXY header.
-	ReasonHeaderMissing = "ProxyHeaderMissing"
-	// ReasonHeaderUntrusted: a peer outside Trusted sent a PROXY header
-	// (or began with a PROXY signature).
-	ReasonHeaderUntrusted = "ProxyHeaderUntrusted"
-	// ReasonHeaderInvalid: a trusted peer's header did not parse.
-	ReasonHeaderInvalid = "ProxyHeaderInvalid"
-	// ReasonPending: too many listed balancers' connections were waiting
-	// for their header.
-	ReasonPending = "ProxyHeaderQueueFull"
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // Refusal is one refused connection.
 type Refusal struct {
 	Peer   net.Addr
-	Reason string
+	Reason attest.Reason
 	Err    error
 }
 
@@ -195,7 +183,7 @@ func (l *Listener) acceptLoop() {
 		}
 		if l.pending.Add(1) > int64(l.o.Pending) {
 			l.pending.Add(-1)
-			l.refuse(c, ReasonPending, errors.New("too many balancer connections waiting for their PROXY header"))
+			l.refuse(c, attest.ReasonProxyQueueFull, errors.New("too many balancer connections waiting for their PROXY header"))
 			continue
 		}
 		go l.handshake(c)
@@ -220,9 +208,9 @@ func (l *Listener) handshake(c net.Conn) {
 	_, err := pc.Read(nil)
 	l.pending.Add(-1)
 	if err != nil {
-		reason := ReasonHeaderInvalid
+		reason := attest.ReasonProxyHeaderInvalid
 		if errors.Is(err, proxyproto.ErrNoProxyProtocol) {
-			reason = ReasonHeaderMissing
+			reason = attest.ReasonProxyHeaderMissing
 		}
 		l.refuse(c, reason, err)
 		return
@@ -278,8 +266,8 @@ func (c *stranger) check() {
 		return // the connection's own failure (a deadline, a reset), no header
 	}
 	// A header, or bytes that begin like one and do not parse.
-	c.l.refuse(c.raw, ReasonHeaderUntrusted, err)
-	c.err = fmt.Errorf("proxied: %s: %w", ReasonHeaderUntrusted, err)
+	c.l.refuse(c.raw, attest.ReasonProxyHeaderUntrusted, err)
+	c.err = fmt.Errorf("proxied: %s: %w", attest.ReasonProxyHeaderUntrusted, err)
 }
 
 func (c *stranger) Read(b []byte) (int, error) {
@@ -303,7 +291,7 @@ func (c *stranger) SetDeadline(t time.Time) error      { return c.pc.SetDeadline
 func (c *stranger) SetReadDeadline(t time.Time) error  { return c.pc.SetReadDeadline(t) }
 func (c *stranger) SetWriteDeadline(t time.Time) error { return c.pc.SetWriteDeadline(t) }
 
-func (l *Listener) refuse(c net.Conn, reason string, err error) {
+func (l *Listener) refuse(c net.Conn, reason attest.Reason, err error) {
 	l.refused.Add(1)
 	c.Close()
 	if l.o.OnRefuse != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pires/go-proxyproto"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/proxied"
 )
 
@@ -95,8 +96,8 @@ func TestListener(t *testing.T) {
 	cases := []struct {
 		name, from string
 		send       func(t *testing.T) []byte
-		remote     string // the accepted connection's client address; "" refused
-		reason     string // the refusal's reason
+		remote     string        // the accepted connection's client address; "" refused
+		reason     attest.Reason // the refusal's reason
 	}{
 		{"balancer, v1 header", balancer, func(t *testing.T) []byte { return append(header(t, 1, "192.0.2.7"), "GET / HTTP/1.1\r\n"...) }, "192.0.2.7", ""},
 		{"balancer, v2 header", balancer, func(t *testing.T) []byte { return append(header(t, 2, "2001:db8::7"), "GET / HTTP/1.1\r\n"...) }, "2001:db8::7", ""},
@@ -108,10 +109,10 @@ func TestListener(t *testing.T) {
 			return append(b, "GET / HTTP/1.1\r\n"...)
 		}, balancer, ""},
 		{"balancer, v1 UNKNOWN", balancer, func(*testing.T) []byte { return []byte("PROXY UNKNOWN\r\nGET / HTTP/1.1\r\n") }, balancer, ""},
-		{"balancer, no header", balancer, func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\n") }, "", proxied.ReasonHeaderMissing},
-		{"balancer, broken header", balancer, func(*testing.T) []byte { return []byte("PROXY TCP4 not-an-address 10.0.0.1 1 2\r\nGET /") }, "", proxied.ReasonHeaderInvalid},
-		{"stranger, forged v1 header", stranger, func(t *testing.T) []byte { return append(header(t, 1, "192.0.2.8"), "GET / HTTP/1.1\r\n"...) }, "", proxied.ReasonHeaderUntrusted},
-		{"stranger, forged v2 header", stranger, func(t *testing.T) []byte { return append(header(t, 2, "192.0.2.8"), "GET / HTTP/1.1\r\n"...) }, "", proxied.ReasonHeaderUntrusted},
+		{"balancer, no header", balancer, func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\n") }, "", attest.ReasonProxyHeaderMissing},
+		{"balancer, broken header", balancer, func(*testing.T) []byte { return []byte("PROXY TCP4 not-an-address 10.0.0.1 1 2\r\nGET /") }, "", attest.ReasonProxyHeaderInvalid},
+		{"stranger, forged v1 header", stranger, func(t *testing.T) []byte { return append(header(t, 1, "192.0.2.8"), "GET / HTTP/1.1\r\n"...) }, "", attest.ReasonProxyHeaderUntrusted},
+		{"stranger, forged v2 header", stranger, func(t *testing.T) []byte { return append(header(t, 2, "192.0.2.8"), "GET / HTTP/1.1\r\n"...) }, "", attest.ReasonProxyHeaderUntrusted},
 		{"stranger, no header: served as itself", stranger, func(*testing.T) []byte { return []byte("GET / HTTP/1.1\r\n") }, stranger, ""},
 	}
 	for _, c := range cases {
@@ -207,18 +208,18 @@ func TestSlowClients(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	e.dial(t, balancer)
-	var reasons map[string]int
+	var reasons map[attest.Reason]int
 	for deadline := time.Now().Add(4 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		reasons = map[string]int{}
+		reasons = map[attest.Reason]int{}
 		for _, r := range e.refusals() {
 			reasons[r.Reason]++
 		}
-		if reasons[proxied.ReasonPending] == 1 && reasons[proxied.ReasonHeaderMissing] == 2 || time.Now().After(deadline) {
+		if reasons[attest.ReasonProxyQueueFull] == 1 && reasons[attest.ReasonProxyHeaderMissing] == 2 || time.Now().After(deadline) {
 			break
 		}
 	}
-	if reasons[proxied.ReasonPending] != 1 || reasons[proxied.ReasonHeaderMissing] != 2 {
-		t.Errorf("refusals %v; want one %s (the third waiting balancer connection) and two %s (the silent ones, after the timeout)", reasons, proxied.ReasonPending, proxied.ReasonHeaderMissing)
+	if reasons[attest.ReasonProxyQueueFull] != 1 || reasons[attest.ReasonProxyHeaderMissing] != 2 {
+		t.Errorf("refusals %v; want one %s (the third waiting balancer connection) and two %s (the silent ones, after the timeout)", reasons, attest.ReasonProxyQueueFull, attest.ReasonProxyHeaderMissing)
 	}
 }
 

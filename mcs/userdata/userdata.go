@@ -22,7 +22,8 @@
 //
 // Machines made before the MCO managed user data boot from
 // openshift-machine-api/<role>-user-data, written by the installer. As the
-// MCO's certificate controller does (seed 000), Sync keeps the CA bundle in
+// MCO's certificate controller does (OpenShift's documentation, "Machine Config Operator
+// certificates"), Sync keeps the CA bundle in
 // each such Secret that exists current, and, when its pointer config
 // carries a provisioning token (an Authorization header or ?token=) and the
 // pool takes the token tier, the token too. Everything else in it stays as

@@ -8,7 +8,6 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -323,8 +322,8 @@ func (s *Store) Adopt(ctx context.Context, nodeName string, how store.Act) (*sto
 // lets change modify it (false: no write) and writes it, with the
 // resourceVersion read; a conflict reads again.
 func (s *Store) updateHistory(ctx context.Context, nodeName string, change func(*store.NameHistory) bool) (*store.NameHistory, error) {
-	if errs := validation.IsDNS1123Subdomain(nodeName); len(errs) > 0 {
-		return nil, fmt.Errorf("kubestore: node name %q: %v", nodeName, errs)
+	if !attest.ValidNodeName(nodeName) {
+		return nil, fmt.Errorf("kubestore: node name %q is not a DNS-1123 subdomain of at most %d characters", nodeName, attest.MaxNodeNameLength)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		var obj v1alpha1.NodeNameHistory
@@ -360,7 +359,7 @@ func (s *Store) updateHistory(ctx context.Context, nodeName string, change func(
 
 // History implements store.Store.
 func (s *Store) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, fmt.Errorf("kubestore: history %q: %w", nodeName, store.ErrNotFound)
 	}
 	ctx, cancel := bound(ctx)

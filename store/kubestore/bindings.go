@@ -11,7 +11,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -206,7 +205,7 @@ func (s *Store) bindingObject(r *store.Record) *v1alpha1.NodeBinding {
 }
 
 func (s *Store) getBinding(ctx context.Context, nodeName string) (*v1alpha1.NodeBinding, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
 	}
 	var b v1alpha1.NodeBinding

@@ -9,10 +9,10 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
@@ -89,7 +89,7 @@ func NewCached(cfg *rest.Config, st *Store) (*Cached, error) {
 // RecordsForNode implements store.Store from the cache (newest first); a
 // node with no cached record is read from the API.
 func (c *Cached) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, nil
 	}
 	if !c.health.trusted() {
@@ -162,7 +162,7 @@ func (c *Cached) ConsumeRecord(ctx context.Context, id, by string, at time.Time)
 // moment later queues its node again (OnChange). A watch not trusted now
 // reads the API.
 func (c *Cached) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
-	if !c.health.trusted() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !c.health.trusted() || !attest.ValidNodeName(nodeName) {
 		return c.Store.History(ctx, nodeName)
 	}
 	var obj v1alpha1.NodeNameHistory

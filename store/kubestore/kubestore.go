@@ -351,7 +351,7 @@ func (s *Store) GetRecord(ctx context.Context, id string) (*store.Record, error)
 
 // RecordsForNode implements store.Store.
 func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, nil // no record can name it (the CRD refuses such names)
 	}
 	ctx, cancel := bound(ctx)

@@ -10,9 +10,9 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
@@ -32,7 +32,7 @@ func (s *Store) Lineage(ctx context.Context, nodeName string) (*store.Lineage, e
 }
 
 func (s *Store) getLineage(ctx context.Context, r client.Reader, nodeName string) (*v1alpha1.KubeletLineage, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, fmt.Errorf("kubestore: lineage %q: %w", nodeName, store.ErrNotFound)
 	}
 	var obj v1alpha1.KubeletLineage

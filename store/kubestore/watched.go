@@ -10,12 +10,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
@@ -189,7 +189,7 @@ func (w *Watched) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptio
 // History implements store.Store from the watch; a miss, or a watch not
 // trusted now, reads the API.
 func (w *Watched) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
-	if !w.health.trusted() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !w.health.trusted() || !attest.ValidNodeName(nodeName) {
 		return w.Store.History(ctx, nodeName)
 	}
 	var obj v1alpha1.NodeNameHistory
@@ -218,7 +218,7 @@ func (w *Watched) cachedBan(ctx context.Context, identity string) bool {
 // watch has none (or has not synced): what binding Events name
 // (BindingEvents.UIDs), with no API call.
 func (w *Watched) UID(nodeName string) types.UID {
-	if !w.health.synced.Load() || len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !w.health.synced.Load() || !attest.ValidNodeName(nodeName) {
 		return ""
 	}
 	var obj v1alpha1.NodeBinding
@@ -231,7 +231,7 @@ func (w *Watched) UID(nodeName string) types.UID {
 // cachedBinding reads nodeName's binding from watch, or from st when the
 // watch has none.
 func cachedBinding(ctx context.Context, watch client.Reader, st *Store, nodeName string) (*store.Binding, error) {
-	if len(validation.IsDNS1123Subdomain(nodeName)) > 0 {
+	if !attest.ValidNodeName(nodeName) {
 		return nil, fmt.Errorf("kubestore: binding %q: %w", nodeName, store.ErrNotFound)
 	}
 	var obj v1alpha1.NodeBinding

@@ -19,26 +19,19 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
 )
 
 // bootPolicy is the live boot's: the worker pool takes TPM evidence from
 // the swtpm manufacturer's EKs, booted with Secure Boot.
-const bootPolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - {name: swtpm-localca, dir: %s}
-pools:
-  worker:
-    evidence: [tpm]
-    tpm: {ekTrust: [ca:swtpm-localca], requireSecureBoot: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
-    serve: {nodeNames: requested}
-    lifetime: {interval: 30m, staleAfter: 2h}
-`
+func bootPolicy(w *system.World) *policytest.Builder {
+	return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).
+		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Requested().Lifetime(30*time.Minute, 2*time.Hour))
+}
 
 // bootNode is the live machine's node name.
 const bootNode = "worker-live"
@@ -94,19 +87,8 @@ func RunBoot(ctx context.Context, o Options, guestBin string) error {
 		parts.Packages[liveboot.ShimPackage], parts.Packages[liveboot.GrubPackage], parts.ABI, parts.Packages["linux-image-"+parts.ABI])
 	info("firmware: OVMF with Secure Boot (Debian's PK, Microsoft's KEK and db); a TPM 2.0 from swtpm with a vendor EK certificate")
 
-	man, err := swtpm.NewManufacturer(filepath.Join(o.Dir, "vendor"))
-	if err != nil {
-		return err
-	}
-	if err := man.Provision(ctx, filepath.Join(o.Dir, "vendor-first-tpm")); err != nil {
-		return err
-	}
-	roots, err := man.RootsDir()
-	if err != nil {
-		return err
-	}
 	guest := net.ParseIP(liveboot.GuestHost)
-	pl, err := startPlane(ctx, o, filepath.Dir(examples), examples, fmt.Sprintf(bootPolicy, roots), planeOptions{
+	pl, err := startPlane(ctx, o, filepath.Dir(filepath.Dir(examples)), bootPolicy, planeOptions{
 		ServingIPs:   []net.IP{guest},
 		APIServerURL: func(port int) string { return fmt.Sprintf("https://%s:%d", liveboot.GuestHost, port) },
 	}, step, info)
@@ -141,7 +123,7 @@ func RunBoot(ctx context.Context, o Options, guestBin string) error {
 		return err
 	}
 	info("initramfs %d MB (zstd); grub.cfg: %s", fi.Size()>>20, strings.TrimSpace(strings.Split(string(liveboot.GrubConfig(true, liveboot.KernelCmdline)), "\n")[1]))
-	m, err := liveboot.NewMachine(ctx, man, "")
+	m, err := liveboot.NewMachine(ctx, pl.sys.Manufacturer, "")
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
@@ -58,33 +58,15 @@ type Options struct {
 	Examples string
 }
 
-// policyTemplate is the demo's policy: the worker pool takes TPM evidence
-// from EKs certified by the swtpm manufacturer, booted with Secure Boot;
-// the "locked" pool additionally pins the kernel to one digest.
-const policyTemplate = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-trust:
-  ekRoots:
-  - name: swtpm-localca
-    dir: %s
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      ekTrust: [ca:swtpm-localca]
-      requireSecureBoot: true
-      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
-      kernelCmdline: {require: [ro]}
-  locked:
-    evidence: [tpm]
-    tpm:
-      ekTrust: [ca:swtpm-localca]
-      requireSecureBoot: true
-      bootComponents:
-        shim: {any: true}
-        bootloader: {any: true}
-        kernel: {allow: [0000000000000000000000000000000000000000000000000000000000000000]}
-`
+// demoPolicy is the demo's policy: the worker pool takes TPM evidence
+// from EKs certified by the swtpm manufacturer (roots), booted with
+// Secure Boot; the "locked" pool additionally pins the kernel to one
+// digest.
+func demoPolicy(roots string) *policytest.Builder {
+	return policytest.New().EKRoot("swtpm-localca", roots).
+		Pool("worker", policytest.TPM("ca:swtpm-localca").SecureBoot().Cmdline("ro")).
+		Pool("locked", policytest.TPM("ca:swtpm-localca").SecureBoot().Boot("", "", strings.Repeat("0", 64)))
+}
 
 // Run runs the demo.
 func Run(ctx context.Context, o Options) error {
@@ -165,7 +147,7 @@ func Run(ctx context.Context, o Options) error {
 	info("EK certificate: %d bytes; AK: ECDSA P-256, restricted signing key", len(req.EKCertificate))
 
 	step("Server: checks the EK certificate chain and the AK, and seals a credential to the EK")
-	pol, err := policy.Parse(fmt.Appendf(nil, policyTemplate, roots))
+	pol, err := demoPolicy(roots).Policy()
 	if err != nil {
 		return err
 	}

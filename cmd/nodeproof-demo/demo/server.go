@@ -13,19 +13,18 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
+	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -34,6 +33,7 @@ const Examples = "deploy/examples"
 
 // plane is a running control plane with nodeproof serve and approve.
 type plane struct {
+	sys    *system.World
 	cfg    *rest.Config
 	kc     kubernetes.Interface
 	url    string // the server, https://127.0.0.1:port
@@ -52,10 +52,11 @@ type planeOptions struct {
 	APIServerURL func(apiPort int) string
 }
 
-// startPlane starts a real etcd and kube-apiserver with the CRDs, RBAC and
-// example MachineConfigs, then `nodeproof serve` (cluster mode, policy)
-// and `nodeproof approve` in this process.
-func startPlane(ctx context.Context, o Options, deploy, examples, policy string, po planeOptions, step, info func(string, ...any)) (*plane, error) {
+// startPlane starts a real etcd and kube-apiserver set up as a
+// deployment leaves them (internal/system: CRDs, RBAC, the example
+// MachineConfigs), a software TPM vendor and the policy, then `nodeproof
+// serve` (cluster mode) and `nodeproof approve` in this process.
+func startPlane(ctx context.Context, o Options, root string, pol func(*system.World) *policytest.Builder, po planeOptions, step, info func(string, ...any)) (*plane, error) {
 	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -65,62 +66,26 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 	if err != nil {
 		return nil, err
 	}
-	env, err := clustertest.LaunchWith(mkdir(o.Dir, "control-plane"), clustertest.LaunchOptions{
-		CRDDirs: []string{filepath.Join(deploy, "crds")}, CommandPrefix: prefix, ServingIPs: po.ServingIPs,
-	})
+	start := time.Now()
+	sys, err := system.Start(ctx, system.Options{Root: root, Dir: mkdir(o.Dir, "world"), Cluster: true, CommandPrefix: prefix, ServingIPs: po.ServingIPs,
+		TPM: true, Policy: pol})
 	if err != nil {
 		return nil, err
 	}
-	pl := &plane{stop: func() { env.Stop() }}
+	pl := &plane{sys: sys, stop: sys.Close}
 	fail := func(err error) (*plane, error) { pl.stop(); return nil, err }
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
-	cfg := env.Config
-	pl.cfg = cfg
+	cfg := sys.Config
+	pl.cfg, pl.kc = cfg, sys.KC
 	info("API server %s, up in %s; NodeAttestation CRDs, RBAC from %s, the example MachineConfigs and pools loaded",
-		cfg.Host, env.Took.Round(100*time.Millisecond), deploy)
-	if pl.kc, err = kubernetes.NewForConfig(cfg); err != nil {
-		return fail(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: cluster.Scheme()})
-	if err != nil {
-		return fail(err)
-	}
-	if _, err := pl.kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		return fail(err)
-	}
-	tokenDir := mkdir(o.Dir, "node-bootstrapper")
-	if err := clustertest.MakeNodeBootstrapper(ctx, cfg, pl.kc, tokenDir); err != nil {
-		return fail(err)
-	}
-	for _, f := range []string{"approver/rbac.yaml", "store/rbac.yaml", "cluster/node-bootstrap-rbac.yaml"} {
-		if err := kubetest.ApplyFile(ctx, c, filepath.Join(deploy, f)); err != nil {
-			return fail(err)
-		}
-	}
-	ex, err := clustertest.ReadExamples(filepath.Join(examples, "bootstrap"))
-	if err != nil {
-		return fail(err)
-	}
-	if err := ex.CreateAll(ctx, c); err != nil {
-		return fail(err)
-	}
-	admin, approverKC := filepath.Join(o.Dir, "admin.kubeconfig"), filepath.Join(o.Dir, "approver.kubeconfig")
-	if err := clustertest.WriteKubeconfig(cfg, admin, ""); err != nil {
-		return fail(err)
-	}
-	if err := clustertest.WriteKubeconfig(cfg, approverKC, "nodeproof/nodeproof-approver"); err != nil {
-		return fail(err)
-	}
+		cfg.Host, time.Since(start).Round(100*time.Millisecond), sys.Path("deploy"))
+	admin, approverKC, tokenDir, policyFile := sys.Admin, sys.Approver, sys.TokenDir, sys.PolicyFile
 
 	step("nodeproof serve (cluster mode) and nodeproof approve start")
 	klog.SetLogger(logr.Discard()) // client-go's leader election narrates through klog
 	state := filepath.Join(o.Dir, "server")
-	policyFile := filepath.Join(o.Dir, "policy.yaml")
-	if err := os.WriteFile(policyFile, []byte(policy), 0o600); err != nil {
-		return fail(err)
-	}
 	apiURL := cfg.Host
 	hosts := []string{"127.0.0.1"}
 	if po.APIServerURL != nil {
@@ -137,12 +102,21 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 	for _, ip := range po.ServingIPs {
 		hosts = append(hosts, ip.String())
 	}
+	approverREST, err := clientcmd.BuildConfigFromFlags("", approverKC)
+	if err != nil {
+		return fail(err)
+	}
+	approverREST.QPS, approverREST.Burst = 50, 100
+	loaded, err := policy.Load(policyFile)
+	if err != nil {
+		return fail(err)
+	}
 	sctx, stop := context.WithCancel(ctx)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ready := make(chan net.Addr, 1)
 	served, approved := make(chan error, 1), make(chan error, 1)
 	go func() {
-		served <- cli.Serve(sctx, cli.ServeConfig{
+		served <- serve.Run(sctx, serve.Config{
 			Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
 			Kubeconfig: admin, APIServerURL: apiURL, TokenDir: tokenDir,
 			CertStore: "state-dir", TokenStore: "file",
@@ -152,13 +126,13 @@ func startPlane(ctx context.Context, o Options, deploy, examples, policy string,
 		})
 	}()
 	go func() {
-		approved <- cli.Approve(sctx, cli.ApproveConfig{
-			Kubeconfig: approverKC, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
-			Identity: "demo", QPS: 50, Burst: 100, Clock: o.Clock, Log: quiet,
-			Policy: policyFile, Nodes: true, // the node controller: Attested condition and taint
+		approved <- approver.Run(sctx, approver.RunOptions{
+			REST: approverREST, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
+			Identity: "demo", Clock: o.Clock, Log: quiet,
+			Policy: loaded, Nodes: true, // the node controller: Attested condition and taint
 		})
 	}()
-	pl.stop = func() { stop(); <-served; <-approved; env.Stop() }
+	pl.stop = func() { stop(); <-served; <-approved; sys.Close() }
 	select {
 	case a := <-ready:
 		pl.url = "https://" + a.String()

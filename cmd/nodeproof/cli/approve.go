@@ -7,22 +7,17 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"os"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/time/rate"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
 	"github.com/nodeproof/nodeproof/approver"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/leader"
+	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/metrics"
 	"github.com/nodeproof/nodeproof/safetext"
-	"github.com/nodeproof/nodeproof/store"
-	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // ApproveConfig is everything `nodeproof approve` needs; flags fill it.
@@ -35,7 +30,7 @@ type ApproveConfig struct {
 	LeaseNamespace string
 	Identity       string
 	// LeaseDuration, RenewDeadline and RetryPeriod time the Lease (zero:
-	// approver.RunLeader's defaults, 15 s, 10 s, 2 s).
+	// leader.Run's defaults, 15 s, 10 s, 2 s).
 	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
 
 	MetricsAddr    string // serves /metrics and /healthz; empty: off
@@ -62,7 +57,7 @@ type ApproveConfig struct {
 
 func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default: the in-cluster service account)")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", defaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", serve.DefaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")
 	fs.StringVar(&c.Identity, "leader-elect-id", "", "this replica's identity (default: $POD_NAME, else the host name)")
@@ -100,17 +95,13 @@ func cmdApprove(ctx context.Context, in *invocation) error {
 	return Approve(ctx, c)
 }
 
-// Approve runs the CSR approver until ctx ends. Under leader election it
-// acts only while this replica holds the Lease: each term runs a fresh
-// controller (new informers, caches and queue), and a term that ends
-// before ctx does (the Lease lost, e.g. while the API server was
-// unreachable) stops the controller and campaigns again in the same
-// process (approver.RunLeader), so an API server blip costs no restart.
+// Approve runs the CSR approver (approver.Run) until ctx ends, with its
+// metrics served on MetricsAddr.
 func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.Clock == nil || c.Log == nil {
 		return errors.New("approve: Clock and Log are required")
 	}
-	cfg, err := restConfig(c.Kubeconfig)
+	cfg, err := serve.RESTConfig(c.Kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -118,158 +109,40 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.QPS > 0 {
 		cfg.QPS, cfg.Burst = float32(c.QPS), c.Burst
 	}
-	kc, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	events, err := kubernetes.NewForConfig(cfg) // its own rate limiter
-	if err != nil {
-		return err
-	}
-	cl, err := kubestore.NewClient(cfg)
-	if err != nil {
-		return err
-	}
-	st, err := kubestore.New(cl, orDefault(c.StoreNamespace, "nodeproof"), c.Clock)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	// Certificate lineages are written through a client of their own (its
-	// own rate limit, as events have): recording one machine's certificate
-	// must not delay another's approval.
-	lcl, err := kubestore.NewClient(cfg)
-	if err != nil {
-		return err
-	}
-	lineageStore, err := kubestore.New(lcl, orDefault(c.StoreNamespace, "nodeproof"), c.Clock)
-	if err != nil {
-		return err
-	}
-
-	var staleAfter func(string) time.Duration
-	var lifetime func(string) (time.Duration, corev1.TaintEffect)
+	var pol *policy.Policy
 	if c.Policy != "" {
-		pol, err := loadPolicy(c.Policy)
-		if err != nil {
+		if pol, err = serve.LoadPolicy(c.Policy); err != nil {
 			return err
 		}
-		staleAfter = func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }
-		lifetime = func(pool string) (time.Duration, corev1.TaintEffect) {
-			l := pol.LifetimeOf(pool)
-			return l.StaleAfter.Duration, corev1.TaintEffect(l.TaintEffect)
-		}
 	}
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := approver.NewMetrics(reg)
+	reg := metrics.NewRegistry()
+	am, err := approver.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
-	// newController makes a controller for one term: nothing of a previous
-	// term's caches or queue is carried over.
-	newController := func(reads, fresh store.Store, lineages store.Lineages) (*approver.Controller, error) {
-		return approver.New(approver.Options{
-			Client: kc, EventClient: events, Decider: &approver.Decider{Store: reads, Fresh: fresh, Lineages: lineages,
-				Clock: c.Clock, DenyUnattested: c.DenyUnattested, StaleAfter: staleAfter},
-			Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
-			Metrics: metrics, Clock: c.Clock, Log: c.Log,
-		})
-	}
-	if _, err := newController(st, nil, nil); err != nil { // check the options before serving
-		return err
-	}
-	// runTerm runs the CSR controller and, with c.Nodes, the node
-	// controller, both on one watch of records and bindings, until ctx
-	// ends or either stops.
-	runTerm := func(ctx context.Context) error {
-		ctx, cancel := context.WithCancel(ctx)
-		defer cancel()
-		// Decisions read records and bindings from a watch of their own
-		// (kubestore.Cached): no GET or LIST per CSR.
-		cached, err := kubestore.NewCached(cfg, st)
-		if err != nil {
-			return err
-		}
-		cacheErr := make(chan error, 1)
-		go func() { cacheErr <- cached.Start(ctx) }()
-		sctx, scancel := context.WithTimeout(ctx, 2*time.Minute)
-		synced := cached.WaitForSync(sctx)
-		scancel()
-		if !synced {
-			return errors.New("approve: the NodeAttestation and NodeBinding watch did not sync within 2 minutes (does the approver may list and watch them?)")
-		}
-		lineages, err := cached.LineagesWith(lineageStore)
-		if err != nil {
-			return err
-		}
-		ctl, err := newController(cached, st, lineages)
-		if err != nil {
-			return err
-		}
-		if !c.Nodes {
-			go func() {
-				if err := <-cacheErr; err != nil && ctx.Err() == nil {
-					c.Log.Error("record and binding watch stopped", "err", err.Error())
-					cancel()
-				}
-			}()
-			return ctl.Run(ctx)
-		}
-		// The node controller reads the decisions' binding watch: one
-		// watch of the bindings, not two.
-		nc, err := approver.NewNodeController(approver.NodeOptions{Client: kc, EventClient: events, Bindings: cached,
-			Lifetime: lifetime, Clock: c.Clock, Log: c.Log, Metrics: metrics})
-		if err != nil {
-			return err
-		}
-		errs := make(chan error, 3)
-		go func() { errs <- <-cacheErr }()
-		go func() { errs <- nc.Run(ctx) }()
-		go func() { errs <- ctl.Run(ctx) }()
-		err = <-errs
-		cancel()
-		return err
-	}
-
 	if c.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", c.MetricsAddr)
+		addr, stop, err := metrics.Serve(c.MetricsAddr, reg)
 		if err != nil {
-			return fmt.Errorf("approve: metrics: %w", err)
+			return fmt.Errorf("approve: %w", err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		c.Log.Info("metrics", "addr", ln.Addr().String())
+		defer stop()
+		c.Log.Info("metrics", "addr", addr.String())
 		if c.Ready != nil {
-			c.Ready(ln.Addr())
+			c.Ready(addr)
 		}
 	}
-
-	if !c.LeaderElect {
-		c.Log.Info("approver starting without leader election")
-		return runTerm(ctx)
-	}
-	id := c.Identity
-	if id == "" {
-		if id = os.Getenv("POD_NAME"); id == "" {
-			if id, err = os.Hostname(); err != nil {
-				return err
-			}
+	id := ""
+	if c.LeaderElect {
+		if id, err = leader.Identity(c.Identity); err != nil {
+			return err
 		}
 	}
-	return approver.RunLeader(ctx, approver.LeaderOptions{
-		Client: kc, Namespace: orDefault(c.LeaseNamespace, "nodeproof"), Identity: id,
+	return approver.Run(ctx, approver.RunOptions{
+		REST: cfg, StoreNamespace: c.StoreNamespace,
+		LeaderElect: c.LeaderElect, LeaseNamespace: c.LeaseNamespace, Identity: id,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
-		OnNewLeader: func(leader string) { c.Log.Info("approver leader", "leader", leader, "me", leader == id) },
-		Log:         c.Log,
-	}, func(lctx context.Context) {
-		if err := runTerm(lctx); err != nil && lctx.Err() == nil {
-			c.Log.Error("approver term ended with an error", "err", err.Error())
-		}
+		DenyUnattested: c.DenyUnattested, Policy: pol, Nodes: c.Nodes,
+		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
+		Metrics: am, Clock: c.Clock, Log: c.Log,
 	})
 }

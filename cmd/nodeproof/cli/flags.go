@@ -6,15 +6,15 @@ import (
 
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
 // The flags serve and the admin commands share: each setting has one name,
 // one default and one meaning in every command, so an operator passes an
 // admin command the flags the deployment passes serve (docs/cli.md).
 const (
-	defaultStateDir       = "/var/lib/nodeproof"
-	defaultStoreNamespace = "nodeproof"
-	defaultReload         = 10 * time.Second
+	defaultStateDir = "/var/lib/nodeproof"
+	defaultReload   = 10 * time.Second
 )
 
 // kubeconfigFlag is --kubeconfig: with it, a command works on the cluster
@@ -31,9 +31,9 @@ func stateDirFlag(fs *flag.FlagSet, p *string) {
 
 // storeFlags are --store, --store-namespace, --state-dir and --kubeconfig:
 // where the records and bindings are.
-func storeFlags(fs *flag.FlagSet, c *ServeConfig) {
+func storeFlags(fs *flag.FlagSet, c *serve.Config) {
 	fs.StringVar(&c.Store, "store", "", "embedded (bbolt in --state-dir) or kubernetes (CRDs in --store-namespace); default: kubernetes with --kubeconfig (cluster mode), else embedded")
-	fs.StringVar(&c.StoreNamespace, "store-namespace", defaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (and their Events)")
+	fs.StringVar(&c.StoreNamespace, "store-namespace", serve.DefaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (and their Events)")
 	stateDirFlag(fs, &c.StateDir)
 	kubeconfigFlag(fs, &c.Kubeconfig)
 }
@@ -60,4 +60,4 @@ func reloadFlag(fs *flag.FlagSet, p *time.Duration) {
 
 // adminCluster reports whether an admin command works on the cluster: it
 // was given --kubeconfig, as serve's cluster mode is.
-func (c ServeConfig) adminCluster() bool { return c.Kubeconfig != "" }
+func adminCluster(c serve.Config) bool { return c.Kubeconfig != "" }

@@ -4,13 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
@@ -22,17 +22,8 @@ import (
 func TestPolicyCheckAgainstRecords(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	pol := filepath.Join(dir, "policy.yaml")
-	if err := os.WriteFile(pol, []byte(`apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      anyEKTrust: true
-      requireSecureBoot: true
-      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
-`), 0o600); err != nil {
+	pol, err := policytest.New().Pool("worker", policytest.TPM().SecureBoot()).Write(dir)
+	if err != nil {
 		t.Fatal(err)
 	}
 	claims := func(secureBoot bool) []byte {

@@ -1,6 +1,7 @@
 // Package kubecerts keeps the Machine Config Server's CA and serving
 // certificate in the cluster's own objects, where the Machine Config
-// Operator keeps them (seed 000, "Key material inside a cluster"), all in
+// Operator keeps them (OpenShift's documentation, "Machine Config Operator
+// certificates", "Key material inside a cluster"), all in
 // namespace openshift-machine-config-operator:
 //
 //	ConfigMap machine-config-server-ca   ca-bundle.crt: every still-valid CA, newest first
@@ -20,7 +21,7 @@
 // only) rotates them. When they exist without that label they are the
 // MCO's (which rotates them itself): nodeproof serves them and writes
 // nothing. A cluster with a ConfigMap or serving Secret but no CA Secret is
-// a cluster whose installer discarded the CA key (seed 001/002): also
+// a cluster whose installer discarded the CA key ("Machine Config Operator certificates"): also
 // served as found, never replaced.
 //
 // The CA Secret also keeps, under nodeproof's own keys, the whole bundle
@@ -64,7 +65,7 @@ import (
 	"github.com/nodeproof/nodeproof/pemcert"
 )
 
-// Names of the objects (seed 000).
+// Names of the objects ("Machine Config Operator certificates").
 const (
 	DefaultNamespace = "openshift-machine-config-operator"
 	// CAName names both the bundle ConfigMap and the signing key Secret.

@@ -74,7 +74,7 @@ type Env struct {
 // Stop stops etcd and kube-apiserver.
 func (e *Env) Stop() error { return e.env.Stop() }
 
-// Launch is Start for programs (the demo, internal/fleet): the control
+// Launch is Start for programs (the demo, bench/fleet): the control
 // plane's files go under dir, and the caller stops it.
 func Launch(dir string, crdDirs ...string) (*Env, error) {
 	return LaunchWith(dir, LaunchOptions{CRDDirs: crdDirs})

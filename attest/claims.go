@@ -1,0 +1,270 @@
+package attest
+
+import "time"
+
+// Claims are the facts a verifier vouches for after every one of its checks
+// passed. Policy decides what they may have; nothing here is a decision.
+type Claims struct {
+	Kind Kind `json:"kind"`
+	// Identity is a stable, globally unique identifier of the machine for
+	// this kind of evidence: "tpm-ek:<sha256 of EK PKIX DER>",
+	// "gcp:<project number>/<zone>/<instance id>" or
+	// "aws:<account>/<region>/<instance id>". A node name is bound to the
+	// first identity that enrolled with it (store.Binding).
+	Identity string `json:"identity"`
+	// NodeName is the node name the evidence itself establishes (TPM
+	// inventory, cloud instance name); empty when the evidence names none.
+	NodeName string `json:"nodeName,omitempty"`
+	// Addresses the evidence attests for this node (DNS names and IPs).
+	Addresses []string `json:"addresses,omitempty"`
+	// KubeletKeySHA256 is the hash of the kubelet public key bound into the
+	// evidence.
+	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
+	// VerifiedAt is when the verifier finished its checks.
+	VerifiedAt time.Time `json:"verifiedAt"`
+
+	TPM *TPMClaims `json:"tpm,omitempty"`
+	GCP *GCPClaims `json:"gcp,omitempty"`
+	AWS *AWSClaims `json:"aws,omitempty"`
+}
+
+// GCPClaims are what a verified GCP instance identity token establishes
+// (its google.compute_engine claims).
+type GCPClaims struct {
+	ProjectID       string    `json:"projectID"`
+	ProjectNumber   string    `json:"projectNumber"`
+	Zone            string    `json:"zone"`
+	InstanceID      string    `json:"instanceID"`
+	InstanceName    string    `json:"instanceName"`
+	InstanceCreated time.Time `json:"instanceCreated"`
+	// ServiceAccount is the token's email claim, when present.
+	ServiceAccount string `json:"serviceAccount,omitempty"`
+}
+
+// AWSClaims are what a verified AWS instance identity document establishes.
+type AWSClaims struct {
+	AccountID        string    `json:"accountID"`
+	Region           string    `json:"region"`
+	AvailabilityZone string    `json:"availabilityZone"`
+	InstanceID       string    `json:"instanceID"`
+	InstanceType     string    `json:"instanceType"`
+	ImageID          string    `json:"imageID"`
+	PrivateIP        string    `json:"privateIP"`
+	PendingTime      time.Time `json:"pendingTime"`
+	// PrivateDNSName is the instance's private DNS name: from the optional
+	// live EC2 check, else derived from PrivateIP and Region the way EC2
+	// names instances (ip-a-b-c-d.<region>.compute.internal;
+	// ec2.internal in us-east-1).
+	PrivateDNSName string `json:"privateDNSName,omitempty"`
+	// LiveChecked is set when the EC2 API confirmed the instance is running
+	// (and in the expected VPC / with the expected tags).
+	LiveChecked bool `json:"liveChecked"`
+}
+
+// TPMClaims are the facts a TPM attestation establishes.
+type TPMClaims struct {
+	// EKSHA256 is the hex SHA-256 of the EK public key (PKIX DER).
+	EKSHA256 string `json:"ekSHA256"`
+	// EKTrust names what vouched for the EK: "ca:<root set name>" or
+	// "inventory".
+	EKTrust string `json:"ekTrust"`
+	// EKCertSubject, EKCertIssuer and EKCertSerial describe the EK
+	// certificate when one was presented.
+	EKCertSubject string `json:"ekCertSubject,omitempty"`
+	EKCertIssuer  string `json:"ekCertIssuer,omitempty"`
+	EKCertSerial  string `json:"ekCertSerial,omitempty"`
+	// AKCertIssuer and AKCertSerial describe the AK certificate when a
+	// cloud certified the AK (GCE vTPM; EKTrust "gce-ak-certificate").
+	AKCertIssuer string `json:"akCertIssuer,omitempty"`
+	AKCertSerial string `json:"akCertSerial,omitempty"`
+	// AKName is the hex TPM name of the attestation key.
+	AKName string `json:"akName"`
+	// PCRBank is the hash bank the quote covered: "sha256" or "sha1".
+	PCRBank string `json:"pcrBank"`
+	// PCRs are the quoted PCR values, hex, by index.
+	PCRs map[int]string `json:"pcrs"`
+	// ResetCount, RestartCount and Clock are the quote's TPMS_CLOCK_INFO:
+	// the TPM resets (boots) and restarts (resumes) it has seen, and its
+	// clock in milliseconds. They tell a re-attestation's boot apart from
+	// the last one's.
+	ResetCount   uint32 `json:"resetCount"`
+	RestartCount uint32 `json:"restartCount"`
+	Clock        uint64 `json:"clock"`
+	// Boot is what the replayed event log says about the boot.
+	Boot BootState `json:"boot"`
+}
+
+// BootState is the boot as the event log tells it, after the log replayed
+// against quoted PCRs. A field is only set when replayed events establish it;
+// the *Known flags distinguish "absent from the log" from a zero value, so
+// an empty or partial log can never satisfy a policy that asks for a field.
+type BootState struct {
+	// LogEvents is the number of events that replayed.
+	LogEvents int `json:"logEvents"`
+	// LogMissing is set when the evidence carried no event log at all
+	// (not an empty one that replayed: none was sent).
+	LogMissing bool `json:"logMissing,omitempty"`
+	// ReplayedPCRs lists the PCRs whose events replayed to the quoted value.
+	ReplayedPCRs []int `json:"replayedPCRs,omitempty"`
+
+	SecureBootKnown bool `json:"secureBootKnown"`
+	SecureBoot      bool `json:"secureBoot"`
+	// PK, KEK, DB and DBX are hex SHA-256 digests of the UEFI variables'
+	// data as measured into PCR 7; empty when not measured.
+	PK  string `json:"pk,omitempty"`
+	KEK string `json:"kek,omitempty"`
+	DB  string `json:"db,omitempty"`
+	DBX string `json:"dbx,omitempty"`
+	// DBXKnown is set when the dbx variable was measured; DBXEntries counts
+	// its entries (a larger dbx revokes more). DBXSHA256s concatenates its
+	// SHA-256 hash entries, 32 bytes each (one slice, not one string per
+	// hash: a current dbx has hundreds).
+	DBXKnown   bool   `json:"dbxKnown"`
+	DBXEntries int    `json:"dbxEntries"`
+	DBXSHA256s []byte `json:"dbxSHA256s,omitempty"`
+
+	// BootApplications are the hex digests (in the PCR bank's hash) of the
+	// EFI boot services applications measured into PCR 4 between its
+	// separator and ExitBootServices, in boot order: for a shim + GRUB
+	// boot, the shim, GRUB, then the kernel. (A partial log without PCR
+	// 4's separator: every PCR 4 application.)
+	BootApplications []string `json:"bootApplications,omitempty"`
+	// Shim and Bootloader are BootApplications[0] and [1] when present.
+	Shim       string `json:"shim,omitempty"`
+	Bootloader string `json:"bootloader,omitempty"`
+	// Kernel is the boot application that is the kernel, identified by
+	// content (KernelBy says how), never by position: empty when the log
+	// does not establish it (no ExitBootServices event, no loader command
+	// or file name that names it).
+	Kernel   string `json:"kernel,omitempty"`
+	KernelBy string `json:"kernelBy,omitempty"`
+	// ExitBootServices is set when the log has the ExitBootServices
+	// invocation (PCR 5): everything the boot measured came before it.
+	ExitBootServices bool `json:"exitBootServices"`
+	// KernelCmdlineKnown is set when a kernel command line was measured.
+	KernelCmdlineKnown bool   `json:"kernelCmdlineKnown"`
+	KernelCmdline      string `json:"kernelCmdline,omitempty"`
+
+	// Authorities are the Secure Boot authorities the boot measured
+	// into PCR 7 (EV_EFI_VARIABLE_AUTHORITY: the signature database entry
+	// that verified an image), in PCR 7's order, each once.
+	Authorities []SecureBootAuthority `json:"authorities,omitempty"`
+	// AppVerifications say, for each of BootApplications (same order),
+	// who verified it and with which of Authorities (attest/tpm's
+	// bootState says how the log establishes it). Signer reads one.
+	AppVerifications []AppVerification `json:"appVerifications,omitempty"`
+	// ShimState is what the shim measured about itself (PCRs 7 and 14);
+	// nil when the log shows no shim.
+	ShimState *ShimState `json:"shimState,omitempty"`
+}
+
+// Who verified a boot image (AppVerification.Verifier,
+// SecureBootAuthority.By).
+const (
+	VerifierFirmware = "firmware"
+	VerifierShim     = "shim"
+)
+
+// SecureBootAuthority is one entry of a signature database that verified
+// an image, as measured into PCR 7.
+type SecureBootAuthority struct {
+	// Variable is the database it came from, as measured: "db" (UEFI's,
+	// checked by the firmware or by the shim), "MokListRT" (the shim's
+	// MokList: its vendor certificate, mirrored, then the machine owner's
+	// keys), "Shim" (the shim's built-in vendor certificate, checked
+	// directly), "vendor_db" (the shim's built-in db).
+	Variable string `json:"variable"`
+	// By is who measured it: VerifierFirmware or VerifierShim.
+	By string `json:"by"`
+	// BeforeSeparator: measured before PCR 7's separator (the firmware
+	// verifying drivers and option ROMs, not a boot application).
+	BeforeSeparator bool `json:"beforeSeparator,omitempty"`
+	// SHA256 is the certificate's SHA-256 fingerprint (of its DER), hex;
+	// for a hash entry, the image hash itself.
+	SHA256 string `json:"sha256"`
+	// Hash: the entry is an image's hash (EFI_CERT_SHA256), not a
+	// certificate.
+	Hash bool `json:"hash,omitempty"`
+	// Subject is the certificate's subject ("" for a hash, or a
+	// certificate Go does not parse).
+	Subject string `json:"subject,omitempty"`
+	// Owner is the entry's owner GUID (EFI_SIGNATURE_DATA), when the
+	// measurement carried one (old shims measured the bare certificate).
+	Owner string `json:"owner,omitempty"`
+}
+
+// AppVerification is who verified one boot application.
+type AppVerification struct {
+	// Verifier is VerifierFirmware, VerifierShim, or "" when nothing
+	// verified it (Secure Boot off, or the shim's validation turned off).
+	Verifier string `json:"verifier,omitempty"`
+	// Signers are the SHA256 of each authority (of Authorities) that may
+	// have verified it: exactly one when the log establishes the signer;
+	// several when its verifier used several and the log cannot say
+	// which; none when the log shows none.
+	Signers []string `json:"signers,omitempty"`
+}
+
+// Signer is the authority that verified boot application i (of
+// BootApplications), when the log establishes exactly one. Otherwise a
+// *Denial: BootSignerUnknown (nothing verified it, or the log shows no
+// authority for it), BootSignerAmbiguous (its verifier used several
+// authorities and the log does not say which verified it).
+func (b *BootState) Signer(i int) (SecureBootAuthority, error) {
+	if i < 0 || i >= len(b.BootApplications) || i >= len(b.AppVerifications) {
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d: not measured", i)
+	}
+	v := b.AppVerifications[i]
+	switch {
+	case v.Verifier == "":
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d (%.12s…): nothing verified it (Secure Boot or the shim's validation off)", i, b.BootApplications[i])
+	case len(v.Signers) == 0:
+		return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d (%.12s…): the log shows no authority its verifier (%s) measured", i, b.BootApplications[i], v.Verifier)
+	case len(v.Signers) > 1:
+		return SecureBootAuthority{}, Deny(ReasonBootSignerAmbiguous, "boot application %d (%.12s…): verified by one of %d authorities the %s measured; the log does not say which", i, b.BootApplications[i], len(v.Signers), v.Verifier)
+	}
+	for _, a := range b.Authorities {
+		if a.SHA256 == v.Signers[0] && a.By == v.Verifier {
+			return a, nil
+		}
+	}
+	return SecureBootAuthority{}, Deny(ReasonBootSignerUnknown, "boot application %d: its signer %.12s… is not among the authorities", i, v.Signers[0])
+}
+
+// ShimState is what the shim measured about itself.
+type ShimState struct {
+	// SBATLevelKnown is set when the shim measured its SbatLevel (PCR 7):
+	// the revocations it enforced. SBATDate is the level's datestamp (its
+	// first line, sbat,1,<date>); SBAT its generations by component
+	// ("shim": 4, "grub": 5, …): an image of a component whose SBAT
+	// generation is lower was refused.
+	SBATLevelKnown bool           `json:"sbatLevelKnown"`
+	SBATDate       string         `json:"sbatDate,omitempty"`
+	SBAT           map[string]int `json:"sbat,omitempty"`
+	// MokList, MokListX and MokListTrusted are the hex digests (the PCR
+	// bank's hash) of what the shim measured into PCR 14; "" when not
+	// measured. MokList holds the shim's vendor certificate (mirrored)
+	// and the machine owner's keys; MokListX what they revoke. The
+	// measurement is the digest alone: the lists' entries are not in the
+	// log.
+	MokList        string `json:"mokList,omitempty"`
+	MokListX       string `json:"mokListX,omitempty"`
+	MokListTrusted string `json:"mokListTrusted,omitempty"`
+	// MokListEmpty and MokListXEmpty: the list is the shim's placeholder
+	// (one all-zero SHA-256 entry): nothing in it.
+	MokListEmpty  bool `json:"mokListEmpty,omitempty"`
+	MokListXEmpty bool `json:"mokListXEmpty,omitempty"`
+	// MokListOnly is the SHA256 of the one certificate MokList holds,
+	// when its digest is that of a list of exactly one certificate the
+	// log shows (an authority the shim measured): for a distribution's
+	// shim, its vendor certificate and no machine-owner key.
+	MokListOnly string `json:"mokListOnly,omitempty"`
+	// MokListTrustedKnown and MokListTrustedOn: the MokListTrusted value
+	// measured (1: Linux may trust the MokList's CA keys in its machine
+	// keyring).
+	MokListTrustedKnown bool `json:"mokListTrustedKnown,omitempty"`
+	MokListTrustedOn    bool `json:"mokListTrustedOn,omitempty"`
+	// ValidationDisabled: the shim measured MokSBState = 1 (mokutil
+	// --disable-validation): it boots what it cannot verify.
+	ValidationDisabled bool `json:"validationDisabled,omitempty"`
+}

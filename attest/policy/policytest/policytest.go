@@ -1,0 +1,333 @@
+// Package policytest builds attestation policies for tests, demos and
+// benches: the pools they need, written as policy.Policy values and
+// rendered as the YAML an operator would write (only the fields set), then
+// loaded back through policy.Parse, so a policy built here is one the
+// server accepts. No test copies a policy document by hand.
+//
+//	doc, err := policytest.New().EKRoot("swtpm-localca", roots).
+//		Pool("worker", policytest.TPM("ca:swtpm-localca").SecureBoot().GCP("nodeproof-test").AWS("123456789012").Requested()).
+//		Pool("master", policytest.Public().Private()).
+//		YAML()
+package policytest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+)
+
+// Common names of the tests' trust roots and cloud identities.
+const (
+	// GCPProject and AWSAccount are the fakes' (identity/gcp/gcptest,
+	// identity/aws/awstest) default project and account.
+	GCPProject = "nodeproof-test"
+	AWSAccount = "123456789012"
+)
+
+// Builder is a policy being built.
+type Builder struct {
+	p policy.Policy
+}
+
+// New is a policy with no trust and no pools.
+func New() *Builder {
+	return &Builder{p: policy.Policy{APIVersion: policy.APIVersion, Kind: policy.Kind, Pools: map[string]policy.Pool{}}}
+}
+
+// EKRoot trusts the vendor CAs in dir as "ca:<name>".
+func (b *Builder) EKRoot(name, dir string) *Builder {
+	b.p.Trust.EKRoots = append(b.p.Trust.EKRoots, policy.EKRoot{Name: name, Dir: dir})
+	return b
+}
+
+// EKInventory trusts the EKs listed in the inventory file at path.
+func (b *Builder) EKInventory(path string) *Builder {
+	b.p.Trust.EKInventory = path
+	return b
+}
+
+// Pool adds (or replaces) a pool.
+func (b *Builder) Pool(name string, p *Pool) *Builder {
+	b.p.Pools[name] = p.p
+	return b
+}
+
+// Policy is the policy as loaded from its YAML (what the server reads).
+func (b *Builder) Policy() (*policy.Policy, error) {
+	doc, err := b.YAML()
+	if err != nil {
+		return nil, err
+	}
+	return policy.Parse(doc)
+}
+
+// TB is what Must needs of a test (testing.TB fits).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+// Must is Policy for a test: a policy that does not load fails it.
+func (b *Builder) Must(t TB) *policy.Policy {
+	t.Helper()
+	p, err := b.Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// YAML renders the policy (the fields set, in the order of the policy's
+// types) and checks that policy.Parse loads it.
+func (b *Builder) YAML() ([]byte, error) {
+	n, _ := node(reflect.ValueOf(b.p))
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(n); err != nil {
+		return nil, err
+	}
+	doc := buf.Bytes()
+	if _, err := policy.Parse(doc); err != nil {
+		return nil, fmt.Errorf("policytest: the policy built does not load: %w\n%s", err, doc)
+	}
+	return doc, nil
+}
+
+// Write writes the policy to dir/policy.yaml and returns the path.
+func (b *Builder) Write(dir string) (string, error) {
+	doc, err := b.YAML()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "policy.yaml")
+	return path, os.WriteFile(path, doc, 0o600)
+}
+
+// Pool is a pool being built; each method sets one requirement and
+// returns the pool.
+type Pool struct {
+	p policy.Pool
+}
+
+// Public is a pool that takes no evidence: the public tier only (the
+// server's default).
+func Public() *Pool { return &Pool{} }
+
+// TPM is a pool taking TPM evidence vouched for by trust ("ca:<root>",
+// "inventory"; none: any trust the policy has), any shim, boot loader and
+// kernel.
+func TPM(trust ...string) *Pool {
+	p := &Pool{}
+	return p.TPM(trust...)
+}
+
+// GCP is a pool taking GCP evidence from projects (none: GCPProject), in
+// any zone.
+func GCP(projects ...string) *Pool { return (&Pool{}).GCP(projects...) }
+
+// AWS is a pool taking AWS evidence from accounts (none: AWSAccount), in
+// any region.
+func AWS(accounts ...string) *Pool { return (&Pool{}).AWS(accounts...) }
+
+// TPM adds TPM evidence (see the function TPM).
+func (p *Pool) TPM(trust ...string) *Pool {
+	p.takes(attest.KindTPM)
+	t := &p.p.TPM
+	if len(trust) == 0 {
+		t.AnyEKTrust = true
+	}
+	t.EKTrust = append(t.EKTrust, trust...)
+	any := policy.DigestList{Any: true}
+	t.BootComponents = policy.BootComponents{Shim: any, Bootloader: any, Kernel: any}
+	return p
+}
+
+// GCP adds GCP evidence (see the function GCP).
+func (p *Pool) GCP(projects ...string) *Pool {
+	p.takes(attest.KindGCP)
+	if len(projects) == 0 {
+		projects = []string{GCPProject}
+	}
+	p.p.GCP.Projects, p.p.GCP.AnyZone = append(p.p.GCP.Projects, projects...), true
+	return p
+}
+
+// AWS adds AWS evidence (see the function AWS).
+func (p *Pool) AWS(accounts ...string) *Pool {
+	p.takes(attest.KindAWS)
+	if len(accounts) == 0 {
+		accounts = []string{AWSAccount}
+	}
+	p.p.AWS.Accounts, p.p.AWS.AnyRegion = append(p.p.AWS.Accounts, accounts...), true
+	return p
+}
+
+func (p *Pool) takes(k attest.Kind) {
+	for _, have := range p.p.Evidence {
+		if have == k {
+			return
+		}
+	}
+	p.p.Evidence = append(p.p.Evidence, k)
+}
+
+// SecureBoot requires UEFI Secure Boot on.
+func (p *Pool) SecureBoot() *Pool { p.p.TPM.RequireSecureBoot = true; return p }
+
+// Boot allows exactly these shim, boot loader and kernel digests (hex); an
+// empty one allows any at that stage.
+func (p *Pool) Boot(shim, bootloader, kernel string) *Pool {
+	stage := func(d string) policy.DigestList {
+		if d == "" {
+			return policy.DigestList{Any: true}
+		}
+		return policy.DigestList{Allow: []string{d}}
+	}
+	p.p.TPM.BootComponents = policy.BootComponents{Shim: stage(shim), Bootloader: stage(bootloader), Kernel: stage(kernel)}
+	return p
+}
+
+// Cmdline requires these kernel command-line arguments.
+func (p *Pool) Cmdline(require ...string) *Pool {
+	p.p.TPM.KernelCmdline = &policy.KernelCmdline{Require: require}
+	return p
+}
+
+// PCR requires PCR i to be value (hex, in the quoted bank).
+func (p *Pool) PCR(i int, value string) *Pool {
+	if p.p.TPM.PCRs == nil {
+		p.p.TPM.PCRs = map[string]string{}
+	}
+	p.p.TPM.PCRs[fmt.Sprint(i)] = value
+	return p
+}
+
+// MaxInstanceAge bounds a GCP instance's age at its first attestation.
+func (p *Pool) MaxInstanceAge(d time.Duration) *Pool {
+	p.p.GCP.MaxInstanceAge = policy.Duration{Duration: d}
+	return p
+}
+
+// AWSNodeName says how an AWS instance is named (policy.AWSNodeName…).
+func (p *Pool) AWSNodeName(how string) *Pool { p.p.AWS.NodeName = how; return p }
+
+// Requested takes the node name the agent asks for when the evidence
+// names none (serve.nodeNames: requested).
+func (p *Pool) Requested() *Pool { p.p.Serve.NodeNames = "requested"; return p }
+
+// Private serves no public tier (serve.public: false).
+func (p *Pool) Private() *Pool {
+	off := false
+	p.p.Serve.Public = &off
+	return p
+}
+
+// Token serves the full config for the provisioning token (serve.token).
+func (p *Pool) Token() *Pool { p.p.Serve.Token = true; return p }
+
+// Reenrol sets reenrol (policy.ReenrolAlways, policy.ReenrolAfterRelease).
+func (p *Pool) Reenrol(how string) *Pool { p.p.Reenrol = how; return p }
+
+// Lifetime sets how often nodes re-attest and when they go stale.
+func (p *Pool) Lifetime(interval, staleAfter time.Duration) *Pool {
+	p.p.Lifetime.Interval, p.p.Lifetime.StaleAfter = policy.Duration{Duration: interval}, policy.Duration{Duration: staleAfter}
+	return p
+}
+
+// Edit changes the pool in ways the methods above do not.
+func (p *Pool) Edit(fn func(*policy.Pool)) *Pool { fn(&p.p); return p }
+
+// node renders v as YAML: struct fields by their yaml tags, in order,
+// only those set (a nil pointer, an empty list or map, a zero value are
+// left out; a pointer to a zero value is kept: serve.public: false).
+func node(v reflect.Value) (*yaml.Node, bool) {
+	if d, ok := v.Interface().(policy.Duration); ok {
+		if d.Duration == 0 {
+			return nil, false
+		}
+		return &yaml.Node{Kind: yaml.ScalarNode, Value: d.String()}, true
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return nil, false
+		}
+		n, ok := node(v.Elem())
+		if !ok { // a pointer to a zero value: say it
+			n = &yaml.Node{}
+			if err := n.Encode(v.Elem().Interface()); err != nil {
+				panic(err)
+			}
+		}
+		return n, true
+	case reflect.Struct:
+		m := &yaml.Node{Kind: yaml.MappingNode}
+		for i := 0; i < v.NumField(); i++ {
+			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ",")
+			if name == "" || name == "-" {
+				continue
+			}
+			if c, ok := node(v.Field(i)); ok {
+				m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, c)
+			}
+		}
+		return m, len(m.Content) > 0
+	case reflect.Map:
+		if v.Len() == 0 {
+			return nil, false
+		}
+		m := &yaml.Node{Kind: yaml.MappingNode}
+		keys := v.MapKeys()
+		sortKeys(keys)
+		for _, k := range keys {
+			c, ok := node(v.MapIndex(k))
+			if !ok {
+				c = &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle} // a pool with nothing set: {}
+			}
+			m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: k.String()}, c)
+		}
+		return m, true
+	case reflect.Slice:
+		if v.Len() == 0 {
+			return nil, false
+		}
+		s := &yaml.Node{Kind: yaml.SequenceNode}
+		for i := 0; i < v.Len(); i++ {
+			c, ok := node(v.Index(i))
+			if !ok {
+				c = &yaml.Node{}
+				if err := c.Encode(v.Index(i).Interface()); err != nil {
+					panic(err)
+				}
+			}
+			s.Content = append(s.Content, c)
+		}
+		return s, true
+	}
+	if v.IsZero() {
+		return nil, false
+	}
+	n := &yaml.Node{}
+	if err := n.Encode(v.Interface()); err != nil {
+		panic(err)
+	}
+	return n, true
+}
+
+func sortKeys(keys []reflect.Value) {
+	for i := 1; i < len(keys); i++ {
+		for j := i; j > 0 && keys[j].String() < keys[j-1].String(); j-- {
+			keys[j], keys[j-1] = keys[j-1], keys[j]
+		}
+	}
+}

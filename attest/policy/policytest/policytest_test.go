@@ -1,0 +1,64 @@
+package policytest
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+)
+
+// TestBuilder: what the builder sets is what the server loads, and
+// nothing else is written.
+func TestBuilder(t *testing.T) {
+	b := New().EKRoot("swtpm-localca", t.TempDir()).
+		Pool("worker", TPM("ca:swtpm-localca").SecureBoot().GCP().AWS().Requested().Lifetime(10*time.Second, 40*time.Second).MaxInstanceAge(time.Hour)).
+		Pool("master", Public().Private().Token()).
+		Pool("default", Public()).
+		Pool("pinned", TPM().PCR(4, strings.Repeat("ab", 32)))
+	doc, err := b.YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := p.Pools["worker"]
+	switch {
+	case len(w.Evidence) != 3 || w.Evidence[0] != attest.KindTPM:
+		t.Errorf("worker evidence %v", w.Evidence)
+	case !w.TPM.RequireSecureBoot || w.TPM.EKTrust[0] != "ca:swtpm-localca" || !w.TPM.BootComponents.Kernel.Any:
+		t.Errorf("worker tpm %+v", w.TPM)
+	case w.GCP.Projects[0] != GCPProject || !w.GCP.AnyZone || w.GCP.MaxInstanceAge.Duration != time.Hour:
+		t.Errorf("worker gcp %+v", w.GCP)
+	case w.AWS.Accounts[0] != AWSAccount || !w.AWS.AnyRegion:
+		t.Errorf("worker aws %+v", w.AWS)
+	case w.Serve.NodeNames != "requested" || w.Lifetime.StaleAfter.Duration != 40*time.Second:
+		t.Errorf("worker serve %+v lifetime %+v", w.Serve, w.Lifetime)
+	}
+	if m := p.Pools["master"]; m.Serve.PublicTier() || !m.Serve.Token || len(m.Evidence) != 0 {
+		t.Errorf("master %+v", m)
+	}
+	if got := p.Pools["pinned"].TPM.PCRs["4"]; got != strings.Repeat("ab", 32) {
+		t.Errorf("pinned PCR 4 = %q:\n%s", got, doc)
+	}
+	if _, ok := p.Pools["default"]; !ok {
+		t.Errorf("the empty pool is missing:\n%s", doc)
+	}
+	for _, unset := range []string{"allowSHA1", "deniedDigests", "zones", "regions", "reenrol", "insecurePort"} {
+		if strings.Contains(string(doc), unset) {
+			t.Errorf("%s is written though nothing set it:\n%s", unset, doc)
+		}
+	}
+}
+
+// TestBuilderRefusesWhatTheServerRefuses: a pool the server would not
+// load (here: a TPM pool that allows no kernel) is an error, not a file.
+func TestBuilderRefusesWhatTheServerRefuses(t *testing.T) {
+	_, err := New().Pool("worker", TPM().Edit(func(p *policy.Pool) { p.TPM.BootComponents.Kernel = policy.DigestList{} })).YAML()
+	if err == nil || !strings.Contains(err.Error(), "kernel") {
+		t.Fatalf("YAML = %v, want the policy's refusal of the empty kernel list", err)
+	}
+}

@@ -1,0 +1,229 @@
+package policy
+
+import (
+	"bytes"
+	"encoding/hex"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// TPMPolicy is what TPM evidence must show. Every requirement that reads
+// the boot state refuses claims in which the event log did not establish
+// that field: an empty or partial log never satisfies it.
+type TPMPolicy struct {
+	// EKTrust lists what may have vouched for the EK ("ca:<name>",
+	// "inventory"); required in a pool that takes TPM evidence unless
+	// AnyEKTrust.
+	EKTrust []string `yaml:"ekTrust"`
+	// AnyEKTrust accepts an EK that any trust of the policy's trust:
+	// section vouched for (its roots and inventory). Logged at start.
+	AnyEKTrust bool `yaml:"anyEKTrust"`
+	// AllowSHA1 accepts quotes of the SHA-1 PCR bank. Off: a machine must
+	// quote SHA-256 (SHA-1 PCRs can be forged by collision).
+	AllowSHA1 bool `yaml:"allowSHA1"`
+	// RequireSecureBoot refuses machines that booted without UEFI Secure
+	// Boot, or whose log does not say.
+	RequireSecureBoot bool `yaml:"requireSecureBoot"`
+	// BootComponents constrain the boot chain the event log establishes:
+	// the shim, the boot loader, the kernel. Each stage of a pool that
+	// takes TPM evidence lists its allowed digests, or says any: true.
+	BootComponents BootComponents `yaml:"bootComponents"`
+	// DeniedDigests are refused wherever they appear among the boot
+	// applications (revoked shims, vulnerable GRUBs).
+	DeniedDigests []string `yaml:"deniedDigests"`
+	// MinimumDBX requires a dbx at least this current.
+	MinimumDBX *MinimumDBX `yaml:"minimumDBX"`
+	// PCRs are reference values (hex, in the quoted bank) that quoted PCRs
+	// must equal.
+	PCRs map[string]string `yaml:"pcrs"`
+	// KernelCmdline constrains the measured kernel command line.
+	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
+}
+
+// BootComponents are allow/deny lists for each boot stage.
+type BootComponents struct {
+	Shim       DigestList `yaml:"shim"`
+	Bootloader DigestList `yaml:"bootloader"`
+	Kernel     DigestList `yaml:"kernel"`
+}
+
+// DigestList allows and denies digests (hex) for one boot stage. Allow
+// requires the stage measured and its digest listed; Any accepts whatever
+// was (or was not) measured there, unless denied. An empty Allow without
+// Any refuses: it never means any.
+type DigestList struct {
+	Allow []string `yaml:"allow"`
+	Any   bool     `yaml:"any"`
+	Deny  []string `yaml:"deny"`
+}
+
+// MinimumDBX says how current the UEFI revocation list must be.
+type MinimumDBX struct {
+	// Entries is the least number of dbx entries.
+	Entries int `yaml:"entries"`
+	// Contains are SHA-256 hashes (hex) the dbx must revoke.
+	Contains []string `yaml:"contains"`
+}
+
+// KernelCmdline requires and forbids whole arguments of the kernel
+// command line ("lockdown=integrity", "init=/bin/sh").
+type KernelCmdline struct {
+	Require []string `yaml:"require"`
+	Forbid  []string `yaml:"forbid"`
+}
+
+// needsLog reports whether a TPM pool has a rule only an event log can
+// satisfy: Secure Boot, a boot component's allow list, a dbx minimum, or
+// command-line rules. (Denied digests and PCR values need none: no log
+// denies nothing, and PCRs are quoted.)
+func needsLog(t *TPMPolicy) bool {
+	c := t.BootComponents
+	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
+		(t.KernelCmdline != nil && (len(t.KernelCmdline.Require) > 0 || len(t.KernelCmdline.Forbid) > 0))
+}
+
+// evaluateTPM checks, in order: the PCR bank (SHA1BankNotAllowed), the EK
+// trust (EKTrustNotAllowed), that an event log was sent when a rule below
+// needs one (EventLogMissing), Secure Boot (SecureBootStateUnknown,
+// SecureBootDisabled), denied digests anywhere among boot applications and
+// per stage (BootComponentDenied), per-stage allow lists
+// (BootComponentNotMeasured, BootComponentNotAllowed), the dbx
+// (DBXOutdated), PCR reference values (PCRValueMismatch) and the kernel
+// command line (KernelCmdlineNotAllowed). Each refusal names the setting
+// (in, e.g. "pools.worker.tpm.").
+func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims) error {
+	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
+		return attest.DenySetting(attest.ReasonPolicySHA1, in+"allowSHA1", "quote is of the %s bank; this pool requires sha256 unless %sallowSHA1", c.PCRBank, in)
+	}
+	if !t.EKTrustList().Allows(c.EKTrust) {
+		return attest.DenySetting(attest.ReasonPolicyEKTrust, in+"ekTrust", "EK vouched for by %s; %sekTrust accepts %v", c.EKTrust, in, t.EKTrust)
+	}
+	b := &c.Boot
+	if b.LogMissing && needsLog(t) {
+		return attest.Deny(attest.ReasonEventLogMissing, "the machine sent no event log, and this pool's boot rules need one: the firmware's log did not reach its kernel (with Secure Boot off, GRUB's linux command boots the kernel without its EFI stub; linuxefi keeps the log)")
+	}
+	if t.RequireSecureBoot {
+		if !b.SecureBootKnown {
+			return attest.DenySetting(attest.ReasonPolicySecureBootUnk, in+"requireSecureBoot", "the event log does not establish the Secure Boot state, which %srequireSecureBoot needs", in)
+		}
+		if !b.SecureBoot {
+			return attest.DenySetting(attest.ReasonPolicySecureBootOff, in+"requireSecureBoot", "the machine booted with Secure Boot off; %srequireSecureBoot is set", in)
+		}
+	}
+	for i, app := range b.BootApplications {
+		if containsHex(t.DeniedDigests, app) {
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "boot application %d (%s) is in %sdeniedDigests", i, app, in)
+		}
+	}
+	stages := []struct {
+		name   string
+		list   DigestList
+		digest string
+	}{{"shim", t.BootComponents.Shim, b.Shim}, {"bootloader", t.BootComponents.Bootloader, b.Bootloader}, {"kernel", t.BootComponents.Kernel, b.Kernel}}
+	for _, s := range stages {
+		stage := in + "bootComponents." + s.name + "."
+		if s.digest != "" && containsHex(s.list.Deny, s.digest) {
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, stage+"deny", "%s %s is in %sdeny", s.name, s.digest, stage)
+		}
+		if s.list.Any {
+			continue
+		}
+		if len(s.list.Allow) == 0 {
+			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "the pool allows no %s: %sallow is empty (an empty list allows none; %sany: true allows any)", s.name, stage, stage)
+		}
+		if s.digest == "" {
+			return attest.DenySetting(attest.ReasonPolicyBootMissing, stage+"allow", "no %s was measured, and %sallow allows only listed ones", s.name, stage)
+		}
+		if !containsHex(s.list.Allow, s.digest) {
+			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "%s %s is not in %sallow", s.name, s.digest, stage)
+		}
+	}
+	if m := t.MinimumDBX; m != nil {
+		if !b.DBXKnown {
+			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "the event log does not establish the dbx, which %sminimumDBX needs", in)
+		}
+		if b.DBXEntries < m.Entries {
+			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx has %d entries; %sminimumDBX.entries requires %d", b.DBXEntries, in, m.Entries)
+		}
+		for _, h := range m.Contains {
+			if !dbxRevokes(b.DBXSHA256s, h) {
+				return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx does not revoke %s, which %sminimumDBX.contains requires", h, in)
+			}
+		}
+	}
+	for _, idx := range sortedPCRKeys(t.PCRs) {
+		i, _ := strconv.Atoi(idx)
+		got, ok := c.PCRs[i]
+		if !ok || !strings.EqualFold(got, t.PCRs[idx]) {
+			return attest.DenySetting(attest.ReasonPolicyPCRValue, in+"pcrs", "PCR %d is %s; %spcrs wants %s", i, got, in, t.PCRs[idx])
+		}
+	}
+	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
+		if !b.KernelCmdlineKnown {
+			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline", "the event log does not establish the kernel command line, which %skernelCmdline needs", in)
+		}
+		// Words without GRUB's quotes: where GRUB puts them is not
+		// measured (see attest/tpm's grubCmdlineConsistent), so a quote
+		// glued to a forbidden word must not hide it.
+		args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
+		for _, r := range k.Require {
+			if !slices.Contains(args, r) {
+				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.require", "kernel command line lacks %q, which %skernelCmdline.require requires", r, in)
+			}
+		}
+		for _, f := range k.Forbid {
+			if slices.Contains(args, f) {
+				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.forbid", "kernel command line has %q, which %skernelCmdline.forbid forbids", f, in)
+			}
+		}
+	}
+	return nil
+}
+
+func containsHex(list []string, digest string) bool {
+	return slices.ContainsFunc(list, func(s string) bool { return strings.EqualFold(s, digest) })
+}
+
+// dbxRevokes reports whether the concatenated 32-byte dbx hashes hold the
+// hex SHA-256 want.
+func dbxRevokes(hashes []byte, want string) bool {
+	w, err := hex.DecodeString(want)
+	if err != nil || len(w) != 32 {
+		return false
+	}
+	for i := 0; i+32 <= len(hashes); i += 32 {
+		if bytes.Equal(hashes[i:i+32], w) {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedPCRKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		x, _ := strconv.Atoi(a)
+		y, _ := strconv.Atoi(b)
+		return x - y
+	})
+	return keys
+}
+
+// EKTrustList is tpm.ekTrust with tpm.anyEKTrust.
+func (t TPMPolicy) EKTrustList() AllowList {
+	return AllowList{Kind: attest.KindTPM, Field: "tpm.ekTrust", AnyField: "tpm.anyEKTrust", What: "EK trusts",
+		Items: t.EKTrust, Any: t.AnyEKTrust, Open: "tpm.anyEKTrust: an EK any configured trust vouched for may attest"}
+}
+
+// allowList is a boot stage's allow with its any (stage as the YAML
+// names it, what as a message does).
+func (d DigestList) allowList(stage, what string) AllowList {
+	return AllowList{Kind: attest.KindTPM, Field: "tpm.bootComponents." + stage + ".allow", AnyField: "tpm.bootComponents." + stage + ".any",
+		What: what + "s", Items: d.Allow, Any: d.Any, Open: "tpm.bootComponents." + stage + ".any: any " + what + " not denied"}
+}

@@ -1,0 +1,139 @@
+package policy
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+func (p *Policy) validate() error {
+	if p.APIVersion != APIVersion || p.Kind != Kind {
+		return fmt.Errorf("apiVersion/kind must be %s/%s, not %s/%s", APIVersion, Kind, p.APIVersion, p.Kind)
+	}
+	if len(p.Pools) == 0 {
+		return errors.New("no pools")
+	}
+	roots := map[string]bool{}
+	for _, r := range p.Trust.EKRoots {
+		if r.Name == "" || r.Dir == "" {
+			return errors.New("trust.ekRoots: every entry needs a name and a dir")
+		}
+		if roots[r.Name] {
+			return fmt.Errorf("trust.ekRoots: %q named twice", r.Name)
+		}
+		roots[r.Name] = true
+	}
+	for name, pool := range p.Pools {
+		if err := pool.validate(roots, p.Trust.EKInventory != ""); err != nil {
+			return fmt.Errorf("pool %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
+	allow := pool.AllowLists()
+	for _, k := range pool.Evidence {
+		switch k {
+		case attest.KindTPM, attest.KindGCP, attest.KindAWS:
+		default:
+			return fmt.Errorf("unknown evidence kind %q", k)
+		}
+		var errs []error
+		for _, l := range allow {
+			if l.Kind == k {
+				errs = append(errs, l.check())
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+	}
+	switch pool.Serve.InsecurePort {
+	case "", "public", "none", "all":
+	default:
+		return fmt.Errorf("serve.insecurePort %q is not public, none or all", pool.Serve.InsecurePort)
+	}
+	switch pool.AWS.NodeName {
+	case "", AWSNodeNamePrivateDNS, AWSNodeNameInstanceID:
+	default:
+		return fmt.Errorf("aws.nodeName %q is not %s or %s", pool.AWS.NodeName, AWSNodeNamePrivateDNS, AWSNodeNameInstanceID)
+	}
+	if l := pool.Lifetime; l.StaleAfter.Duration > 0 {
+		iv := l.Interval.Duration
+		if iv == 0 {
+			iv = DefaultReattestInterval
+		}
+		if l.StaleAfter.Duration < iv {
+			return fmt.Errorf("lifetime.staleAfter %s is shorter than the interval %s", l.StaleAfter.Duration, iv)
+		}
+	}
+	switch pool.Lifetime.TaintEffect {
+	case "", TaintNoSchedule, TaintNoExecute:
+	default:
+		return fmt.Errorf("lifetime.taintEffect %q is not %s or %s", pool.Lifetime.TaintEffect, TaintNoSchedule, TaintNoExecute)
+	}
+	switch pool.Reenrol {
+	case "", ReenrolAfterRelease, ReenrolAlways:
+	default:
+		return fmt.Errorf("reenrol %q is not %s or %s", pool.Reenrol, ReenrolAfterRelease, ReenrolAlways)
+	}
+	switch pool.Serve.NodeNames {
+	case "", "evidence", "requested":
+	default:
+		return fmt.Errorf("serve.nodeNames %q is not evidence or requested", pool.Serve.NodeNames)
+	}
+	t := pool.TPM
+	for _, tr := range t.EKTrust {
+		switch {
+		case tr == "inventory":
+			if !haveInventory {
+				return errors.New("tpm.ekTrust names inventory but trust.ekInventory is empty")
+			}
+		case strings.HasPrefix(tr, "ca:") && roots[strings.TrimPrefix(tr, "ca:")]:
+		default:
+			return fmt.Errorf("tpm.ekTrust %q is neither inventory nor ca:<a trust.ekRoots name>", tr)
+		}
+	}
+	lists := map[string][]string{
+		"bootComponents.shim.allow": t.BootComponents.Shim.Allow, "bootComponents.shim.deny": t.BootComponents.Shim.Deny,
+		"bootComponents.bootloader.allow": t.BootComponents.Bootloader.Allow, "bootComponents.bootloader.deny": t.BootComponents.Bootloader.Deny,
+		"bootComponents.kernel.allow": t.BootComponents.Kernel.Allow, "bootComponents.kernel.deny": t.BootComponents.Kernel.Deny,
+		"deniedDigests": t.DeniedDigests,
+	}
+	if t.MinimumDBX != nil {
+		lists["minimumDBX.contains"] = t.MinimumDBX.Contains
+		if t.MinimumDBX.Entries < 0 {
+			return errors.New("tpm.minimumDBX.entries is negative")
+		}
+	}
+	for field, l := range lists {
+		for _, d := range l {
+			if err := checkHex(d); err != nil {
+				return fmt.Errorf("tpm.%s: %w", field, err)
+			}
+		}
+	}
+	for idx, v := range t.PCRs {
+		i, err := strconv.Atoi(idx)
+		if err != nil || i < 0 || i > 23 {
+			return fmt.Errorf("tpm.pcrs: %q is not a PCR index 0-23", idx)
+		}
+		if err := checkHex(v); err != nil {
+			return fmt.Errorf("tpm.pcrs[%s]: %w", idx, err)
+		}
+	}
+	return nil
+}
+
+func checkHex(s string) error {
+	b, err := hex.DecodeString(s)
+	if err != nil || (len(b) != 20 && len(b) != 32 && len(b) != 48) {
+		return fmt.Errorf("%q is not a hex SHA-1/256/384 digest", s)
+	}
+	return nil
+}

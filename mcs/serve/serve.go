@@ -1,0 +1,335 @@
+// Package serve is the Machine Config Server as a process, what `nodeproof
+// serve` runs: a Config (the command's flags, one field each) becomes a
+// running mcs.Server — its policy and the verifiers of the evidence kinds
+// the policy takes, the store and its watches, sealing keys, provisioning
+// tokens, admission limits, certificates (a state directory, --cert, or
+// the cluster's objects through mcs/cluster.Keeper), the config source (a
+// directory, or the cluster), both ports with their listeners' limits and
+// PROXY protocol, metrics — and is kept current until its context ends: an
+// edited policy, rotated keys, tokens and certificates, the store's
+// garbage. The operator commands share its store settings (OpenStore).
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/mcs"
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/dirsource"
+	"github.com/nodeproof/nodeproof/mcs/limit"
+	"github.com/nodeproof/nodeproof/mcs/seal"
+	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/metrics"
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/adminsock"
+	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/store/kubestore"
+)
+
+// Run runs the Machine Config Server until ctx ends: it checks the
+// configuration, builds the server's parts (serverOptions), its config
+// source (a directory or a cluster), then listens on both ports and keeps
+// inputs, keys, tokens and certificates current until ctx ends.
+func Run(ctx context.Context, c Config) error {
+	clusterMode, err := c.check()
+	if err != nil {
+		return err
+	}
+	// What cluster mode keeps in the cluster (certificates, tokens) is
+	// there, or made by the leader, before anything is served.
+	keeper, err := c.startKeeper(ctx, clusterMode)
+	if err != nil {
+		return err
+	}
+	if keeper.KeepsCertificates() {
+		c.bundleFrom = keeper.CABundle
+	}
+	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+	// The certificates first: nodeproof's own CA bundle, made here on
+	// first start, is what the sources put in the public tier.
+	tlsConf, served, err := c.tlsConfig(keeper)
+	if err != nil {
+		return err
+	}
+	var src mcs.Source
+	// The policy in force: the first one until the server runs, then
+	// whatever a reload made it.
+	var live atomic.Pointer[mcs.Server]
+	policyNow := func() *policy.Policy {
+		if s := live.Load(); s != nil {
+			return s.Policy()
+		}
+		return opts.Policy
+	}
+	if clusterMode {
+		var cls *cluster.Source
+		if cls, err = c.clusterSource(policyNow, opts.Provisioning, keeper); err != nil {
+			return err
+		}
+		// Refuse to start without what full configs need, rather than
+		// answer every fetch 503; after the start, /healthz says it (for
+		// the policy in force: a reload may turn the token tier on).
+		if err := cls.Check(ctx, func() bool { return sharedKubeconfig(policyNow()) }); err != nil {
+			return fmt.Errorf("serve: cluster mode cannot serve full configs: %w", err)
+		}
+		src, opts.Health = cls, cls.Health
+	} else {
+		src, err = dirsource.New(dirsource.Options{Dir: c.ServerBasedir, Kubeconfig: c.BootstrapKube, CABundle: c.caBundle, Reload: c.Reload, Log: c.Log})
+	}
+	if err != nil {
+		return err
+	}
+	if opts.Configs, err = src.First(); err != nil {
+		return err
+	}
+	opts.Bootstrap = src.Bootstrap()
+	reg, m, err := serverMetrics()
+	if err != nil {
+		return err
+	}
+	opts.Metrics = m
+	srv, err := mcs.New(opts)
+	if err != nil {
+		return err
+	}
+	live.Store(srv)
+	ports, err := c.listen(srv, tlsConf, conns)
+	if err != nil {
+		return err
+	}
+	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
+		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
+	if c.MetricsAddr != "" {
+		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, served, c.caBundle)); err != nil {
+			ports.close()
+			return err
+		}
+		addr, stop, err := metrics.Serve(c.MetricsAddr, reg)
+		if err != nil {
+			ports.close()
+			return fmt.Errorf("serve: %w", err)
+		}
+		defer stop()
+		c.Log.Info("metrics", "addr", addr.String())
+	}
+	if c.Ready != nil {
+		c.Ready(ports.secure, ports.insecure)
+	}
+	if c.DebugAddr != "" {
+		stopDebug, err := serveDebug(c.DebugAddr)
+		if err != nil {
+			ports.close()
+			return err
+		}
+		defer stopDebug()
+	}
+	go src.Run(ctx, srv)
+	prov := opts.Provisioning
+	if keeper.Provisioning() != nil {
+		prov = nil // the keeper keeps it current
+	}
+	reloader, err := newPolicyReloader(c, srv, reg)
+	if err != nil {
+		ports.close()
+		return err
+	}
+	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, served, reloader)
+	ports.serve(ctx, c.Log)
+	return nil
+}
+
+// judge loads --policy and makes the verifiers of the evidence kinds it
+// takes, from its trust roots: at start, and at every reload.
+func (c Config) judge(ctx context.Context) (mcs.Judge, error) {
+	var j mcs.Judge
+	var err error
+	if j.Policy, err = LoadPolicy(c.Policy); err != nil {
+		return j, err
+	}
+	if j.TPM, err = tpmVerifier(j.Policy, c.Clock); err != nil {
+		return j, err
+	}
+	if j.GCP, err = c.gcpVerifier(j.Policy); err != nil {
+		return j, err
+	}
+	if j.AWS, err = c.awsVerifier(ctx, j.Policy); err != nil {
+		return j, err
+	}
+	return j, nil
+}
+
+// serverOptions builds everything an mcs.Server needs but its configs:
+// the policy (its insecure choices logged), the verifiers of the evidence
+// kinds the policy takes, the store, Events, sealing keys, provisioning
+// tokens and admission limits (and those of the listeners, returned
+// apart). closeAll releases what was opened.
+func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
+	var closers []func()
+	release := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	defer func() {
+		if err != nil {
+			release() // what was opened before the failure
+		}
+	}()
+	if err = os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return o, conns, nil, fmt.Errorf("state dir: %w", err)
+	}
+	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
+	j, err := c.judge(ctx)
+	if err != nil {
+		return o, conns, nil, err
+	}
+	for _, w := range j.Policy.Warnings() {
+		c.Log.Warn("policy: " + w)
+	}
+	o.Policy, o.TPM, o.GCP, o.AWS = j.Policy, j.TPM, j.GCP, j.AWS
+	if o.Store, err = c.OpenStore(clusterMode); err != nil {
+		return o, conns, nil, err
+	}
+	closers = append(closers, func() { o.Store.Close() })
+	if bs, ok := o.Store.(*boltstore.Store); ok {
+		// Operators act on the running server's store through its admin
+		// socket (bbolt locks the file): revoke, release, unban, adopt.
+		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		go func() {
+			if err := as.Serve(); err != nil {
+				c.Log.Error("admin socket stopped", "err", err.Error())
+			}
+		}()
+		closers = append(closers, func() { as.Close() })
+	}
+	if clusterMode && o.Policy.TakesRequestedNames() {
+		// A requested name of a Node nodeproof never owned is refused
+		// until adopted: the Nodes' names from a watch, not a read per
+		// enrolment.
+		stop, err := c.watchNodes(ctx, &o)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		closers = append(closers, stop)
+	}
+	if ks, ok := o.Store.(*kubestore.Store); ok {
+		// A fetch reads the node's binding from a watch, not a GET.
+		w, stop, err := c.watchBindings(ctx, ks)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		closers = append(closers, stop)
+		o.Store = w
+	}
+	kc, err := c.KubeClient(clusterMode)
+	if err != nil {
+		return o, conns, nil, err
+	}
+	if kc != nil {
+		// Reports go through a client of their own: their writes cannot
+		// hold up the decisions' behind one rate limiter.
+		reports, err := c.KubeClient(clusterMode)
+		if err != nil {
+			return o, conns, nil, err
+		}
+		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
+		if w, ok := o.Store.(*kubestore.Watched); ok {
+			be.UIDs(w.UID) // kubectl describe nodebinding shows them
+		}
+		closers = append(closers, be.Close)
+		o.Events = be
+	}
+	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	o.Keys.SetMaxLife(c.sealedLife())
+	if o.Provisioning = prov; prov == nil {
+		if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
+			return o, conns, nil, err
+		}
+	}
+	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
+		return o, conns, nil, err
+	}
+	return o, conns, release, nil
+}
+
+// sealedLife is how long anything the server seals can stay valid: the
+// longest of a config token and a session, plus the time replicas take to
+// reload a rotated keyring (seal.Keyring.SetMaxLife).
+func (c Config) sealedLife() time.Duration {
+	return max(c.TokenTTL, mcs.DefaultConfigTokenTTL, attest.DefaultSessionTTL) + c.Settle()
+}
+
+// maintain reloads an edited policy, renews certificates, picks up rotated keys and provisioning tokens and
+// collects garbage in the store, until ctx ends.
+func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served, pol *policyReloader) {
+	tick := time.NewTicker(c.Reload)
+	defer tick.Stop()
+	lastCerts, lastGC := c.Clock(), c.Clock()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		pol.check(ctx)
+		if changed, err := keys.Reload(); err != nil {
+			c.Log.Error("sealing keys", "err", err.Error())
+		} else if changed {
+			c.Log.Info("sealing keys reloaded (rotated)")
+			for _, h := range keys.Held() {
+				c.Log.Warn("the keyring file dropped a key that can still open live sessions or config tokens; it is kept in memory until then",
+					"key", h.ID, "until", h.KeptUntil.UTC().Format(time.RFC3339))
+			}
+		}
+		if prov == nil {
+			// kept current by the keeper (mcs/cluster.Keeper)
+		} else if changed, err := prov.Reload(); err != nil {
+			c.Log.Error("provisioning tokens", "err", err.Error())
+		} else if changed {
+			c.Log.Info("provisioning tokens reloaded (rotated)")
+		}
+		now := c.Clock()
+		if c.certStore(clusterMode) == storeStateDir && now.Sub(lastCerts) > time.Hour {
+			lastCerts = now
+			if stt, err := certs.Ensure(filepath.Join(c.StateDir, "certs"), certs.Options{Clock: c.Clock, Hosts: c.Hosts}); err != nil {
+				c.Log.Error("certificates", "err", err.Error())
+			} else {
+				for _, ch := range stt.Changes {
+					c.Log.Info("certificates", "change", ch)
+				}
+			}
+		}
+		if r, ok := served.(*certs.Reloader); ok {
+			if err := r.LastError(); err != nil {
+				c.Log.Error("serving certificate reload", "err", err.Error())
+			}
+		}
+		if now.Sub(lastGC) > 10*time.Minute {
+			lastGC = now
+			if n, err := st.GC(ctx, now); err != nil {
+				c.Log.Error("store gc", "err", err.Error())
+			} else if n > 0 {
+				c.Log.Info("store gc", "deleted", n)
+			}
+		}
+	}
+}
