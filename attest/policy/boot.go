@@ -322,3 +322,51 @@ func fingerprints(field string, list []string) ([]string, error) {
 	}
 	return out, nil
 }
+
+// ChainOutcome is what one kind of stage rule of a pool (digests, or
+// signers) makes of a boot chain alone: Present when the pool has such a
+// rule; Err nil when the chain passes them (bootComponents or a reference
+// set), else the refusal.
+type ChainOutcome struct {
+	Present bool
+	Err     error
+}
+
+// ChainOutcomes judges c's boot chain by pool's digest rules alone (every
+// stage's allow; deny kept) and by its signer rules alone (signedBy),
+// without audit mode, for `policy check --against-records`: a pool
+// moving from digests to signers sees which nodes each would refuse.
+// Nothing is judged for claims without TPM facts or a pool the policy
+// does not name.
+func (p *Policy) ChainOutcomes(pool string, c *attest.Claims, o Options) (digests, signers ChainOutcome) {
+	pp, ok := p.Pools[pool]
+	if !ok || c.TPM == nil {
+		return
+	}
+	now := o.Now
+	if now.IsZero() {
+		now = c.VerifiedAt
+	}
+	only := func(keep func(*DigestList) bool, strip func(*DigestList)) ChainOutcome {
+		t := pp.TPM
+		t.ReferenceSets = slices.Clone(t.ReferenceSets)
+		var out ChainOutcome
+		for _, st := range t.stageRules() {
+			d := *st.d
+			if keep(&d) {
+				out.Present = true
+			} else if !d.Any {
+				d.Any = true // no rule of this kind: the stage is not judged by it
+			}
+			strip(&d)
+			*st.d = d
+		}
+		if out.Present {
+			out.Err = bootChain("pools."+pool+".tpm.", &t, &c.TPM.Boot, &evaluation{now: now})
+		}
+		return out
+	}
+	digests = only(func(d *DigestList) bool { return len(d.Allow) > 0 }, func(d *DigestList) { d.SignedBy = nil })
+	signers = only(func(d *DigestList) bool { return len(d.SignedBy) > 0 }, func(d *DigestList) { d.Allow = nil })
+	return
+}
