@@ -183,7 +183,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	out := fs.String("o", "", "write the policy here (default: standard output)")
 	var efi efiFlag
 	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader or kernel when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
-	digests := fs.Bool("digests", false, "with --efi: add the files' Authenticode digests to --pool's allow lists in --merge")
+	digests := fs.Bool("digests", false, "pin digests as well as signers: with --efi, the files' Authenticode digests (to --pool in --merge); from a machine, its boot applications' digests")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
@@ -192,9 +192,6 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 			return in.usageError("--efi reads boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
 		}
 		return cmdPolicyLearnEFI(efi, *digests, *pool, *merge, *out, stdout, stderr)
-	}
-	if *digests {
-		return in.usageError("--digests goes with --efi")
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {
@@ -205,7 +202,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	if *pool == "" || sources != 1 {
 		return in.usageError("--pool and exactly one of --event-log, --evidence, --node are required")
 	}
-	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames}
+	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames, Digests: *digests}
 	if *ekRoot != "" {
 		name, dir, ok := strings.Cut(*ekRoot, "=")
 		if !ok || name == "" || dir == "" {
