@@ -52,12 +52,12 @@ pools:
     serve: {nodeNames: requested}
 `
 
-// TestPolicyAudit: a machine a rule in audit mode would refuse is
+// TestBootPolicyAuditAttacks: a machine a rule in audit mode would refuse is
 // admitted; the enrolment's record, a PolicyAuditRefusal Event and
 // nodeproof_policy_audit_refusals_total say which rule and why; a
 // re-attestation writes it into the binding's status, with an Event only
 // when what it says changes. The same rule out of audit mode refuses.
-func TestPolicyAudit(t *testing.T) {
+func TestBootPolicyAuditAttacks(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics, err := mcs.NewMetrics(reg)
 	if err != nil {

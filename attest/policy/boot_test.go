@@ -30,10 +30,15 @@ const (
 )
 
 // bootPolicy is a policy of one TPM pool "w" whose tpm section is body
-// (YAML, indented under tpm:).
+// (YAML, indented under tpm:), its EK trust ca:vendor unless body starts
+// with one of its own.
 func bootPolicy(t *testing.T, body string) *policy.Policy {
 	t.Helper()
-	doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\ntrust:\n  ekRoots: [{name: vendor, dir: /x}]\npools:\n  w:\n    evidence: [tpm]\n    tpm:\n      ekTrust: [ca:vendor]\n" + indent(body, "      ")
+	trust := "trust:\n  ekRoots: [{name: vendor, dir: /x}]\n  ekInventory: inv.yaml\n"
+	if !strings.HasPrefix(body, "ekTrust:") {
+		body = "ekTrust: [ca:vendor]\n" + body
+	}
+	doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n" + trust + "pools:\n  w:\n    evidence: [tpm]\n    tpm:\n" + indent(body, "      ")
 	p, err := policy.Parse([]byte(doc))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, doc)
@@ -130,16 +135,7 @@ func TestBootRules(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var p *policy.Policy
-			if strings.HasPrefix(c.tpm, "ekTrust:") {
-				doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\ntrust:\n  ekInventory: inv.yaml\npools:\n  w:\n    evidence: [tpm]\n    tpm:\n" + indent(c.tpm, "      ")
-				var err error
-				if p, err = policy.Parse([]byte(doc)); err != nil {
-					t.Fatal(err)
-				}
-			} else {
-				p = bootPolicy(t, c.tpm)
-			}
+			p := bootPolicy(t, c.tpm)
 			d, err := p.Decide("w", claimsOf(c.machine), policy.Options{Now: now})
 			if r, _ := attest.ReasonOf(err); r != c.want {
 				t.Fatalf("decided %v; want %q", err, c.want)
