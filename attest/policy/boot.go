@@ -123,12 +123,12 @@ func bootChain(in string, t *TPMPolicy, b *attest.BootState, e *evaluation) erro
 			if err == nil {
 				continue
 			}
-			if si == 0 && first == nil {
-				first = err
-			}
 			rule := RuleBootComponents + "." + st.key
 			if !e.audited(rule) {
 				hard = err
+				if si == 0 {
+					first = err // the refusal, unless a set matches
+				}
 				break
 			}
 			fails = append(fails, auditOf(rule, err))
@@ -147,12 +147,9 @@ func bootChain(in string, t *TPMPolicy, b *attest.BootState, e *evaluation) erro
 		e.audits = append(e.audits, audited...)
 		return nil
 	}
-	err := first
+	err := first // bootComponents failed outright (else it matched, above)
 	if len(expired) > 0 {
 		err = attest.DenySetting(attest.ReasonPolicyReferenceSetExpired, in+"referenceSets", "the boot chain matches only reference sets past their notAfter: %s", strings.Join(expired, ", "))
-	}
-	if err == nil { // bootComponents matched but for audited stages of an expired set
-		return nil
 	}
 	return e.rule(RuleBootComponents, err)
 }

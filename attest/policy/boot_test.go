@@ -126,6 +126,8 @@ func TestBootRules(t *testing.T) {
 			[]audit{{"bootComponents.kernel", attest.ReasonPolicyBootNotAllowed}}},
 		{"audit of the kernel does not lift the boot loader", debian,
 			"bootComponents:\n  shim: {any: true}\n  bootloader: {signedBy: [" + otherKey + "]}\n  kernel: {allow: [" + kernelB + "]}\naudit: [bootComponents.kernel]\n", attest.ReasonPolicyBootSigner, nil},
+		{"an audited stage before a refusing one: the refusal is the refusing stage's", debian,
+			"bootComponents:\n  shim: {any: true}\n  bootloader: {signedBy: [" + otherKey + "]}\n  kernel: {allow: [" + kernelB + "]}\naudit: [bootComponents.bootloader]\n", attest.ReasonPolicyBootNotAllowed, nil},
 		{"audit: a matching reference set reports nothing", debian,
 			"bootComponents:\n  shim: {any: true}\n  bootloader: {any: true}\n  kernel: {allow: [" + kernelB + "]}\nreferenceSets:\n- name: release-2\n  shim: {any: true}\n  bootloader: {any: true}\n  kernel: {signedBy: [" + debianCA + "]}\naudit: [bootComponents]\n", "", nil},
 		{"audit: SBAT and MOK rules", mokEnrolled, anyChain + "minimumSBAT: {grub: 9}\nmachineOwnerKeys: {allow: []}\naudit: [minimumSBAT, machineOwnerKeys]\n", "",
