@@ -83,7 +83,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 	var audits []policy.Audit
 	var prevAudit string
 	b, err := s.o.Store.UpdateStatus(ctx, node, identity, func(b *store.Binding) error {
-		refusal = verr
+		refusal, audits = verr, nil
 		// Sessions are answered in the order they were issued: an older
 		// one, or the same one again, is a replay. It changes nothing.
 		if !sess.IssuedAt.After(b.Status.SessionIssuedAt) {
@@ -114,10 +114,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		st.LastAttempt, st.Summary, st.Claims, st.SessionIssuedAt = now, summary, claimsJSON, sess.IssuedAt
 		st.Passed, st.Reason, st.Message, st.Audit = refusal == nil, "", "", ""
 		if refusal == nil {
-			st.Audit = policy.FormatAudits(audits, 4096)
-		}
-		if refusal == nil {
-			st.LastSuccess = now
+			st.LastSuccess, st.Audit = now, policy.FormatAudits(audits, 4096)
 		} else {
 			r, _ := attest.ReasonOf(refusal)
 			st.Reason, st.Message = string(r), truncate(refusal.Error(), 1024)
