@@ -11,6 +11,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs"
@@ -27,30 +28,12 @@ const (
 // auditPolicy: worker signs GRUB and the shim by the right keys and the
 // kernel by another, with the kernel's rule in audit mode; master the
 // same without audit.
-const auditPolicy = `
-apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [tpm]
-    tpm:
-      anyEKTrust: true
-      bootComponents:
-        shim: {signedBy: [` + rhelShimSigner + `]}
-        bootloader: {signedBy: [` + rhelSigner + `]}
-        kernel: {signedBy: [` + notRHELSigner + `]}
-      audit: [bootComponents.kernel]
-    serve: {nodeNames: requested}
-  master:
-    evidence: [tpm]
-    tpm:
-      anyEKTrust: true
-      bootComponents:
-        shim: {signedBy: [` + rhelShimSigner + `]}
-        bootloader: {signedBy: [` + rhelSigner + `]}
-        kernel: {signedBy: [` + notRHELSigner + `]}
-    serve: {nodeNames: requested}
-`
+func auditPolicy(t testing.TB) *policy.Policy {
+	signers := func() *policytest.Pool {
+		return policytest.TPM().SignedBy("shim", rhelShimSigner).SignedBy("bootloader", rhelSigner).SignedBy("kernel", notRHELSigner).Requested()
+	}
+	return policytest.New().Pool("worker", signers().Audit(policy.RuleBootComponents+".kernel")).Pool("master", signers()).Must(t)
+}
 
 // TestBootPolicyAuditAttacks: a machine a rule in audit mode would refuse is
 // admitted; the enrolment's record, a PolicyAuditRefusal Event and
@@ -63,11 +46,7 @@ func TestBootPolicyAuditAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol, err := policy.Parse([]byte(auditPolicy))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := newEnvPolicy(t, nil, mcs.Limits{}, pol, metrics)
+	e := newEnvPolicy(t, nil, mcs.Limits{}, auditPolicy(t), metrics)
 	ctx := context.Background()
 	m := e.newMachine(firmwaretestdata.MustLog("rhel8-uefi"))
 	counted := func() float64 {

@@ -47,7 +47,7 @@ func livePolicy(dg digests, audit bool) func(*system.World) *policytest.Builder 
 	return func(w *system.World) *policytest.Builder {
 		pool := policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
 		if audit {
-			pool = pool.Edit(func(p *policy.Pool) { p.TPM.Audit = []string{policy.RuleBootComponents + ".kernel"} })
+			pool = pool.Audit(policy.RuleBootComponents + ".kernel")
 		}
 		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker", pool)
 	}
