@@ -210,6 +210,22 @@ const (
 	ReasonPolicyPCRValue        Reason = "PCRValueMismatch"
 	ReasonPolicyKernelCmdline   Reason = "KernelCmdlineNotAllowed"
 	ReasonPolicyNodeNameMissing Reason = "NodeNameNotEstablished"
+	// ReasonPolicyBootSigner: a boot stage's signer (the Secure Boot
+	// authority that verified it) is not in its signedBy.
+	ReasonPolicyBootSigner Reason = "BootSignerNotAllowed"
+	// ReasonPolicySBAT: the SbatLevel the shim measured is below
+	// tpm.minimumSBAT for a component, or was not measured.
+	ReasonPolicySBAT Reason = "SBATLevelOutdated"
+	// ReasonPolicyMOK: a boot application verified (or possibly verified)
+	// by a machine-owner key tpm.machineOwnerKeys does not list.
+	ReasonPolicyMOK Reason = "MachineOwnerKeyNotAllowed"
+	// ReasonPolicyReferenceSetExpired: the boot chain matches only
+	// reference sets whose notAfter has passed.
+	ReasonPolicyReferenceSetExpired Reason = "ReferenceSetExpired"
+	// ReasonPolicyAudit is the Event reason of an admitted machine that a
+	// rule in audit mode would have refused (the message names the rule
+	// and the reason it would have given).
+	ReasonPolicyAudit Reason = "PolicyAuditRefusal"
 )
 
 // The server's own refusals (mcs): the request, the credentials of a

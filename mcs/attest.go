@@ -268,7 +268,8 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, err)
 		return
 	}
-	if err := s.pol().Evaluate(sess.Pool, claims); err != nil {
+	dec, err := s.pol().Decide(sess.Pool, claims, policy.Options{Now: s.o.Clock()})
+	if err != nil {
 		s.policyRefused(sess.Pool, claims, ss.NodeName, err)
 		s.refuse(w, d, err)
 		return
@@ -294,7 +295,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	rec := &store.Record{
 		ID: id, NodeName: node, Pool: sess.Pool, Kind: claims.Kind, Identity: claims.Identity,
 		KubeletKeySHA256: claims.KubeletKeySHA256, Addresses: claims.Addresses,
-		Summary: summarize(claims), CreatedAt: now, Expires: now.Add(s.o.RecordTTL),
+		Summary: summarize(claims) + auditSummary(dec.Audits), CreatedAt: now, Expires: now.Add(s.o.RecordTTL),
 	}
 	if s.o.Bootstrap != nil {
 		if err := s.o.Bootstrap.Issue(r.Context(), rec); err != nil {
@@ -311,6 +312,10 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		return
 	}
 	d.record = rec.ID
+	if len(dec.Audits) > 0 {
+		s.o.Metrics.audited(sess.Pool, dec.Audits)
+		s.auditEvent(sess.Pool, claims.Identity, node, "enrolled", dec.Audits)
+	}
 	exp := now.Add(s.o.ConfigTokenTTL)
 	tok, err := tokens.IssueConfigToken(s.o.Keys, tokens.ConfigToken{
 		ID: tokenID, RecordID: rec.ID, NodeName: node, Pool: sess.Pool, Expires: exp, Bootstrap: rec.BootstrapTokenSecret,
@@ -380,6 +385,27 @@ func (s *Server) policyRefused(pool string, claims *attest.Claims, requested str
 	}
 	s.eventAbout(claims.Identity, node, true, reason, fmt.Sprintf("%s (%s evidence) asked to enrol as node %s in pool %s; refused by policy: %v",
 		claims.Identity, claims.Kind, node, pool, refusal))
+}
+
+// auditEvent publishes a PolicyAuditRefusal Event about node (within the
+// identity's Event budget): it was admitted, and rules in audit mode
+// would have refused it. what says what the machine did ("enrolled",
+// "re-attested").
+func (s *Server) auditEvent(pool, identity, node, what string, audits []policy.Audit) {
+	s.eventAbout(identity, node, true, attest.ReasonPolicyAudit, fmt.Sprintf("node %s %s in pool %s, admitted by rules in audit mode that would have refused it:\n%s",
+		node, what, pool, policy.FormatAudits(audits, 1024)))
+}
+
+// auditSummary is audits for a record's summary: " audit: rule=Reason…".
+func auditSummary(audits []policy.Audit) string {
+	if len(audits) == 0 {
+		return ""
+	}
+	parts := make([]string, len(audits))
+	for i, a := range audits {
+		parts[i] = a.Rule + "=" + string(a.Reason)
+	}
+	return " audit: " + strings.Join(parts, ",")
 }
 
 // nodeName is the node name an attestation for pool establishes: the

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -22,6 +23,10 @@ import (
 //	nodeproof_server_config_fetches_total{tier,code}            config requests by the tier served (none when refused early)
 //	nodeproof_server_limited_total{endpoint,reason}             requests refused RateLimited or Overloaded
 //	nodeproof_server_token_uses_total{token,result}             config and provisioning tokens presented: accepted|refused
+//	nodeproof_policy_audit_refusals_total{pool,rule,reason}     admitted attestations a rule in audit mode would have refused
+//
+// The audit counter's pool is one the policy names (an attestation the
+// policy admitted), its rule one of policy.AuditRules.
 type Metrics struct {
 	requests     *prometheus.CounterVec
 	duration     *prometheus.HistogramVec
@@ -29,6 +34,7 @@ type Metrics struct {
 	configs      *prometheus.CounterVec
 	limited      *prometheus.CounterVec
 	tokens       *prometheus.CounterVec
+	audits       *prometheus.CounterVec
 }
 
 // NewMetrics registers the server's metrics on reg.
@@ -53,8 +59,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeproof_server_token_uses_total", Help: "Tokens presented for a config: config (single-use, from an attestation) or provisioning, accepted or refused.",
 		}, []string{"token", "result"}),
+		audits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "nodeproof_policy_audit_refusals_total", Help: "Admitted attestations that a policy rule in audit mode would have refused, by pool, rule (policy.AuditRules) and the reason it would have given.",
+		}, []string{"pool", "rule", "reason"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attestations, m.configs, m.limited, m.tokens} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.attestations, m.configs, m.limited, m.tokens, m.audits} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -119,5 +128,19 @@ func (m *Metrics) observe(d *decision, took time.Duration) {
 			}
 			m.tokens.WithLabelValues(d.cred, result).Inc()
 		}
+	}
+}
+
+// AuditRefusals is nodeproof_policy_audit_refusals_total.
+func (m *Metrics) AuditRefusals() *prometheus.CounterVec { return m.audits }
+
+// audited counts an admitted attestation's audit reports; a nil Metrics
+// counts nothing.
+func (m *Metrics) audited(pool string, audits []policy.Audit) {
+	if m == nil {
+		return
+	}
+	for _, a := range audits {
+		m.audits.WithLabelValues(pool, a.Rule, string(a.Reason)).Inc()
 	}
 }

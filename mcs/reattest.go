@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/store"
 )
@@ -79,8 +80,10 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		claimsJSON, _ = json.Marshal(recorded(claims))
 	}
 	replayed := false
+	var audits []policy.Audit
+	var prevAudit string
 	b, err := s.o.Store.UpdateStatus(ctx, node, identity, func(b *store.Binding) error {
-		refusal = verr
+		refusal, audits = verr, nil
 		// Sessions are answered in the order they were issued: an older
 		// one, or the same one again, is a replay. It changes nothing.
 		if !sess.IssuedAt.After(b.Status.SessionIssuedAt) {
@@ -91,9 +94,13 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		case b.Revoked != nil:
 			refusal = deny(attest.ReasonRevoked, "node %s was revoked by an operator at %s", node, b.Revoked.At.UTC().Format(time.RFC3339))
 		case refusal == nil:
-			refusal = s.pol().EvaluateReattestation(b.Pool, claims)
+			var dec *policy.Decision
+			if dec, refusal = s.pol().Decide(b.Pool, claims, policy.Options{Now: now, Reattestation: true}); refusal == nil {
+				audits = dec.Audits
+			}
 		}
 		st := &b.Status
+		prevAudit = st.Audit
 		wasPassing = st.LastAttempt.IsZero() || st.Passed
 		if refusal == nil && claims.TPM != nil && !st.LastAttempt.IsZero() && int64(claims.TPM.ResetCount) < st.ResetCount {
 			refusal = deny(attest.ReasonTPMClockRollback, "the TPM's reset count went back from %d to %d since the last attestation (a TPM2_Clear?): release and re-enrol the node if that was you", st.ResetCount, claims.TPM.ResetCount)
@@ -105,9 +112,9 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 			st.ResetCount, st.RestartCount = int64(claims.TPM.ResetCount), int64(claims.TPM.RestartCount)
 		}
 		st.LastAttempt, st.Summary, st.Claims, st.SessionIssuedAt = now, summary, claimsJSON, sess.IssuedAt
-		st.Passed, st.Reason, st.Message = refusal == nil, "", ""
+		st.Passed, st.Reason, st.Message, st.Audit = refusal == nil, "", "", ""
 		if refusal == nil {
-			st.LastSuccess = now
+			st.LastSuccess, st.Audit = now, policy.FormatAudits(audits, 4096)
 		} else {
 			r, _ := attest.ReasonOf(refusal)
 			st.Reason, st.Message = string(r), truncate(refusal.Error(), 1024)
@@ -140,6 +147,13 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		}
 		s.refuse(w, d, refusal)
 		return
+	}
+	if len(audits) > 0 {
+		// Counted each time; an Event when what the audit says changes.
+		s.o.Metrics.audited(b.Pool, audits)
+		if b.Status.Audit != prevAudit {
+			s.auditEvent(b.Pool, identity, node, "re-attested", audits)
+		}
 	}
 	if !wasPassing {
 		s.event(node, false, "AttestationPassed", fmt.Sprintf("node %s passed its re-attestation again (%s)", node, summary))

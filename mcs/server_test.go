@@ -159,12 +159,18 @@ func newEnvWith(t *testing.T, configs mcs.Configs) *env {
 // newEnvLimits is newEnvWith with admission limits.
 func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 	t.Helper()
+	return newEnvPolicy(t, configs, limits, testPolicy(t), nil)
+}
+
+// newEnvPolicy is newEnvLimits with a policy of its own (its pools among
+// staticConfigs') and metrics.
+func newEnvPolicy(t *testing.T, configs mcs.Configs, limits mcs.Limits, pol *policy.Policy, metrics *mcs.Metrics) *env {
+	t.Helper()
 	e := &env{t: t, configs: &staticConfigs{}}
 	if configs == nil {
 		configs = e.configs
 	}
 	dir := t.TempDir()
-	pol := testPolicy(t)
 	var err error
 	if e.store, err = boltstore.Open(filepath.Join(dir, "state.db"), time.Second, e.clock); err != nil {
 		t.Fatal(err)
@@ -206,7 +212,7 @@ func newEnvLimits(t *testing.T, configs mcs.Configs, limits mcs.Limits) *env {
 	e.keysPath = filepath.Join(dir, "keys.json")
 	e.opts = mcs.Options{
 		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
-		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events,
+		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events, Metrics: metrics,
 	}
 	srv, err := mcs.New(e.opts)
 	if err != nil {

@@ -212,6 +212,10 @@ type AttestationStatus struct {
 	Passed  bool   `json:"passed"`
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
+	// Audit, of a passed attempt, says which rules in audit mode would
+	// have refused it and why (policy.FormatAudits: one "rule: Reason:
+	// message" a line); empty when none would.
+	Audit string `json:"audit,omitempty"`
 	// Boots counts the boots seen since enrolment (a TPM's reset count
 	// changing between attestations); ResetCount and RestartCount are the
 	// last quote's (TPMS_CLOCK_INFO), when the evidence is a TPM's.

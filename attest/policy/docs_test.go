@@ -38,6 +38,30 @@ func example(t *testing.T, name string) *policy.Policy {
 // internal/system TestPolicyReferenceTPMExample.)
 func TestReferenceExamples(t *testing.T) {
 	now := time.Now()
+	t.Run("tpm-signers", func(t *testing.T) {
+		p := example(t, "tpm-signers")
+		boot := func(log string) *attest.Claims {
+			bs, err := tpm.LogBootState(firmwaretestdata.MustLog(log), crypto.SHA256)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:vendor", PCRBank: "sha256", Boot: bs}}
+		}
+		during := policy.Options{Now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
+		after := policy.Options{Now: time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC)}
+		if d, err := p.Decide("worker", boot("debian-12-ovmf-secure-boot"), during); err != nil || len(d.Audits) != 0 {
+			t.Errorf("the Debian 12 boot the example describes: %v (audits %+v)", err, d)
+		}
+		if d, err := p.Decide("worker", boot("rhel8-uefi"), during); err != nil || len(d.Audits) != 1 || d.Audits[0].Reason != attest.ReasonPolicySBAT {
+			t.Errorf("RHEL 8 during the rollout: %v (audits %+v); want admitted, SBATLevelOutdated audited", err, d)
+		}
+		if _, err := p.Decide("worker", boot("rhel8-uefi"), after); !isReason(err, attest.ReasonPolicyReferenceSetExpired) {
+			t.Errorf("RHEL 8 after the rollout: %v; want %s", err, attest.ReasonPolicyReferenceSetExpired)
+		}
+		if _, err := p.Decide("worker", boot("sb-cert-eventlog"), during); !isReason(err, attest.ReasonPolicyBootSigner) {
+			t.Errorf("Ubuntu's Canonical-signed GRUB: %v; want %s", err, attest.ReasonPolicyBootSigner)
+		}
+	})
 	t.Run("tpm", func(t *testing.T) {
 		p := example(t, "tpm")
 		bs, err := tpm.LogBootState(firmwaretestdata.MustLog("rhel8-uefi"), crypto.SHA256)
@@ -139,4 +163,9 @@ func TestReferenceNamesEveryField(t *testing.T) {
 	if len(seen) < 10 {
 		t.Fatalf("walked %d types: the policy lost its structure?", len(seen))
 	}
+}
+
+func isReason(err error, r attest.Reason) bool {
+	got, ok := attest.ReasonOf(err)
+	return ok && got == r
 }

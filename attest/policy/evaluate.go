@@ -8,45 +8,62 @@ import (
 
 // Evaluate decides whether claims may have pool. It returns nil or an error
 // wrapping an *attest.Denial with the first failed requirement's reason.
+// It is Decide without the audit reports and with the claims' VerifiedAt
+// as the clock.
 //
 // Requirements, in order:
 //   - the pool is in the policy (PoolNotInPolicy) and accepts the claims'
 //     kind (EvidenceKindNotAllowed);
 //   - for TPM claims, see evaluateTPM.
-func (p *Policy) Evaluate(pool string, c *attest.Claims) error { return p.evaluate(pool, c, true) }
-
-// EvaluateReattestation is Evaluate for a node attesting again after its
-// enrolment: every requirement but the first-boot window of cloud
-// evidence (GCP maxInstanceAge), which a running node is past by design.
-func (p *Policy) EvaluateReattestation(pool string, c *attest.Claims) error {
-	return p.evaluate(pool, c, false)
+func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
+	_, err := p.Decide(pool, c, Options{})
+	return err
 }
 
-func (p *Policy) evaluate(pool string, c *attest.Claims, firstBoot bool) error {
+// EvaluateReattestation is Evaluate for a node attesting again after its
+// enrolment (Options.Reattestation).
+func (p *Policy) EvaluateReattestation(pool string, c *attest.Claims) error {
+	_, err := p.Decide(pool, c, Options{Reattestation: true})
+	return err
+}
+
+// Decide is Evaluate that also says, of a machine it admits, which rules
+// in audit mode (Pool.Audit, tpm.audit) would have refused it and why.
+func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, error) {
 	pp, ok := p.Pools[pool]
 	if !ok {
-		return attest.DenySetting(attest.ReasonPolicyUnknownPool, "pools."+pool, "pool %q is not in the policy: add pools.%s", pool, pool)
+		return nil, attest.DenySetting(attest.ReasonPolicyUnknownPool, "pools."+pool, "pool %q is not in the policy: add pools.%s", pool, pool)
 	}
 	at := "pools." + pool + "." // where this pool's settings are
 	if !slices.Contains(pp.Evidence, c.Kind) {
-		return attest.DenySetting(attest.ReasonPolicyKindNotAllowed, at+"evidence", "pool %q does not accept %s evidence: %sevidence lists %v", pool, c.Kind, at, pp.Evidence)
+		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, at+"evidence", "pool %q does not accept %s evidence: %sevidence lists %v", pool, c.Kind, at, pp.Evidence)
 	}
+	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit}
+	if e.now.IsZero() {
+		e.now = c.VerifiedAt
+	}
+	var err error
 	switch c.Kind {
 	case attest.KindTPM:
 		if c.TPM == nil {
-			return attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
+			return nil, attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
 		}
-		return evaluateTPM(at+"tpm.", &pp.TPM, c.TPM)
+		err = evaluateTPM(at+"tpm.", &pp.TPM, c.TPM, e)
 	case attest.KindGCP:
 		if c.GCP == nil {
-			return attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
+			return nil, attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
 		}
-		return evaluateGCP(at+"gcp.", &pp.GCP, c.GCP, c.VerifiedAt, firstBoot)
+		err = evaluateGCP(at+"gcp.", &pp.GCP, c.GCP, c.VerifiedAt, !o.Reattestation)
 	case attest.KindAWS:
 		if c.AWS == nil {
-			return attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
+			return nil, attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
 		}
-		return evaluateAWS(at+"aws.", &pp.AWS, c.AWS)
+		err = evaluateAWS(at+"aws.", &pp.AWS, c.AWS)
+	default:
+		err = attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
 	}
-	return attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
+	if err != nil {
+		return nil, err
+	}
+	return &Decision{Audits: e.audits}, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"gopkg.in/yaml.v3"
@@ -30,6 +31,11 @@ type Learned struct {
 	// (serve.nodeNames): "requested" or "evidence"; empty keeps the pool's
 	// (ErrNodeNamesUnset when that cannot name this machine).
 	NodeNames string
+	// Digests pins each stage's digest (allow) as well as its signer.
+	// Off: signer rules alone, which keep admitting the machine's
+	// updates; a stage whose signer the log does not establish is pinned
+	// by digest all the same (with a note).
+	Digests bool
 }
 
 // ErrNodeNamesUnset: the learned pool would refuse the machine
@@ -45,14 +51,19 @@ var ErrNodeNamesUnset = errors.New("how this pool's machines get their node name
 //
 // A new pool gets: evidence [tpm]; ekTrust [l.EKTrust]; requireSecureBoot
 // when the machine booted with Secure Boot on; minimumDBX.entries, its
-// dbx's entry count; for the shim, the boot loader and the kernel, an
-// allow list of the digest the log established (a stage it did not
-// establish gets any: true, and a note); allowSHA1 when the bank is SHA-1.
+// dbx's entry count; minimumSBAT, the SbatLevel its shim measured (with
+// Secure Boot on); for the shim, the boot loader and the kernel, a
+// signedBy of the authorities that verified it (every one the log leaves
+// possible, with a note when several), and with l.Digests (or where the
+// log names no signer: Secure Boot off) an allow list of the digest the
+// log established (a stage it did not establish gets any: true, and a
+// note); allowSHA1 when the bank is SHA-1.
 //
-// An existing pool (merging a second machine): each stage's digest joins
-// its allow list (a stage that says any stays so), its EK trust joins
-// ekTrust; requireSecureBoot and minimumDBX stay as they are, with a note
-// when this machine does not meet them.
+// An existing pool (merging a second machine): each stage's signers join
+// its signedBy and (as above) its digest its allow list (a stage that
+// says any stays so), its EK trust joins ekTrust; requireSecureBoot,
+// minimumDBX and minimumSBAT stay as they are, with a note when this
+// machine does not meet them.
 //
 // How the machine gets its node name: l.NodeNames sets the pool's
 // serve.nodeNames; without it the pool must already take requested names
@@ -108,6 +119,13 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 		if b.KernelCmdlineKnown {
 			notes = append(notes, fmt.Sprintf("pools.%s.tpm.kernelCmdline: not learned; the machine's was %q", pool, b.KernelCmdline))
 		}
+		if st := b.ShimState; st != nil && st.SBATLevelKnown && len(st.SBAT) > 0 && b.SecureBoot {
+			m := map[string]any{}
+			for comp, gen := range st.SBAT {
+				m[comp] = gen
+			}
+			tpm["minimumSBAT"] = m
+		}
 	} else {
 		p["evidence"] = addTo(p["evidence"], string(attest.KindTPM))
 		if !truthy(tpm["anyEKTrust"]) {
@@ -150,13 +168,28 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 	}
 
 	comps := child(tpm, "bootComponents")
-	for _, st := range []struct{ key, digest, what string }{
-		{"shim", b.Shim, "shim"}, {"bootloader", b.Bootloader, "boot loader"}, {"kernel", b.Kernel, "kernel"},
-	} {
+	for _, st := range chainStages {
+		digest, apps := stageApps(&b, st.key)
 		s := child(comps, st.key)
+		signers, many := learnedSigners(&b, apps)
 		switch {
 		case truthy(s["any"]):
-		case st.digest == "":
+		case digest != "" && len(signers) > 0:
+			for _, sg := range signers {
+				s["signedBy"] = addTo(s["signedBy"], sg)
+			}
+			if many {
+				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s.signedBy: the log leaves %d authorities that may have verified the %s, all listed: keep only those that sign your %ss", pool, st.key, len(signers), st.what, st.what))
+			}
+			if l.Digests {
+				s["allow"] = addTo(s["allow"], digest)
+			} else if _, had := s["allow"]; had {
+				s["allow"] = addTo(s["allow"], digest) // a pool pinned by digest stays so
+			}
+		case digest != "" && !l.Digests:
+			s["allow"] = addTo(s["allow"], digest)
+			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: the log names no signer of the %s (Secure Boot off?): pinned by its digest", pool, st.key, st.what))
+		case digest == "":
 			why := fmt.Sprintf("the log did not establish a %s", st.what)
 			if st.key == "kernel" && kernelOnlyInPCR9(b) {
 				why = "the kernel was measured only into PCR 9: with Secure Boot off, GRUB loads the kernel itself " +
@@ -171,7 +204,7 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 			s["any"] = true
 			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true, %s; narrow it by hand", pool, st.key, why))
 		default:
-			s["allow"] = addTo(s["allow"], st.digest)
+			s["allow"] = addTo(s["allow"], digest)
 		}
 	}
 
@@ -185,20 +218,59 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 	}
 	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, PCRBank: l.Bank, Boot: b}}
 	err = pol.Evaluate(pool, claims)
-	if r, _ := attest.ReasonOf(err); r == attest.ReasonPolicyDBX && existed {
-		// A kept minimum this machine's dbx is below: said, not refused,
-		// if nothing else would refuse it (Evaluate stops at the first).
+	if existed {
+		// A kept minimum this machine is below: said, not refused, if
+		// nothing else would refuse it (Evaluate stops at the first).
 		pp := pol.Pools[pool]
-		pp.TPM.MinimumDBX = nil
-		pol.Pools[pool] = pp
-		if err = pol.Evaluate(pool, claims); err == nil {
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumDBX: kept; this machine's dbx (%d entries) is older and is refused until it is updated", pool, b.DBXEntries))
+		for _, kept := range []struct {
+			reason attest.Reason
+			drop   func()
+			note   string
+		}{
+			{attest.ReasonPolicyDBX, func() { pp.TPM.MinimumDBX = nil }, fmt.Sprintf("pools.%s.tpm.minimumDBX: kept; this machine's dbx (%d entries) is older and is refused until it is updated", pool, b.DBXEntries)},
+			{attest.ReasonPolicySBAT, func() { pp.TPM.MinimumSBAT = nil }, fmt.Sprintf("pools.%s.tpm.minimumSBAT: kept; this machine's shim enforces older SBAT revocations and is refused until it is updated", pool)},
+		} {
+			if r, _ := attest.ReasonOf(err); r == kept.reason {
+				kept.drop()
+				pol.Pools[pool] = pp
+				if err = pol.Evaluate(pool, claims); err == nil {
+					notes = append(notes, kept.note)
+				}
+			}
 		}
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: pool %s would refuse the machine it was learned from: %w", pool, err)
 	}
 	return out, notes, nil
+}
+
+// learnedSigners are the certificates that may have verified every boot
+// application of apps (each application's possible signers: the stage's
+// signedBy must list them all), and whether the log left several for
+// one; none when the log names no certificate for one of them.
+func learnedSigners(b *attest.BootState, apps []int) ([]string, bool) {
+	var out []string
+	many := false
+	for _, i := range apps {
+		if i >= len(b.AppVerifications) {
+			return nil, false
+		}
+		v := b.AppVerifications[i]
+		if v.Verifier == "" || len(v.Signers) == 0 {
+			return nil, false
+		}
+		many = many || len(v.Signers) > 1
+		for _, s := range v.Signers {
+			if a, ok := authority(b, s, v.Verifier); !ok || a.Hash {
+				return nil, false
+			}
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, many
 }
 
 // kernelOnlyInPCR9 reports a boot where GRUB booted a kernel (its
@@ -241,14 +313,25 @@ func onOff(b attest.BootState) string {
 	return "off"
 }
 
-// AddDigests adds Authenticode digests, by stage ("shim", "bootloader",
-// "kernel"), to the allow lists of pool in the policy document doc
-// (`nodeproof policy learn --efi --digests`: reference values read from
-// the boot files, not from a machine), and returns the new document and
-// notes. The pool must exist (its EK trust and Secure Boot rules come from
-// a machine, or by hand); a stage that says any stays so, with a note.
-// The result must parse. Comments of doc are not kept.
-func AddDigests(doc []byte, pool string, digests map[string][]string) ([]byte, []string, error) {
+// References are reference values read from boot files, not from a
+// machine (`nodeproof policy learn --efi`): by stage ("shim",
+// "bootloader", "kernel"), the certificates that may verify each
+// (fingerprints) and its Authenticode digests; and the SbatLevel the shim
+// applies.
+type References struct {
+	Signers     map[string][]string
+	Digests     map[string][]string
+	MinimumSBAT map[string]int
+}
+
+// AddReferences adds r to pool in the policy document doc and returns the
+// new document and notes: each stage's signers join its signedBy and its
+// digests its allow list (a stage that says any stays so, with a note);
+// minimumSBAT is raised to r's generations where they are higher (never
+// lowered). The pool must exist (its EK trust and Secure Boot rules come
+// from a machine, or by hand). The result must parse. Comments of doc are
+// not kept.
+func AddReferences(doc []byte, pool string, r References) ([]byte, []string, error) {
 	root := map[string]any{}
 	if err := yaml.Unmarshal(doc, &root); err != nil {
 		return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
@@ -258,25 +341,46 @@ func AddDigests(doc []byte, pool string, digests map[string][]string) ([]byte, [
 	if !ok {
 		return nil, nil, fmt.Errorf("policy learn: pool %s is not in the policy to merge into (learn it from a machine first, or write it)", pool)
 	}
-	comps := child(child(p, "tpm"), "bootComponents")
-	var notes []string
-	for _, stage := range []string{"shim", "bootloader", "kernel"} {
-		ds := digests[stage]
-		if len(ds) == 0 {
-			continue
-		}
-		s := child(comps, stage)
-		if truthy(s["any"]) {
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true kept; the %d digest(s) read are not added", pool, stage, len(ds)))
-			continue
-		}
-		for _, d := range ds {
-			s["allow"] = addTo(s["allow"], d)
+	for _, m := range []map[string][]string{r.Signers, r.Digests} {
+		for stage := range m {
+			if stage != "shim" && stage != "bootloader" && stage != "kernel" {
+				return nil, nil, fmt.Errorf("policy learn: no boot stage %q (shim, bootloader, kernel)", stage)
+			}
 		}
 	}
-	for stage := range digests {
-		if stage != "shim" && stage != "bootloader" && stage != "kernel" {
-			return nil, nil, fmt.Errorf("policy learn: no boot stage %q (shim, bootloader, kernel)", stage)
+	tpm := child(p, "tpm")
+	comps := child(tpm, "bootComponents")
+	var notes []string
+	for _, stage := range []string{"shim", "bootloader", "kernel"} {
+		for _, kind := range []struct {
+			key  string
+			vals []string
+		}{{"signedBy", r.Signers[stage]}, {"allow", r.Digests[stage]}} {
+			if len(kind.vals) == 0 {
+				continue
+			}
+			s := child(comps, stage)
+			if truthy(s["any"]) {
+				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true kept; the %d %s value(s) read are not added", pool, stage, len(kind.vals), kind.key))
+				continue
+			}
+			for _, v := range kind.vals {
+				s[kind.key] = addTo(s[kind.key], v)
+			}
+		}
+	}
+	if len(r.MinimumSBAT) > 0 {
+		m := child(tpm, "minimumSBAT")
+		for _, comp := range slices.Sorted(maps.Keys(r.MinimumSBAT)) {
+			gen := r.MinimumSBAT[comp]
+			cur, _ := m[comp].(int)
+			switch {
+			case cur == 0:
+				m[comp] = gen
+			case gen > cur:
+				m[comp] = gen
+				notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumSBAT.%s: raised from %d to %d: machines whose shim enforces less are refused SBATLevelOutdated", pool, comp, cur, gen))
+			}
 		}
 	}
 	out, err := yaml.Marshal(root)
@@ -284,7 +388,7 @@ func AddDigests(doc []byte, pool string, digests map[string][]string) ([]byte, [
 		return nil, nil, fmt.Errorf("policy learn: %w", err)
 	}
 	if _, err := Parse(out); err != nil {
-		return nil, nil, fmt.Errorf("policy learn: the policy with the digests added does not check: %w", err)
+		return nil, nil, fmt.Errorf("policy learn: the policy with the files' reference values does not check: %w", err)
 	}
 	return out, notes, nil
 }

@@ -3,6 +3,8 @@ package policy_test
 import (
 	"crypto"
 	"errors"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,9 +39,13 @@ func mustParse(t *testing.T, doc []byte) *policy.Policy {
 
 // TestLearn: a policy learned from one real machine admits it and refuses
 // machines that booted otherwise; merging a second machine adds its boot
-// chain, and both are admitted; what cannot be learned is said.
+// chain's signers, and both are admitted; what cannot be learned is said.
+// Signer rules by default (the log names Microsoft's UEFI CA for the
+// shim, Canonical's CA for GRUB; the log establishes no kernel); digests on
+// request.
 func TestLearn(t *testing.T) {
 	first, second := learned(t, "sb-cert-eventlog"), learned(t, "rhel8-uefi")
+	const microsoft, canonical = "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507", "ed1fe72cb9ca31c9af5b757afcd733323d675825032e6ced7fe1ae9eb767998c"
 	doc, notes, err := policy.Learn(nil, "worker", first)
 	if err != nil {
 		t.Fatal(err)
@@ -47,9 +53,20 @@ func TestLearn(t *testing.T) {
 	t.Logf("learned:\n%s\nnotes: %q", doc, notes)
 	p := mustParse(t, doc)
 	tp := p.Pools["worker"].TPM
+	c := tp.BootComponents
 	if !tp.RequireSecureBoot || tp.MinimumDBX == nil || tp.MinimumDBX.Entries != first.Boot.DBXEntries ||
-		len(tp.BootComponents.Shim.Allow) != 1 || tp.BootComponents.Shim.Allow[0] != first.Boot.Shim {
-		t.Errorf("learned tpm policy %+v; want Secure Boot, the machine's dbx count and its shim", tp)
+		!slices.Equal(c.Shim.SignedBy, []string{microsoft}) || !slices.Equal(c.Bootloader.SignedBy, []string{canonical}) ||
+		!c.Kernel.Any || len(c.Shim.Allow)+len(c.Bootloader.Allow)+len(c.Kernel.Allow) != 0 {
+		t.Errorf("learned tpm policy %+v; want Secure Boot, the machine's dbx count and its signers, no digests (its log establishes no kernel)", tp)
+	}
+	withDigests := first
+	withDigests.Digests = true
+	dd, _, err := policy.Learn(nil, "worker", withDigests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dc := mustParse(t, dd).Pools["worker"].TPM.BootComponents; !slices.Equal(dc.Shim.Allow, []string{first.Boot.Shim}) || !slices.Equal(dc.Shim.SignedBy, []string{microsoft}) {
+		t.Errorf("learned with digests: %+v; want the shim's digest and signer", dc)
 	}
 	if err := p.Evaluate("worker", claimsOf(first)); err != nil {
 		t.Errorf("the learned machine is refused: %v", err)
@@ -59,7 +76,7 @@ func TestLearn(t *testing.T) {
 		want attest.Reason
 	}{
 		{"ubuntu-2104-no-secure-boot", attest.ReasonPolicySecureBootOff},
-		{"rhel8-uefi", attest.ReasonPolicyBootNotAllowed},
+		{"rhel8-uefi", attest.ReasonPolicyBootSigner},
 	}
 	for _, c := range cases {
 		err := p.Evaluate("worker", claimsOf(learned(t, c.log)))
@@ -80,8 +97,8 @@ func TestLearn(t *testing.T) {
 			t.Errorf("after the merge, the %s machine is refused: %v", name, err)
 		}
 	}
-	if n := len(p2.Pools["worker"].TPM.BootComponents.Bootloader.Allow); n != 2 {
-		t.Errorf("after the merge, %d boot loaders allowed; want both machines'", n)
+	if n := len(p2.Pools["worker"].TPM.BootComponents.Bootloader.SignedBy); n != 2 {
+		t.Errorf("after the merge, %d boot loader signers allowed; want both machines'", n)
 	}
 	if len(p2.Trust.EKRoots) != 1 {
 		t.Errorf("trust.ekRoots %+v: want the one root, once", p2.Trust.EKRoots)
@@ -149,6 +166,16 @@ func TestLearnLiveBoots(t *testing.T) {
 		t.Fatal(err)
 	}
 	tp := mustParse(t, doc).Pools["worker"].TPM
+	const microsoft, debian = "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507", "079646974bce09b1f04da67bd722d1fb0947ae4c4010bccdbba52d5b23cbf1a2"
+	if c := tp.BootComponents; !slices.Equal(c.Shim.SignedBy, []string{microsoft}) || !slices.Equal(c.Bootloader.SignedBy, []string{debian}) ||
+		!slices.Equal(c.Kernel.SignedBy, []string{debian}) || !maps.Equal(tp.MinimumSBAT, map[string]int{"shim": 4, "grub": 5}) {
+		t.Errorf("learned from the Secure Boot boot: %+v, SBAT %v; want Microsoft's CA for the shim, Debian's for GRUB and the kernel, SBAT shim 4, grub 5", tp.BootComponents, tp.MinimumSBAT)
+	}
+	on.Digests = true
+	if doc, _, err = policy.Learn(nil, "worker", on); err != nil {
+		t.Fatal(err)
+	}
+	tp = mustParse(t, doc).Pools["worker"].TPM
 	apps := on.Boot.BootApplications
 	if !tp.RequireSecureBoot || len(apps) != 4 || tp.BootComponents.Shim.Allow[0] != apps[0] ||
 		tp.BootComponents.Bootloader.Allow[0] != apps[1] || len(tp.BootComponents.Kernel.Allow) != 1 || tp.BootComponents.Kernel.Allow[0] != apps[2] {

@@ -22,9 +22,13 @@
 //	      bootComponents:
 //	        shim:       {allow: [<sha256>...], deny: [...]}
 //	        bootloader: {allow: [...]}
-//	        kernel:     {any: true}     # or allow: [...]
+//	        kernel:     {signedBy: [<sha256 fingerprint or PEM>...]}  # or allow: [...], any: true
 //	      deniedDigests: [<digest>...]
 //	      minimumDBX: {entries: 100, contains: [<sha256>...]}
+//	      minimumSBAT: {shim: 4, grub: 5}
+//	      machineOwnerKeys: {allow: [<sha256 fingerprint>...]}
+//	      referenceSets: [{name: r2, notAfter: 2027-01-31T00:00:00Z, kernel: {signedBy: [...]}, ...}]
+//	      audit: [bootComponents.kernel]   # rules that admit and report
 //	      pcrs: {"0": <hex>, "7": <hex>}
 //	      kernelCmdline: {require: [...], forbid: [...]}
 //	    gcp: {projects: [my-project], zones: [us-central1-a], maxInstanceAge: 1h}
@@ -57,6 +61,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -124,6 +129,10 @@ type Pool struct {
 	// Lifetime says how the pool's nodes keep proving themselves after
 	// they enrolled (docs/lifetime.md).
 	Lifetime Lifetime `yaml:"lifetime"`
+	// Audit puts every boot rule of the pool in audit mode (AuditRules):
+	// a machine they would refuse is admitted, and its binding, an Event
+	// and a metric say which rule and why. Logged at start.
+	Audit bool `yaml:"audit"`
 }
 
 // Lifetime is a pool's re-attestation schedule and what an unattested
@@ -240,6 +249,16 @@ func (p *Policy) Warnings() []string {
 				}
 			}
 		}
+		if pp.Audit {
+			out = append(out, fmt.Sprintf("pool %q: audit: true: its boot rules admit what they would refuse (and report it)", name))
+		} else if len(pp.TPM.Audit) > 0 && pp.takes(attest.KindTPM) {
+			out = append(out, fmt.Sprintf("pool %q: tpm.audit: %s admit what they would refuse (and report it)", name, strings.Join(pp.TPM.Audit, ", ")))
+		}
+		for _, r := range pp.TPM.ReferenceSets {
+			if r.NotAfter == nil && pp.takes(attest.KindTPM) {
+				out = append(out, fmt.Sprintf("pool %q: tpm.referenceSets %s has no notAfter: it is accepted until removed", name, r.Name))
+			}
+		}
 	}
 	return out
 }
@@ -307,6 +326,9 @@ func Parse(b []byte) (*Policy, error) {
 		return nil, fmt.Errorf("decode: %w (docs/policy.md lists every field and its type)", err)
 	}
 	if err := p.validate(); err != nil {
+		return nil, err
+	}
+	if err := p.normalize(); err != nil {
 		return nil, err
 	}
 	return &p, nil

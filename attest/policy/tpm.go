@@ -29,8 +29,22 @@ type TPMPolicy struct {
 	RequireSecureBoot bool `yaml:"requireSecureBoot"`
 	// BootComponents constrain the boot chain the event log establishes:
 	// the shim, the boot loader, the kernel. Each stage of a pool that
-	// takes TPM evidence lists its allowed digests, or says any: true.
+	// takes TPM evidence lists its allowed digests or signers, or says
+	// any: true.
 	BootComponents BootComponents `yaml:"bootComponents"`
+	// ReferenceSets are further boot chains accepted beside
+	// BootComponents, each named, each optionally until a date: a
+	// rollout's old and new releases at once (boot.go).
+	ReferenceSets []ReferenceSet `yaml:"referenceSets"`
+	// MinimumSBAT requires the SbatLevel the shim measured to revoke at
+	// least these generations, by component ("shim": 4, "grub": 5).
+	MinimumSBAT map[string]int `yaml:"minimumSBAT"`
+	// MachineOwnerKeys, when set, refuses boot applications the shim
+	// verified with a machine-owner key it does not list.
+	MachineOwnerKeys *MachineOwnerKeys `yaml:"machineOwnerKeys"`
+	// Audit lists rules (AuditRules) whose refusals admit the machine
+	// and are reported instead (Pool.Audit: all of them).
+	Audit []string `yaml:"audit"`
 	// DeniedDigests are refused wherever they appear among the boot
 	// applications (revoked shims, vulnerable GRUBs).
 	DeniedDigests []string `yaml:"deniedDigests"`
@@ -43,21 +57,24 @@ type TPMPolicy struct {
 	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
 }
 
-// BootComponents are allow/deny lists for each boot stage.
+// BootComponents are the rules of each boot stage.
 type BootComponents struct {
 	Shim       DigestList `yaml:"shim"`
 	Bootloader DigestList `yaml:"bootloader"`
 	Kernel     DigestList `yaml:"kernel"`
 }
 
-// DigestList allows and denies digests (hex) for one boot stage. Allow
-// requires the stage measured and its digest listed; Any accepts whatever
-// was (or was not) measured there, unless denied. An empty Allow without
-// Any refuses: it never means any.
+// DigestList is one boot stage's rules. Allow requires the stage measured
+// and its digest listed; SignedBy requires it measured and verified by a
+// listed signer (a certificate, PEM, or its SHA-256 fingerprint, hex);
+// with both, both must hold. Any accepts whatever was (or was not)
+// measured there, unless denied. Without Allow, SignedBy or Any a stage
+// refuses: empty never means any.
 type DigestList struct {
-	Allow []string `yaml:"allow"`
-	Any   bool     `yaml:"any"`
-	Deny  []string `yaml:"deny"`
+	Allow    []string `yaml:"allow"`
+	SignedBy []string `yaml:"signedBy"`
+	Any      bool     `yaml:"any"`
+	Deny     []string `yaml:"deny"`
 }
 
 // MinimumDBX says how current the UEFI revocation list must be.
@@ -82,19 +99,25 @@ type KernelCmdline struct {
 func needsLog(t *TPMPolicy) bool {
 	c := t.BootComponents
 	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
+		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil ||
 		(t.KernelCmdline != nil && (len(t.KernelCmdline.Require) > 0 || len(t.KernelCmdline.Forbid) > 0))
 }
 
 // evaluateTPM checks, in order: the PCR bank (SHA1BankNotAllowed), the EK
 // trust (EKTrustNotAllowed), that an event log was sent when a rule below
-// needs one (EventLogMissing), Secure Boot (SecureBootStateUnknown,
-// SecureBootDisabled), denied digests anywhere among boot applications and
-// per stage (BootComponentDenied), per-stage allow lists
-// (BootComponentNotMeasured, BootComponentNotAllowed), the dbx
-// (DBXOutdated), PCR reference values (PCRValueMismatch) and the kernel
-// command line (KernelCmdlineNotAllowed). Each refusal names the setting
-// (in, e.g. "pools.worker.tpm.").
-func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims) error {
+// needs one (EventLogMissing) — these three are never audited — then the
+// boot rules, each of which e may audit (AuditRules): Secure Boot
+// (SecureBootStateUnknown, SecureBootDisabled), denied digests anywhere
+// among boot applications (BootComponentDenied), the boot chain against
+// bootComponents and the reference sets (bootChain: BootComponentDenied,
+// BootComponentNotMeasured, BootComponentNotAllowed, BootSignerUnknown,
+// BootSignerAmbiguous, BootSignerNotAllowed, ReferenceSetExpired), the
+// shim's SBAT level (SBATLevelOutdated), machine-owner keys
+// (MachineOwnerKeyNotAllowed), the dbx (DBXOutdated), PCR reference
+// values (PCRValueMismatch) and the kernel command line
+// (KernelCmdlineNotAllowed). Each refusal names the setting (in, e.g.
+// "pools.worker.tpm.").
+func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) error {
 	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
 		return attest.DenySetting(attest.ReasonPolicySHA1, in+"allowSHA1", "quote is of the %s bank; this pool requires sha256 unless %sallowSHA1", c.PCRBank, in)
 	}
@@ -106,78 +129,103 @@ func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims) error {
 		return attest.Deny(attest.ReasonEventLogMissing, "the machine sent no event log, and this pool's boot rules need one: the firmware's log did not reach its kernel (with Secure Boot off, GRUB's linux command boots the kernel without its EFI stub; linuxefi keeps the log)")
 	}
 	if t.RequireSecureBoot {
-		if !b.SecureBootKnown {
-			return attest.DenySetting(attest.ReasonPolicySecureBootUnk, in+"requireSecureBoot", "the event log does not establish the Secure Boot state, which %srequireSecureBoot needs", in)
-		}
-		if !b.SecureBoot {
-			return attest.DenySetting(attest.ReasonPolicySecureBootOff, in+"requireSecureBoot", "the machine booted with Secure Boot off; %srequireSecureBoot is set", in)
+		if err := e.rule(RuleSecureBoot, secureBoot(in, b)); err != nil {
+			return err
 		}
 	}
+	if err := e.rule(RuleDeniedDigests, deniedDigests(in, t, b)); err != nil {
+		return err
+	}
+	if err := bootChain(in, t, b, e); err != nil {
+		return err
+	}
+	if len(t.MinimumSBAT) > 0 {
+		if err := e.rule(RuleMinimumSBAT, minimumSBAT(in, t.MinimumSBAT, b)); err != nil {
+			return err
+		}
+	}
+	if t.MachineOwnerKeys != nil {
+		if err := e.rule(RuleMachineOwnerKeys, machineOwnerKeys(in, t.MachineOwnerKeys, b)); err != nil {
+			return err
+		}
+	}
+	if t.MinimumDBX != nil {
+		if err := e.rule(RuleMinimumDBX, minimumDBX(in, t.MinimumDBX, b)); err != nil {
+			return err
+		}
+	}
+	if err := e.rule(RulePCRs, pcrValues(in, t.PCRs, c.PCRs)); err != nil {
+		return err
+	}
+	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
+		if err := e.rule(RuleKernelCmdline, kernelCmdline(in, k, b)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func secureBoot(in string, b *attest.BootState) error {
+	if !b.SecureBootKnown {
+		return attest.DenySetting(attest.ReasonPolicySecureBootUnk, in+"requireSecureBoot", "the event log does not establish the Secure Boot state, which %srequireSecureBoot needs", in)
+	}
+	if !b.SecureBoot {
+		return attest.DenySetting(attest.ReasonPolicySecureBootOff, in+"requireSecureBoot", "the machine booted with Secure Boot off; %srequireSecureBoot is set", in)
+	}
+	return nil
+}
+
+func deniedDigests(in string, t *TPMPolicy, b *attest.BootState) error {
 	for i, app := range b.BootApplications {
 		if containsHex(t.DeniedDigests, app) {
 			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "boot application %d (%s) is in %sdeniedDigests", i, app, in)
 		}
 	}
-	stages := []struct {
-		name   string
-		list   DigestList
-		digest string
-	}{{"shim", t.BootComponents.Shim, b.Shim}, {"bootloader", t.BootComponents.Bootloader, b.Bootloader}, {"kernel", t.BootComponents.Kernel, b.Kernel}}
-	for _, s := range stages {
-		stage := in + "bootComponents." + s.name + "."
-		if s.digest != "" && containsHex(s.list.Deny, s.digest) {
-			return attest.DenySetting(attest.ReasonPolicyBootDenied, stage+"deny", "%s %s is in %sdeny", s.name, s.digest, stage)
-		}
-		if s.list.Any {
-			continue
-		}
-		if len(s.list.Allow) == 0 {
-			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "the pool allows no %s: %sallow is empty (an empty list allows none; %sany: true allows any)", s.name, stage, stage)
-		}
-		if s.digest == "" {
-			return attest.DenySetting(attest.ReasonPolicyBootMissing, stage+"allow", "no %s was measured, and %sallow allows only listed ones", s.name, stage)
-		}
-		if !containsHex(s.list.Allow, s.digest) {
-			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, stage+"allow", "%s %s is not in %sallow", s.name, s.digest, stage)
+	return nil
+}
+
+func minimumDBX(in string, m *MinimumDBX, b *attest.BootState) error {
+	if !b.DBXKnown {
+		return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "the event log does not establish the dbx, which %sminimumDBX needs", in)
+	}
+	if b.DBXEntries < m.Entries {
+		return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx has %d entries; %sminimumDBX.entries requires %d", b.DBXEntries, in, m.Entries)
+	}
+	for _, h := range m.Contains {
+		if !dbxRevokes(b.DBXSHA256s, h) {
+			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx does not revoke %s, which %sminimumDBX.contains requires", h, in)
 		}
 	}
-	if m := t.MinimumDBX; m != nil {
-		if !b.DBXKnown {
-			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "the event log does not establish the dbx, which %sminimumDBX needs", in)
-		}
-		if b.DBXEntries < m.Entries {
-			return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx has %d entries; %sminimumDBX.entries requires %d", b.DBXEntries, in, m.Entries)
-		}
-		for _, h := range m.Contains {
-			if !dbxRevokes(b.DBXSHA256s, h) {
-				return attest.DenySetting(attest.ReasonPolicyDBX, in+"minimumDBX", "dbx does not revoke %s, which %sminimumDBX.contains requires", h, in)
-			}
-		}
-	}
-	for _, idx := range sortedPCRKeys(t.PCRs) {
+	return nil
+}
+
+func pcrValues(in string, want map[string]string, got map[int]string) error {
+	for _, idx := range sortedPCRKeys(want) {
 		i, _ := strconv.Atoi(idx)
-		got, ok := c.PCRs[i]
-		if !ok || !strings.EqualFold(got, t.PCRs[idx]) {
-			return attest.DenySetting(attest.ReasonPolicyPCRValue, in+"pcrs", "PCR %d is %s; %spcrs wants %s", i, got, in, t.PCRs[idx])
+		g, ok := got[i]
+		if !ok || !strings.EqualFold(g, want[idx]) {
+			return attest.DenySetting(attest.ReasonPolicyPCRValue, in+"pcrs", "PCR %d is %s; %spcrs wants %s", i, g, in, want[idx])
 		}
 	}
-	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
-		if !b.KernelCmdlineKnown {
-			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline", "the event log does not establish the kernel command line, which %skernelCmdline needs", in)
+	return nil
+}
+
+func kernelCmdline(in string, k *KernelCmdline, b *attest.BootState) error {
+	if !b.KernelCmdlineKnown {
+		return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline", "the event log does not establish the kernel command line, which %skernelCmdline needs", in)
+	}
+	// Words without GRUB's quotes: where GRUB puts them is not measured
+	// (see attest/tpm's grubCmdlineConsistent), so a quote glued to a
+	// forbidden word must not hide it.
+	args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
+	for _, r := range k.Require {
+		if !slices.Contains(args, r) {
+			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.require", "kernel command line lacks %q, which %skernelCmdline.require requires", r, in)
 		}
-		// Words without GRUB's quotes: where GRUB puts them is not
-		// measured (see attest/tpm's grubCmdlineConsistent), so a quote
-		// glued to a forbidden word must not hide it.
-		args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
-		for _, r := range k.Require {
-			if !slices.Contains(args, r) {
-				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.require", "kernel command line lacks %q, which %skernelCmdline.require requires", r, in)
-			}
-		}
-		for _, f := range k.Forbid {
-			if slices.Contains(args, f) {
-				return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.forbid", "kernel command line has %q, which %skernelCmdline.forbid forbids", f, in)
-			}
+	}
+	for _, f := range k.Forbid {
+		if slices.Contains(args, f) {
+			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.forbid", "kernel command line has %q, which %skernelCmdline.forbid forbids", f, in)
 		}
 	}
 	return nil
@@ -221,9 +269,9 @@ func (t TPMPolicy) EKTrustList() AllowList {
 		Items: t.EKTrust, Any: t.AnyEKTrust, Open: "tpm.anyEKTrust: an EK any configured trust vouched for may attest"}
 }
 
-// allowList is a boot stage's allow with its any (stage as the YAML
-// names it, what as a message does).
+// allowList is a boot stage's allow and signedBy with its any (stage as
+// the YAML names it, what as a message does): either list is a rule.
 func (d DigestList) allowList(stage, what string) AllowList {
 	return AllowList{Kind: attest.KindTPM, Field: "tpm.bootComponents." + stage + ".allow", AnyField: "tpm.bootComponents." + stage + ".any",
-		What: what + "s", Items: d.Allow, Any: d.Any, Open: "tpm.bootComponents." + stage + ".any: any " + what + " not denied"}
+		What: what + "s (their digests here, or their signers in signedBy)", Items: slices.Concat(d.Allow, d.SignedBy), Any: d.Any, Open: "tpm.bootComponents." + stage + ".any: any " + what + " not denied"}
 }

@@ -10,6 +10,48 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 )
 
+// normalize replaces each PEM certificate of signedBy and
+// machineOwnerKeys.allow with its SHA-256 fingerprint, which evaluation
+// compares.
+func (p *Policy) normalize() error {
+	for name, pool := range p.Pools {
+		t := &pool.TPM
+		var err error
+		for _, st := range t.stageRules() {
+			if st.d.SignedBy, err = fingerprints(st.at+".signedBy", st.d.SignedBy); err != nil {
+				return fmt.Errorf("pool %q: %w", name, err)
+			}
+		}
+		if m := t.MachineOwnerKeys; m != nil {
+			if m.Allow, err = fingerprints("tpm.machineOwnerKeys.allow", m.Allow); err != nil {
+				return fmt.Errorf("pool %q: %w", name, err)
+			}
+		}
+		p.Pools[name] = pool
+	}
+	return nil
+}
+
+// stageRef is one stage's rules of bootComponents or a reference set, and
+// where they are (tpm.bootComponents.kernel).
+type stageRef struct {
+	at string
+	d  *DigestList
+}
+
+// stageRules are the stage rules of bootComponents and of each reference
+// set.
+func (t *TPMPolicy) stageRules() []stageRef {
+	c := &t.BootComponents
+	out := []stageRef{{"tpm.bootComponents.shim", &c.Shim}, {"tpm.bootComponents.bootloader", &c.Bootloader}, {"tpm.bootComponents.kernel", &c.Kernel}}
+	for i := range t.ReferenceSets {
+		r := &t.ReferenceSets[i]
+		at := fmt.Sprintf("tpm.referenceSets[%d].", i)
+		out = append(out, stageRef{at + "shim", &r.Shim}, stageRef{at + "bootloader", &r.Bootloader}, stageRef{at + "kernel", &r.Kernel})
+	}
+	return out
+}
+
 func (p *Policy) validate() error {
 	if p.APIVersion != APIVersion || p.Kind != Kind {
 		return fmt.Errorf("apiVersion/kind must be %s/%s, not %s/%s", APIVersion, Kind, p.APIVersion, p.Kind)
@@ -116,6 +158,41 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 			if err := checkHex(d); err != nil {
 				return fmt.Errorf("tpm.%s: %w", field, err)
 			}
+		}
+	}
+	if err := checkAudit(t.Audit); err != nil {
+		return err
+	}
+	names := map[string]bool{}
+	for i, r := range t.ReferenceSets {
+		if r.Name == "" || names[r.Name] {
+			return fmt.Errorf("tpm.referenceSets[%d]: every set needs a name of its own (%q)", i, r.Name)
+		}
+		names[r.Name] = true
+	}
+	for _, st := range t.stageRules() {
+		if strings.HasPrefix(st.at, "tpm.referenceSets") && !st.d.Any && len(st.d.Allow) == 0 && len(st.d.SignedBy) == 0 {
+			return fmt.Errorf("%s: allow, signedBy or any: true is required (an empty stage allows none)", st.at)
+		}
+		for _, l := range [][]string{st.d.Allow, st.d.Deny} {
+			for _, d := range l {
+				if err := checkHex(d); err != nil {
+					return fmt.Errorf("%s: %w", st.at, err)
+				}
+			}
+		}
+		if _, err := fingerprints(st.at+".signedBy", st.d.SignedBy); err != nil {
+			return err
+		}
+	}
+	if m := t.MachineOwnerKeys; m != nil {
+		if _, err := fingerprints("tpm.machineOwnerKeys.allow", m.Allow); err != nil {
+			return err
+		}
+	}
+	for comp, gen := range t.MinimumSBAT {
+		if comp == "" || strings.ContainsAny(comp, ",\n") || gen < 1 {
+			return fmt.Errorf("tpm.minimumSBAT: %q: %d: want a component name and a generation of at least 1", comp, gen)
 		}
 	}
 	for idx, v := range t.PCRs {

@@ -198,7 +198,7 @@ func (r *bootReader) shimStateVar(i int, name string, data []byte) error {
 	st := &r.shim
 	switch key {
 	case "SbatLevel":
-		date, gens, err := parseSBATLevel(data)
+		date, gens, err := ParseSBATLevel(data)
 		if err != nil {
 			return attest.Deny(attest.ReasonEventLogInvalid, "event %d: SbatLevel: %v", i, err)
 		}
@@ -469,11 +469,11 @@ const (
 	maxSBATComponent = 64
 )
 
-// parseSBATLevel reads the shim's SbatLevel (SBAT.md): CSV lines, the
+// ParseSBATLevel reads the shim's SbatLevel (SBAT.md): CSV lines, the
 // first "sbat,<version>,<datestamp>", each other "<component>,<generation>"
 // (the lowest generation of that component the shim still boots); a
 // trailing NUL is allowed. Each component once.
-func parseSBATLevel(b []byte) (date string, gens map[string]int, err error) {
+func ParseSBATLevel(b []byte) (date string, gens map[string]int, err error) {
 	s := strings.TrimRight(string(b), "\x00")
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	if len(lines) > maxSBATLines {

@@ -33,7 +33,7 @@ func TestParseSBATLevel(t *testing.T) {
 		{name: "a component name with a space", in: "sbat,1,2021030218\ngr ub,5\n", bad: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			date, gens, err := parseSBATLevel([]byte(tc.in))
+			date, gens, err := ParseSBATLevel([]byte(tc.in))
 			if (err != nil) != tc.bad {
 				t.Fatalf("err %v; want error %v", err, tc.bad)
 			}
@@ -129,7 +129,7 @@ func FuzzSBATLevel(f *testing.F) {
 	f.Add([]byte("sbat,1,2025021800\nshim,4\ngrub,5\n"))
 	f.Add([]byte("sbat,1,2021030218\n"))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		date, gens, err := parseSBATLevel(b)
+		date, gens, err := ParseSBATLevel(b)
 		if err != nil {
 			return
 		}

@@ -87,7 +87,7 @@ func BenchmarkLiveBoot(b *testing.B) {
 	tb := testing.TB(b)
 	dg := authenticode(tb, parts)
 	bins := build(tb, say)
-	w := startWorld(tb, bins, livePolicy(dg), say)
+	w := startWorld(tb, bins, livePolicy(dg, false), say)
 	work := b.TempDir()
 	ignition, err := testenv.IgnitionPath()
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
@@ -39,11 +40,16 @@ const node = "live-1"
 
 // livePolicy admits exactly Debian's signed shim, GRUB and kernel by the
 // Authenticode digests this test computes from the package files, on an
-// EK from the swtpm manufacturer, with Secure Boot on.
-func livePolicy(dg digests) func(*system.World) *policytest.Builder {
+// EK from the swtpm manufacturer, with Secure Boot on; with audit, the
+// kernel's digest rule is in audit mode (a rollout: another kernel is
+// admitted and reported).
+func livePolicy(dg digests, audit bool) func(*system.World) *policytest.Builder {
 	return func(w *system.World) *policytest.Builder {
-		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker",
-			policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour))
+		pool := policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
+		if audit {
+			pool = pool.Audit(policy.RuleBootComponents + ".kernel")
+		}
+		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker", pool)
 	}
 }
 
@@ -65,7 +71,7 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
 }
 
-// TestLiveBoot boots a real machine five times (make test-boot; about
+// TestLiveBoot boots a real machine six times (make test-boot; about
 // 30-45 s a boot here, one VM at a time; the first run also enrols the
 // test Secure Boot keys, a ~10 s firmware boot, cached after): OVMF with Secure Boot and
 // Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
@@ -90,10 +96,19 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     possible signers (Debian's CA and the test db CA: the shim used
 //     both), the store's PK, KEK, db and dbx, and a MokList that holds
 //     the MOK beside Debian's CA.
-//  4. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//  4. Kernel B (Debian's previous kernel: another image, the same
+//     signing key), with the same store: the server's policy pins kernel
+//     A's digest with the kernel's rule in audit mode, so it is admitted,
+//     and the binding's status and a PolicyAuditRefusal Event say which
+//     rule would have refused it. The logs already captured are then
+//     judged offline (no boot): a policy learned from boot 1's log
+//     (kernel A; signer rules by default) admits kernel B's boot and
+//     refuses boot 3's (kernel C, signed by another key); the digest
+//     policy without audit refuses kernel B.
+//  5. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
 //     Event; the node failed and tainted.
-//  5. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//  6. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
 //
@@ -118,7 +133,7 @@ func TestLiveBoot(t *testing.T) {
 	cons := &consoles{dir: artifacts}
 
 	bins := build(t, say)
-	w := startWorld(t, bins, livePolicy(dg), say)
+	w := startWorld(t, bins, livePolicy(dg, true), say)
 
 	imgStart := time.Now()
 	work, err := os.MkdirTemp("", "np-liveboot-")
@@ -155,8 +170,8 @@ func TestLiveBoot(t *testing.T) {
 	bootWith := func(t *testing.T, name, disk string, secureBoot bool, vars string) *liveboot.Result {
 		t.Helper()
 		n++
-		if n > 5 {
-			t.Fatal("more than five boots")
+		if n > 6 {
+			t.Fatal("more than six boots")
 		}
 		say("boot %d (%s): Secure Boot %s", n, name, map[bool]string{true: "on", false: "off"}[secureBoot])
 		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Vars: vars, Forward: []int{w.serverPort, w.apiPort},
@@ -251,8 +266,16 @@ func TestLiveBoot(t *testing.T) {
 		return
 	}
 
+	var testDB *liveboot.Result
 	ok = t.Run("own Secure Boot keys, a real dbx, a MOK, the kernel re-signed by a test db key: re-attested; the claims name each signer", func(t *testing.T) {
-		ownKeys(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+2)
+		testDB = ownKeys(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+2)
+	})
+	if !ok {
+		return
+	}
+
+	ok = t.Run("kernel B signed by the same key: admitted by the kernel rule in audit mode, said in the binding and an Event; signer rules learned from kernel A admit B and refuse kernel C, digest rules refuse B", func(t *testing.T) {
+		signerRules(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, first, testDB)
 	})
 	if !ok {
 		return

@@ -35,7 +35,7 @@ func hexSHA256(b []byte) string {
 // and the test db CA, which issued the kernel's signer); MokList holding
 // the test MOK CA after the vendor certificate.
 func ownKeys(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, work string, dg digests, say func(string, ...any),
-	boot func(name, disk, vars string) *liveboot.Result, bootNumber int64) {
+	boot func(name, disk, vars string) *liveboot.Result, bootNumber int64) *liveboot.Result {
 	t.Helper()
 	lab, err := liveboot.LoadSignerLab(ctx, testenv.Cache(), say)
 	if err != nil {
@@ -129,6 +129,7 @@ func ownKeys(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wor
 	}
 	say("own keys: PK %.12s…, db %.12s… (Microsoft's and the test db CA), dbx %d entries; kernel possible signers %d; took %.1fs",
 		b.PK, b.DB, b.DBXEntries, len(b.AppVerifications[last].Signers), r.Took.Seconds())
+	return r
 }
 
 func shimLockGUID() []byte {

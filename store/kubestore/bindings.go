@@ -287,7 +287,7 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 
 func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 	out := store.AttestationStatus{
-		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Boots: st.Boots,
+		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
 		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary,
 	}
 	if st.LastAttempt != nil {
@@ -307,7 +307,7 @@ func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 
 func toStatus(st store.AttestationStatus) v1alpha1.NodeBindingStatus {
 	out := v1alpha1.NodeBindingStatus{
-		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Boots: st.Boots,
+		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
 		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary, Claims: string(st.Claims),
 	}
 	if !st.LastAttempt.IsZero() {

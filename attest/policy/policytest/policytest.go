@@ -197,6 +197,41 @@ func (p *Pool) Boot(shim, bootloader, kernel string) *Pool {
 	return p
 }
 
+// SignedBy requires a stage ("shim", "bootloader", "kernel") verified by
+// one of certs (SHA-256 fingerprints or PEM), beside its digests if Boot
+// listed any (a stage that was any no longer is).
+func (p *Pool) SignedBy(stage string, certs ...string) *Pool {
+	c := &p.p.TPM.BootComponents
+	d := map[string]*policy.DigestList{"shim": &c.Shim, "bootloader": &c.Bootloader, "kernel": &c.Kernel}[stage]
+	if d == nil {
+		panic("policytest: no boot stage " + stage)
+	}
+	d.Any, d.SignedBy = false, append(d.SignedBy, certs...)
+	return p
+}
+
+// MinimumSBAT requires the shim's SbatLevel at these generations.
+func (p *Pool) MinimumSBAT(gens map[string]int) *Pool { p.p.TPM.MinimumSBAT = gens; return p }
+
+// MOKs refuses boots verified by a machine-owner key not among allow
+// (none: any MOK-verified boot).
+func (p *Pool) MOKs(allow ...string) *Pool {
+	p.p.TPM.MachineOwnerKeys = &policy.MachineOwnerKeys{Allow: allow}
+	return p
+}
+
+// ReferenceSet accepts another boot chain beside bootComponents.
+func (p *Pool) ReferenceSet(r policy.ReferenceSet) *Pool {
+	p.p.TPM.ReferenceSets = append(p.p.TPM.ReferenceSets, r)
+	return p
+}
+
+// Audit puts these rules (policy.AuditRules) in audit mode.
+func (p *Pool) Audit(rules ...string) *Pool {
+	p.p.TPM.Audit = append(p.p.TPM.Audit, rules...)
+	return p
+}
+
 // Cmdline requires these kernel command-line arguments.
 func (p *Pool) Cmdline(require ...string) *Pool {
 	p.p.TPM.KernelCmdline = &policy.KernelCmdline{Require: require}
@@ -256,6 +291,9 @@ func node(v reflect.Value) (*yaml.Node, bool) {
 			return nil, false
 		}
 		return &yaml.Node{Kind: yaml.ScalarNode, Value: d.String()}, true
+	}
+	if tm, ok := v.Interface().(time.Time); ok {
+		return &yaml.Node{Kind: yaml.ScalarNode, Value: tm.UTC().Format(time.RFC3339)}, !tm.IsZero()
 	}
 	switch v.Kind() {
 	case reflect.Pointer:

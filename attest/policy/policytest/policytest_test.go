@@ -62,3 +62,28 @@ func TestBuilderRefusesWhatTheServerRefuses(t *testing.T) {
 		t.Fatalf("YAML = %v, want the policy's refusal of the empty kernel list", err)
 	}
 }
+
+// TestBuilderBootRules: signer rules, the SBAT minimum, the MOK
+// constraint (an empty list written, not left out: it refuses every MOK),
+// a reference set with its date, and audited rules load as set.
+func TestBuilderBootRules(t *testing.T) {
+	fp := strings.Repeat("cd", 32)
+	until := time.Date(2027, 1, 31, 0, 0, 0, 0, time.UTC)
+	any := policy.DigestList{Any: true}
+	p, err := New().Pool("worker", TPM().SignedBy("kernel", fp).MinimumSBAT(map[string]int{"grub": 5}).MOKs().
+		ReferenceSet(policy.ReferenceSet{Name: "previous", NotAfter: &until, Shim: any, Bootloader: any, Kernel: any}).Audit(policy.RuleMinimumSBAT)).Policy()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := p.Pools["worker"].TPM
+	switch {
+	case tp.BootComponents.Kernel.Any || len(tp.BootComponents.Kernel.SignedBy) != 1 || tp.BootComponents.Kernel.SignedBy[0] != fp:
+		t.Errorf("kernel %+v", tp.BootComponents.Kernel)
+	case tp.MinimumSBAT["grub"] != 5 || tp.MachineOwnerKeys == nil || len(tp.MachineOwnerKeys.Allow) != 0:
+		t.Errorf("SBAT %v, MOKs %+v", tp.MinimumSBAT, tp.MachineOwnerKeys)
+	case len(tp.ReferenceSets) != 1 || tp.ReferenceSets[0].NotAfter == nil || !tp.ReferenceSets[0].NotAfter.Equal(until):
+		t.Errorf("reference sets %+v", tp.ReferenceSets)
+	case len(tp.Audit) != 1 || tp.Audit[0] != policy.RuleMinimumSBAT:
+		t.Errorf("audit %v", tp.Audit)
+	}
+}

@@ -58,17 +58,17 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	}
 	sort.Slice(bs, func(i, j int) bool { return bs[i].NodeName < bs[j].NodeName })
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NODE\tPOOL\tKIND\tUNDER THIS POLICY\tWHY")
+	fmt.Fprintln(w, "NODE\tPOOL\tKIND\tUNDER THIS POLICY\tDIGEST RULES\tSIGNER RULES\tWHY")
 	failing, unjudged := 0, 0
 	for _, b := range bs {
-		v := judge(pol, b)
+		v := judge(pol, b, c.Clock())
 		switch {
 		case v.verdict == verdictNotJudged:
 			unjudged++
-		case v.verdict != verdictPass:
+		case strings.HasPrefix(v.verdict, "FAIL"):
 			failing++
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", b.NodeName, b.Pool, b.Kind, v.verdict, v.why)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.NodeName, b.Pool, b.Kind, v.verdict, orDash(v.digests), orDash(v.signers), v.why)
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -90,30 +90,63 @@ const (
 	verdictNotJudged = "NOT JUDGED"
 )
 
-// verdict is one node's line of policy check --against-records.
-type verdict struct{ verdict, why string }
+// verdict is one node's line of policy check --against-records: the
+// policy's verdict, and what the pool's digest rules alone and its signer
+// rules alone make of the boot chain ("" when the pool has none).
+type verdict struct{ verdict, digests, signers, why string }
 
-// judge decides what pol makes of b's last recorded claims: pass, FAIL
-// with the reason, or not judged when nothing recorded can decide it.
-func judge(pol *policy.Policy, b *store.Binding) verdict {
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// outcome is a ChainOutcome in a word: "", pass, FAIL Reason.
+func outcome(o policy.ChainOutcome) string {
+	switch {
+	case !o.Present:
+		return ""
+	case o.Err == nil:
+		return verdictPass
+	}
+	r, _ := attest.ReasonOf(o.Err)
+	return "FAIL " + string(r)
+}
+
+// judge decides what pol makes of b's last recorded claims at now (the
+// reference sets' dates): pass (with what rules in audit mode would have
+// refused), FAIL with the reason, or not judged when nothing recorded can
+// decide it; and what its digest and signer rules each make of them.
+func judge(pol *policy.Policy, b *store.Binding, now time.Time) verdict {
 	if len(b.Status.Claims) == 0 {
-		return verdict{verdictNotJudged, "no claims recorded yet (enrolled, not re-attested since; the first re-attestation, at its first boot, records them)"}
+		return verdict{verdict: verdictNotJudged, why: "no claims recorded yet (enrolled, not re-attested since; the first re-attestation, at its first boot, records them)"}
 	}
 	var cl attest.Claims
 	if err := json.Unmarshal(b.Status.Claims, &cl); err != nil {
-		return verdict{verdictNotJudged, "its recorded claims do not decode"}
+		return verdict{verdict: verdictNotJudged, why: "its recorded claims do not decode"}
 	}
-	err := pol.EvaluateReattestation(b.Pool, &cl)
+	opts := policy.Options{Now: now, Reattestation: true}
+	dg, sg := pol.ChainOutcomes(b.Pool, &cl, opts)
+	v := verdict{digests: outcome(dg), signers: outcome(sg)}
+	dec, err := pol.Decide(b.Pool, &cl, opts)
 	if err == nil {
-		return verdict{verdictPass, "last claims from " + b.Status.LastAttempt.UTC().Format(time.RFC3339)}
+		v.verdict, v.why = verdictPass, "last claims from "+b.Status.LastAttempt.UTC().Format(time.RFC3339)
+		if len(dec.Audits) > 0 {
+			v.verdict = verdictPass + " (audit)"
+			v.why += "; in audit mode: " + strings.ReplaceAll(policy.FormatAudits(dec.Audits, 1024), "\n", "; ")
+		}
+		return v
 	}
 	r, _ := attest.ReasonOf(err)
 	if r == attest.ReasonPolicyDBX && withoutDBXContents(pol, b.Pool).EvaluateReattestation(b.Pool, &cl) == nil {
 		// Only minimumDBX.contains failed: a status records the dbx's
 		// entry count, not its entries.
-		return verdict{verdictNotJudged, "the dbx's entries are not recorded (only their count): " + err.Error()}
+		v.verdict, v.why = verdictNotJudged, "the dbx's entries are not recorded (only their count): "+err.Error()
+		return v
 	}
-	return verdict{"FAIL " + string(r), err.Error()}
+	v.verdict, v.why = "FAIL "+string(r), err.Error()
+	return v
 }
 
 // withoutDBXContents is pol with pool's minimumDBX.contains dropped.
@@ -150,7 +183,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	out := fs.String("o", "", "write the policy here (default: standard output)")
 	var efi efiFlag
 	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader or kernel when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
-	digests := fs.Bool("digests", false, "with --efi: add the files' Authenticode digests to --pool's allow lists in --merge")
+	digests := fs.Bool("digests", false, "pin digests as well as signers: with --efi, the files' Authenticode digests (to --pool in --merge); from a machine, its boot applications' digests")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
@@ -159,9 +192,6 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 			return in.usageError("--efi reads boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
 		}
 		return cmdPolicyLearnEFI(efi, *digests, *pool, *merge, *out, stdout, stderr)
-	}
-	if *digests {
-		return in.usageError("--digests goes with --efi")
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {
@@ -172,7 +202,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	if *pool == "" || sources != 1 {
 		return in.usageError("--pool and exactly one of --event-log, --evidence, --node are required")
 	}
-	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames}
+	l := policy.Learned{EKTrust: *ekTrust, Bank: "sha256", NodeNames: *nodeNames, Digests: *digests}
 	if *ekRoot != "" {
 		name, dir, ok := strings.Cut(*ekRoot, "=")
 		if !ok || name == "" || dir == "" {

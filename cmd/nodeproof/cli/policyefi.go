@@ -9,10 +9,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/safetext"
 )
@@ -61,16 +63,17 @@ func readEFIFiles(args []string) ([]efiFile, error) {
 // values from the boot files themselves. It writes a draft of comments
 // naming, per stage, each file's Authenticode digest, its signers and the
 // certificates their signatures carry, the shim's vendor certificate (what
-// verifies GRUB and the kernel) and SBAT data: the signer rules to write
-// (the policy has no signer rules yet). With --digests it also adds the
-// digests to the allow lists of pool in --merge (an existing pool) and
-// writes that policy after the comments.
+// verifies GRUB and the kernel) and SBAT data. With --pool and --merge (an
+// existing pool) it adds to that pool the files' signer rules (efiSigners)
+// and the SbatLevel the shim applies as minimumSBAT, and with --digests
+// their Authenticode digests too, and writes that policy after the
+// comments.
 func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, stdout, stderr io.Writer) error {
-	if digests && (pool == "" || merge == "") {
-		return errors.New("policy learn --efi --digests: --pool and --merge (the policy whose pool gets the digests) are required")
+	if (pool == "") != (merge == "") {
+		return errors.New("policy learn --efi: --pool and --merge go together (the policy whose pool gets the files' signers)")
 	}
-	if !digests && (pool != "" || merge != "") {
-		return errors.New("policy learn --efi: --pool and --merge go with --digests (without it, the files' signers are written as notes)")
+	if digests && pool == "" {
+		return errors.New("policy learn --efi --digests: --pool and --merge (the policy whose pool gets the digests) are required")
 	}
 	read, err := readEFIFiles(files)
 	if err != nil {
@@ -79,20 +82,20 @@ func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, st
 	var b strings.Builder
 	writeEFIDraft(&b, read)
 	doc := []byte(b.String())
-	if digests {
+	if pool != "" {
 		cur, err := os.ReadFile(merge)
 		if err != nil {
 			return err
 		}
-		byStage := map[string][]string{}
-		for _, f := range read {
-			byStage[f.stage] = append(byStage[f.stage], hex.EncodeToString(f.img.AuthenticodeSHA256))
-		}
-		learned, notes, err := policy.AddDigests(cur, pool, byStage)
+		refs, notes, err := efiReferences(read, digests)
 		if err != nil {
 			return err
 		}
-		for _, n := range notes {
+		learned, more, err := policy.AddReferences(cur, pool, refs)
+		if err != nil {
+			return err
+		}
+		for _, n := range append(notes, more...) {
 			fmt.Fprintln(stderr, "note:", n)
 		}
 		doc = append(doc, learned...)
@@ -108,12 +111,95 @@ func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, st
 	return nil
 }
 
+// efiReferences are the files' reference values (policy.References):
+// per stage the certificates that may verify each file (efiSigners), its
+// Authenticode digest when digests is set, and the SbatLevel a shim
+// among them applies (its generations as minimumSBAT).
+func efiReferences(files []efiFile, digests bool) (policy.References, []string, error) {
+	r := policy.References{Signers: map[string][]string{}, Digests: map[string][]string{}}
+	var notes []string
+	var vendor []*x509.Certificate
+	for _, f := range files {
+		if f.stage == bootimage.StageShim {
+			vendor = append(vendor, f.img.VendorCerts...)
+		}
+	}
+	for _, f := range files {
+		signers, note := efiSigners(f, vendor)
+		if len(signers) == 0 {
+			return r, nil, fmt.Errorf("--efi %s: not signed: Secure Boot refuses it, and it has no signer to write", f.path)
+		}
+		if note != "" {
+			notes = append(notes, note)
+		}
+		for _, s := range signers {
+			if !slices.Contains(r.Signers[f.stage], s) {
+				r.Signers[f.stage] = append(r.Signers[f.stage], s)
+			}
+		}
+		if digests {
+			r.Digests[f.stage] = append(r.Digests[f.stage], hex.EncodeToString(f.img.AuthenticodeSHA256))
+		}
+		if f.stage == bootimage.StageShim && f.img.SBATLevelAutomatic != "" {
+			_, gens, err := tpm.ParseSBATLevel([]byte(f.img.SBATLevelAutomatic))
+			if err != nil {
+				return r, nil, fmt.Errorf("--efi %s: the SbatLevel it applies: %w", f.path, err)
+			}
+			if r.MinimumSBAT == nil {
+				r.MinimumSBAT = map[string]int{}
+			}
+			for c, g := range gens {
+				r.MinimumSBAT[c] = max(r.MinimumSBAT[c], g)
+			}
+		}
+	}
+	return r, notes, nil
+}
+
+// efiSigners are the fingerprints of the certificates whose measurement
+// as a Secure Boot authority may verify f: for GRUB or a kernel a shim
+// vendor certificate (of vendor) issued its signer, that certificate (what
+// the shim measures); otherwise each signature's signer and the
+// certificates it carries (the db entry that verifies it is one of them,
+// or a root they chain to: said in the note).
+func efiSigners(f efiFile, vendor []*x509.Certificate) ([]string, string) {
+	var out []string
+	add := func(c *x509.Certificate) {
+		sum := sha256.Sum256(c.Raw)
+		if s := hex.EncodeToString(sum[:]); !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	chained := false
+	for _, s := range f.img.Signatures {
+		issued := false
+		for _, v := range vendor {
+			if f.stage != bootimage.StageShim && s.Signer.CheckSignatureFrom(v) == nil {
+				add(v)
+				issued = true
+			}
+		}
+		if issued {
+			continue
+		}
+		chained = true
+		add(s.Signer)
+		for _, c := range s.Certificates {
+			add(c)
+		}
+	}
+	if chained && f.stage != bootimage.StageShim {
+		return out, fmt.Sprintf("%s (%s): no shim vendor certificate among the files issued its signer: its signer and the certificates it carries are listed; if db or MokList holds a root they chain to, list that instead", f.stage, filepath.Base(f.path))
+	}
+	return out, ""
+}
+
 // writeEFIDraft writes what the files say as YAML comments.
 func writeEFIDraft(w io.Writer, files []efiFile) {
 	fmt.Fprintln(w, "# nodeproof policy learn --efi: reference values read from the boot files.")
-	fmt.Fprintln(w, "# Signer rules (per stage: the certificates that may sign it) are notes here")
-	fmt.Fprintln(w, "# until the policy has them; --digests adds the Authenticode digests to the")
-	fmt.Fprintln(w, "# pool's bootComponents allow lists.")
+	fmt.Fprintln(w, "# With --pool and --merge, each stage's signers go into the pool's")
+	fmt.Fprintln(w, "# bootComponents signedBy and the shim's SbatLevel into minimumSBAT;")
+	fmt.Fprintln(w, "# --digests adds the Authenticode digests to the allow lists.")
 	var vendor []*x509.Certificate
 	for _, f := range files {
 		if f.stage == bootimage.StageShim {

@@ -90,6 +90,40 @@ func TestPolicyLearnEFI(t *testing.T) {
 	if _, errs, code := run("--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", pol); code != 0 {
 		t.Fatalf("learn from the live log: exit %d: %s", code, errs)
 	}
+	// A pool learned from a machine that booted with Secure Boot off
+	// (no signers, no SBAT minimum: the shim pinned by digest), then the
+	// files' signer rules and SBAT minimum.
+	offPol := filepath.Join(dir, "policy-off.yaml")
+	offLog := filepath.Join(dir, "off.bin")
+	if err := os.WriteFile(offLog, firmwaretestdata.MustLog("debian-12-ovmf-no-secure-boot"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, code := run("--pool", "worker", "--event-log", offLog, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", offPol); code != 0 {
+		t.Fatalf("learn from the Secure Boot off log: exit %d: %s", code, errs)
+	}
+	signed := filepath.Join(dir, "policy-signers.yaml")
+	if _, errs, code := run(append(efi(), "--pool", "worker", "--merge", offPol, "-o", signed)...); code != 0 {
+		t.Fatalf("learn --efi: exit %d: %s", code, errs)
+	}
+	sb, err := os.ReadFile(signed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, err := policy.Parse(sb)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, sb)
+	}
+	st := sp.Pools["worker"].TPM
+	const microsoft2011, debianCA = "48e99b991f57fc52f76149599bff0a58c47154229b9f8d603ac40d3500248507", "079646974bce09b1f04da67bd722d1fb0947ae4c4010bccdbba52d5b23cbf1a2"
+	if !slices.Contains(st.BootComponents.Shim.SignedBy, microsoft2011) || !slices.Equal(st.BootComponents.Bootloader.SignedBy, []string{debianCA}) ||
+		st.BootComponents.Kernel.Any != true || st.MinimumSBAT["shim"] != 4 || st.MinimumSBAT["grub"] != 5 {
+		t.Errorf("learned from the files: %+v, SBAT %v; want the shim's chain (Microsoft's 2011 CA among it), Debian's CA for GRUB, the kernel any as learned, SBAT shim 4, grub 5",
+			st.BootComponents, st.MinimumSBAT)
+	}
+	if len(st.BootComponents.Bootloader.Allow) != 1 { // the digest learned from the log (no signer there), no other
+		t.Errorf("learn --efi without --digests added digests: %v", st.BootComponents.Bootloader.Allow)
+	}
+
 	out := filepath.Join(dir, "policy-efi.yaml")
 	if _, errs, code := run(append(efi(), "--digests", "--pool", "worker", "--merge", pol, "-o", out)...); code != 0 {
 		t.Fatalf("learn --efi --digests: exit %d: %s", code, errs)
@@ -103,6 +137,9 @@ func TestPolicyLearnEFI(t *testing.T) {
 		t.Fatalf("%v\n%s", err, b)
 	}
 	bc := p.Pools["worker"].TPM.BootComponents
+	if !slices.Equal(bc.Kernel.SignedBy, []string{debianCA}) || p.Pools["worker"].TPM.MinimumSBAT["grub"] != 5 {
+		t.Errorf("learned from the live log and the files: kernel signers %v, SBAT %v; want Debian's CA once, grub 5", bc.Kernel.SignedBy, p.Pools["worker"].TPM.MinimumSBAT)
+	}
 	for stage, allow := range map[string][]string{"shim": bc.Shim.Allow, "bootloader": bc.Bootloader.Allow, "kernel": bc.Kernel.Allow} {
 		if !slices.Contains(allow, digest[stage]) {
 			t.Errorf("%s: allow %v lacks the file's %s", stage, allow, digest[stage])
@@ -126,9 +163,8 @@ func TestPolicyLearnEFI(t *testing.T) {
 		want string
 	}{
 		{"--digests without --merge", append(efi(), "--digests", "--pool", "worker"), "--merge"},
-		{"--pool without --digests", append(efi(), "--pool", "worker", "--merge", pol), "go with --digests"},
+		{"--pool without --merge", append(efi(), "--pool", "worker"), "go together"},
 		{"--efi with a machine's log", append(efi(), "--event-log", logPath), "not a machine"},
-		{"--digests without --efi", []string{"--digests", "--pool", "worker", "--event-log", logPath}, "goes with --efi"},
 		{"a file that is not a boot image", []string{"--efi", notPE}, "not a PE/COFF"},
 		{"a stage that is none", []string{"--efi", "initrd=" + parts.Path(parts.Kernel)}, "no boot stage"},
 		{"a pool the policy lacks", append(efi(), "--digests", "--pool", "infra", "--merge", pol), "pool infra is not in the policy"},

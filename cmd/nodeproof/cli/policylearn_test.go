@@ -63,8 +63,8 @@ func TestPolicyLearn(t *testing.T) {
 	if got := p.ServeFor("worker").NodeNames; got != "requested" {
 		t.Errorf("merged: serve.nodeNames %q, want the learned pool's requested", got)
 	}
-	if n := len(p.Pools["worker"].TPM.BootComponents.Shim.Allow); n != 2 {
-		t.Errorf("merged: %d shims allowed, want both machines'", n)
+	if n := len(p.Pools["worker"].TPM.BootComponents.Bootloader.SignedBy); n != 2 {
+		t.Errorf("merged: %d boot loader signers allowed, want both machines' (Canonical's and Red Hat's CA)", n)
 	}
 
 	cases := []struct {

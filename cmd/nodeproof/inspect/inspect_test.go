@@ -56,6 +56,13 @@ func world(t *testing.T) (inspect.Sources, *storetest.Clock) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := st.UpdateStatus(ctx, "fresh-1", "ek:"+storetest.ID(2), func(b *store.Binding) error {
+		b.Status = store.AttestationStatus{LastAttempt: clock.Now(), LastSuccess: clock.Now(), Passed: true, Boots: 1, SessionIssuedAt: clock.Now(),
+			Audit: "bootComponents.kernel: BootComponentNotAllowed: kernel 6b1bf35c is not in pools.worker.tpm.bootComponents.kernel.allow"}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := st.Revoke(ctx, "revoked-1", "RMA ticket 42", clock.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +176,8 @@ func TestStory(t *testing.T) {
 		records     int
 		in          []string // in the table output
 	}{
-		{"fresh-1", inspect.StateAttested, 1, []string{"State:", "Attested", storetest.ID(2), "EK trusted; Secure Boot on", "embedded store has no cluster"}},
+		{"fresh-1", inspect.StateAttested, 1, []string{"State:", "Attested", storetest.ID(2), "EK trusted; Secure Boot on", "embedded store has no cluster",
+			"Audit:", "rules in audit mode would have refused it: bootComponents.kernel: BootComponentNotAllowed"}},
 		{"failed-1", inspect.StateFailed, 1, []string{"Failed (" + string(attest.ReasonPolicySecureBootOff) + ")", "Secure Boot is off", "failed: " + string(attest.ReasonPolicySecureBootOff),
 			"EK trusted; Secure Boot off", "Claims (latest attestation):", "resetCount: 7", "2 since enrolment (TPM reset count 7"}},
 		{"revoked-1", inspect.StateRevoked, 1, []string{"Revoked (Revoked)", "RMA ticket 42"}},

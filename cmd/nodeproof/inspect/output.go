@@ -114,6 +114,9 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 				res = "failed: " + b.Status.Reason
 			}
 			row("Last attempt", fmt.Sprintf("%s, %s", stamp(b.Status.LastAttempt), res))
+			if b.Status.Passed && b.Status.Audit != "" {
+				row("Audit", "admitted; rules in audit mode would have refused it: "+strings.ReplaceAll(b.Status.Audit, "\n", "; "))
+			}
 		}
 		row("Boots", fmt.Sprintf("%d since enrolment (TPM reset count %d, restart count %d)", b.Status.Boots, b.Status.ResetCount, b.Status.RestartCount))
 		if b.Revoked != nil {

@@ -252,6 +252,11 @@ type NodeBindingStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Message string `json:"message,omitempty"`
+	// Audit, of a passed attempt, says which policy rules in audit mode
+	// would have refused it and why, one "rule: Reason: message" a line.
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Audit string `json:"audit,omitempty"`
 	// Boots counts the boots seen since enrolment.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
