@@ -166,7 +166,7 @@ func TestInspectAttacks(t *testing.T) {
 			if got != nil {
 				outcome = strings.Join(got, "; ")
 			}
-			attacktable.Check(t, "inspect", c.name+" holding a bidi override, U+2028, ANSI escapes, a tab and a new line", "shown cleaned (table, json, yaml)", outcome)
+			attacktable.Check(t, "inspect", c.name+": a bidi override, U+2028, ANSI escapes, a tab and a new line", "shown cleaned (table, json, yaml)", outcome)
 		})
 	}
 
