@@ -8,7 +8,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodeproof/nodeproof/identity/anchors"
-	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/limit"
@@ -103,15 +102,7 @@ func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byt
 // are exported whatever the policy takes, since a reload may start taking
 // a kind.
 func (c Config) anchorMetrics(reg prometheus.Registerer) error {
-	var (
-		regions *aws.RegionCerts
-		err     error
-	)
-	if c.AWSCertsDir != "" {
-		regions, err = aws.LoadRegionCerts(c.AWSCertsDir)
-	} else {
-		regions, err = aws.DefaultRegionCerts()
-	}
+	regions, err := c.awsRegionCerts()
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
