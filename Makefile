@@ -52,8 +52,8 @@ demo: deps tools build ## the whole flow, each command printed: an API server, t
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh
 
-bench-cloud: ## one GCP identity-token and one AWS identity-document verification, each beside its RSA verify floor, same run
-	$(GO) test -run '^$$' -bench . -benchtime $${BENCHTIME:-2s} -count $${COUNT:-3} ./identity/gcp ./identity/aws
+bench-cloud: ## one verification of each cloud kind (GCP identity token, AWS identity document, GCE vTPM, AWS NitroTPM), each beside its crypto floor in the same process, ROUNDS rounds: median ratio and range
+	@hack/bench-cloud.sh
 
 bench-mcs: ## config serving over TLS, limits off (the serving path) and with the default limits from many source addresses (a fleet): req/s, p50/p99, CPU/request, RSS vs a bare Go TLS server, same run; fails on any error
 	$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-bench ./cmd/nodeproof

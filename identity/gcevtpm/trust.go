@@ -66,15 +66,25 @@ func NewTrust(roots, intermediates []*x509.Certificate, now time.Time) (*Trust, 
 // intermediates, checked at now. Each call parses them afresh; there is no
 // package state.
 func DefaultTrust(now time.Time) (*Trust, error) {
-	roots, err := readDir(shipped, "certs/roots")
-	if err != nil {
-		return nil, err
-	}
-	inter, err := readDir(shipped, "certs/intermediates")
+	roots, inter, err := Shipped()
 	if err != nil {
 		return nil, err
 	}
 	return NewTrust(roots, inter, now)
+}
+
+// Shipped returns the shipped roots and intermediates as they are, parsed
+// but not checked against each other or a time: what the expiry metric
+// reports, which must still report an intermediate that has expired
+// (DefaultTrust refuses it).
+func Shipped() (roots, intermediates []*x509.Certificate, err error) {
+	if roots, err = readDir(shipped, "certs/roots"); err != nil {
+		return nil, nil, err
+	}
+	if intermediates, err = readDir(shipped, "certs/intermediates"); err != nil {
+		return nil, nil, err
+	}
+	return roots, intermediates, nil
 }
 
 // WithIntermediates returns a Trust with the shipped roots and both t's

@@ -223,6 +223,12 @@ func TestMonitoring(t *testing.T) {
 		t.Errorf("the CA's expiry %v: want nodeproof's new CA, ten years out", ca)
 	}
 
+	// The cloud kinds' trust anchors, exported whatever the policy takes:
+	// the Nitro root G1 (2049) and the AWS Region certificates.
+	if g1 := value(srv, "nodeproof_trust_anchor_expiry_timestamp_seconds", map[string]string{"kind": "aws-nitrotpm", "role": "root"}); g1 != float64(time.Date(2049, 10, 28, 14, 28, 5, 0, time.UTC).Unix()) {
+		t.Errorf("the Nitro root G1's expiry: %v, want 2049-10-28T14:28:05Z", g1)
+	}
+
 	var missing []string
 	used := monitoringMetrics(t)
 	for _, n := range used {

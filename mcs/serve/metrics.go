@@ -2,10 +2,12 @@ package serve
 
 import (
 	"crypto/x509"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeproof/nodeproof/identity/anchors"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/limit"
@@ -20,6 +22,7 @@ import (
 //
 //	nodeproof_server_connections_refused_total{port,by}         limit: per-source connection limits; proxy: PROXY protocol refusals
 //	nodeproof_server_certificate_expiry_timestamp_seconds{cert}  serving: the served certificate's notAfter; ca: the newest CA's
+//	nodeproof_trust_anchor_expiry_timestamp_seconds{kind,role,subject,serial}  the cloud kinds' roots, intermediates and Region certificates (identity/anchors)
 func serverMetrics() (*prometheus.Registry, *mcs.Metrics, error) {
 	reg := metrics.NewRegistry()
 	m, err := mcs.NewMetrics(reg)
@@ -91,4 +94,21 @@ func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byt
 		}
 		return float64(newest.Unix())
 	})
+}
+
+// anchorMetrics registers the expiry of the certificates the cloud
+// evidence kinds trust: the shipped GCE vTPM and Nitro ones, and the AWS
+// Region certificates of --aws-certs-dir (else the shipped ones). They
+// are exported whatever the policy takes, since a reload may start taking
+// a kind.
+func (c Config) anchorMetrics(reg prometheus.Registerer) error {
+	regions, err := c.awsRegionCerts()
+	if err != nil {
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+	as, err := anchors.Cloud(regions)
+	if err != nil {
+		return fmt.Errorf("serve: metrics: %w", err)
+	}
+	return anchors.Register(reg, as)
 }

@@ -114,7 +114,7 @@ func Run(ctx context.Context, c Config) error {
 	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
 		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
 	if c.MetricsAddr != "" {
-		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, served, c.caBundle)); err != nil {
+		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, served, c.caBundle), c.anchorMetrics(reg)); err != nil {
 			ports.close()
 			return err
 		}

@@ -72,15 +72,7 @@ func (c Config) awsVerifier(ctx context.Context, pol *policy.Policy) (*aws.Verif
 	if !usesEvidence(pol, attest.KindAWS) {
 		return nil, nil
 	}
-	var (
-		certs *aws.RegionCerts
-		err   error
-	)
-	if c.AWSCertsDir != "" {
-		certs, err = aws.LoadRegionCerts(c.AWSCertsDir)
-	} else {
-		certs, err = aws.DefaultRegionCerts()
-	}
+	certs, err := c.awsRegionCerts()
 	if err != nil {
 		return nil, err
 	}
@@ -105,4 +97,13 @@ func sharedKubeconfig(pol *policy.Policy) bool {
 		}
 	}
 	return false
+}
+
+// awsRegionCerts are the identity documents' Region certificates: those of
+// --aws-certs-dir, else the shipped ones.
+func (c Config) awsRegionCerts() (*aws.RegionCerts, error) {
+	if c.AWSCertsDir != "" {
+		return aws.LoadRegionCerts(c.AWSCertsDir)
+	}
+	return aws.DefaultRegionCerts()
 }

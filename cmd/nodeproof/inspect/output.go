@@ -1,6 +1,7 @@
 package inspect
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/safetext"
 )
 
 // Formats of Write.
@@ -37,8 +39,8 @@ func WriteList(w io.Writer, format string, nodes []Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tPOOL\tKIND\tIDENTITY\tENROLLED\tLAST ATTESTED\tBOOTS\tSTATE\tREASON")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.Name, n.Pool, n.Kind, short(n.Identity, 32),
-			stamp(n.Enrolled), stamp(n.LastAttested), n.Boots, n.State, dash(n.Reason))
+		cells(tw, "", n.Name, n.Pool, n.Kind, short(n.Identity, 32),
+			stamp(n.Enrolled), stamp(n.LastAttested), fmt.Sprint(n.Boots), n.State, dash(n.Reason))
 	}
 	return tw.Flush()
 }
@@ -57,7 +59,7 @@ func WriteOverview(w io.Writer, format string, o *Overview) error {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "  IDENTITY\tKIND\tNODE WHEN BANNED\tBANNED\tBY\tREASON")
 		for _, b := range o.Bans {
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", b.Identity, dash(string(b.Kind)), dash(b.NodeName), stamp(b.At), dash(b.By), dash(b.Reason))
+			cells(tw, "  ", b.Identity, dash(string(b.Kind)), dash(b.NodeName), stamp(b.At), dash(b.By), dash(b.Reason))
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -80,7 +82,7 @@ func WriteOverview(w io.Writer, format string, o *Overview) error {
 			if h.Adopted != nil {
 				adopted = stamp(h.Adopted.At) + " by " + dash(h.Adopted.By)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%d\t%s\n", h.NodeName, owner, at, by, reason, len(h.Released), adopted)
+			cells(tw, "  ", h.NodeName, owner, at, by, reason, fmt.Sprint(len(h.Released)), adopted)
 		}
 		return tw.Flush()
 	}
@@ -93,7 +95,7 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 		return write(w, format, s)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, v) }
+	row := func(k, v string) { fmt.Fprintf(tw, "%s:\t%s\n", k, text(v)) }
 	row("Node", s.Name)
 	row("Pool", s.Pool)
 	row("Identity", fmt.Sprintf("%s (%s evidence)", s.Identity, s.Kind))
@@ -158,7 +160,11 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 		return err
 	}
 	if len(s.Claims) > 0 {
-		y, err := yaml.JSONToYAML(s.Claims)
+		c, err := cleanJSON(s.Claims)
+		if err != nil {
+			return fmt.Errorf("inspect: claims: %w", err)
+		}
+		y, err := yaml.JSONToYAML(c)
 		if err != nil {
 			return fmt.Errorf("inspect: claims: %w", err)
 		}
@@ -172,7 +178,7 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 		if r.ConsumedAt != nil {
 			consumed = stamp(*r.ConsumedAt) + " by " + r.ConsumedBy
 		}
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", stamp(r.CreatedAt), r.ID, r.Kind, consumed, dash(r.Summary))
+		cells(tw, "  ", stamp(r.CreatedAt), r.ID, string(r.Kind), consumed, dash(r.Summary))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -186,7 +192,7 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  CREATED\tNAME\tREQUESTER\tSIGNER\tDECISION\tREASON\tMESSAGE")
 	for _, r := range c.CSRs {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\n", stamp(r.Created), r.Name, r.Requester, r.Signer, r.Decision, dash(r.Reason), dash(r.Message))
+		cells(tw, "  ", stamp(r.Created), r.Name, r.Requester, r.Signer, r.Decision, dash(r.Reason), dash(r.Message))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -195,25 +201,115 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "  TIME\tOBJECT\tTYPE\tREASON\tMESSAGE")
 	for _, e := range c.Events {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\n", stamp(e.Time), e.Object, e.Type, e.Reason, e.Message)
+		cells(tw, "  ", stamp(e.Time), e.Object, e.Type, e.Reason, e.Message)
 	}
 	return tw.Flush()
 }
 
+// write writes v as JSON or YAML, every string in it (keys, values, the
+// claims' own JSON) cleaned: a consumer's `jq -r` prints what a table
+// would.
 func write(w io.Writer, format string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := json.Marshal(v)
 	if err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	if b, err = cleanJSON(b); err != nil {
 		return fmt.Errorf("inspect: %w", err)
 	}
 	if format == FormatYAML {
 		if b, err = yaml.JSONToYAML(b); err != nil {
 			return fmt.Errorf("inspect: %w", err)
 		}
-	} else {
-		b = append(b, '\n')
+		_, err = w.Write(b)
+		return err
 	}
-	_, err = w.Write(b)
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return fmt.Errorf("inspect: %w", err)
+	}
+	out.WriteByte('\n')
+	_, err = out.WriteTo(w)
 	return err
+}
+
+// Every string inspect prints may have come from a machine or a client
+// (a node's failure message, its evidence summary and claims, a CSR's
+// name, an Event's message): each passes through safetext before it is
+// printed, so that nothing a machine stored can move the terminal's
+// cursor, reorder what the operator reads, or start a line of its own.
+
+// maxText bounds one value in a table (-o json has it whole, cleaned).
+const maxText = 1024
+
+// text is s cleaned and cut for a table cell or row.
+func text(s string) string { return safetext.Cut(s, maxText) }
+
+// cells writes one tabwriter row of cleaned cells after prefix.
+func cells(tw io.Writer, prefix string, vs ...string) {
+	for i, v := range vs {
+		vs[i] = text(v)
+	}
+	fmt.Fprintln(tw, prefix+strings.Join(vs, "\t"))
+}
+
+// cleanJSON is the JSON document b, compact, with every string in it
+// (object keys too) passed through safetext.Clean; numbers are kept as
+// written.
+func cleanJSON(b []byte) ([]byte, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var out bytes.Buffer
+	type frame struct {
+		object bool
+		n      int // tokens read in it: in an object, keys and values
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			if len(stack) > 0 {
+				return nil, io.ErrUnexpectedEOF
+			}
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if d, ok := tok.(json.Delim); ok && (d == '}' || d == ']') {
+			stack = stack[:len(stack)-1]
+			out.WriteByte(byte(d))
+			continue
+		}
+		if len(stack) > 0 {
+			f := stack[len(stack)-1]
+			switch {
+			case f.object && f.n%2 == 1:
+				out.WriteByte(':')
+			case f.n > 0:
+				out.WriteByte(',')
+			}
+			f.n++
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			out.WriteByte(byte(t))
+			stack = append(stack, &frame{object: t == '{'})
+		case string:
+			e, err := json.Marshal(safetext.Clean(t))
+			if err != nil {
+				return nil, err
+			}
+			out.Write(e)
+		case json.Number:
+			out.WriteString(t.String())
+		case bool:
+			fmt.Fprint(&out, t)
+		case nil:
+			out.WriteString("null")
+		}
+	}
+	return out.Bytes(), nil
 }
 
 func stamp(t time.Time) string {
@@ -230,9 +326,10 @@ func dash(s string) string {
 	return s
 }
 
-// short cuts s to n runes with an ellipsis, for a table column (the full
-// value is in -o json).
+// short cuts s, cleaned, to n runes with an ellipsis, for a table column
+// (the full value is in -o json).
 func short(s string, n int) string {
+	s = safetext.Clean(s)
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}
@@ -257,7 +354,7 @@ func WritePool(w io.Writer, format, pool string, es []render.TierEntry) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MACHINECONFIG\tTIER\tWHY")
 	for _, e := range es {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Name, e.Place, e.Why)
+		cells(tw, "", e.Name, string(e.Place), e.Why)
 	}
 	return tw.Flush()
 }
