@@ -136,36 +136,22 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
-	var resp api.ChallengeResponse
-	var sess *attest.Session
-	switch req.Kind {
-	case attest.KindTPM:
-		if v.TPM == nil || req.TPM == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM evidence needs a tpm request and a TPM verifier"))
-			return
-		}
-		// The EK the request claims, before any cryptography is spent on it.
-		ek := sha256.Sum256(req.TPM.EKPublic)
-		if ok, wait := s.o.Limits.PerIdentity.Allow("tpm-ek-claimed/" + hex.EncodeToString(ek[:])); !ok {
-			s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many attestations for this TPM; retry later")))
-			return
-		}
-		resp.TPM, sess, err = v.TPM.Challenge(req.Pool, keySHA, req.TPM)
-	case attest.KindGCP:
-		if v.GCP == nil || req.GCP == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP evidence needs a gcp request and a GCP verifier"))
-			return
-		}
-		resp.GCP, sess, err = v.GCP.Challenge(req.Pool, keySHA, req.GCP)
-	case attest.KindAWS:
-		if v.AWS == nil || req.AWS == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS evidence needs an aws request and an AWS verifier"))
-			return
-		}
-		resp.AWS, sess, err = v.AWS.Challenge(req.Pool, keySHA, req.AWS)
-	default:
-		err = deny(attest.ReasonPolicyKindNotAllowed, "no verifier for %q evidence", req.Kind)
+	kind, ok := v.Verifiers[req.Kind]
+	if !ok {
+		s.refuse(w, d, deny(attest.ReasonPolicyKindNotAllowed, "this server verifies no %q evidence", req.Kind))
+		return
 	}
+	ch, sess, err := kind.Challenge(r.Context(), attest.ChallengeInput{
+		Pool: req.Pool, KubeletKeySHA256: keySHA, Request: req.Request,
+		// An identity the request only claims (a TPM's EK), before any
+		// cryptography is spent on it.
+		Admit: func(claimed string) error {
+			if ok, wait := s.o.Limits.PerIdentity.Allow(claimed); !ok {
+				return later(wait, deny(attest.ReasonRateLimited, "too many attestations for this machine; retry later"))
+			}
+			return nil
+		},
+	})
 	if err != nil {
 		s.refuse(w, d, err)
 		return
@@ -176,11 +162,15 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
+	if sess.Kind != req.Kind {
+		s.refuse(w, d, fmt.Errorf("mcs: the %s verifier made a %s session", req.Kind, sess.Kind))
+		return
+	}
+	resp := api.ChallengeResponse{Expires: sess.Expires, Kind: req.Kind, Challenge: api.Message(ch)}
 	if resp.Session, err = s.o.Keys.Seal(sessionPurpose, b); err != nil {
 		s.refuse(w, d, err)
 		return
 	}
-	resp.Expires = sess.Expires
 	writeJSON(w, d, &resp)
 }
 
@@ -238,27 +228,13 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		proven = true
 	}
 	var claims *attest.Claims
-	switch sess.Kind {
-	case attest.KindTPM:
-		if v.TPM == nil || req.TPM == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM session needs tpm evidence"))
-			return
-		}
-		claims, err = v.TPM.Verify(sess, req.TPM)
-	case attest.KindGCP:
-		if v.GCP == nil || req.GCP == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP session needs gcp evidence"))
-			return
-		}
-		claims, err = v.GCP.Verify(r.Context(), sess, req.GCP)
-	case attest.KindAWS:
-		if v.AWS == nil || req.AWS == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS session needs aws evidence"))
-			return
-		}
-		claims, err = v.AWS.Verify(r.Context(), sess, req.AWS)
+	switch kind, ok := v.Verifiers[sess.Kind]; {
+	case !ok:
+		err = deny(attest.ReasonSessionInvalid, "this server verifies no %q evidence (any more)", sess.Kind)
+	case req.Kind != sess.Kind:
+		err = deny(attest.ReasonMalformed, "a %s session needs %s evidence", sess.Kind, sess.Kind)
 	default:
-		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
+		claims, err = kind.Verify(r.Context(), sess, req.Evidence)
 	}
 	if sess.Reattest() {
 		s.reattest(w, r.Context(), d, ss, claims, err)
