@@ -153,13 +153,13 @@ func (s *cloudTPMSetup) attestAs(t *testing.T, kind attest.Kind, o agent.SourceO
 	return ev.Attest(ctx, c, "worker", "", der)
 }
 
-// TestGCEVTPMEndToEnd: a GCE Shielded VM's vTPM, as nodeproof-agent finds
+// TestGCEVTPMAttacksEndToEnd: a GCE Shielded VM's vTPM, as nodeproof-agent finds
 // and uses it, enrols against nodeproof serve under its instance name and
 // fetches its config; the server refuses every VM its policy or Google's
 // chain does not vouch for, a quote by a key other than the certified one,
 // the VM enrolling again with a new key, a replayed verify; the agent
 // refuses a vTPM without its AK certificate.
-func TestGCEVTPMEndToEnd(t *testing.T) {
+func TestGCEVTPMAttacksEndToEnd(t *testing.T) {
 	s := newCloudTPMSetup(t)
 	ctx := context.Background()
 	inst := gcevtpmtest.Instance("gce-node-1")
@@ -343,13 +343,13 @@ func (s *cloudTPMSetup) attestNitro(t *testing.T, ev agent.NitroTPMEvidence) (*a
 	return ev.Attest(ctx, c, "worker", "asked-for", der)
 }
 
-// TestNitroTPMEndToEnd: an EC2 instance's NitroTPM, through the agent
+// TestNitroTPMAttacksEndToEnd: an EC2 instance's NitroTPM, through the agent
 // (a fake NSM speaking the hypervisor's bytes), enrols against nodeproof
 // serve under its private DNS name and fetches its config; the server
 // refuses documents with another nonce, key or PCRs, an instance of an
 // account its policy does not list, and a document replayed into another
 // session or with its own after delivery.
-func TestNitroTPMEndToEnd(t *testing.T) {
+func TestNitroTPMAttacksEndToEnd(t *testing.T) {
 	s := newCloudTPMSetup(t)
 	ctx := context.Background()
 	doc := awstest.NewDocument("us-east-1", s.now.Add(-2*time.Hour))
