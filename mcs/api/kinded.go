@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"regexp"
-	"time"
+	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -92,53 +93,57 @@ func unmarshalKinded(data []byte, env any, envFields []string) (attest.Kind, jso
 	return kind, msg, nil
 }
 
-type challengeRequest struct {
-	Kind             attest.Kind    `json:"kind"`
-	Pool             string         `json:"pool"`
-	KubeletPublicKey []byte         `json:"kubeletPublicKey"`
-	NodeName         string         `json:"nodeName,omitempty"`
-	Purpose          attest.Purpose `json:"purpose,omitempty"`
-}
+// The envelopes without their methods: what json marshals as the
+// envelope's own fields (the kind's message is `json:"-"`).
+type (
+	challengeRequest  ChallengeRequest
+	challengeResponse ChallengeResponse
+	verifyRequest     VerifyRequest
+)
 
-var challengeRequestFields = []string{"kind", "pool", "kubeletPublicKey", "nodeName", "purpose"}
+// jsonFields are the names json gives v's fields (a struct).
+func jsonFields(v any) []string {
+	t := reflect.TypeOf(v)
+	var names []string
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if name != "-" && name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
 
 // MarshalJSON puts Request under the kind's name.
 func (r ChallengeRequest) MarshalJSON() ([]byte, error) {
-	return marshalKinded(challengeRequest{r.Kind, r.Pool, r.KubeletPublicKey, r.NodeName, r.Purpose}, r.Kind, r.Request)
+	return marshalKinded(challengeRequest(r), r.Kind, r.Request)
 }
 
 // UnmarshalJSON takes the message under the kind's name as Request; any
 // other field not the envelope's is an error.
 func (r *ChallengeRequest) UnmarshalJSON(data []byte) error {
 	var env challengeRequest
-	kind, msg, err := unmarshalKinded(data, &env, challengeRequestFields)
+	kind, msg, err := unmarshalKinded(data, &env, jsonFields(env))
 	if err != nil {
 		return err
 	}
 	if kind != "" && kind != env.Kind {
 		return fmt.Errorf("json: a %q message in a request of kind %q", kind, env.Kind)
 	}
-	*r = ChallengeRequest{Kind: env.Kind, Pool: env.Pool, KubeletPublicKey: env.KubeletPublicKey, NodeName: env.NodeName, Purpose: env.Purpose, Request: msg}
+	*r = ChallengeRequest(env)
+	r.Request = msg
 	return nil
 }
 
-type challengeResponse struct {
-	Session string      `json:"session"`
-	Expires time.Time   `json:"expires"`
-	Kind    attest.Kind `json:"kind,omitempty"`
-}
-
-var challengeResponseFields = []string{"session", "expires", "kind"}
-
 // MarshalJSON puts Challenge under the kind's name.
 func (r ChallengeResponse) MarshalJSON() ([]byte, error) {
-	return marshalKinded(challengeResponse{r.Session, r.Expires, r.Kind}, r.Kind, r.Challenge)
+	return marshalKinded(challengeResponse(r), r.Kind, r.Challenge)
 }
 
 // UnmarshalJSON takes the message under the kind's name as Challenge.
 func (r *ChallengeResponse) UnmarshalJSON(data []byte) error {
 	var env challengeResponse
-	kind, msg, err := unmarshalKinded(data, &env, challengeResponseFields)
+	kind, msg, err := unmarshalKinded(data, &env, jsonFields(env))
 	if err != nil {
 		return err
 	}
@@ -147,30 +152,25 @@ func (r *ChallengeResponse) UnmarshalJSON(data []byte) error {
 	} else if kind != "" && kind != env.Kind {
 		return fmt.Errorf("json: a %q challenge in a response of kind %q", kind, env.Kind)
 	}
-	*r = ChallengeResponse{Session: env.Session, Expires: env.Expires, Kind: env.Kind, Challenge: msg}
+	*r = ChallengeResponse(env)
+	r.Challenge = msg
 	return nil
 }
 
-type verifyRequest struct {
-	Session         string `json:"session"`
-	KubeletKeyProof []byte `json:"kubeletKeyProof,omitempty"`
-}
-
-var verifyRequestFields = []string{"session", "kubeletKeyProof"}
-
 // MarshalJSON puts Evidence under Kind's name.
 func (r VerifyRequest) MarshalJSON() ([]byte, error) {
-	return marshalKinded(verifyRequest{r.Session, r.KubeletKeyProof}, r.Kind, r.Evidence)
+	return marshalKinded(verifyRequest(r), r.Kind, r.Evidence)
 }
 
 // UnmarshalJSON takes the one field not the envelope's as the evidence of
 // the kind it names.
 func (r *VerifyRequest) UnmarshalJSON(data []byte) error {
 	var env verifyRequest
-	kind, msg, err := unmarshalKinded(data, &env, verifyRequestFields)
+	kind, msg, err := unmarshalKinded(data, &env, jsonFields(env))
 	if err != nil {
 		return err
 	}
-	*r = VerifyRequest{Session: env.Session, KubeletKeyProof: env.KubeletKeyProof, Kind: kind, Evidence: msg}
+	*r = VerifyRequest(env)
+	r.Kind, r.Evidence = kind, msg
 	return nil
 }
