@@ -647,21 +647,28 @@ func derivedID(label string, nonce []byte) string {
 func identityKey(c *attest.Claims) string { return string(c.Kind) + "/" + c.Identity }
 
 // summarize describes claims in one line for records and logs (no
-// secrets: claims hold none).
+// secrets: claims hold none): the instance a cloud names, then the boot a
+// TPM's quote and log tell (a cloud vTPM has both).
 func summarize(c *attest.Claims) string {
+	var parts []string
 	switch {
 	case c.GCP != nil:
-		return fmt.Sprintf("gcp project=%s zone=%s instance=%s (%s)", c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID)
+		parts = append(parts, fmt.Sprintf("%s project=%s zone=%s instance=%s (%s)", c.Kind, c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID))
 	case c.AWS != nil:
-		return fmt.Sprintf("aws account=%s region=%s instance=%s live=%v", c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked)
+		parts = append(parts, fmt.Sprintf("%s account=%s region=%s instance=%s live=%v", c.Kind, c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked))
 	case c.TPM == nil:
 		return string(c.Kind) + " " + c.Identity
 	}
-	b := c.TPM.Boot
-	sb := "unknown"
-	if b.SecureBootKnown {
-		sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+	if c.TPM != nil {
+		b := c.TPM.Boot
+		sb := "unknown"
+		if b.SecureBootKnown {
+			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+		}
+		if c.GCP == nil && c.AWS == nil {
+			parts = append(parts, fmt.Sprintf("%s ek=%.16s…", c.Kind, c.TPM.EKSHA256))
+		}
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, b.Kernel))
 	}
-	return fmt.Sprintf("tpm ek=%s… trust=%s bank=%s secureBoot=%s kernel=%.16s",
-		c.TPM.EKSHA256[:16], c.TPM.EKTrust, c.TPM.PCRBank, sb, b.Kernel)
+	return strings.Join(parts, " ")
 }
