@@ -156,14 +156,14 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
+	if sess.Kind != req.Kind {
+		s.refuse(w, d, fmt.Errorf("mcs: the %s verifier made a %s session", req.Kind, sess.Kind))
+		return
+	}
 	sess.Purpose = req.Purpose
 	b, err := json.Marshal(sealedSession{Session: *sess, NodeName: req.NodeName, KubeletPublicKey: req.KubeletPublicKey})
 	if err != nil {
 		s.refuse(w, d, err)
-		return
-	}
-	if sess.Kind != req.Kind {
-		s.refuse(w, d, fmt.Errorf("mcs: the %s verifier made a %s session", req.Kind, sess.Kind))
 		return
 	}
 	resp := api.ChallengeResponse{Expires: sess.Expires, Kind: req.Kind, Challenge: api.Message(ch)}
