@@ -184,6 +184,12 @@ func TestGCEVTPMAttacksEndToEnd(t *testing.T) {
 	if _, err := c.FetchConfig(ctx, "worker", vr.ConfigToken); err != nil {
 		t.Fatalf("the enrolled VM's fetch: %v", err)
 	}
+	// Its re-attestation (every boot, on a timer) passes as a TPM's does.
+	c.Purpose = attest.PurposeReattest
+	rr, err := agent.GCEVTPMEvidence{Collector: coll}.Attest(ctx, c, "worker", inst.InstanceName, der)
+	if err != nil || rr.Reattest == nil || rr.NodeName != inst.InstanceName {
+		t.Fatalf("the enrolled VM's re-attestation: %+v, %v", rr, err)
+	}
 
 	other := func(f func(*gcevtpm.InstanceInfo)) gcevtpm.InstanceInfo {
 		i := gcevtpmtest.Instance("gce-node-2")
@@ -221,6 +227,11 @@ func TestGCEVTPMAttacksEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	impostor, impostorKey := s.client(t)
+	impostor.Purpose = attest.PurposeReattest
+	_, err = agent.GCEVTPMEvidence{Collector: coll2}.Attest(ctx, impostor, "worker", inst.InstanceName, impostorKey)
+	attacktable.Check(t, "GCE vTPM (server)", "another Google-certified VM of the project re-attests as the enrolled VM's node",
+		"403 "+string(attest.ReasonNodeNameTaken), fetchRefusal(nil, err))
 	attacker, key := s.client(t)
 	var ch api.ChallengeResponse
 	post(t, attacker, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCEVTPM, Pool: "worker", KubeletPublicKey: key, Request: api.Message(coll2.Request())}, &ch)
