@@ -379,6 +379,9 @@ func TestNitroTPMAttacksEndToEnd(t *testing.T) {
 	if _, err := c.FetchConfig(ctx, "worker", vr.ConfigToken); err != nil {
 		t.Fatalf("the enrolled instance's fetch: %v", err)
 	}
+	_, err = s.attestNitro(t, s.evidence(t, in, nil))
+	attacktable.Check(t, "NitroTPM (server)", "the enrolled instance enrols again with a new kubelet key (no release; the pool re-enrols after release)",
+		"403 "+string(attest.ReasonIdentityEnrolled), fetchRefusal(nil, err))
 
 	// Documents the NSM makes otherwise; another instance each, so that
 	// only the document decides.
