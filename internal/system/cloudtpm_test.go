@@ -13,6 +13,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws"
@@ -30,21 +31,6 @@ import (
 // cloudLog is a real GCE Shielded VM's event log (Ubuntu 21.04, Secure
 // Boot off): the firmware log both clouds' vTPMs replay here.
 const cloudLog = "ubuntu-2104-no-secure-boot"
-
-// cloudTPMPolicy: pool worker takes both cloud vTPM kinds, from the test
-// VMs' project and zone (gcevtpmtest.Instance) and the test instance's
-// account and Region (awstest.NewDocument); any boot components (the log
-// is a real VM's, its digests are what they are).
-const cloudTPMPolicy = `apiVersion: nodeproof.io/v1alpha1
-kind: AttestationPolicy
-pools:
-  worker:
-    evidence: [gce-vtpm, aws-nitrotpm]
-    gcp: {projects: [nodeproof-test], zones: [us-central1-a]}
-    aws: {accounts: ["123456789012"], regions: [us-east-1]}
-    tpm:
-      bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
-`
 
 // cloudTPMSetup is `nodeproof serve` taking both cloud vTPM kinds, trusting
 // a test GCE CA (--gce-vtpm-roots, --gce-vtpm-intermediates-dir) and a
@@ -64,10 +50,12 @@ func newCloudTPMSetup(t *testing.T) *cloudTPMSetup {
 	if err := swtpm.Check(); err != nil {
 		t.Fatalf("cloud vTPM tests need swtpm (%s): %v", swtpm.InstallHint, err)
 	}
-	s := &cloudTPMSetup{awsSetup: newAWSSetup(t, "{}"), now: time.Now().Truncate(time.Second), log: firmwaretestdata.MustLog(cloudLog)}
-	if err := os.WriteFile(s.policy, []byte(cloudTPMPolicy), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	s := &cloudTPMSetup{awsSetup: newAWSSetup(t, nil), now: time.Now().Truncate(time.Second), log: firmwaretestdata.MustLog(cloudLog)}
+	// Pool worker takes both cloud vTPM kinds from the fakes' project, in
+	// the test VMs' zone, and account, in us-east-1; any boot components
+	// (the log is a real VM's: its digests are what they are).
+	s.policy = writePolicy(t, t.TempDir(), policytest.New().Pool("worker",
+		policytest.Public().GCEVTPM().Zones("us-central1-a").NitroTPM().Regions("us-east-1")))
 	var err error
 	if s.ca, err = gcevtpmtest.NewCA(s.now); err != nil {
 		t.Fatal(err)
