@@ -18,8 +18,11 @@ import (
 // kinds a server takes. Adding a kind touches its own package, the policy
 // (attest/policy) and the docs, and nothing in the server.
 //
-// The messages are JSON, as they travel (mcs/api puts each under its
-// kind's name); a Verifier decodes them strictly (DecodeEvidence).
+// The challenge request is JSON as it travels (mcs/api puts each kind's
+// message under the kind's name), which Challenge decodes strictly
+// (DecodeEvidence); the evidence, the large message (an event log), the
+// server decodes in the same strict pass as its envelope, into what
+// NewEvidence returns.
 type Verifier interface {
 	// Kind is the evidence kind this verifier checks.
 	Kind() Kind
@@ -27,10 +30,14 @@ type Verifier interface {
 	// kind's Challenge doc comment lists) and returns the challenge to
 	// send back and the session for the caller to seal.
 	Challenge(ctx context.Context, in ChallengeInput) (challenge any, sess *Session, err error)
-	// Verify is step two: it checks the node's evidence against the
+	// NewEvidence returns a new zero value of the kind's evidence (a
+	// pointer), to decode the node's answer into.
+	NewEvidence() any
+	// Verify is step two: it checks the node's evidence (what NewEvidence
+	// returned, decoded; anything else is MalformedEvidence) against the
 	// session the caller unsealed (every check the kind's Verify doc
 	// comment lists) and, only if all pass, returns the Claims.
-	Verify(ctx context.Context, sess *Session, evidence json.RawMessage) (*Claims, error)
+	Verify(ctx context.Context, sess *Session, evidence any) (*Claims, error)
 }
 
 // ChallengeInput is what a server hands a Verifier's Challenge.
@@ -105,8 +112,8 @@ func DecodeEvidence(raw json.RawMessage, what string, v any) error {
 }
 
 // Seam makes a Verifier of kind from a kind's typed steps: challenge gets
-// the request decoded strictly into a Req, verify the evidence into an Ev
-// (DecodeEvidence; an absent message is MalformedEvidence).
+// the request decoded strictly into a Req (DecodeEvidence; an absent
+// message is MalformedEvidence), verify the evidence as an *Ev.
 func Seam[Req, Ev any](kind Kind, challenge func(in ChallengeInput, req *Req) (any, *Session, error), verify func(ctx context.Context, sess *Session, ev *Ev) (*Claims, error)) Verifier {
 	return seam[Req, Ev]{kind, challenge, verify}
 }
@@ -127,10 +134,12 @@ func (s seam[Req, Ev]) Challenge(_ context.Context, in ChallengeInput) (any, *Se
 	return s.challenge(in, &req)
 }
 
-func (s seam[Req, Ev]) Verify(ctx context.Context, sess *Session, raw json.RawMessage) (*Claims, error) {
-	var ev Ev
-	if err := DecodeEvidence(raw, string(s.kind)+" evidence", &ev); err != nil {
-		return nil, err
+func (s seam[Req, Ev]) NewEvidence() any { return new(Ev) }
+
+func (s seam[Req, Ev]) Verify(ctx context.Context, sess *Session, evidence any) (*Claims, error) {
+	ev, ok := evidence.(*Ev)
+	if !ok || ev == nil {
+		return nil, Deny(ReasonMalformed, "no %s evidence", s.kind)
 	}
-	return s.verify(ctx, sess, &ev)
+	return s.verify(ctx, sess, ev)
 }

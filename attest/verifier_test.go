@@ -33,8 +33,17 @@ func TestSeam(t *testing.T) {
 	if _, _, err := v.Challenge(context.Background(), ChallengeInput{Request: json.RawMessage(`{}`), Admit: func(string) error { return refused }}); err != refused {
 		t.Fatalf("Admit's refusal: got %v", err)
 	}
-	if _, err := v.Verify(context.Background(), nil, json.RawMessage(`{"b":"x"}`)); err != nil || gotEv.B != "x" {
+	ev := v.NewEvidence()
+	if err := json.Unmarshal([]byte(`{"b":"x"}`), ev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Verify(context.Background(), nil, ev); err != nil || gotEv.B != "x" {
 		t.Fatalf("verify: %v, %+v", err, gotEv)
+	}
+	for name, ev := range map[string]any{"nil": nil, "another type": &seamReq{}, "a nil pointer": (*seamEv)(nil)} {
+		if _, err := v.Verify(context.Background(), nil, ev); !isReason(err, ReasonMalformed) {
+			t.Errorf("evidence %s: %v, want %s", name, err, ReasonMalformed)
+		}
 	}
 	for name, raw := range map[string]string{"absent": "", "null": "null", "unknown field": `{"a":1,"z":2}`, "two values": `{"a":1} {}`, "mistyped": `{"a":"x"}`} {
 		_, _, err := v.Challenge(context.Background(), ChallengeInput{Request: json.RawMessage(raw)})
@@ -49,4 +58,9 @@ func TestSeam(t *testing.T) {
 	if err != nil || len(r.Kinds()) != 1 || r.Kinds()[0] != KindTPM {
 		t.Errorf("registry %v, %v", r, err)
 	}
+}
+
+func isReason(err error, r Reason) bool {
+	got, _ := ReasonOf(err)
+	return got == r
 }

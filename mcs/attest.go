@@ -201,8 +201,8 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // delivered, the session answered again is refused (SessionReused).
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	v := s.verifiers() // one policy's verifiers for the whole request
-	var req api.VerifyRequest
-	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
+	req, evidence, err := v.body.decode(w, r)
+	if err != nil {
 		s.refuse(w, d, err)
 		return
 	}
@@ -234,7 +234,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	case req.Kind != sess.Kind:
 		err = deny(attest.ReasonMalformed, "a %s session needs %s evidence", sess.Kind, sess.Kind)
 	default:
-		claims, err = kind.Verify(r.Context(), sess, req.Evidence)
+		claims, err = kind.Verify(r.Context(), sess, evidence)
 	}
 	if sess.Reattest() {
 		s.reattest(w, r.Context(), d, ss, claims, err)

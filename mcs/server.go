@@ -247,6 +247,9 @@ func New(o Options) (*Server, error) {
 type Judge struct {
 	Policy    *policy.Policy
 	Verifiers attest.Registry
+
+	// body is what a verify body decodes into, for Verifiers' kinds.
+	body *verifyBody
 }
 
 // SetPolicy swaps the policy and its verifiers (after the policy file
@@ -262,6 +265,10 @@ func (s *Server) SetPolicy(j Judge) error {
 			s.o.Log.Warn("INSECURE: pool serves its full config, secrets included, to anyone without credentials (serve.fullWithoutCredentials)",
 				"pool", pool)
 		}
+	}
+	var err error
+	if j.body, err = newVerifyBody(j.Verifiers); err != nil {
+		return err
 	}
 	s.judge.Store(&j)
 	return nil
