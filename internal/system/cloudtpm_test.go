@@ -243,8 +243,10 @@ func TestGCEVTPMAttacksEndToEnd(t *testing.T) {
 	ev2.AKCertificate, ev2.Intermediates = ev1.AKCertificate, ev1.Intermediates
 	attacktable.Check(t, "GCE vTPM (server)", "a VM's AK and quote sent with another VM's AK certificate",
 		"403 "+string(attest.ReasonAKCertKeyMismatch), refusal(postRaw(t, attacker, api.PathVerify, api.VerifyRequest{Session: ch.Session, Kind: attest.KindGCEVTPM, Evidence: api.Message(ev2)})))
-	attacktable.Check(t, "GCE vTPM (server)", "a GCE vTPM session answered as another kind (the same evidence under \"tpm\")",
-		"400 "+string(attest.ReasonMalformed), refusal(postRaw(t, attacker, api.PathVerify, api.VerifyRequest{Session: ch.Session, Kind: attest.KindTPM, Evidence: api.Message(ev1)})))
+	attacktable.Check(t, "GCE vTPM (server)", "a GCE vTPM session answered as another kind (its evidence under \"tpm\", read strictly as a TPM's)",
+		"400 "+string(attest.ReasonMalformedRequest), refusal(postRaw(t, attacker, api.PathVerify, api.VerifyRequest{Session: ch.Session, Kind: attest.KindTPM, Evidence: api.Message(ev1)})))
+	attacktable.Check(t, "GCE vTPM (server)", "a GCE vTPM session answered with a bare-metal TPM's evidence",
+		"400 "+string(attest.ReasonMalformed), refusal(postRaw(t, attacker, api.PathVerify, api.VerifyRequest{Session: ch.Session, Kind: attest.KindTPM, Evidence: api.Message(&tpm.Evidence{})})))
 	coll.Close()
 	coll2.Close()
 
