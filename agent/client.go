@@ -135,17 +135,41 @@ func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM,
 		if err != nil {
 			return nil, fmt.Errorf("read TPM identity: %w", err)
 		}
-		return &api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, TPM: req}, nil
+		return challengeRequest(attest.KindTPM, pool, nodeName, kubeletPKIX, req), nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
-		if ch.TPM == nil {
-			return nil, errors.New("server sent no TPM challenge")
+		tc, err := challengeOf[tpm.Challenge](ch, attest.KindTPM)
+		if err != nil {
+			return nil, err
 		}
-		ev, err := coll.Answer(ch.TPM, keySHA)
+		ev, err := coll.Answer(tc, keySHA)
 		if err != nil {
 			return nil, fmt.Errorf("answer the challenge with the TPM: %w", err)
 		}
-		return &api.VerifyRequest{Session: ch.Session, TPM: ev}, nil
+		return verifyRequest(attest.KindTPM, ch, ev), nil
 	})
+}
+
+// challengeRequest is a kind's challenge request in its envelope.
+func challengeRequest(kind attest.Kind, pool, nodeName string, kubeletPKIX []byte, req any) *api.ChallengeRequest {
+	return &api.ChallengeRequest{Kind: kind, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, Request: api.Message(req)}
+}
+
+// verifyRequest is a kind's evidence in its envelope, answering ch.
+func verifyRequest(kind attest.Kind, ch *api.ChallengeResponse, ev any) *api.VerifyRequest {
+	return &api.VerifyRequest{Session: ch.Session, Kind: kind, Evidence: api.Message(ev)}
+}
+
+// challengeOf decodes ch's challenge of kind (a server that names another
+// kind, or sends none, is an error).
+func challengeOf[T any](ch *api.ChallengeResponse, kind attest.Kind) (*T, error) {
+	if ch.Kind != kind || len(ch.Challenge) == 0 {
+		return nil, fmt.Errorf("server sent no %s challenge", kind)
+	}
+	var c T
+	if err := json.Unmarshal(ch.Challenge, &c); err != nil {
+		return nil, fmt.Errorf("the server's %s challenge: %w", kind, err)
+	}
+	return &c, nil
 }
 
 // attest runs challenge → answer → verify. Verify is retried with the

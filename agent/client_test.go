@@ -290,7 +290,7 @@ func (s *sessionServer) handler(t *testing.T) http.Handler {
 			s.sessions++
 			id := fmt.Sprintf("s-%d", s.sessions)
 			s.mu.Unlock()
-			json.NewEncoder(w).Encode(api.ChallengeResponse{Session: id, TPM: &tpm.Challenge{Nonce: []byte("nonce")}})
+			json.NewEncoder(w).Encode(api.ChallengeResponse{Session: id, Kind: attest.KindTPM, Challenge: api.Message(&tpm.Challenge{Nonce: []byte("nonce")})})
 		case api.PathVerify:
 			var req api.VerifyRequest
 			if err := json.NewDecoder(r.Body).Decode(&req); err != nil {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"cloud.google.com/go/compute/metadata"
@@ -29,18 +28,17 @@ func (GCPEvidence) Kind() attest.Kind { return attest.KindGCP }
 // Attest implements Evidence.
 func (e GCPEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
 	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
-		return &api.ChallengeRequest{
-			Kind: attest.KindGCP, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, GCP: &gcp.ChallengeRequest{},
-		}, nil
+		return challengeRequest(attest.KindGCP, pool, nodeName, kubeletPKIX, &gcp.ChallengeRequest{}), nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
-		if ch.GCP == nil {
-			return nil, errors.New("server sent no GCP challenge")
+		gc, err := challengeOf[gcp.Challenge](ch, attest.KindGCP)
+		if err != nil {
+			return nil, err
 		}
-		ev, err := gcp.Collect(ctx, e.Metadata, ch.GCP.Audience)
+		ev, err := gcp.Collect(ctx, e.Metadata, gc.Audience)
 		if err != nil {
 			return nil, fmt.Errorf("identity token from the metadata server: %w", err)
 		}
-		return &api.VerifyRequest{Session: ch.Session, GCP: ev}, nil
+		return verifyRequest(attest.KindGCP, ch, ev), nil
 	})
 }
 
@@ -63,14 +61,12 @@ func (e AWSEvidence) Attest(ctx context.Context, c *Client, pool, nodeName strin
 		client = aws.NewIMDSClient("")
 	}
 	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
-		return &api.ChallengeRequest{
-			Kind: attest.KindAWS, Pool: pool, KubeletPublicKey: kubeletPKIX, NodeName: nodeName, AWS: &aws.ChallengeRequest{},
-		}, nil
+		return challengeRequest(attest.KindAWS, pool, nodeName, kubeletPKIX, &aws.ChallengeRequest{}), nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
 		ev, err := aws.Collect(ctx, client)
 		if err != nil {
 			return nil, fmt.Errorf("identity document from IMDS: %w", err)
 		}
-		return &api.VerifyRequest{Session: ch.Session, AWS: ev}, nil
+		return verifyRequest(attest.KindAWS, ch, ev), nil
 	})
 }

@@ -10,7 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-tpm/legacy/tpm2"
+
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 )
 
 // DetectOptions say where DetectEvidence looks.
@@ -46,7 +49,10 @@ func (e *NoEvidenceError) Error() string {
 }
 
 // DetectEvidence picks the evidence this machine can present, strongest
-// first: a TPM (the TPM device exists) → attest.KindTPM; else the GCE
+// first: a TPM (the TPM device exists, or --tpm names swtpm) holding
+// Google's AK template in NV → attest.KindGCEVTPM; a TPM device on a
+// machine whose IMDSv2 answers → attest.KindNitroTPM; another TPM →
+// attest.KindTPM; else the GCE
 // metadata server answers as GCE's does (Metadata-Flavor: Google, the
 // check cloud.google.com/go/compute/metadata's OnGCE makes, without its
 // process-wide cache) → attest.KindGCP; else IMDS issues an IMDSv2
@@ -67,22 +73,42 @@ func DetectEvidence(ctx context.Context, o DetectOptions) (attest.Kind, string, 
 	}
 	var tried []string
 
+	// Metadata requests never go through a proxy, nor follow a redirect
+	// away from the metadata address.
+	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, CheckRedirect: noRedirect}
+	tokenURL := strings.TrimRight(o.IMDSEndpoint, "/") + "/latest/api/token"
+	imdsv2 := func() error {
+		return probe(ctx, hc, o.Timeout, http.MethodPut, tokenURL, map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60"}, func(resp *http.Response, body []byte) error {
+			if resp.StatusCode != http.StatusOK || len(body) == 0 {
+				return fmt.Errorf("no IMDSv2 token (HTTP %d)", resp.StatusCode)
+			}
+			return nil
+		})
+	}
+
 	if addr, ok := strings.CutPrefix(o.TPMPath, "tcp:"); ok {
+		if isGCEVTPM(o.TPMPath) {
+			return attest.KindGCEVTPM, "a GCE vTPM (Google's AK template in NV) at " + addr + " (named by --tpm)", nil
+		}
 		return attest.KindTPM, "the TPM at " + addr + " (named by --tpm)", nil
 	}
 	fi, err := os.Stat(o.TPMPath)
 	switch {
 	case err == nil && !fi.IsDir():
+		if isGCEVTPM(o.TPMPath) {
+			return attest.KindGCEVTPM, "a GCE vTPM (Google's AK template in NV) at " + o.TPMPath, nil
+		}
+		// A TPM on a machine whose IMDSv2 answers is an EC2 instance's
+		// NitroTPM: its EK has no certificate a vendor CA issued.
+		if imdsv2() == nil {
+			return attest.KindNitroTPM, "a TPM at " + o.TPMPath + " on EC2 (IMDSv2 at " + o.IMDSEndpoint + "): its NitroTPM", nil
+		}
 		return attest.KindTPM, "a TPM at " + o.TPMPath, nil
 	case err == nil:
 		tried = append(tried, "TPM: "+o.TPMPath+" is a directory")
 	default:
 		tried = append(tried, fmt.Sprintf("TPM: %v", err))
 	}
-
-	// Metadata requests never go through a proxy, nor follow a redirect
-	// away from the metadata address.
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, CheckRedirect: noRedirect}
 
 	gceURL := "http://" + strings.TrimRight(o.GCEMetadataHost, "/") + "/computeMetadata/v1/"
 	err = probe(ctx, hc, o.Timeout, http.MethodGet, gceURL, map[string]string{"Metadata-Flavor": "Google"}, func(resp *http.Response, _ []byte) error {
@@ -96,14 +122,7 @@ func DetectEvidence(ctx context.Context, o DetectOptions) (attest.Kind, string, 
 	}
 	tried = append(tried, fmt.Sprintf("GCE metadata server %s: %v", gceURL, err))
 
-	tokenURL := strings.TrimRight(o.IMDSEndpoint, "/") + "/latest/api/token"
-	err = probe(ctx, hc, o.Timeout, http.MethodPut, tokenURL, map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60"}, func(resp *http.Response, body []byte) error {
-		if resp.StatusCode != http.StatusOK || len(body) == 0 {
-			return fmt.Errorf("no IMDSv2 token (HTTP %d)", resp.StatusCode)
-		}
-		return nil
-	})
-	if err == nil {
+	if err = imdsv2(); err == nil {
 		return attest.KindAWS, "IMDSv2 at " + o.IMDSEndpoint, nil
 	}
 	tried = append(tried, fmt.Sprintf("EC2 IMDSv2 %s: %v", tokenURL, err))
@@ -135,4 +154,24 @@ func probe(ctx context.Context, hc *http.Client, timeout time.Duration, method, 
 		return err
 	}
 	return check(resp, body)
+}
+
+// isGCEVTPM reports whether the TPM at path holds Google's AK template in
+// NV (gcevtpm.Detect); a TPM that does not open is not one (its collector
+// says why).
+func isGCEVTPM(path string) bool {
+	ch, err := openChannel(SourceOptions{TPMPath: path})
+	if err != nil {
+		return false
+	}
+	if ch == nil {
+		rw, err := tpm2.OpenTPM(path)
+		if err != nil {
+			return false
+		}
+		defer rw.Close()
+		return gcevtpm.Detect(rw)
+	}
+	defer ch.Close()
+	return gcevtpm.Detect(ch)
 }

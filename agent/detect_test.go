@@ -80,7 +80,9 @@ func TestDetectEvidence(t *testing.T) {
 		wantTried int      // with want == "": the attempts listed
 		mention   []string // what the error names
 	}{
-		{name: "TPM device", o: DetectOptions{TPMPath: tpmFile, GCEMetadataHost: gce.Host(), IMDSEndpoint: imds.URL}, want: attest.KindTPM},
+		{name: "TPM device", o: DetectOptions{TPMPath: tpmFile, GCEMetadataHost: gce.Host(), IMDSEndpoint: "http://" + dead}, want: attest.KindTPM},
+		{name: "TPM device on EC2: its NitroTPM", o: DetectOptions{TPMPath: tpmFile, GCEMetadataHost: gce.Host(), IMDSEndpoint: imds.URL}, want: attest.KindNitroTPM},
+		{name: "TPM device where IMDS refuses IMDSv2", o: DetectOptions{TPMPath: tpmFile, GCEMetadataHost: dead, IMDSEndpoint: refusing.URL}, want: attest.KindTPM},
 		{name: "swtpm named by --tpm", o: DetectOptions{TPMPath: "tcp:127.0.0.1:1", GCEMetadataHost: gce.Host(), IMDSEndpoint: imds.URL}, want: attest.KindTPM},
 		{name: "no TPM, GCE", o: DetectOptions{TPMPath: noTPM, GCEMetadataHost: gce.Host(), IMDSEndpoint: imds.URL}, want: attest.KindGCP},
 		{name: "no TPM, not GCE, IMDSv2", o: DetectOptions{TPMPath: noTPM, GCEMetadataHost: dead, IMDSEndpoint: imds.URL}, want: attest.KindAWS},

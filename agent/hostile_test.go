@@ -51,7 +51,7 @@ func newHostile(t *testing.T, verify, config http.HandlerFunc) *hostile {
 	h.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.URL.Path == api.PathChallenge:
-			json.NewEncoder(w).Encode(api.ChallengeResponse{Session: "s-1", TPM: &tpm.Challenge{Nonce: []byte("nonce")}})
+			json.NewEncoder(w).Encode(api.ChallengeResponse{Session: "s-1", Kind: attest.KindTPM, Challenge: api.Message(&tpm.Challenge{Nonce: []byte("nonce")})})
 		case r.URL.Path == api.PathVerify && h.verify != nil:
 			h.verify(w, r)
 		case r.URL.Path == api.PathVerify:

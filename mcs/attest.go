@@ -136,38 +136,28 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
-	var resp api.ChallengeResponse
-	var sess *attest.Session
-	switch req.Kind {
-	case attest.KindTPM:
-		if v.TPM == nil || req.TPM == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM evidence needs a tpm request and a TPM verifier"))
-			return
-		}
-		// The EK the request claims, before any cryptography is spent on it.
-		ek := sha256.Sum256(req.TPM.EKPublic)
-		if ok, wait := s.o.Limits.PerIdentity.Allow("tpm-ek-claimed/" + hex.EncodeToString(ek[:])); !ok {
-			s.refuse(w, d, later(wait, deny(attest.ReasonRateLimited, "too many attestations for this TPM; retry later")))
-			return
-		}
-		resp.TPM, sess, err = v.TPM.Challenge(req.Pool, keySHA, req.TPM)
-	case attest.KindGCP:
-		if v.GCP == nil || req.GCP == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP evidence needs a gcp request and a GCP verifier"))
-			return
-		}
-		resp.GCP, sess, err = v.GCP.Challenge(req.Pool, keySHA, req.GCP)
-	case attest.KindAWS:
-		if v.AWS == nil || req.AWS == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS evidence needs an aws request and an AWS verifier"))
-			return
-		}
-		resp.AWS, sess, err = v.AWS.Challenge(req.Pool, keySHA, req.AWS)
-	default:
-		err = deny(attest.ReasonPolicyKindNotAllowed, "no verifier for %q evidence", req.Kind)
+	kind, ok := v.Verifiers[req.Kind]
+	if !ok {
+		s.refuse(w, d, deny(attest.ReasonPolicyKindNotAllowed, "this server verifies no %q evidence", req.Kind))
+		return
 	}
+	ch, sess, err := kind.Challenge(r.Context(), attest.ChallengeInput{
+		Pool: req.Pool, KubeletKeySHA256: keySHA, Request: req.Request,
+		// An identity the request only claims (a TPM's EK), before any
+		// cryptography is spent on it.
+		Admit: func(claimed string) error {
+			if ok, wait := s.o.Limits.PerIdentity.Allow(claimed); !ok {
+				return later(wait, deny(attest.ReasonRateLimited, "too many attestations for this machine; retry later"))
+			}
+			return nil
+		},
+	})
 	if err != nil {
 		s.refuse(w, d, err)
+		return
+	}
+	if sess.Kind != req.Kind {
+		s.refuse(w, d, fmt.Errorf("mcs: the %s verifier made a %s session", req.Kind, sess.Kind))
 		return
 	}
 	sess.Purpose = req.Purpose
@@ -176,11 +166,11 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		s.refuse(w, d, err)
 		return
 	}
+	resp := api.ChallengeResponse{Expires: sess.Expires, Kind: req.Kind, Challenge: api.Message(ch)}
 	if resp.Session, err = s.o.Keys.Seal(sessionPurpose, b); err != nil {
 		s.refuse(w, d, err)
 		return
 	}
-	resp.Expires = sess.Expires
 	writeJSON(w, d, &resp)
 }
 
@@ -211,8 +201,8 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 // delivered, the session answered again is refused (SessionReused).
 func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 	v := s.verifiers() // one policy's verifiers for the whole request
-	var req api.VerifyRequest
-	if err := decodeBody(w, r, api.MaxVerifyBody, &req); err != nil {
+	req, evidence, err := v.body.decode(w, r)
+	if err != nil {
 		s.refuse(w, d, err)
 		return
 	}
@@ -238,27 +228,13 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		proven = true
 	}
 	var claims *attest.Claims
-	switch sess.Kind {
-	case attest.KindTPM:
-		if v.TPM == nil || req.TPM == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "TPM session needs tpm evidence"))
-			return
-		}
-		claims, err = v.TPM.Verify(sess, req.TPM)
-	case attest.KindGCP:
-		if v.GCP == nil || req.GCP == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "GCP session needs gcp evidence"))
-			return
-		}
-		claims, err = v.GCP.Verify(r.Context(), sess, req.GCP)
-	case attest.KindAWS:
-		if v.AWS == nil || req.AWS == nil {
-			s.refuse(w, d, deny(attest.ReasonMalformed, "AWS session needs aws evidence"))
-			return
-		}
-		claims, err = v.AWS.Verify(r.Context(), sess, req.AWS)
+	switch kind, ok := v.Verifiers[sess.Kind]; {
+	case !ok:
+		err = deny(attest.ReasonSessionInvalid, "this server verifies no %q evidence (any more)", sess.Kind)
+	case req.Kind != sess.Kind:
+		err = deny(attest.ReasonMalformed, "a %s session needs %s evidence", sess.Kind, sess.Kind)
 	default:
-		err = deny(attest.ReasonSessionInvalid, "session of unknown kind")
+		claims, err = kind.Verify(r.Context(), sess, evidence)
 	}
 	if sess.Reattest() {
 		s.reattest(w, r.Context(), d, ss, claims, err)
@@ -671,21 +647,28 @@ func derivedID(label string, nonce []byte) string {
 func identityKey(c *attest.Claims) string { return string(c.Kind) + "/" + c.Identity }
 
 // summarize describes claims in one line for records and logs (no
-// secrets: claims hold none).
+// secrets: claims hold none): the instance a cloud names, then the boot a
+// TPM's quote and log tell (a cloud vTPM has both).
 func summarize(c *attest.Claims) string {
+	var parts []string
 	switch {
 	case c.GCP != nil:
-		return fmt.Sprintf("gcp project=%s zone=%s instance=%s (%s)", c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID)
+		parts = append(parts, fmt.Sprintf("%s project=%s zone=%s instance=%s (%s)", c.Kind, c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID))
 	case c.AWS != nil:
-		return fmt.Sprintf("aws account=%s region=%s instance=%s live=%v", c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked)
+		parts = append(parts, fmt.Sprintf("%s account=%s region=%s instance=%s live=%v", c.Kind, c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked))
 	case c.TPM == nil:
 		return string(c.Kind) + " " + c.Identity
 	}
-	b := c.TPM.Boot
-	sb := "unknown"
-	if b.SecureBootKnown {
-		sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+	if c.TPM != nil {
+		b := c.TPM.Boot
+		sb := "unknown"
+		if b.SecureBootKnown {
+			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+		}
+		if c.GCP == nil && c.AWS == nil {
+			parts = append(parts, fmt.Sprintf("%s ek=%.16s…", c.Kind, c.TPM.EKSHA256))
+		}
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, b.Kernel))
 	}
-	return fmt.Sprintf("tpm ek=%s… trust=%s bank=%s secureBoot=%s kernel=%.16s",
-		c.TPM.EKSHA256[:16], c.TPM.EKTrust, c.TPM.PCRBank, sb, b.Kernel)
+	return strings.Join(parts, " ")
 }

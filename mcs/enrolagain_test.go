@@ -58,7 +58,7 @@ func (e *env) enrol(m *machine, pool, node string) string {
 	if ch == nil {
 		return fmt.Sprintf("%d %s", r.status, r.reason)
 	}
-	ev, err := m.collector.Answer(ch.TPM, m.keySHA)
+	ev, err := m.collector.Answer(tpmChallenge(e.t, ch), m.keySHA)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func (e *env) enrol(m *machine, pool, node string) string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	body, _ := json.Marshal(api.VerifyRequest{Session: ch.Session, KubeletKeyProof: proof, TPM: ev})
+	body, _ := json.Marshal(api.VerifyRequest{Session: ch.Session, KubeletKeyProof: proof, Kind: attest.KindTPM, Evidence: api.Message(ev)})
 	if _, r = e.verify(body); r.status == 200 {
 		return "200"
 	}

@@ -42,7 +42,7 @@ func FuzzAttestRequests(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	srv, err := mcs.New(mcs.Options{Policy: pol, Configs: &staticConfigs{}, Store: st, Keys: keys, TPM: v,
+	srv, err := mcs.New(mcs.Options{Policy: pol, Configs: &staticConfigs{}, Store: st, Keys: keys, Verifiers: attest.Registry{attest.KindTPM: v.Seam()},
 		Clock: clock, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		f.Fatal(err)
@@ -68,8 +68,8 @@ func FuzzAttestRequests(f *testing.F) {
 		}
 		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		key, _ := x509.MarshalPKIXPublicKey(k.Public())
-		ch, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: key, NodeName: "worker-0", TPM: &x.Request})
-		vr, _ := json.Marshal(api.VerifyRequest{Session: "np1.AAAA", KubeletKeyProof: []byte{1}, TPM: &x.Evidence})
+		ch, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: key, NodeName: "worker-0", Request: api.Message(&x.Request)})
+		vr, _ := json.Marshal(api.VerifyRequest{Session: "np1.AAAA", KubeletKeyProof: []byte{1}, Kind: attest.KindTPM, Evidence: api.Message(&x.Evidence)})
 		f.Add(true, ch)
 		f.Add(false, vr)
 	}

@@ -187,7 +187,7 @@ func (e *env) challengeAt(base string, m *machine, pool, node string) (*api.Chal
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node, TPM: req})
+	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node, Request: api.Message(req)})
 	r := e.do("POST", base+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
 	if r.status != 200 {
 		return nil, r

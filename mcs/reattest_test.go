@@ -19,7 +19,7 @@ func (e *env) reattestChallenge(m *machine, pool, node string) (*api.ChallengeRe
 		e.t.Fatal(err)
 	}
 	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node,
-		Purpose: attest.PurposeReattest, TPM: req})
+		Purpose: attest.PurposeReattest, Request: api.Message(req)})
 	r := e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
 	if r.status != 200 {
 		return nil, r
@@ -92,7 +92,7 @@ func TestReattestAttacks(t *testing.T) {
 	_, r = e.reattestChallenge(m, "worker", "")
 	row("a re-attestation that names no node", attest.ReasonMalformedRequest, r)
 	req, _ := m.collector.Request()
-	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: m.keyDER, NodeName: "worker-5", Purpose: "promote", TPM: req})
+	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: m.keyDER, NodeName: "worker-5", Purpose: "promote", Request: api.Message(req)})
 	r = e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
 	row("an attestation with an unknown purpose", attest.ReasonMalformedRequest, r)
 

@@ -23,9 +23,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
-	"github.com/nodeproof/nodeproof/attest/tpm"
-	"github.com/nodeproof/nodeproof/identity/aws"
-	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/limit"
 	"github.com/nodeproof/nodeproof/mcs/seal"
@@ -119,12 +116,10 @@ type Options struct {
 	// Provisioning are the token-tier tokens; nil disables the token tier
 	// whatever the policy says.
 	Provisioning *tokens.Provisioning
-	// TPM verifies TPM evidence; nil refuses TPM evidence.
-	TPM *tpm.Verifier
-	// GCP verifies GCP instance identity tokens; nil refuses them.
-	GCP *gcp.Verifier
-	// AWS verifies EC2 instance identity documents; nil refuses them.
-	AWS *aws.Verifier
+	// Verifiers verify the kinds of evidence this server takes (each
+	// kind's Seam: tpm.Verifier, gcp.Verifier, …); a kind absent from it
+	// is refused (EvidenceKindNotAllowed).
+	Verifiers attest.Registry
 	// Events, when set, receives the enrolment decisions an operator must
 	// see — a node name taken, an identity refused (enrolled already,
 	// revoked, by policy) or enrolled again — and nodes' failure reports,
@@ -240,7 +235,7 @@ func New(o Options) (*Server, error) {
 	o.Log = slog.New(safetext.Handler(o.Log.Handler()))
 	s := &Server{o: o, limitLog: limit.NewBuckets(limit.Rate{PerSecond: 1, Burst: 5}, 0, o.Clock)}
 	s.configs.Store(&configsBox{o.Configs})
-	if err := s.SetPolicy(Judge{Policy: o.Policy, TPM: o.TPM, GCP: o.GCP, AWS: o.AWS}); err != nil {
+	if err := s.SetPolicy(Judge{Policy: o.Policy, Verifiers: o.Verifiers}); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -250,10 +245,11 @@ func New(o Options) (*Server, error) {
 // the evidence kinds it takes, made from its trust roots (a nil verifier
 // refuses that kind).
 type Judge struct {
-	Policy *policy.Policy
-	TPM    *tpm.Verifier
-	GCP    *gcp.Verifier
-	AWS    *aws.Verifier
+	Policy    *policy.Policy
+	Verifiers attest.Registry
+
+	// body is what a verify body decodes into, for Verifiers' kinds.
+	body *verifyBody
 }
 
 // SetPolicy swaps the policy and its verifiers (after the policy file
@@ -269,6 +265,10 @@ func (s *Server) SetPolicy(j Judge) error {
 			s.o.Log.Warn("INSECURE: pool serves its full config, secrets included, to anyone without credentials (serve.fullWithoutCredentials)",
 				"pool", pool)
 		}
+	}
+	var err error
+	if j.body, err = newVerifyBody(j.Verifiers); err != nil {
+		return err
 	}
 	s.judge.Store(&j)
 	return nil

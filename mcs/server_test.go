@@ -211,7 +211,7 @@ func newEnvPolicy(t *testing.T, configs mcs.Configs, limits mcs.Limits, pol *pol
 	}
 	e.keysPath = filepath.Join(dir, "keys.json")
 	e.opts = mcs.Options{
-		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, TPM: v,
+		Policy: pol, Configs: configs, Store: e.store, Keys: keys, Provisioning: e.prov, Verifiers: attest.Registry{attest.KindTPM: v.Seam()},
 		Limits: limits, Clock: e.clock, Log: slog.New(slog.NewJSONHandler(&e.log, nil)), Events: &e.events, Metrics: metrics,
 	}
 	srv, err := mcs.New(e.opts)
@@ -285,11 +285,11 @@ func (e *env) challenge(m *machine, pool, node string) (*api.ChallengeResponse, 
 }
 
 func (e *env) verifyBody(m *machine, ch *api.ChallengeResponse) []byte {
-	ev, err := m.collector.Answer(ch.TPM, m.keySHA)
+	ev, err := m.collector.Answer(tpmChallenge(e.t, ch), m.keySHA)
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	body, _ := json.Marshal(api.VerifyRequest{Session: ch.Session, TPM: ev})
+	body, _ := json.Marshal(api.VerifyRequest{Session: ch.Session, Kind: attest.KindTPM, Evidence: api.Message(ev)})
 	return body
 }
 
@@ -515,4 +515,14 @@ func TestMigrationAndUnavailable(t *testing.T) {
 	if _, r := e.verify(body); r.status != 503 || r.reason != attest.ReasonUnavailable || r.header.Get("Retry-After") == "" {
 		t.Fatalf("store down: %d %q", r.status, r.reason)
 	}
+}
+
+// tpmChallenge is ch's TPM challenge.
+func tpmChallenge(t testing.TB, ch *api.ChallengeResponse) *tpm.Challenge {
+	t.Helper()
+	var c tpm.Challenge
+	if ch.Kind != attest.KindTPM || json.Unmarshal(ch.Challenge, &c) != nil {
+		t.Fatalf("no TPM challenge in %+v", ch)
+	}
+	return &c
 }

@@ -114,6 +114,18 @@ func TestReferenceExamples(t *testing.T) {
 			t.Errorf("an instance of another project: %v; want a refusal naming pools.worker.gcp.projects", err)
 		}
 	})
+	t.Run("gce-vtpm", func(t *testing.T) {
+		p := example(t, "gce-vtpm")
+		c := &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "my-project", Zone: "us-central1-b"},
+			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true}}}
+		if err := p.Evaluate("worker", c); err != nil {
+			t.Errorf("a Shielded VM the example describes is refused: %v", err)
+		}
+		c.GCP.Zone = "europe-west4-a"
+		if err := p.Evaluate("worker", c); attest.SettingOf(err) != "pools.worker.gcp.zones" {
+			t.Errorf("a VM in another zone: %v; want a refusal naming pools.worker.gcp.zones", err)
+		}
+	})
 	t.Run("aws", func(t *testing.T) {
 		p := example(t, "aws")
 		c := &attest.Claims{Kind: attest.KindAWS, AWS: &attest.AWSClaims{AccountID: "123456789012", Region: "us-east-1", LiveChecked: true}}

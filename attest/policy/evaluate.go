@@ -14,7 +14,9 @@ import (
 // Requirements, in order:
 //   - the pool is in the policy (PoolNotInPolicy) and accepts the claims'
 //     kind (EvidenceKindNotAllowed);
-//   - for TPM claims, see evaluateTPM.
+//   - for TPM claims, see evaluateTPM; for GCP, evaluateGCP; for AWS,
+//     evaluateAWS; for a cloud vTPM (gce-vtpm, aws-nitrotpm),
+//     evaluateVTPM.
 func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 	_, err := p.Decide(pool, c, Options{})
 	return err
@@ -59,6 +61,8 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 			return nil, attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
 		}
 		err = evaluateAWS(at+"aws.", &pp.AWS, c.AWS)
+	case attest.KindGCEVTPM, attest.KindNitroTPM:
+		err = evaluateVTPM(at, &pp, c, e)
 	default:
 		err = attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
 	}

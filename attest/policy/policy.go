@@ -244,7 +244,7 @@ func (p *Policy) Warnings() []string {
 		// The world-wide ones first.
 		for _, wide := range []bool{true, false} {
 			for _, l := range lists {
-				if l.Wide == wide && l.Any && pp.takes(l.Kind) {
+				if l.Wide == wide && l.Any && pp.takesList(l) {
 					out = append(out, fmt.Sprintf("pool %q: %s", name, l.Open))
 				}
 			}

@@ -124,6 +124,13 @@ func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) er
 	if !t.EKTrustList().Allows(c.EKTrust) {
 		return attest.DenySetting(attest.ReasonPolicyEKTrust, in+"ekTrust", "EK vouched for by %s; %sekTrust accepts %v", c.EKTrust, in, t.EKTrust)
 	}
+	return evaluateBoot(in, t, c, e)
+}
+
+// evaluateBoot is evaluateTPM's checks of the boot, from the event log on:
+// the same for every kind whose quote and log attest/tpm verified (bare
+// metal, and the cloud vTPMs, whose AK the cloud vouches for).
+func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) error {
 	b := &c.Boot
 	if b.LogMissing && needsLog(t) {
 		return attest.Deny(attest.ReasonEventLogMissing, "the machine sent no event log, and this pool's boot rules need one: the firmware's log did not reach its kernel (with Secure Boot off, GRUB's linux command boots the kernel without its EFI stub; linuxefi keeps the log)")
@@ -265,7 +272,7 @@ func sortedPCRKeys(m map[string]string) []string {
 
 // EKTrustList is tpm.ekTrust with tpm.anyEKTrust.
 func (t TPMPolicy) EKTrustList() AllowList {
-	return AllowList{Kind: attest.KindTPM, Field: "tpm.ekTrust", AnyField: "tpm.anyEKTrust", What: "EK trusts",
+	return AllowList{Kind: attest.KindTPM, Field: ekTrustField, AnyField: "tpm.anyEKTrust", What: "EK trusts",
 		Items: t.EKTrust, Any: t.AnyEKTrust, Open: "tpm.anyEKTrust: an EK any configured trust vouched for may attest"}
 }
 

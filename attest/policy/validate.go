@@ -81,13 +81,13 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	allow := pool.AllowLists()
 	for _, k := range pool.Evidence {
 		switch k {
-		case attest.KindTPM, attest.KindGCP, attest.KindAWS:
+		case attest.KindTPM, attest.KindGCP, attest.KindAWS, attest.KindGCEVTPM, attest.KindNitroTPM:
 		default:
 			return fmt.Errorf("unknown evidence kind %q", k)
 		}
 		var errs []error
 		for _, l := range allow {
-			if l.Kind == k {
+			if l.judges(k) {
 				errs = append(errs, l.check())
 			}
 		}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
@@ -482,17 +483,21 @@ func testRelayAndReplay(t *testing.T, e *attackEnv) {
 		t.Fatal(err)
 	}
 	var ch api.ChallengeResponse
-	post(t, honest, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: m.KubeletDER, NodeName: "genuine", TPM: req}, &ch)
-	ev, err := m.Collector.Answer(ch.TPM, m.KubeletSHA)
+	post(t, honest, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: m.KubeletDER, NodeName: "genuine", Request: api.Message(req)}, &ch)
+	var tc tpm.Challenge
+	if err := json.Unmarshal(ch.Challenge, &tc); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := m.Collector.Answer(&tc, m.KubeletSHA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	honestVerify := api.VerifyRequest{Session: ch.Session, TPM: ev}
+	honestVerify := api.VerifyRequest{Session: ch.Session, Kind: attest.KindTPM, Evidence: api.Message(ev)}
 
 	// The attacker's session: the genuine machine's public EK and AK (no
 	// secret in them), the attacker's kubelet key.
 	var ach api.ChallengeResponse
-	post(t, attacker, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: attackerKey, NodeName: "genuine", TPM: req}, &ach)
+	post(t, attacker, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindTPM, Pool: "worker", KubeletPublicKey: attackerKey, NodeName: "genuine", Request: api.Message(req)}, &ach)
 	relayed := honestVerify
 	relayed.Session = ach.Session
 	attacktable.Check(t, "TPM (server)", "a genuine machine's answer relayed into the attacker's session (opened with its public EK and AK)",
@@ -535,18 +540,22 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	inst.InstanceName, inst.InstanceID = "victim-0", "4567890123456789099"
 	e.gce.SetInstance(inst)
 	var vch, tch api.ChallengeResponse
-	post(t, victim, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, GCP: &gcp.ChallengeRequest{}}, &vch)
-	post(t, thief, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, GCP: &gcp.ChallengeRequest{}}, &tch)
-	token := e.gce.Mint(t, vch.GCP.Audience)
+	post(t, victim, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, Request: api.Message(&gcp.ChallengeRequest{})}, &vch)
+	post(t, thief, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindGCP, Pool: "worker", KubeletPublicKey: key, Request: api.Message(&gcp.ChallengeRequest{})}, &tch)
+	var gch gcp.Challenge
+	if err := json.Unmarshal(vch.Challenge, &gch); err != nil {
+		t.Fatal(err)
+	}
+	token := e.gce.Mint(t, gch.Audience)
 	attacktable.Check(t, "GCP (server)", "an identity token minted for another session, replayed in the thief's",
-		"403 "+string(attest.ReasonTokenAudience), refusal(postRaw(t, thief, api.PathVerify, api.VerifyRequest{Session: tch.Session, GCP: &gcp.Evidence{Token: token}})))
+		"403 "+string(attest.ReasonTokenAudience), refusal(postRaw(t, thief, api.PathVerify, api.VerifyRequest{Session: tch.Session, Kind: attest.KindGCP, Evidence: api.Message(&gcp.Evidence{Token: token})})))
 	var vr api.VerifyResponse
-	post(t, victim, api.PathVerify, api.VerifyRequest{Session: vch.Session, GCP: &gcp.Evidence{Token: token}}, &vr)
+	post(t, victim, api.PathVerify, api.VerifyRequest{Session: vch.Session, Kind: attest.KindGCP, Evidence: api.Message(&gcp.Evidence{Token: token})}, &vr)
 	if _, err := victim.FetchConfig(ctx, "worker", vr.ConfigToken); err != nil {
 		t.Fatalf("the victim's fetch: %v", err)
 	}
 	attacktable.Check(t, "GCP (server)", "an identity token replayed with its own session after the config was delivered",
-		"403 "+string(attest.ReasonSessionReused), refusal(postRaw(t, thief, api.PathVerify, api.VerifyRequest{Session: vch.Session, GCP: &gcp.Evidence{Token: token}})))
+		"403 "+string(attest.ReasonSessionReused), refusal(postRaw(t, thief, api.PathVerify, api.VerifyRequest{Session: vch.Session, Kind: attest.KindGCP, Evidence: api.Message(&gcp.Evidence{Token: token})})))
 
 	// AWS: the victim enrols; the thief uses the same document from
 	// another host.
@@ -579,8 +588,8 @@ func testStolenCloudEvidence(t *testing.T, e *attackEnv) {
 	}
 	enrolAgain := func(c *agent.Client, signer crypto.Signer) string {
 		var ch api.ChallengeResponse
-		post(t, c, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindAWS, Pool: "worker", KubeletPublicKey: key, AWS: &aws.ChallengeRequest{}}, &ch)
-		req := api.VerifyRequest{Session: ch.Session, AWS: ev}
+		post(t, c, api.PathChallenge, api.ChallengeRequest{Kind: attest.KindAWS, Pool: "worker", KubeletPublicKey: key, Request: api.Message(&aws.ChallengeRequest{})}, &ch)
+		req := api.VerifyRequest{Session: ch.Session, Kind: attest.KindAWS, Evidence: api.Message(ev)}
 		if signer != nil {
 			if req.KubeletKeyProof, err = attest.SignKeyProof(signer, ch.Session); err != nil {
 				t.Fatal(err)

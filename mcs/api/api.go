@@ -5,12 +5,10 @@
 package api
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/tpm"
-	"github.com/nodeproof/nodeproof/identity/aws"
-	"github.com/nodeproof/nodeproof/identity/gcp"
 )
 
 // Paths.
@@ -87,22 +85,24 @@ type ChallengeRequest struct {
 	// Purpose is "enrol" (the default: the attestation releases a config)
 	// or "reattest" (an enrolled node proving itself again: it releases
 	// nothing, and names its node).
-	Purpose attest.Purpose        `json:"purpose,omitempty"`
-	TPM     *tpm.ChallengeRequest `json:"tpm,omitempty"`
-	GCP     *gcp.ChallengeRequest `json:"gcp,omitempty"`
-	AWS     *aws.ChallengeRequest `json:"aws,omitempty"`
+	Purpose attest.Purpose `json:"purpose,omitempty"`
+	// Request is the kind's own request (tpm.ChallengeRequest, …), on the
+	// wire under the kind's name: {"kind":"tpm", …, "tpm":{…}}. The
+	// server hands it to the kind's attest.Verifier unread.
+	Request json.RawMessage `json:"-"`
 }
 
 // ChallengeResponse carries the sealed session and the kind's challenge.
 type ChallengeResponse struct {
 	// Session is opaque to the node; it sends it back with its evidence.
-	Session string         `json:"session"`
-	Expires time.Time      `json:"expires"`
-	TPM     *tpm.Challenge `json:"tpm,omitempty"`
-	// GCP carries the audience the node's identity token must name.
-	GCP *gcp.Challenge `json:"gcp,omitempty"`
-	// AWS is empty: the identity document carries no nonce.
-	AWS *aws.Challenge `json:"aws,omitempty"`
+	Session string    `json:"session"`
+	Expires time.Time `json:"expires"`
+	// Kind is the kind of the challenge (the request's).
+	Kind attest.Kind `json:"kind,omitempty"`
+	// Challenge is the kind's challenge (tpm.Challenge: a credential and a
+	// nonce; gcp.Challenge: the token's audience; …), on the wire under
+	// the kind's name.
+	Challenge json.RawMessage `json:"-"`
 }
 
 // VerifyRequest answers a challenge.
@@ -113,10 +113,12 @@ type VerifyRequest struct {
 	// it must verify. It lets an AWS instance enrol again after a crash
 	// cost it its config token (the document alone cannot: a stolen copy
 	// would do the same).
-	KubeletKeyProof []byte        `json:"kubeletKeyProof,omitempty"`
-	TPM             *tpm.Evidence `json:"tpm,omitempty"`
-	GCP             *gcp.Evidence `json:"gcp,omitempty"`
-	AWS             *aws.Evidence `json:"aws,omitempty"`
+	KubeletKeyProof []byte `json:"kubeletKeyProof,omitempty"`
+	// Kind names the evidence, which travels under the kind's name
+	// ({"session":…, "tpm":{…}}): the session's kind, which the server
+	// holds to it.
+	Kind     attest.Kind     `json:"-"`
+	Evidence json.RawMessage `json:"-"`
 }
 
 // VerifyResponse carries the config token: present it as

@@ -62,6 +62,18 @@ type Config struct {
 	AWSEC2Endpoint    string
 	AWSLiveVPCs       []string
 	AWSLiveTags       map[string]string
+	// GCE vTPM evidence: GCEVTPMRoots, a PEM file of roots that replace
+	// Google's two pinned ones (a test's CA; empty: Google's);
+	// GCEVTPMIntermediatesDir, .pem files of intermediates added to the
+	// shipped ones (refreshed by hack/gcevtpm-intermediates);
+	// GCEVTPMAIAHosts, the hosts an AK certificate's issuers may be fetched
+	// from over AIA, bounded in size and time (empty: never fetched).
+	GCEVTPMRoots            string
+	GCEVTPMIntermediatesDir string
+	GCEVTPMAIAHosts         []string
+	// NitroTPMRoots is a PEM file of roots that replace the AWS Nitro root
+	// G1 for NitroTPM documents (a test's PKI; empty: AWS's).
+	NitroTPMRoots string
 	// Store is "embedded" (bbolt in StateDir; the directory mode's
 	// default) or "kubernetes" (CRDs in StoreNamespace; the cluster
 	// mode's default, which lets replicas share state).

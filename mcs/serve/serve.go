@@ -160,16 +160,8 @@ func (c Config) judge(ctx context.Context) (mcs.Judge, error) {
 	if j.Policy, err = LoadPolicy(c.Policy); err != nil {
 		return j, err
 	}
-	if j.TPM, err = tpmVerifier(j.Policy, c.Clock); err != nil {
-		return j, err
-	}
-	if j.GCP, err = c.gcpVerifier(j.Policy); err != nil {
-		return j, err
-	}
-	if j.AWS, err = c.awsVerifier(ctx, j.Policy); err != nil {
-		return j, err
-	}
-	return j, nil
+	j.Verifiers, err = c.verifiers(ctx, j.Policy)
+	return j, err
 }
 
 // serverOptions builds everything an mcs.Server needs but its configs:
@@ -200,7 +192,7 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 	for _, w := range j.Policy.Warnings() {
 		c.Log.Warn("policy: " + w)
 	}
-	o.Policy, o.TPM, o.GCP, o.AWS = j.Policy, j.TPM, j.GCP, j.AWS
+	o.Policy, o.Verifiers = j.Policy, j.Verifiers
 	if o.Store, err = c.OpenStore(clusterMode); err != nil {
 		return o, conns, nil, err
 	}

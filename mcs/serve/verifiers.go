@@ -2,9 +2,11 @@ package serve
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"time"
@@ -14,7 +16,10 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/ec2live"
+	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcp"
+	"github.com/nodeproof/nodeproof/identity/nitrotpm"
+	"github.com/nodeproof/nodeproof/pemcert"
 )
 
 // tpmVerifier builds the TPM verifier from the policy's trust section; nil
@@ -36,6 +41,47 @@ func tpmVerifier(pol *policy.Policy, clock func() time.Time) (*tpm.Verifier, err
 		}
 	}
 	return tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
+}
+
+// verifiers builds the verifiers of the evidence kinds pol takes (TPM's
+// always: its trust roots are checked at start), one registry the server
+// selects kinds from.
+func (c Config) verifiers(ctx context.Context, pol *policy.Policy) (attest.Registry, error) {
+	var vs []attest.Verifier
+	tv, err := tpmVerifier(pol, c.Clock)
+	if err != nil {
+		return nil, err
+	}
+	vs = append(vs, tv.Seam())
+	gv, err := c.gcpVerifier(pol)
+	if err != nil {
+		return nil, err
+	}
+	if gv != nil {
+		vs = append(vs, gv.Seam())
+	}
+	av, err := c.awsVerifier(ctx, pol)
+	if err != nil {
+		return nil, err
+	}
+	if av != nil && usesEvidence(pol, attest.KindAWS) {
+		vs = append(vs, av.Seam())
+	}
+	gvt, err := c.gceVTPMVerifier(pol)
+	if err != nil {
+		return nil, err
+	}
+	if gvt != nil {
+		vs = append(vs, gvt.Seam())
+	}
+	if usesEvidence(pol, attest.KindNitroTPM) {
+		nv, err := c.nitroTPMVerifier(av)
+		if err != nil {
+			return nil, err
+		}
+		vs = append(vs, nv.Seam())
+	}
+	return attest.NewRegistry(vs...)
 }
 
 // usesEvidence reports whether any pool takes evidence of kind k.
@@ -67,9 +113,10 @@ func (c Config) gcpVerifier(pol *policy.Policy) (*gcp.Verifier, error) {
 	return gcp.NewVerifier(gcp.Options{Keys: keys, AudiencePrefix: aud, Clock: c.Clock})
 }
 
-// awsVerifier builds the AWS verifier when a pool takes AWS evidence.
+// awsVerifier builds the AWS verifier when a pool takes AWS evidence, or
+// NitroTPM evidence (whose instance identity document it verifies).
 func (c Config) awsVerifier(ctx context.Context, pol *policy.Policy) (*aws.Verifier, error) {
-	if !usesEvidence(pol, attest.KindAWS) {
+	if !usesEvidence(pol, attest.KindAWS) && !usesEvidence(pol, attest.KindNitroTPM) {
 		return nil, nil
 	}
 	certs, err := c.awsRegionCerts()
@@ -106,4 +153,69 @@ func (c Config) awsRegionCerts() (*aws.RegionCerts, error) {
 		return aws.LoadRegionCerts(c.AWSCertsDir)
 	}
 	return aws.DefaultRegionCerts()
+}
+
+// gceVTPMVerifier builds the GCE vTPM verifier when a pool takes gce-vtpm
+// evidence: Google's two pinned roots (or GCEVTPMRoots'), the shipped
+// intermediates and GCEVTPMIntermediatesDir's, and issuers fetched over
+// AIA only from GCEVTPMAIAHosts (none: never fetched).
+func (c Config) gceVTPMVerifier(pol *policy.Policy) (*gcevtpm.Verifier, error) {
+	if !usesEvidence(pol, attest.KindGCEVTPM) {
+		return nil, nil
+	}
+	now := c.Clock()
+	trust, err := gcevtpm.DefaultTrust(now)
+	if err != nil {
+		return nil, err
+	}
+	if c.GCEVTPMRoots != "" {
+		roots, err := readPEMFile(c.GCEVTPMRoots)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --gce-vtpm-roots: %w", err)
+		}
+		if trust, err = gcevtpm.NewTrust(roots, nil, now); err != nil {
+			return nil, fmt.Errorf("serve: --gce-vtpm-roots: %w", err)
+		}
+	}
+	if c.GCEVTPMIntermediatesDir != "" {
+		if trust, err = trust.WithIntermediates(c.GCEVTPMIntermediatesDir, now); err != nil {
+			return nil, fmt.Errorf("serve: --gce-vtpm-intermediates-dir: %w", err)
+		}
+	}
+	o := gcevtpm.Options{Trust: trust, Clock: c.Clock}
+	if len(c.GCEVTPMAIAHosts) > 0 {
+		o.AIA = &gcevtpm.AIA{AllowedHosts: c.GCEVTPMAIAHosts}
+	}
+	return gcevtpm.NewVerifier(o)
+}
+
+// nitroTPMVerifier builds the NitroTPM verifier on identity, the AWS
+// verifier of the instance identity documents sent beside the
+// attestation documents: the AWS Nitro root G1 (or NitroTPMRoots').
+func (c Config) nitroTPMVerifier(identity *aws.Verifier) (*nitrotpm.Verifier, error) {
+	o := nitrotpm.Options{Identity: identity, Clock: c.Clock}
+	if c.NitroTPMRoots != "" {
+		roots, err := readPEMFile(c.NitroTPMRoots)
+		if err != nil {
+			return nil, fmt.Errorf("serve: --nitrotpm-roots: %w", err)
+		}
+		o.Roots = roots
+	}
+	return nitrotpm.NewVerifier(o)
+}
+
+// readPEMFile reads a strict PEM bundle of certificates (pemcert).
+func readPEMFile(path string) ([]*x509.Certificate, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := pemcert.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(certs) == 0 {
+		return nil, fmt.Errorf("%s holds no certificate", path)
+	}
+	return certs, nil
 }

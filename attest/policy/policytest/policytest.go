@@ -172,6 +172,56 @@ func (p *Pool) AWS(accounts ...string) *Pool {
 	return p
 }
 
+// GCEVTPM adds GCE vTPM evidence from projects (none: GCPProject), in any
+// zone (Zones narrows it), and any shim, boot loader and kernel unless the
+// pool's boot is set already.
+func (p *Pool) GCEVTPM(projects ...string) *Pool {
+	p.takes(attest.KindGCEVTPM)
+	if len(projects) == 0 {
+		projects = []string{GCPProject}
+	}
+	p.p.GCP.Projects, p.p.GCP.AnyZone = append(p.p.GCP.Projects, projects...), len(p.p.GCP.Zones) == 0
+	p.anyBoot()
+	return p
+}
+
+// NitroTPM adds NitroTPM evidence from accounts (none: AWSAccount), in any
+// region, and any shim, boot loader and kernel (SHA-384 digests when
+// listed) unless the pool's boot is set already.
+func (p *Pool) NitroTPM(accounts ...string) *Pool {
+	p.takes(attest.KindNitroTPM)
+	if len(accounts) == 0 {
+		accounts = []string{AWSAccount}
+	}
+	p.p.AWS.Accounts, p.p.AWS.AnyRegion = append(p.p.AWS.Accounts, accounts...), len(p.p.AWS.Regions) == 0
+	p.anyBoot()
+	return p
+}
+
+// Zones allows only these GCP zones.
+func (p *Pool) Zones(zones ...string) *Pool {
+	p.p.GCP.Zones, p.p.GCP.AnyZone = zones, false
+	return p
+}
+
+// Regions allows only these AWS regions.
+func (p *Pool) Regions(regions ...string) *Pool {
+	p.p.AWS.Regions, p.p.AWS.AnyRegion = regions, false
+	return p
+}
+
+// anyBoot allows any boot components where none are set.
+func (p *Pool) anyBoot() {
+	b := &p.p.TPM.BootComponents
+	for _, d := range []policy.DigestList{b.Shim, b.Bootloader, b.Kernel} {
+		if d.Any || len(d.Allow) > 0 || len(d.SignedBy) > 0 {
+			return
+		}
+	}
+	any := policy.DigestList{Any: true}
+	*b = policy.BootComponents{Shim: any, Bootloader: any, Kernel: any}
+}
+
 func (p *Pool) takes(k attest.Kind) {
 	for _, have := range p.p.Evidence {
 		if have == k {

@@ -87,3 +87,25 @@ func TestBuilderBootRules(t *testing.T) {
 		t.Errorf("audit %v", tp.Audit)
 	}
 }
+
+// TestBuilderCloudVTPM: the cloud vTPM kinds take their cloud's lists
+// (narrowed by Zones and Regions) and any boot unless one is set.
+func TestBuilderCloudVTPM(t *testing.T) {
+	kernel := strings.Repeat("cd", 48)
+	doc, err := New().Pool("gce", Public().GCEVTPM().Zones("us-central1-a")).
+		Pool("ec2", Public().Boot("", "", kernel).NitroTPM().Regions("us-east-1")).YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, e := p.Pools["gce"], p.Pools["ec2"]
+	switch {
+	case len(g.Evidence) != 1 || g.Evidence[0] != attest.KindGCEVTPM || g.GCP.Projects[0] != GCPProject || g.GCP.AnyZone || g.GCP.Zones[0] != "us-central1-a" || !g.TPM.BootComponents.Kernel.Any:
+		t.Errorf("gce pool %+v", g)
+	case len(e.Evidence) != 1 || e.Evidence[0] != attest.KindNitroTPM || e.AWS.Accounts[0] != AWSAccount || e.AWS.AnyRegion || e.AWS.Regions[0] != "us-east-1" || e.TPM.BootComponents.Kernel.Allow[0] != kernel:
+		t.Errorf("ec2 pool %+v", e)
+	}
+}

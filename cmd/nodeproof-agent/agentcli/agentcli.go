@@ -16,12 +16,12 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
-	"github.com/nodeproof/nodeproof/identity/aws"
 )
 
-const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|tpm|gcp|aws] [flags]
+const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|tpm|gcp|aws|gce-vtpm|aws-nitrotpm] [flags]
        nodeproof-agent --dump-evidence FILE [--event-log FILE]
 
 Proves this machine to the nodeproof server (a TPM quote, or a cloud
@@ -42,7 +42,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows); --mode=reattest defaults to the host name, enrolment has no default (at first boot the host name is often not yet the node's: localhost on every machine)")
-	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm, the GCE metadata server, IMDSv2; the choice is printed); tpm; gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
+	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm — a GCE vTPM when Google's AK template is in its NV, a NitroTPM when IMDSv2 answers —, the GCE metadata server, IMDSv2; the choice is printed); tpm; gce-vtpm (a Shielded VM's vTPM: Google's AK and its certificate from NV, refused without the certificate); aws-nitrotpm (an EC2 NitroTPM: a Nitro attestation document over the AK and the instance identity document); gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
@@ -118,30 +118,25 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer func() {
 		fmt.Fprintf(stdout, "nodeproof-agent: took %.2fs: %s\n", time.Since(start).Seconds(), timing)
 	}()
-	var ev agent.Evidence
-	switch *evidence {
-	case "tpm":
-		if *tpmPath == "/dev/tpmrm0" && *eventLog == "" {
-			if msg := agent.MissingEventLog(tpm.SystemEventLog); msg != "" {
-				fmt.Fprintf(stdout, "nodeproof-agent: %s\n", msg)
-			}
+	if *evidence == string(attest.KindTPM) && *tpmPath == agent.DefaultTPMPath && *eventLog == "" {
+		if msg := agent.MissingEventLog(tpm.SystemEventLog); msg != "" {
+			fmt.Fprintf(stdout, "nodeproof-agent: %s\n", msg)
 		}
-		opened := time.Now()
-		coll, err := openTPM(*tpmPath, *eventLog)
-		timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK
-		if err != nil {
-			fmt.Fprintf(stderr, "nodeproof-agent: TPM: %v\n", err)
-			return 1
-		}
-		defer coll.Close()
-		ev = agent.TPMEvidence{Collector: timing.TPM(coll)}
-	case "gcp":
-		ev = agent.GCPEvidence{}
-	case "aws":
-		ev = agent.AWSEvidence{IMDS: aws.NewIMDSClient(os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"))}
-	default:
+	}
+	source, ok := agent.Sources()[attest.Kind(*evidence)]
+	if !ok {
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2
+	}
+	ev, closer, err := source(ctx, agent.SourceOptions{
+		TPMPath: *tpmPath, EventLog: *eventLog, IMDSEndpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"), Timing: timing,
+	})
+	if err != nil {
+		fmt.Fprintf(stderr, "nodeproof-agent: %s: %v\n", evidenceLabel(*evidence), err)
+		return 1
+	}
+	if closer != nil {
+		defer closer.Close()
 	}
 	if agent.Mode(*mode) == agent.ModeReattest {
 		if *nodeName == "" {
@@ -177,26 +172,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 }
 
-func openTPM(path, eventLog string) (*tpm.Collector, error) {
-	addr, ok := strings.CutPrefix(path, "tcp:")
-	if !ok {
-		if path != "/dev/tpmrm0" {
-			return nil, fmt.Errorf("%s: only /dev/tpmrm0 or tcp:HOST:PORT", path)
-		}
-		return tpm.NewCollector(nil)
+// evidenceLabel names a kind in the agent's messages.
+func evidenceLabel(kind string) string {
+	if kind == string(attest.KindTPM) {
+		return "TPM"
 	}
-	var log []byte
-	if eventLog != "" {
-		var err error
-		if log, err = os.ReadFile(eventLog); err != nil {
-			return nil, err
-		}
-	}
-	ch, err := tpm.DialSocket("tcp", addr, log)
-	if err != nil {
-		return nil, err
-	}
-	return tpm.NewCollector(ch)
+	return kind
 }
 
 // dumpEvidence writes the event log (from logPath, else securityfs) as a

@@ -43,6 +43,10 @@ func serveFlags(fs *flag.FlagSet, c *serve.Config) func() {
 	fs.StringVar(&c.AWSEC2Endpoint, "aws-ec2-endpoint", "", "AWS live check: EC2 endpoint URL (default: the region's)")
 	vpcs := fs.String("aws-live-check-vpcs", "", "AWS live check: comma-separated VPC IDs instances must be in")
 	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
+	fs.StringVar(&c.GCEVTPMRoots, "gce-vtpm-roots", "", "GCE vTPM evidence: a PEM file of roots replacing Google's two pinned vTPM roots (a test's or private CA; default: Google's, shipped)")
+	fs.StringVar(&c.GCEVTPMIntermediatesDir, "gce-vtpm-intermediates-dir", "", "GCE vTPM evidence: a directory of .pem intermediates added to the shipped ones (hack/gcevtpm-intermediates refreshes them; docs/cloud-tpm.md)")
+	aiaHosts := fs.String("gce-vtpm-aia-hosts", "", "GCE vTPM evidence: comma-separated hosts (path.Match patterns) an AK certificate's issuers may be fetched from over AIA, 64 KiB and 10 s per fetch, 3 hops (e.g. pki.goog,privateca-content-*.storage.googleapis.com); empty: never fetch")
+	fs.StringVar(&c.NitroTPMRoots, "nitrotpm-roots", "", "NitroTPM evidence: a PEM file of roots replacing the AWS Nitro root G1 (a test's PKI; default: AWS's, shipped)")
 	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 500, "cluster mode: API calls per second")
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 1000, "cluster mode: API call burst")
 	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate nodeproof makes")
@@ -70,6 +74,7 @@ func serveFlags(fs *flag.FlagSet, c *serve.Config) func() {
 	limitFlags(fs, &c.Limits)
 	return func() {
 		c.AWSLiveVPCs = splitList(*vpcs)
+		c.GCEVTPMAIAHosts = splitList(*aiaHosts)
 		c.AWSLiveTags = map[string]string{}
 		for _, kv := range splitList(*tags) {
 			k, v, _ := strings.Cut(kv, "=")

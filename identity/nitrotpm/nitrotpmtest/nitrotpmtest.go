@@ -39,6 +39,9 @@ type PKI struct {
 	leaf    *x509.Certificate
 	// ModuleID and Region name the instance.
 	ModuleID, Region string
+	// issuer and issuerKey sign the leaf (the bundle's last CA).
+	issuer    *x509.Certificate
+	issuerKey *ecdsa.PrivateKey
 }
 
 func awsName(cn string) pkix.Name {
@@ -83,24 +86,44 @@ func NewPKI(instanceID, region string, now time.Time) (*PKI, error) {
 		parent, parentKey = c, key
 	}
 	p.Root = p.Bundle[0]
-	key, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
-	if err != nil {
+	p.issuer, p.issuerKey = parent, parentKey
+	if err := p.issueLeaf(now); err != nil {
 		return nil, err
 	}
+	return p, nil
+}
+
+// issueLeaf issues the document-signing certificate for p's module.
+func (p *PKI) issueLeaf(now time.Time) error {
+	key, err := ecdsa.GenerateKey(elliptic.P384(), rand.Reader)
+	if err != nil {
+		return err
+	}
 	leaf := &x509.Certificate{
-		SerialNumber: big.NewInt(99), Subject: awsName(p.ModuleID + "." + region + ".aws"),
+		SerialNumber: big.NewInt(99), Subject: awsName(p.ModuleID + "." + p.Region + ".aws"),
 		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(3 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, BasicConstraintsValid: true,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, leaf, parent, key.Public(), parentKey)
+	der, err := x509.CreateCertificate(rand.Reader, leaf, p.issuer, key.Public(), p.issuerKey)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if p.leaf, err = x509.ParseCertificate(der); err != nil {
-		return nil, err
+		return err
 	}
 	p.leafKey = key
-	return p, nil
+	return nil
+}
+
+// ForInstance is the PKI of another instance in the same Region under the
+// same root and CA bundle (as AWS's are): its own module and signing
+// certificate.
+func (p *PKI) ForInstance(instanceID string, now time.Time) (*PKI, error) {
+	q := &PKI{Root: p.Root, Bundle: p.Bundle, ModuleID: instanceID + "-tpm0000000000000000", Region: p.Region, issuer: p.issuer, issuerKey: p.issuerKey}
+	if err := q.issueLeaf(now); err != nil {
+		return nil, err
+	}
+	return q, nil
 }
 
 // Payload is a document's payload before it is signed, for tests to
