@@ -75,6 +75,29 @@ func Cloud(regions *aws.RegionCerts) ([]Anchor, error) {
 	return out, nil
 }
 
+// Replace returns as with kind's anchors of role replaced by certs: an
+// operator's roots in place of the pinned ones (--gce-vtpm-roots,
+// --nitrotpm-roots), so the gauge shows what the server trusts.
+func Replace(as []Anchor, kind attest.Kind, role string, certs []*x509.Certificate) []Anchor {
+	out := make([]Anchor, 0, len(as)+len(certs))
+	for _, a := range as {
+		if a.Kind != kind || a.Role != role {
+			out = append(out, a)
+		}
+	}
+	return Append(out, kind, role, certs)
+}
+
+// Append returns as with certs added as kind's anchors of role: an
+// operator's intermediates beside the shipped ones
+// (--gce-vtpm-intermediates-dir).
+func Append(as []Anchor, kind attest.Kind, role string, certs []*x509.Certificate) []Anchor {
+	for _, c := range certs {
+		as = append(as, Anchor{Kind: kind, Role: role, Cert: c})
+	}
+	return as
+}
+
 // MetricName is the gauge Register exports: an anchor's notAfter in Unix
 // seconds, labelled kind, role, subject (RFC 2253) and serial (hex).
 const MetricName = "nodeproof_trust_anchor_expiry_timestamp_seconds"

@@ -99,6 +99,14 @@ func (t *Trust) WithIntermediates(dir string, now time.Time) (*Trust, error) {
 	return NewTrust(t.roots, append(append([]*x509.Certificate(nil), t.intermediates...), more...), now)
 }
 
+// ReadIntermediates parses every .pem file in dir, in name order, as
+// --gce-vtpm-intermediates-dir holds them, without checking them against a
+// time (WithIntermediates does): what an expiry metric reads, so an expired
+// certificate is still reported.
+func ReadIntermediates(dir string) ([]*x509.Certificate, error) {
+	return readDir(os.DirFS(dir), ".")
+}
+
 // Roots are the pinned roots; Intermediates the known intermediates. The
 // caller must not modify them. Their NotAfter dates are what an expiry
 // metric reports.

@@ -7,7 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/anchors"
+	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/limit"
@@ -97,18 +99,50 @@ func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byt
 }
 
 // anchorMetrics registers the expiry of the certificates the cloud
-// evidence kinds trust: the shipped GCE vTPM and Nitro ones, and the AWS
-// Region certificates of --aws-certs-dir (else the shipped ones). They
-// are exported whatever the policy takes, since a reload may start taking
-// a kind.
+// evidence kinds trust: the GCE vTPM roots (pinned, or --gce-vtpm-roots')
+// and intermediates (shipped, and --gce-vtpm-intermediates-dir's), the
+// Nitro root (or --nitrotpm-roots'), and the AWS Region certificates of
+// --aws-certs-dir (else the shipped ones). They are exported whatever the
+// policy takes, since a reload may start taking a kind.
 func (c Config) anchorMetrics(reg prometheus.Registerer) error {
-	regions, err := c.awsRegionCerts()
-	if err != nil {
-		return fmt.Errorf("serve: metrics: %w", err)
-	}
-	as, err := anchors.Cloud(regions)
+	as, err := c.trustAnchors()
 	if err != nil {
 		return fmt.Errorf("serve: metrics: %w", err)
 	}
 	return anchors.Register(reg, as)
+}
+
+// trustAnchors lists what anchorMetrics exports, read as the verifiers
+// read their flags but without checking any against a time.
+func (c Config) trustAnchors() ([]anchors.Anchor, error) {
+	regions, err := c.awsRegionCerts()
+	if err != nil {
+		return nil, err
+	}
+	as, err := anchors.Cloud(regions)
+	if err != nil {
+		return nil, err
+	}
+	if c.GCEVTPMRoots != "" {
+		roots, err := readPEMFile(c.GCEVTPMRoots)
+		if err != nil {
+			return nil, fmt.Errorf("--gce-vtpm-roots: %w", err)
+		}
+		as = anchors.Replace(as, attest.KindGCEVTPM, anchors.RoleRoot, roots)
+	}
+	if c.GCEVTPMIntermediatesDir != "" {
+		more, err := gcevtpm.ReadIntermediates(c.GCEVTPMIntermediatesDir)
+		if err != nil {
+			return nil, fmt.Errorf("--gce-vtpm-intermediates-dir: %w", err)
+		}
+		as = anchors.Append(as, attest.KindGCEVTPM, anchors.RoleIntermediate, more)
+	}
+	if c.NitroTPMRoots != "" {
+		roots, err := readPEMFile(c.NitroTPMRoots)
+		if err != nil {
+			return nil, fmt.Errorf("--nitrotpm-roots: %w", err)
+		}
+		as = anchors.Replace(as, attest.KindNitroTPM, anchors.RoleRoot, roots)
+	}
+	return as, nil
 }
