@@ -96,17 +96,9 @@ func NewVerifier(o Options) (*Verifier, error) {
 // The nonce cannot be bound into the document; it makes the session unique
 // for the caller's single-use session store.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	if len(kubeletKeySHA256) != 32 {
-		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
-	}
-	nonce := make([]byte, attest.NonceSize)
-	if _, err := io.ReadFull(v.rand, nonce); err != nil {
-		return nil, nil, fmt.Errorf("aws: nonce: %w", err)
-	}
-	now := v.clock()
-	sess := &attest.Session{
-		Kind: attest.KindAWS, Pool: pool, Nonce: nonce, KubeletKeySHA256: bytes.Clone(kubeletKeySHA256),
-		IssuedAt: now, Expires: now.Add(v.ttl),
+	sess, err := attest.NewSession(attest.KindAWS, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	if err != nil {
+		return nil, nil, err
 	}
 	return &Challenge{}, sess, nil
 }
@@ -118,9 +110,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // choice of node name are policy's.
 //
 // Checks, in order, each with its own denial reason:
-//  1. The session is an AWS session (SessionInvalid) with a 32-byte kubelet
-//     key hash (SessionInvalid) and has not expired at the verifier's clock
-//     (SessionExpired).
+//  1. The session is an AWS session with a 32-byte nonce and kubelet key
+//     hash (SessionInvalid) and has not expired at the verifier's clock
+//     (SessionExpired): attest.CheckSession.
 //  2. Sizes, before any parsing: PKCS7 within MaxPKCS7Size, Document
 //     within MaxDocumentSize, Signature within MaxSignatureSize
 //     (MalformedEvidence).
@@ -160,14 +152,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // otherwise ignored: PKCS7 proves everything it would.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
-	if sess == nil || sess.Kind != attest.KindAWS {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "not an AWS session")
-	}
-	if len(sess.KubeletKeySHA256) != 32 {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "session kubelet key hash is not 32 bytes")
-	}
-	if !now.Before(sess.Expires) {
-		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	if err := attest.CheckSession(sess, attest.KindAWS, now); err != nil {
+		return nil, err
 	}
 	ac, err := v.identity(ctx, ev, now, !sess.Reattest())
 	if err != nil {

@@ -127,20 +127,11 @@ func (v *Verifier) audienceFor(nonce, kubeletKeySHA256 []byte) string {
 // it and the kubelet key hash. It refuses a kubelet key hash that is not 32
 // bytes (MalformedEvidence). req carries nothing and may be nil.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	if len(kubeletKeySHA256) != 32 {
-		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
+	sess, err := attest.NewSession(attest.KindGCP, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	if err != nil {
+		return nil, nil, err
 	}
-	nonce := make([]byte, attest.NonceSize)
-	if _, err := io.ReadFull(v.rand, nonce); err != nil {
-		return nil, nil, fmt.Errorf("gcp: nonce: %w", err)
-	}
-	now := v.clock()
-	sess := &attest.Session{
-		Kind: attest.KindGCP, Pool: pool, Nonce: nonce,
-		KubeletKeySHA256: append([]byte(nil), kubeletKeySHA256...),
-		IssuedAt:         now, Expires: now.Add(v.ttl),
-	}
-	return &Challenge{Audience: v.audienceFor(nonce, kubeletKeySHA256)}, sess, nil
+	return &Challenge{Audience: v.audienceFor(sess.Nonce, kubeletKeySHA256)}, sess, nil
 }
 
 // Verify is step two: it checks the node's token against the session the
@@ -189,11 +180,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // GCP facts.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
-	if sess == nil || sess.Kind != attest.KindGCP || len(sess.Nonce) != attest.NonceSize || len(sess.KubeletKeySHA256) != 32 {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "not a GCP session")
-	}
-	if !now.Before(sess.Expires) {
-		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	if err := attest.CheckSession(sess, attest.KindGCP, now); err != nil {
+		return nil, err
 	}
 	if ev == nil || ev.Token == "" {
 		return nil, attest.Deny(attest.ReasonMalformed, "no token")

@@ -98,19 +98,11 @@ func NewVerifier(o Options) (*Verifier, error) {
 // and returns the challenge, a fresh 32-byte nonce, and the session for
 // the caller to seal.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	if len(kubeletKeySHA256) != 32 {
-		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
+	sess, err := attest.NewSession(attest.KindNitroTPM, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	if err != nil {
+		return nil, nil, err
 	}
-	nonce := make([]byte, attest.NonceSize)
-	if _, err := io.ReadFull(v.rand, nonce); err != nil {
-		return nil, nil, fmt.Errorf("nitrotpm: nonce: %w", err)
-	}
-	now := v.clock()
-	sess := &attest.Session{
-		Kind: attest.KindNitroTPM, Pool: pool, Nonce: nonce, KubeletKeySHA256: bytes.Clone(kubeletKeySHA256),
-		IssuedAt: now, Expires: now.Add(v.ttl),
-	}
-	return &Challenge{Nonce: bytes.Clone(nonce)}, sess, nil
+	return &Challenge{Nonce: bytes.Clone(sess.Nonce)}, sess, nil
 }
 
 // Verify is step two: it checks the node's evidence against the session
@@ -162,14 +154,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 // and boot (bank sha384, EKTrust "nitro-document").
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
-	if sess == nil || sess.Kind != attest.KindNitroTPM {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "not a NitroTPM session")
-	}
-	if len(sess.Nonce) != attest.NonceSize || len(sess.KubeletKeySHA256) != 32 {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "the session's nonce or kubelet key hash has the wrong size")
-	}
-	if !now.Before(sess.Expires) {
-		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	if err := attest.CheckSession(sess, attest.KindNitroTPM, now); err != nil {
+		return nil, err
 	}
 	if ev == nil {
 		return nil, attest.Deny(attest.ReasonMalformed, "no evidence")

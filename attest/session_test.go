@@ -1,0 +1,66 @@
+package attest
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"testing"
+	"testing/iotest"
+	"time"
+)
+
+// TestSession: NewSession refuses a kubelet key hash of the wrong size
+// and a failing random source, and opens a session CheckSession accepts
+// until it expires; CheckSession refuses another kind's session, a nil
+// one, a nonce or key hash of the wrong size, and an expired one, each
+// with its reason.
+func TestSession(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	key := bytes.Repeat([]byte{7}, 32)
+	if _, err := NewSession(KindGCP, "worker", key[:31], rand.Reader, now, time.Minute); reasonOf(err) != ReasonMalformed {
+		t.Errorf("31-byte key hash: %v, want %s", err, ReasonMalformed)
+	}
+	if _, err := NewSession(KindGCP, "worker", key, iotest.ErrReader(errors.New("no entropy")), now, time.Minute); err == nil {
+		t.Error("a session without a nonce")
+	}
+	sess, err := NewSession(KindGCP, "worker", key, rand.Reader, now, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sess.Nonce) != NonceSize || sess.Pool != "worker" || !sess.Expires.Equal(now.Add(time.Minute)) {
+		t.Fatalf("session %+v", sess)
+	}
+	key[0] = 8 // the session holds its own copy
+	if sess.KubeletKeySHA256[0] != 7 {
+		t.Error("the session shares the caller's key hash")
+	}
+	with := func(edit func(*Session)) *Session { s := *sess; edit(&s); return &s }
+	cases := []struct {
+		name string
+		s    *Session
+		kind Kind
+		at   time.Time
+		want Reason // "": accepted
+	}{
+		{"fresh", sess, KindGCP, now, ""},
+		{"a second before it expires", sess, KindGCP, now.Add(time.Minute - time.Second), ""},
+		{"expired", sess, KindGCP, now.Add(time.Minute), ReasonSessionExpired},
+		{"another kind's", sess, KindAWS, now, ReasonSessionInvalid},
+		{"nil", nil, KindGCP, now, ReasonSessionInvalid},
+		{"short nonce", with(func(s *Session) { s.Nonce = s.Nonce[:16] }), KindGCP, now, ReasonSessionInvalid},
+		{"no key hash", with(func(s *Session) { s.KubeletKeySHA256 = nil }), KindGCP, now, ReasonSessionInvalid},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := CheckSession(tc.s, tc.kind, tc.at)
+			if got := reasonOf(err); got != tc.want {
+				t.Errorf("reason %q (%v), want %q", got, err, tc.want)
+			}
+		})
+	}
+}
+
+func reasonOf(err error) Reason {
+	r, _ := ReasonOf(err)
+	return r
+}
