@@ -34,6 +34,7 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
 )
@@ -386,26 +387,10 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	approved(t, w.renewal(t, node), "NodeproofAttestedTPM")
 }
 
-// inspectUntil runs `nodeproof inspect NODE -o json` until want says
-// nothing is missing (it returns what is), for at most d.
+// inspectUntil is system.InspectUntil through this world's nodeproof.
 func (w *world) inspectUntil(t *testing.T, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		out := w.nodeproofCmd(t, "inspect", node, "-o", "json")
-		var s inspect.Story
-		if err := json.Unmarshal([]byte(out), &s); err != nil {
-			t.Fatalf("nodeproof inspect %s -o json: %v\n%s", node, err, out)
-		}
-		missing := want(&s)
-		if missing == "" {
-			return &s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodeproof inspect %s lacks %s after %s:\n%s", node, missing, d, out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	return system.InspectUntil(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
 }
 
 func hasCSR(csrs []inspect.CSR, decision, reason string) bool {

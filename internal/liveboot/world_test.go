@@ -2,7 +2,6 @@ package liveboot_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/url"
@@ -206,26 +205,10 @@ func (w *world) nodeproofCmd(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-// inspectUntil runs `nodeproof inspect NODE -o json` until want says
-// nothing is missing (it returns what is), for at most d.
+// inspectUntil is system.InspectUntil through this world's nodeproof.
 func (w *world) inspectUntil(t testing.TB, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		out := w.nodeproofCmd(t, "inspect", node, "-o", "json")
-		var s inspect.Story
-		if err := json.Unmarshal([]byte(out), &s); err != nil {
-			t.Fatalf("nodeproof inspect %s -o json: %v\n%s", node, err, out)
-		}
-		missing := want(&s)
-		if missing == "" {
-			return &s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nodeproof inspect %s lacks %s after %s:\n%s", node, missing, d, out)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+	return system.InspectUntil(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
 }
 
 // registerNode creates the Node object, as the kubelet does when it joins.
