@@ -18,19 +18,16 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
@@ -218,13 +215,8 @@ func TestAWSReenrolment(t *testing.T) {
 			return directoryMode, []string{"--state-dir", s.stateDir}
 		}, false},
 		{"kubernetes store", func(t *testing.T, s *awsSetup) ([]string, []string) {
-			cfg, kc, _ := testCluster(t)
-			ctx := context.Background()
-			if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			kubeconfig := clustertest.AdminKubeconfig(t, cfg)
-			tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
+			w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+			cfg, kubeconfig, tokenDir := w.Config, w.Admin, w.TokenDir
 			return []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 					"--store", "kubernetes", "--store-namespace", "nodeproof"},
 				[]string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--store-namespace", "nodeproof"}

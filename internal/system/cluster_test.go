@@ -32,10 +32,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
-	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -72,28 +72,15 @@ func servedKubeconfig(t *testing.T, cached []byte) *rest.Config {
 // as system:bootstrap:<id> in the pool's group; the token tier carries the
 // shared node-bootstrapper kubeconfig, as the OpenShift MCS serves.
 func TestServeClusterMode(t *testing.T) {
-	cfg, kc, c := testCluster(t)
-	var err error
+	// A deployed cluster whose MCO objects do not exist yet, and a vendor.
+	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true, TPM: true,
+		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	cfg, kc, c := w.Config, w.KC, w.Client
 	ctx := context.Background()
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-
-	dir := t.TempDir()
-	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer)}
-	if s.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
+	tokenDir, policyFile := w.TokenDir, w.PolicyFile
+	s := &server{stateDir: filepath.Join(t.TempDir(), "state"), log: new(testenv.LockedBuffer), man: w.Manufacturer}
+	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: userdata.DefaultNamespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
-	}
-	if err := s.man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := s.man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	policyFile := writePolicy(t, dir, e2ePolicy(roots))
-	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof"} {
-		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
 	}
 	// Certificates made 8.1 years ago, past 80% of the CA's life: the
 	// server rotates them when it starts, and the user-data Secrets must
@@ -117,7 +104,7 @@ func TestServeClusterMode(t *testing.T) {
 	go func() {
 		done <- serve.Run(sctx, serve.Config{
 			Listen: "127.0.0.1", SecurePort: port, TLSMinVersion: "VersionTLS12",
-			Kubeconfig: clustertest.AdminKubeconfig(t, cfg), APIServerURL: cfg.Host, TokenDir: tokenDir,
+			Kubeconfig: w.Admin, APIServerURL: cfg.Host, TokenDir: tokenDir,
 			CertStore: "state-dir", TokenStore: "file",
 			UserDataURL: fmt.Sprintf("https://127.0.0.1:%d", port), UserDataNamespace: userdata.DefaultNamespace,
 			UserDataRoles: map[string]string{"master": "master", "worker": "worker"},

@@ -24,12 +24,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
@@ -54,22 +55,21 @@ type replicaSet struct {
 	clk        *offsetClock
 }
 
-// startReplicas prepares a cluster (namespaces, example pools, an
-// installer's <role>-user-data Secret) and starts n replicas.
+// startReplicas prepares a cluster (a world's, with the user-data and
+// token Secret namespaces and an installer's <role>-user-data Secret) and
+// starts n replicas.
 func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 	t.Helper()
-	cfg, kc, c := testCluster(t)
-	ctx := context.Background()
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc) // makes openshift-machine-config-operator
-	for _, ns := range []string{userdata.DefaultNamespace, "nodeproof", cluster.TokenSecretNamespace} {
+	w := system.New(t, "../..", system.Options{Cluster: true,
+		Policy: func(*system.World) *policytest.Builder { return clusterStatePolicy() }})
+	kc, ctx := w.KC, context.Background()
+	for _, ns := range []string{userdata.DefaultNamespace, cluster.TokenSecretNamespace} {
 		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
 	dir := t.TempDir()
-	policyFile := writePolicy(t, dir, clusterStatePolicy())
-	rs := &replicaSet{kc: kc, clk: &offsetClock{}, kubeconfig: clustertest.AdminKubeconfig(t, cfg)}
+	rs := &replicaSet{kc: kc, clk: &offsetClock{}, kubeconfig: w.Admin}
 	ports := make([]int, n)
 	for i := range ports {
 		ports[i] = testenv.FreePort(t)
@@ -95,9 +95,9 @@ func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 		rs.urls = append(rs.urls, fmt.Sprintf("https://127.0.0.1:%d", ports[i]))
 		sc := serve.Config{
 			Listen: "127.0.0.1", SecurePort: ports[i], TLSMinVersion: "VersionTLS12",
-			Kubeconfig: rs.kubeconfig, APIServerURL: cfg.Host, TokenDir: tokenDir, StoreNamespace: "nodeproof",
+			Kubeconfig: rs.kubeconfig, APIServerURL: w.Config.Host, TokenDir: w.TokenDir, StoreNamespace: system.Namespace,
 			UserDataURL: rs.urls[0], UserDataNamespace: userdata.DefaultNamespace, UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
-			Policy: policyFile, StateDir: filepath.Join(dir, fmt.Sprint("state-", i)), Hosts: []string{"127.0.0.1"},
+			Policy: w.PolicyFile, StateDir: filepath.Join(dir, fmt.Sprint("state-", i)), Hosts: []string{"127.0.0.1"},
 			Identity: fmt.Sprint("replica-", i), LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
 			TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: 300 * time.Millisecond, Clock: rs.clk.Now,
 			Log:   slog.New(slog.NewJSONHandler(log, nil)),

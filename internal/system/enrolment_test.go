@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -31,7 +30,6 @@ import (
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/system"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
 )
@@ -66,35 +64,17 @@ type enrolEnv struct {
 // newEnrolEnv starts the server with extra flags after its own.
 func newEnrolEnv(t *testing.T, extra ...string) *enrolEnv {
 	t.Helper()
-	dir := t.TempDir()
-	e := &enrolEnv{gce: gcptest.NewServer(t, time.Now)}
+	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true, TPM: true, Cloud: true,
+		Policy: func(w *system.World) *policytest.Builder { return enrolPolicy(w.EKRoots) }})
+	e := &enrolEnv{man: w.Manufacturer, gce: w.GCE, region: w.Region, kc: w.KC, cfg: w.Config, cluster: w.Client}
 	var err error
-	if e.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
+	if e.objects, err = kubestore.NewClient(w.Config); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.man.Provision(context.Background(), filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := e.man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	setup := newAWSSetup(t, nil)
-	e.region = setup.region
-	setup.policy = writePolicy(t, filepath.Dir(setup.policy), enrolPolicy(roots))
-	cfg, kc, cl := testCluster(t)
-	e.kc, e.cfg, e.cluster = kc, cfg, cl
-	if e.objects, err = kubestore.NewClient(cfg); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
+	setup := &awsSetup{region: w.Region, certsDir: w.AWSCerts, policy: w.PolicyFile, stateDir: filepath.Join(t.TempDir(), "state")}
+	kubeconfig, tokenDir := w.Admin, w.TokenDir
 	e.storeFlags = []string{"--store", "kubernetes", "--kubeconfig", kubeconfig, "--store-namespace", "nodeproof"}
-	e.cmdServer = setup.serve(t, []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
+	e.cmdServer = setup.serve(t, []string{"--kubeconfig", kubeconfig, "--apiserver-url", w.Config.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 		"--store", "kubernetes", "--store-namespace", "nodeproof"},
 		append([]string{"--gcp-jwks-url", e.gce.JWKSURL(), "--gcp-audience-url", "https://mcs.nodeproof.test:22623"}, extra...)...)
 	return e

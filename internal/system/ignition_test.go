@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log/slog"
@@ -60,29 +59,10 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 // (when set) before Serve starts.
 func startServerWith(t *testing.T, before func(stateDir string), edit func(*serve.Config)) *server {
 	t.Helper()
-	dir := t.TempDir()
-	s := &server{stateDir: filepath.Join(dir, "state"), log: new(testenv.LockedBuffer), gce: gcptest.NewServer(t, time.Now)}
-	var err error
-	if s.man, err = swtpm.NewManufacturer(filepath.Join(dir, "vendor")); err != nil {
-		t.Fatal(err)
-	}
-	// Make the vendor CA (it exists once a TPM was provisioned).
-	if err := s.man.Provision(context.Background(), filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := s.man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.awsRegion, err = awstest.NewRegion("us-east-1"); err != nil {
-		t.Fatal(err)
-	}
-	awsCerts := filepath.Join(dir, "aws-certs")
-	os.Mkdir(awsCerts, 0o700)
-	if err := os.WriteFile(filepath.Join(awsCerts, "us-east-1.pem"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.awsRegion.Cert.Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	policyFile := writePolicy(t, dir, e2ePolicy(roots))
+	w := system.New(t, "../..", system.Options{TPM: true, Cloud: true,
+		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	s := &server{stateDir: filepath.Join(t.TempDir(), "state"), log: new(testenv.LockedBuffer),
+		man: w.Manufacturer, gce: w.GCE, awsRegion: w.Region}
 	if before != nil {
 		before(s.stateDir)
 	}
@@ -91,11 +71,11 @@ func startServerWith(t *testing.T, before func(stateDir string), edit func(*serv
 	done := make(chan error, 1)
 	cfg := serve.Config{
 		SecurePort: 0, InsecurePort: 0, Listen: "127.0.0.1", TLSMinVersion: "VersionTLS12",
-		ServerBasedir: "../../deploy/examples/bootstrap", BootstrapKube: "../../deploy/examples/bootstrap-kubeconfig",
-		Policy: policyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
+		ServerBasedir: w.Path("deploy/examples/bootstrap"), BootstrapKube: w.Path("deploy/examples/bootstrap-kubeconfig"),
+		Policy: w.PolicyFile, StateDir: s.stateDir, Hosts: []string{"127.0.0.1"},
 		TokenTTL: 10 * time.Minute, Grace: time.Hour, Reload: time.Second, Clock: time.Now,
 		GCPAudienceURL: "https://mcs.nodeproof.test:22623", GCPJWKSURL: s.gce.JWKSURL(),
-		AWSCertsDir: awsCerts, AWSMaxDocumentAge: time.Hour,
+		AWSCertsDir: w.AWSCerts, AWSMaxDocumentAge: time.Hour,
 		Log:   slog.New(slog.NewJSONHandler(s.log, nil)),
 		Ready: func(a, b net.Addr) { ready <- [2]net.Addr{a, b} },
 	}

@@ -18,7 +18,6 @@ import (
 	"time"
 
 	certv1 "k8s.io/api/certificates/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/cert"
@@ -26,11 +25,12 @@ import (
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -79,17 +79,12 @@ func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 // running under its RBAC; a node revoked after its verify is refused its
 // config at every replica (attack rows: `make attacks` runs this test).
 func TestReplicasAndApproverAttacks(t *testing.T) {
-	cfg, kc, c := testCluster(t)
+	// A deployed cluster (the example pools, deploy/'s RBAC) and a vendor.
+	w := system.New(t, "../..", system.Options{Cluster: true, TPM: true,
+		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	cfg, kc, man := w.Config, w.KC, w.Manufacturer
 	ctx := context.Background()
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
-	for _, f := range []string{"../../deploy/approver/rbac.yaml", "../../deploy/store/rbac.yaml", "../../deploy/cluster/node-bootstrap-rbac.yaml"} {
-		kubetest.ApplyYAML(t, c, f)
-	}
-	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
+	kubeconfig, tokenDir, policyFile := w.Admin, w.TokenDir, w.PolicyFile
 
 	// What replicas share: keys, tokens, certificate (Secrets in a cluster).
 	dir := t.TempDir()
@@ -99,18 +94,6 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	man, err := swtpm.NewManufacturer(filepath.Join(dir, "vendor"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := man.Provision(ctx, filepath.Join(dir, "first-tpm")); err != nil {
-		t.Fatal(err)
-	}
-	roots, err := man.RootsDir()
-	if err != nil {
-		t.Fatal(err)
-	}
-	policyFile := writePolicy(t, dir, e2ePolicy(roots))
 	logs := new(testenv.LockedBuffer)
 	var hosts []string
 	for i := range 3 {
@@ -152,7 +135,7 @@ func TestReplicasAndApproverAttacks(t *testing.T) {
 	adone := make(chan error, 1)
 	go func() {
 		adone <- cli.Approve(actx, cli.ApproveConfig{
-			Kubeconfig: clustertest.ServiceAccountKubeconfig(t, cfg, "nodeproof", "nodeproof-approver"), StoreNamespace: "nodeproof",
+			Kubeconfig: w.Approver, StoreNamespace: "nodeproof",
 			LeaderElect: true, LeaseNamespace: "nodeproof", Identity: "approver-0",
 			QPS: 50, Burst: 100, Clock: time.Now, Log: slog.New(slog.NewJSONHandler(logs, nil)).With("component", "approver"),
 		})

@@ -14,14 +14,11 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
+	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
-	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
@@ -32,13 +29,9 @@ import (
 // CA makes /healthz answer 503 NotReady with what is missing, and getting
 // it back makes it ready again.
 func TestServeClusterModeStartupChecks(t *testing.T) {
-	cfg, kc, _ := testCluster(t)
-	ctx := context.Background()
-	tokenDir := clustertest.NodeBootstrapperSecret(t, ctx, cfg, kc)
-	if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := clustertest.AdminKubeconfig(t, cfg)
+	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+	cfg, ctx := w.Config, context.Background()
+	tokenDir, kubeconfig := w.TokenDir, w.Admin
 	tokenTierDoc, err := policytest.New().Pool("worker", policytest.Public().Token()).YAML()
 	if err != nil {
 		t.Fatal(err)

@@ -76,6 +76,10 @@ type Options struct {
 	// EditExamples, if set, changes the example MachineConfigs and pools
 	// before they are created (bench/fleet grows a config).
 	EditExamples func(*clustertest.Examples) error
+	// NoExamples, with Cluster, leaves the example MachineConfigs and
+	// pools out: the cluster serves no pool until the test creates them
+	// (as the MCO would, after nodeproof started).
+	NoExamples bool
 	// TPM makes a software TPM vendor (swtpm, its EK CA in EKRoots),
 	// trusted by the policy as "ca:"+VendorRoot.
 	TPM bool
@@ -186,7 +190,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 }
 
 // startCluster starts the API server and sets it up as a deployment of
-// nodeproof leaves it.
+// nodeproof leaves it (with the MCO's example objects unless NoExamples).
 func (w *World) startCluster(ctx context.Context) error {
 	env, err := clustertest.LaunchWith(w.mkdir("control-plane"), clustertest.LaunchOptions{
 		CRDDirs: []string{w.Path("deploy/crds")}, Signer: w.o.Signer, ServingIPs: w.o.ServingIPs, CommandPrefix: w.o.CommandPrefix,
@@ -213,6 +217,17 @@ func (w *World) startCluster(ctx context.Context) error {
 			return err
 		}
 	}
+	if !w.o.NoExamples {
+		if err := w.createExamples(ctx); err != nil {
+			return err
+		}
+	}
+	return w.WriteKubeconfigs(w.Config)
+}
+
+// createExamples creates the example MachineConfigs and pools, edited by
+// EditExamples.
+func (w *World) createExamples(ctx context.Context) error {
 	ex, err := clustertest.ReadExamples(w.Path("deploy/examples/bootstrap"))
 	if err != nil {
 		return err
@@ -222,10 +237,7 @@ func (w *World) startCluster(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := ex.CreateAll(ctx, w.Client); err != nil {
-		return err
-	}
-	return w.WriteKubeconfigs(w.Config)
+	return ex.CreateAll(ctx, w.Client)
 }
 
 // WriteKubeconfigs writes Admin and Approver for the API server as cfg
