@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // BenchmarkRequestAnswer is the node side of one attestation on the model:
@@ -15,7 +16,7 @@ func BenchmarkRequestAnswer(b *testing.B) {
 	ca := newVendor(b)
 	m := newModel(b, ca, firmwaretestdata.MustLog("rhel8-uefi"))
 	v := modelVerifier(b, ca)
-	key := kubeletKeySHA(b)
+	key := testenv.KubeletKeySHA256(b)
 	req, err := m.Request()
 	if err != nil {
 		b.Fatal(err)

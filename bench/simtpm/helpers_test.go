@@ -1,9 +1,6 @@
 package simtpm
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
 	"sync"
@@ -80,24 +77,6 @@ func modelVerifier(t testing.TB, ca *tpmtest.VendorCA) *tpm.Verifier {
 		t.Fatal(err)
 	}
 	return v
-}
-
-// kubeletKeySHA is the hash of a fresh kubelet public key.
-func kubeletKeySHA(t testing.TB) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(k.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum, err := attest.KeySHA256(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sum
 }
 
 // run is one honest exchange between a node and a verifier.

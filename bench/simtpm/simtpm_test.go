@@ -16,6 +16,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // TestModelPassesVerifierAndPolicy: the whole exchange, Request →
@@ -25,7 +26,7 @@ func TestModelPassesVerifierAndPolicy(t *testing.T) {
 	ca := newVendor(t)
 	m := newModel(t, ca, firmwaretestdata.MustLog("rhel8-uefi"))
 	v := modelVerifier(t, ca)
-	key := kubeletKeySHA(t)
+	key := testenv.KubeletKeySHA256(t)
 	r := honestRun(t, m, v, key)
 	claims, err := v.Verify(r.sess, r.ev)
 	if err != nil {
@@ -65,7 +66,7 @@ func TestModelAllFirmwareLogs(t *testing.T) {
 	}
 	ca := newVendor(t)
 	v := modelVerifier(t, ca)
-	key := kubeletKeySHA(t)
+	key := testenv.KubeletKeySHA256(t)
 	n := 0
 	for _, l := range logs {
 		if !l.Expected.Parses || !l.Expected.SHA256 || !l.Expected.SwTPMReplay {
@@ -267,7 +268,7 @@ func TestNewMachines(t *testing.T) {
 		}
 	}
 	v := modelVerifier(t, ca)
-	key := kubeletKeySHA(t)
+	key := testenv.KubeletKeySHA256(t)
 	for _, m := range ms {
 		r := honestRun(t, m, v, key)
 		if _, err := v.Verify(r.sess, r.ev); err != nil {

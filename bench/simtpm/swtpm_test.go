@@ -19,6 +19,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
@@ -239,7 +240,7 @@ func equivalence(t *testing.T, log []byte) {
 	ca := newVendor(t)
 	model := newModel(t, ca, log)
 	real := newRealTPM(t, log)
-	key := kubeletKeySHA(t)
+	key := testenv.KubeletKeySHA256(t)
 
 	// PCRs after the same log: byte for byte, both banks, all 24.
 	for _, bank := range []struct {
@@ -420,7 +421,7 @@ var attacks = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, sess, err := n.v.Challenge("worker", kubeletKeySHA(t), req)
+		ch, sess, err := n.v.Challenge("worker", testenv.KubeletKeySHA256(t), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -514,7 +515,7 @@ var attacks = []struct {
 func TestRefusalsSameAsSwtpm(t *testing.T) {
 	log := firmwaretestdata.MustLog("rhel8-uefi")
 	ca := newVendor(t)
-	key := kubeletKeySHA(t)
+	key := testenv.KubeletKeySHA256(t)
 	nodes := map[string]node{
 		"model": {tpm: newModel(t, ca, log), other: newModel(t, ca, log), v: modelVerifier(t, ca), key: key},
 		"swtpm": {tpm: newRealTPM(t, log).collector, other: newRealTPM(t, log).collector, v: swtpmVerifier(t), key: key},

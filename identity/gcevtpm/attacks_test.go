@@ -22,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm/gcevtpmtest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // clone deep-copies evidence through its wire form.
@@ -152,11 +153,11 @@ func TestAttackGCEVTPM(t *testing.T) {
 			return s, ev
 		}},
 		{"kubelet key hash swapped in the evidence", attest.ReasonQuoteBinding, func(s *attest.Session, ev *gcevtpm.Evidence) (*attest.Session, *gcevtpm.Evidence) {
-			ev.Quote.KubeletKeySHA256 = kubeletKey(t)
+			ev.Quote.KubeletKeySHA256 = testenv.KubeletKeySHA256(t)
 			return s, ev
 		}},
 		{"session opened for another kubelet key", attest.ReasonKubeletKey, func(s *attest.Session, ev *gcevtpm.Evidence) (*attest.Session, *gcevtpm.Evidence) {
-			s.KubeletKeySHA256 = kubeletKey(t)
+			s.KubeletKeySHA256 = testenv.KubeletKeySHA256(t)
 			return s, ev
 		}},
 		{"a PCR value changed after the quote", attest.ReasonQuotePCRDigest, func(s *attest.Session, ev *gcevtpm.Evidence) (*attest.Session, *gcevtpm.Evidence) {

@@ -2,11 +2,6 @@ package gcevtpm_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/x509"
 	"errors"
 	"os"
 	"sync"
@@ -18,6 +13,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm/gcevtpmtest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // gceLog is the event log of a real GCE Shielded VM (Ubuntu 21.04).
@@ -93,21 +89,6 @@ func (w *world) verifier(t testing.TB, o gcevtpm.Options) *gcevtpm.Verifier {
 	return v
 }
 
-// kubeletKey returns a fresh kubelet key's hash.
-func kubeletKey(t testing.TB) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(k.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(der)
-	return sum[:]
-}
-
 // attestation runs the node's side against v on vm: challenge, collector,
 // answer.
 func attestation(t testing.TB, v *gcevtpm.Verifier, vm *gcevtpmtest.VM) (*attest.Session, *gcevtpm.Evidence) {
@@ -121,7 +102,7 @@ func attestation(t testing.TB, v *gcevtpm.Verifier, vm *gcevtpmtest.VM) (*attest
 		t.Fatal(err)
 	}
 	defer c.Close()
-	key := kubeletKey(t)
+	key := testenv.KubeletKeySHA256(t)
 	chal, sess, err := v.Challenge("workers", key, c.Request())
 	if err != nil {
 		t.Fatal(err)

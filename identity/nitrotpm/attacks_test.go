@@ -21,6 +21,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm/nitrotpmtest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // TestAttackNitroTPM is the NitroTPM evidence attacked: documents that
@@ -156,7 +157,7 @@ func TestAttackNitroTPM(t *testing.T) {
 			return s, ev
 		}},
 		{"kubelet key hash swapped in the evidence", attest.ReasonQuoteBinding, w.nsm, func(s *attest.Session, ev *nitrotpm.Evidence) (*attest.Session, *nitrotpm.Evidence) {
-			ev.Quote.KubeletKeySHA256 = kubeletKey(t)
+			ev.Quote.KubeletKeySHA256 = testenv.KubeletKeySHA256(t)
 			return s, ev
 		}},
 		{"the event log of another boot", attest.ReasonEventLogReplay, w.nsm, func(s *attest.Session, ev *nitrotpm.Evidence) (*attest.Session, *nitrotpm.Evidence) {

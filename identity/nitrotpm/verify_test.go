@@ -2,10 +2,6 @@ package nitrotpm_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/sha256"
 	"crypto/x509"
 	"encoding/json"
 	"os"
@@ -22,6 +18,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm/nitrotpmtest"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
@@ -125,20 +122,6 @@ func (w *world) verifier(t testing.TB, clock func() time.Time) *nitrotpm.Verifie
 	return v
 }
 
-func kubeletKey(t testing.TB) []byte {
-	t.Helper()
-	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalPKIXPublicKey(k.Public())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := sha256.Sum256(der)
-	return sum[:]
-}
-
 // attestation runs the node's side: challenge, collector on the world's
 // TPM behind nsm, answer.
 func (w *world) attestation(t testing.TB, v *nitrotpm.Verifier, nsm nitrotpm.NSM) (*attest.Session, *nitrotpm.Evidence) {
@@ -148,7 +131,7 @@ func (w *world) attestation(t testing.TB, v *nitrotpm.Verifier, nsm nitrotpm.NSM
 		t.Fatal(err)
 	}
 	defer c.Close()
-	key := kubeletKey(t)
+	key := testenv.KubeletKeySHA256(t)
 	chal, sess, err := v.Challenge("workers", key, c.Request())
 	if err != nil {
 		t.Fatal(err)
