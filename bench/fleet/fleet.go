@@ -17,7 +17,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -41,6 +40,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
+	"github.com/nodeproof/nodeproof/internal/freeport"
 	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
@@ -469,12 +469,5 @@ func mkdir(parent, name string) string {
 }
 
 // FreePort is a loopback TCP port free a moment ago, for a process that
-// takes its port as a flag.
-func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
+// takes its port as a flag (freeport.One: below the ephemeral range).
+func FreePort() (int, error) { return freeport.One() }

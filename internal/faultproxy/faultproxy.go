@@ -18,6 +18,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nodeproof/nodeproof/internal/freeport"
 )
 
 // Proxy forwards TCP connections from Addr to a target.
@@ -57,10 +59,22 @@ func New(t testing.TB, target string) *Proxy {
 	return p
 }
 
-// Start starts a proxy listening on listen (host:port; port 0 picks one)
-// forwarding to target. Close stops it.
+// Start starts a proxy listening on listen (host:port) forwarding to
+// target. Close stops it. Port 0 picks one below the kernel's ephemeral
+// range (freeport): Cut gives the port up until Restore, and a port from
+// ":0" could be taken meanwhile by any concurrent test's ":0" or outgoing
+// connection.
 func Start(listen, target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", listen)
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	var ln net.Listener
+	if port == "0" {
+		ln, err = freeport.Listen(host)
+	} else {
+		ln, err = net.Listen("tcp", listen)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("listen: %w", err)
 	}

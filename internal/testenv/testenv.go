@@ -8,10 +8,11 @@ package testenv
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/nodeproof/nodeproof/internal/freeport"
 )
 
 // Versions of the cached tools. They must match hack/tools.sh (a test checks).
@@ -111,14 +112,14 @@ func executable(what, path string) error {
 }
 
 // FreePort is a loopback TCP port free a moment ago (for a process that
-// takes its port as a flag; it may be taken again before the process
-// binds it, rarely).
+// takes its port as a flag), drawn below the ephemeral range
+// (freeport.One) so no ":0" or outgoing connection takes it before the
+// process binds it.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.One()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }

@@ -15,20 +15,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/nodeproof/nodeproof/internal/doctest"
+	"github.com/nodeproof/nodeproof/internal/freeport"
 )
 
 // Guide is the operator's guide, relative to the module root.
@@ -304,56 +302,7 @@ func HTTPReady(url string) func(context.Context) error {
 }
 
 // FreePorts returns n ports free now on every address, each with the next
-// one free too (swtpm uses two). They are drawn below the kernel's range of
-// ephemeral ports (net.ipv4.ip_local_port_range), so no outgoing connection
-// of a test running beside this one takes them between now and the
-// command's bind, as a port the kernel handed out for ":0" can be.
-func FreePorts(n int) ([]int, error) {
-	lo, hi := 20000, ephemeralLow()
-	if hi-lo < 1000 {
-		lo, hi = 1024, ephemeralLow()
-	}
-	var out []int
-	var held []net.Listener
-	defer func() {
-		for _, l := range held {
-			l.Close()
-		}
-	}()
-	for attempt := 0; len(out) < n && attempt < 1000*n; attempt++ {
-		p := lo + rand.IntN(hi-lo-1)
-		a, err := net.Listen("tcp", ":"+strconv.Itoa(p))
-		if err != nil {
-			continue
-		}
-		b, err := net.Listen("tcp", ":"+strconv.Itoa(p+1))
-		if err != nil {
-			a.Close()
-			continue
-		}
-		held = append(held, a, b)
-		out = append(out, p)
-	}
-	if len(out) < n {
-		return nil, errors.New("walkthrough: not enough free port pairs")
-	}
-	return out, nil
-}
-
-// ephemeralLow is the first port the kernel hands out for outgoing
-// connections and ":0" (32768 when it cannot be read).
-func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
-	}
-	f := strings.Fields(string(b))
-	if len(f) != 2 {
-		return 32768
-	}
-	low, err := strconv.Atoi(f[0])
-	if err != nil || low < 2048 {
-		return 32768
-	}
-	return low
-}
+// one free too (swtpm uses two), below the kernel's range of ephemeral
+// ports (freeport.Pairs), so no outgoing connection of a test running
+// beside this one takes them between now and the command's bind.
+func FreePorts(n int) ([]int, error) { return freeport.Pairs(n) }
