@@ -1,6 +1,9 @@
 package attest
 
-import "time"
+import (
+	"strings"
+	"time"
+)
 
 // Claims are the facts a verifier vouches for after every one of its checks
 // passed. Policy decides what they may have; nothing here is a decision.
@@ -61,6 +64,22 @@ type AWSClaims struct {
 	LiveChecked bool `json:"liveChecked"`
 }
 
+// Kinds of endorsement key, by algorithm and size, as TPM vendors
+// certify them (TCG EK Credential Profile: an RSA 2048 EK's certificate
+// at NV 0x01c00002, an ECC P-256 one at 0x01c0000a, P-384 at
+// 0x01c00016).
+const (
+	EKKindRSA2048 = "rsa-2048"
+	EKKindRSA3072 = "rsa-3072"
+	EKKindRSA4096 = "rsa-4096"
+	EKKindECCP256 = "ecc-p256"
+	EKKindECCP384 = "ecc-p384"
+	EKKindECCP521 = "ecc-p521"
+)
+
+// EKKinds lists every EK kind.
+var EKKinds = []string{EKKindRSA2048, EKKindRSA3072, EKKindRSA4096, EKKindECCP256, EKKindECCP384, EKKindECCP521}
+
 // TPMClaims are the facts a TPM attestation establishes.
 type TPMClaims struct {
 	// EKSHA256 is the hex SHA-256 of the EK public key (PKIX DER).
@@ -68,6 +87,10 @@ type TPMClaims struct {
 	// EKTrust names what vouched for the EK: "ca:<root set name>" or
 	// "inventory".
 	EKTrust string `json:"ekTrust"`
+	// EKKind is the EK's algorithm and size (EKKindRSA2048, …): a TPM
+	// holds one EK of each kind its vendor certified, and a pool accepts
+	// one kind.
+	EKKind string `json:"ekKind,omitempty"`
 	// EKCertSubject, EKCertIssuer and EKCertSerial describe the EK
 	// certificate when one was presented.
 	EKCertSubject string `json:"ekCertSubject,omitempty"`
@@ -123,27 +146,45 @@ type BootState struct {
 	DBXEntries int    `json:"dbxEntries"`
 	DBXSHA256s []byte `json:"dbxSHA256s,omitempty"`
 
-	// BootApplications are the hex digests (in the PCR bank's hash) of the
-	// EFI boot services applications measured into PCR 4 between its
-	// separator and ExitBootServices, in boot order: for a shim + GRUB
-	// boot, the shim, GRUB, then the kernel. (A partial log without PCR
-	// 4's separator: every PCR 4 application.)
+	// BootApplications are the boot chain: the hex digests (in the PCR
+	// bank's hash) of the images measured into PCR 4 after its separator
+	// — every digest there that is not the hash of its own event data (an
+	// EFI action, a GPT), whatever the event's type says — in PCR 4's own
+	// order; preceded by those of PCR 2 after its separator, where a
+	// confidential VM's firmware measures the first one. Its stages are
+	// named by position (attest/policy): the first (the shim), the second
+	// (the boot loader), every later one a kernel (GRUB has the shim verify
+	// the kernel and then the firmware loads it: the same image twice).
+	// Only each PCR's own sequence is proven by a quote, so nothing here
+	// depends on how the log interleaves PCRs or labels events. (A partial
+	// log without PCR 4's separator: every PCR 4 image.)
 	BootApplications []string `json:"bootApplications,omitempty"`
-	// Shim and Bootloader are BootApplications[0] and [1] when present.
-	Shim       string `json:"shim,omitempty"`
-	Bootloader string `json:"bootloader,omitempty"`
-	// Kernel is the boot application that is the kernel, identified by
-	// content (KernelBy says how), never by position: empty when the log
-	// does not establish it (no ExitBootServices event, no loader command
-	// or file name that names it).
-	Kernel   string `json:"kernel,omitempty"`
-	KernelBy string `json:"kernelBy,omitempty"`
-	// ExitBootServices is set when the log has the ExitBootServices
-	// invocation (PCR 5): everything the boot measured came before it.
+	// OtherImages are the other image digests of PCRs 2 and 4: drivers,
+	// option ROMs and firmware blobs, applications measured before the
+	// separator. A denied digest refuses wherever it appears, here too.
+	OtherImages []string `json:"otherImages,omitempty"`
+	// ExitBootServices is set when PCR 5 holds the ExitBootServices
+	// invocation (by its digest). It says nothing of other PCRs: the
+	// quote does not prove how PCRs interleave.
 	ExitBootServices bool `json:"exitBootServices"`
-	// KernelCmdlineKnown is set when a kernel command line was measured.
+	// KernelCmdlineKnown is set when GRUB's measured commands (PCR 8)
+	// establish the kernel command line: exactly one linux command
+	// (`linux`, `linuxefi`, `linux16`), read by its measured text, never
+	// by the event's label. KernelCmdline is the image path and the
+	// arguments, as GRUB handed them to the kernel.
 	KernelCmdlineKnown bool   `json:"kernelCmdlineKnown"`
 	KernelCmdline      string `json:"kernelCmdline,omitempty"`
+	// GrubCommands are the texts GRUB measured into PCR 8, in order (each
+	// event's text whose hash is its digest, without GRUB's label; the
+	// label is not measured); GrubCommandsKnown is set when PCR 8 replayed
+	// and every event's text was found. The kernel command line is among
+	// them.
+	GrubCommandsKnown bool     `json:"grubCommandsKnown,omitempty"`
+	GrubCommands      []string `json:"grubCommands,omitempty"`
+	// GrubFiles are PCR 9's measurements, in order: the contents of every
+	// file GRUB read (grub.cfg, the kernel, the initrd, modules) and what
+	// the kernel's EFI stub measured there.
+	GrubFiles []MeasuredFile `json:"grubFiles,omitempty"`
 
 	// Authorities are the Secure Boot authorities the boot measured
 	// into PCR 7 (EV_EFI_VARIABLE_AUTHORITY: the signature database entry
@@ -156,6 +197,45 @@ type BootState struct {
 	// ShimState is what the shim measured about itself (PCRs 7 and 14);
 	// nil when the log shows no shim.
 	ShimState *ShimState `json:"shimState,omitempty"`
+}
+
+// MeasuredFile is one file's measurement (PCR 9): the digest of its
+// contents in the PCR bank's hash, and the path the log gives it — not
+// measured, so only a name for messages and views.
+type MeasuredFile struct {
+	Path   string `json:"path,omitempty"`
+	Digest string `json:"digest"`
+}
+
+// linuxCommands are GRUB's commands that load a Linux kernel.
+var linuxCommands = []string{"linux ", "linuxefi ", "linux16 "}
+
+// LinuxCommandArgs returns the arguments of a GRUB linux command's text
+// (`linux`, `linuxefi`, `linux16`): the kernel's path and its command
+// line.
+func LinuxCommandArgs(text string) (string, bool) {
+	for _, c := range linuxCommands {
+		if args, ok := strings.CutPrefix(text, c); ok {
+			return args, true
+		}
+	}
+	return "", false
+}
+
+// Stage positions of BootApplications.
+const (
+	StageShim       = 0
+	StageBootloader = 1
+	StageKernel     = 2 // and every later application
+)
+
+// Kernels are the boot applications in the kernel's stage: every one
+// after the boot loader.
+func (b *BootState) Kernels() []string {
+	if len(b.BootApplications) <= StageKernel {
+		return nil
+	}
+	return b.BootApplications[StageKernel:]
 }
 
 // Who verified a boot image (AppVerification.Verifier,

@@ -219,6 +219,22 @@ const (
 	// ReasonPolicyMOK: a boot application verified (or possibly verified)
 	// by a machine-owner key tpm.machineOwnerKeys does not list.
 	ReasonPolicyMOK Reason = "MachineOwnerKeyNotAllowed"
+	// ReasonPolicyGrubFile: a file GRUB read (PCR 9: grub.cfg, the
+	// kernel, the initramfs) is not the one tpm.grub.files lists at its
+	// place, or GRUB read more or fewer files.
+	ReasonPolicyGrubFile Reason = "GrubFileNotAllowed"
+	// ReasonPolicyGrubCommand: a command GRUB ran (PCR 8) is not the one
+	// tpm.grub.commands lists at its place, GRUB ran more or fewer, or
+	// PCR 8 holds a text nobody can check.
+	ReasonPolicyGrubCommand Reason = "GrubCommandNotAllowed"
+	// ReasonPolicyKernelVersion: a kernel older than
+	// tpm.minimumKernel.version, or one whose version the policy does not
+	// know (minimumKernel.versions maps digests to versions).
+	ReasonPolicyKernelVersion Reason = "KernelBelowMinimum"
+	// ReasonPolicyEKKind: the TPM attested with an endorsement key of
+	// another kind than the one the pool accepts (tpm.ek): a TPM's other
+	// EK is not a second identity.
+	ReasonPolicyEKKind Reason = "EKKindNotAccepted"
 	// ReasonPolicyReferenceSetExpired: the boot chain matches only
 	// reference sets whose notAfter has passed.
 	ReasonPolicyReferenceSetExpired Reason = "ReferenceSetExpired"

@@ -24,9 +24,10 @@ import (
 //     application, or a PCR 2 one after PCR 2's separator: a TDX log's
 //     shim) and the shim after it;
 //   - signers, with Secure Boot on (e.SecureBoot "on"): the first boot
-//     application's is the firmware's one authority, every later one's
-//     the shim's one authority; a log where either measured more than one
-//     is an error (write those by hand);
+//     application's (the first of the boot chain: a TDX log's is in PCR
+//     2) is the firmware's one authority, every later one's the shim's
+//     one authority; a log where either measured more than one is an
+//     error (write those by hand);
 //   - the SbatLevel's text, and the digests of the PCR 14 EV_IPL events
 //     whose data is "MokList", "MokListX" and "MokListTrusted".
 func (e *Expected) ReadSecureBoot(raw []byte) error {
@@ -35,7 +36,7 @@ func (e *Expected) ReadSecureBoot(raw []byte) error {
 		return err
 	}
 	e.Authorities, e.Signers, e.SbatLevel, e.MokList, e.MokListX, e.MokListTrusted = nil, nil, "", "", "", ""
-	apps, sep2, sep7, firstInPCR2 := 0, false, false, false
+	apps, sep2, sep7 := 0, false, false
 	seen := map[string]bool{}
 	var firmware, shim []string
 	for _, ev := range el.Events(register.HashSHA256) {
@@ -45,9 +46,6 @@ func (e *Expected) ReadSecureBoot(raw []byte) error {
 		case ev.Type == tcg.Separator && ev.Index == 7:
 			sep7 = true
 		case ev.Type == tcg.EFIBootServicesApplication && (ev.Index == 4 || ev.Index == 2 && sep2):
-			if apps == 0 && ev.Index == 2 {
-				firstInPCR2 = true
-			}
 			apps++
 		case ev.Type == tcg.Ipl && ev.Index == 14:
 			d := hex.EncodeToString(ev.Digest)
@@ -105,7 +103,7 @@ func (e *Expected) ReadSecureBoot(raw []byte) error {
 		return fmt.Errorf("%d firmware and %d shim authorities: write the signers by hand", len(firmware), len(shim))
 	}
 	for i := range e.BootApplications {
-		if i == 0 && !firstInPCR2 {
+		if i == 0 {
 			e.Signers = append(e.Signers, firmware[0])
 		} else {
 			e.Signers = append(e.Signers, shim[0])

@@ -30,7 +30,9 @@ type Expected struct {
 	SecureBoot string `json:"secureBoot"`
 	// DBXEntries counts dbx entries; -1 when dbx was not measured.
 	DBXEntries int `json:"dbxEntries"`
-	// BootApplications are the PCR 4 EFI application digests (SHA-256).
+	// BootApplications are the boot chain's EFI application digests
+	// (SHA-256): PCR 2's after its separator (a TDX log's shim), then
+	// PCR 4's.
 	BootApplications []string `json:"bootApplications"`
 	// KernelCmdline is the GRUB-measured command line, "" when none.
 	KernelCmdline string `json:"kernelCmdline"`

@@ -666,9 +666,13 @@ func summarize(c *attest.Claims) string {
 			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
 		}
 		if c.GCP == nil && c.AWS == nil {
-			parts = append(parts, fmt.Sprintf("%s ek=%.16s…", c.Kind, c.TPM.EKSHA256))
+			parts = append(parts, fmt.Sprintf("%s ek=%.16s… (%s)", c.Kind, c.TPM.EKSHA256, c.TPM.EKKind))
 		}
-		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, b.Kernel))
+		kernel := ""
+		if k := b.Kernels(); len(k) > 0 {
+			kernel = k[0]
+		}
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel))
 	}
 	return strings.Join(parts, " ")
 }

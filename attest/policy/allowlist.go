@@ -50,6 +50,7 @@ func (pp Pool) AllowLists() []AllowList {
 	t := pp.TPM
 	return []AllowList{t.EKTrustList(), t.BootComponents.Shim.allowList("shim", "shim"),
 		t.BootComponents.Bootloader.allowList("bootloader", "boot loader"), t.BootComponents.Kernel.allowList("kernel", "kernel"),
+		t.kernelCmdlineList(), t.grubList(),
 		pp.GCP.ProjectList(), pp.GCP.ZoneList(), pp.AWS.AccountList(), pp.AWS.RegionList()}
 }
 

@@ -19,10 +19,13 @@ func TestAllowLists(t *testing.T) {
 			// set gives the i-th list of a pool items and an any.
 			set := func(items []string, anyOn bool) Pool {
 				pp := Pool{Evidence: all.Evidence}
+				pp.TPM.KernelCmdline, pp.TPM.Grub = &KernelCmdline{}, &GrubRules{}
 				lists := []*[]string{&pp.TPM.EKTrust, &pp.TPM.BootComponents.Shim.Allow, &pp.TPM.BootComponents.Bootloader.Allow,
-					&pp.TPM.BootComponents.Kernel.Allow, &pp.GCP.Projects, &pp.GCP.Zones, &pp.AWS.Accounts, &pp.AWS.Regions}
+					&pp.TPM.BootComponents.Kernel.Allow, &pp.TPM.KernelCmdline.Exact, &pp.TPM.Grub.Commands,
+					&pp.GCP.Projects, &pp.GCP.Zones, &pp.AWS.Accounts, &pp.AWS.Regions}
 				anys := []*bool{&pp.TPM.AnyEKTrust, &pp.TPM.BootComponents.Shim.Any, &pp.TPM.BootComponents.Bootloader.Any,
-					&pp.TPM.BootComponents.Kernel.Any, &pp.GCP.AnyProject, &pp.GCP.AnyZone, &pp.AWS.AnyAccount, &pp.AWS.AnyRegion}
+					&pp.TPM.BootComponents.Kernel.Any, &pp.TPM.KernelCmdline.Any, &pp.TPM.Grub.Any,
+					&pp.GCP.AnyProject, &pp.GCP.AnyZone, &pp.AWS.AnyAccount, &pp.AWS.AnyRegion}
 				for j := range lists {
 					*anys[j] = true // the others open, so only the i-th is judged
 				}

@@ -24,12 +24,17 @@ const (
 	RuleMinimumDBX       = "minimumDBX"
 	RulePCRs             = "pcrs"
 	RuleKernelCmdline    = "kernelCmdline"
+	RuleGrub             = "grub" // both; or one: grub.files, grub.commands
+	RuleGrubFiles        = RuleGrub + ".files"
+	RuleGrubCommands     = RuleGrub + ".commands"
+	RuleMinimumKernel    = "minimumKernel"
 )
 
 // AuditRules lists every name tpm.audit takes.
 var AuditRules = []string{RuleSecureBoot, RuleDeniedDigests, RuleBootComponents,
 	RuleBootComponents + ".shim", RuleBootComponents + ".bootloader", RuleBootComponents + ".kernel",
-	RuleMinimumSBAT, RuleMachineOwnerKeys, RuleMinimumDBX, RulePCRs, RuleKernelCmdline}
+	RuleMinimumSBAT, RuleMachineOwnerKeys, RuleMinimumDBX, RulePCRs, RuleKernelCmdline,
+	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel}
 
 // Audit is a refusal an audited rule would have made of a machine the
 // pool admitted.
@@ -71,6 +76,9 @@ func FormatAudits(audits []Audit, max int) string {
 // audit mode that would have refused it.
 type Decision struct {
 	Audits []Audit
+	// Refusals, with Options.Explain, are every boot rule that refused
+	// (Decide then returns the first's refusal too).
+	Refusals []Audit
 }
 
 // Options say when and for what Decide decides.
@@ -84,21 +92,34 @@ type Options struct {
 	// evidence (GCP maxInstanceAge), which a running node is past by
 	// design.
 	Reattestation bool
+	// Explain judges every boot rule, none stopping at its refusal, and
+	// refuses with all their refusals: the Decision's Refusals, the
+	// error's reason the first one's, its message every one
+	// (`policy check --event-log`). Rules in audit mode still admit and
+	// report (Audits).
+	Explain bool
 }
 
 // evaluation is one Decide: its clock, which rules audit, and what they
-// reported.
+// reported; with explain, every rule goes on past its refusal, which is
+// recorded (refusals) unless the rule audits.
 type evaluation struct {
-	now    time.Time
-	all    bool
-	rules  []string
-	audits []Audit
+	now      time.Time
+	all      bool
+	rules    []string
+	audits   []Audit
+	explain  bool
+	refusals []Audit
 }
 
-// audited reports whether rule audits: the pool audits all, the pool
-// lists it, or (for a stage of bootComponents) the pool lists
-// bootComponents.
-func (e *evaluation) audited(rule string) bool {
+// audited reports whether the evaluation goes on past rule's refusal:
+// the rule audits, or the evaluation explains.
+func (e *evaluation) audited(rule string) bool { return e.explain || e.audits_(rule) }
+
+// audits_ reports whether rule audits: the pool audits all, the pool
+// lists it, or (for a stage of bootComponents, a part of grub) the pool
+// lists its parent.
+func (e *evaluation) audits_(rule string) bool {
 	if e.all || slices.Contains(e.rules, rule) {
 		return true
 	}
@@ -106,15 +127,20 @@ func (e *evaluation) audited(rule string) bool {
 	return ok && slices.Contains(e.rules, parent)
 }
 
-// rule passes err through, unless rule audits: then it is reported and
-// the evaluation goes on.
+// rule passes err through, unless rule audits (it is reported and the
+// evaluation goes on) or the evaluation explains (it is recorded and the
+// evaluation goes on).
 func (e *evaluation) rule(rule string, err error) error {
 	if err == nil || !e.audited(rule) {
 		return err
 	}
 	a := auditOf(rule, err)
-	if !slices.Contains(e.audits, a) {
-		e.audits = append(e.audits, a)
+	list := &e.refusals
+	if e.audits_(rule) {
+		list = &e.audits
+	}
+	if !slices.Contains(*list, a) {
+		*list = append(*list, a)
 	}
 	return nil
 }

@@ -13,20 +13,25 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 )
 
-// ReferenceSet is a boot chain accepted beside a pool's bootComponents:
-// during a rollout, the release being replaced and the one replacing it.
-// Its stages read as bootComponents' do.
+// ReferenceSet is a whole boot accepted beside the pool's own rules
+// (bootComponents, kernelCmdline, grub): during a rollout, the release
+// being replaced and the one replacing it — its boot chain, and the
+// command line, grub.cfg and initramfs that go with it. Its stages read
+// as bootComponents' do.
 type ReferenceSet struct {
 	// Name names the set in refusals and audit reports (a release, a
 	// build). Required, unique in the pool.
 	Name string `yaml:"name"`
 	// NotAfter, when set, is when the set stops being accepted (RFC 3339):
-	// a chain only it matches is then refused ReferenceSetExpired.
+	// a boot only it matches is then refused ReferenceSetExpired.
 	NotAfter *time.Time `yaml:"notAfter"`
 	// Shim, Bootloader and Kernel are the set's stage rules.
 	Shim       DigestList `yaml:"shim"`
 	Bootloader DigestList `yaml:"bootloader"`
 	Kernel     DigestList `yaml:"kernel"`
+	// KernelCmdline and Grub are the set's, when set; else the pool's.
+	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
+	Grub          *GrubRules     `yaml:"grub"`
 }
 
 // MachineOwnerKeys is what machine-owner keys (MOKs: certificates an
@@ -52,86 +57,151 @@ var chainStages = []chainStage{
 	{"kernel", "kernel", func(c BootComponents) DigestList { return c.Kernel }},
 }
 
-// stageApps returns the digest the log established for a stage and the
-// indexes of BootApplications that are it: the shim the first, the boot
-// loader the second, the kernel every application whose digest is the
-// kernel's (GRUB has the shim verify it, then the firmware loads it: the
-// same image twice).
-func stageApps(b *attest.BootState, key string) (string, []int) {
+// stageApps returns the indexes of BootApplications that are a stage,
+// by position in the boot chain (PCR 2's and PCR 4's own sequences, which
+// the quote proves): the shim the first, the boot loader the second, the
+// kernel every later one (GRUB has the shim verify the kernel, then the
+// firmware loads it: the same image twice; and root appending an image
+// after boot only adds one the kernel's rule must accept).
+func stageApps(b *attest.BootState, key string) []int {
+	n := len(b.BootApplications)
 	switch key {
 	case "shim":
-		if b.Shim != "" {
-			return b.Shim, []int{0}
+		if n > attest.StageShim {
+			return []int{attest.StageShim}
 		}
 	case "bootloader":
-		if b.Bootloader != "" {
-			return b.Bootloader, []int{1}
+		if n > attest.StageBootloader {
+			return []int{attest.StageBootloader}
 		}
 	case "kernel":
 		var idx []int
-		for i, a := range b.BootApplications {
-			if b.Kernel != "" && strings.EqualFold(a, b.Kernel) {
-				idx = append(idx, i)
-			}
+		for i := attest.StageKernel; i < n; i++ {
+			idx = append(idx, i)
 		}
-		return b.Kernel, idx
+		return idx
 	}
-	return "", nil
+	return nil
 }
 
-// bootChain checks the boot chain against bootComponents and each
-// reference set: it passes when one of them matches; a set whose notAfter
-// has passed (at e.now) no longer counts. A stage audited (e) does not
-// stop a set matching: when no set matches outright, the first set that
-// matches but for audited stages admits the machine, and its stages'
-// refusals are reported. Otherwise the refusal is bootComponents' first
-// (ReferenceSetExpired when an expired set alone would have matched).
-// A stage's denied digests refuse in every set.
-func bootChain(in string, t *TPMPolicy, b *attest.BootState, e *evaluation) error {
-	type set struct {
-		name, at string
-		comps    BootComponents
-		expired  *time.Time
+// images are every image digest the log shows (the boot chain, PCR 2's
+// and PCR 4's other images) and every file GRUB read: where a denied
+// digest refuses.
+func images(b *attest.BootState) []string {
+	out := slices.Concat(b.BootApplications, b.OtherImages)
+	for _, f := range b.GrubFiles {
+		out = append(out, f.Digest)
 	}
-	sets := []set{{name: "bootComponents", at: in + "bootComponents.", comps: t.BootComponents}}
+	return out
+}
+
+// bootSet is one whole boot a pool accepts: bootComponents with the
+// pool's kernelCmdline and grub, or a reference set.
+type bootSet struct {
+	name, at string // at: where its settings are (pools.p.tpm. or …referenceSets[i].)
+	comps    BootComponents
+	cmdline  *KernelCmdline
+	cmdAt    string
+	grub     *GrubRules
+	grubAt   string
+	expired  *time.Time
+}
+
+// setCheck is one rule of a set: its audit name and its check.
+type setCheck struct {
+	rule  string
+	check func(s *bootSet, b *attest.BootState) error
+}
+
+// setChecks are a set's rules in the order they judge: the chain's
+// stages, the command line, the files GRUB read, its commands.
+var setChecks = func() []setCheck {
+	var out []setCheck
+	for _, st := range chainStages {
+		st := st
+		out = append(out, setCheck{RuleBootComponents + "." + st.key, func(s *bootSet, b *attest.BootState) error {
+			return checkStage(s.at+st.key+".", st, st.list(s.comps), b)
+		}})
+	}
+	return append(out,
+		setCheck{RuleKernelCmdline, func(s *bootSet, b *attest.BootState) error { return checkKernelCmdline(s.cmdAt, s.cmdline, b) }},
+		setCheck{RuleGrubFiles, func(s *bootSet, b *attest.BootState) error { return checkGrubFiles(s.grubAt, s.grub, b) }},
+		setCheck{RuleGrubCommands, func(s *bootSet, b *attest.BootState) error { return checkGrubCommands(s.grubAt, s.grub, b) }},
+	)
+}()
+
+// sets are the pool's whole boots: its own rules first, then each
+// reference set (a set without a command line or grub rules of its own
+// takes the pool's).
+func sets(in string, t *TPMPolicy, now time.Time) []bootSet {
+	out := []bootSet{{name: "bootComponents", at: in + "bootComponents.", comps: t.BootComponents,
+		cmdline: t.KernelCmdline, cmdAt: in + "kernelCmdline", grub: t.Grub, grubAt: in + "grub"}}
 	for i, r := range t.ReferenceSets {
-		s := set{name: r.Name, at: fmt.Sprintf("%sreferenceSets[%d].", in, i), comps: BootComponents{Shim: r.Shim, Bootloader: r.Bootloader, Kernel: r.Kernel}}
-		if r.NotAfter != nil && (e.now.IsZero() || e.now.After(*r.NotAfter)) {
+		at := fmt.Sprintf("%sreferenceSets[%d].", in, i)
+		s := bootSet{name: r.Name, at: at, comps: BootComponents{Shim: r.Shim, Bootloader: r.Bootloader, Kernel: r.Kernel},
+			cmdline: t.KernelCmdline, cmdAt: in + "kernelCmdline", grub: t.Grub, grubAt: in + "grub"}
+		if r.KernelCmdline != nil {
+			s.cmdline, s.cmdAt = r.KernelCmdline, at+"kernelCmdline"
+		}
+		if r.Grub != nil {
+			s.grub, s.grubAt = r.Grub, at+"grub"
+		}
+		if r.NotAfter != nil && (now.IsZero() || now.After(*r.NotAfter)) {
 			s.expired = r.NotAfter
 		}
-		sets = append(sets, s)
+		out = append(out, s)
 	}
+	return out
+}
+
+// bootChain checks the whole boot — the chain's stages, the kernel
+// command line, the files GRUB read and its commands — against the pool's
+// own rules and each reference set: it passes when one set matches
+// entirely; a set whose notAfter has passed (at e.now) no longer counts.
+// A rule audited (e) does not stop a set matching: when no set matches
+// outright, the first set that matches but for audited rules admits the
+// machine, and its rules' refusals are reported. Otherwise the refusal is
+// the pool's own rules' first (ReferenceSetExpired when an expired set
+// alone would have matched). A stage's denied digests refuse in every
+// set, wherever the digest appears.
+func bootChain(in string, t *TPMPolicy, b *attest.BootState, e *evaluation) error {
+	all := images(b)
 	// Denied digests of bootComponents refuse whatever set matches.
 	for _, st := range chainStages {
 		d := st.list(t.BootComponents)
-		if digest, _ := stageApps(b, st.key); digest != "" && containsHex(d.Deny, digest) {
-			rule := RuleBootComponents + "." + st.key
-			stage := in + "bootComponents." + st.key + "."
-			if err := e.rule(rule, attest.DenySetting(attest.ReasonPolicyBootDenied, stage+"deny", "%s %s is in %sdeny", st.what, digest, stage)); err != nil {
-				return err
+		for _, digest := range all {
+			if containsHex(d.Deny, digest) {
+				rule := RuleBootComponents + "." + st.key
+				stage := in + "bootComponents." + st.key + "."
+				if err := e.rule(rule, attest.DenySetting(attest.ReasonPolicyBootDenied, stage+"deny", "%s %s is in %sdeny", st.what, digest, stage)); err != nil {
+					return err
+				}
 			}
 		}
 	}
+	type fail struct {
+		rule string
+		err  error
+	}
 	var first error
 	var expired []string
-	var audited []Audit // the first set that matches but for audited stages
-	for si, s := range sets {
-		var fails []Audit
+	var audited []fail // the first set that matches but for audited rules
+	for si, s := range sets(in, t, e.now) {
+		var fails []fail
 		var hard error
-		for _, st := range chainStages {
-			err := checkStage(s.at+st.key+".", st, st.list(s.comps), b)
+		for _, c := range setChecks {
+			err := c.check(&s, b)
 			if err == nil {
 				continue
 			}
-			rule := RuleBootComponents + "." + st.key
-			if !e.audited(rule) {
+			if !e.audited(c.rule) {
 				hard = err
 				if si == 0 {
 					first = err // the refusal, unless a set matches
 				}
 				break
 			}
-			fails = append(fails, auditOf(rule, err))
+			fails = append(fails, fail{c.rule, err})
 		}
 		switch {
 		case hard != nil:
@@ -144,21 +214,29 @@ func bootChain(in string, t *TPMPolicy, b *attest.BootState, e *evaluation) erro
 		}
 	}
 	if audited != nil {
-		e.audits = append(e.audits, audited...)
+		for _, f := range audited {
+			if err := e.rule(f.rule, f.err); err != nil {
+				return err
+			}
+		}
 		return nil
 	}
-	err := first // bootComponents failed outright (else it matched, above)
+	err := first // the pool's own rules failed outright (else they matched, above)
 	if len(expired) > 0 {
-		err = attest.DenySetting(attest.ReasonPolicyReferenceSetExpired, in+"referenceSets", "the boot chain matches only reference sets past their notAfter: %s", strings.Join(expired, ", "))
+		err = attest.DenySetting(attest.ReasonPolicyReferenceSetExpired, in+"referenceSets", "the boot matches only reference sets past their notAfter: %s", strings.Join(expired, ", "))
 	}
 	return e.rule(RuleBootComponents, err)
 }
 
-// checkStage checks one stage of one set (at: the stage's setting).
+// checkStage checks one stage of one set (at: the stage's setting): each
+// application in the stage is judged; a denied one refuses wherever it
+// appears (bootChain).
 func checkStage(at string, st chainStage, d DigestList, b *attest.BootState) error {
-	digest, apps := stageApps(b, st.key)
-	if digest != "" && containsHex(d.Deny, digest) {
-		return attest.DenySetting(attest.ReasonPolicyBootDenied, at+"deny", "%s %s is in %sdeny", st.what, digest, at)
+	apps := stageApps(b, st.key)
+	for _, digest := range images(b) {
+		if containsHex(d.Deny, digest) {
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, at+"deny", "%s %s is in %sdeny", st.what, digest, at)
+		}
 	}
 	if d.Any {
 		return nil
@@ -166,18 +244,18 @@ func checkStage(at string, st chainStage, d DigestList, b *attest.BootState) err
 	if len(d.Allow) == 0 && len(d.SignedBy) == 0 {
 		return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, at+"allow", "the pool allows no %s: %sallow and signedBy are empty (an empty list allows none; any: true allows any)", st.what, at)
 	}
-	if digest == "" {
+	if len(apps) == 0 {
 		return attest.DenySetting(attest.ReasonPolicyBootMissing, at+"allow", "no %s was measured, and %s allows only listed ones", st.what, at)
 	}
-	if len(d.Allow) > 0 && !containsHex(d.Allow, digest) {
-		return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, at+"allow", "%s %s is not in %sallow", st.what, digest, at)
-	}
-	if len(d.SignedBy) == 0 {
-		return nil
-	}
 	for _, i := range apps {
-		if err := signedBy(at+"signedBy", st.what, d.SignedBy, b, i); err != nil {
-			return err
+		digest := b.BootApplications[i]
+		if len(d.Allow) > 0 && !containsHex(d.Allow, digest) {
+			return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, at+"allow", "%s %s (boot application %d) is not in %sallow", st.what, digest, i, at)
+		}
+		if len(d.SignedBy) > 0 {
+			if err := signedBy(at+"signedBy", st.what, d.SignedBy, b, i); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -347,6 +425,11 @@ func (p *Policy) ChainOutcomes(pool string, c *attest.Claims, o Options) (digest
 	only := func(keep func(*DigestList) bool, strip func(*DigestList)) ChainOutcome {
 		t := pp.TPM
 		t.ReferenceSets = slices.Clone(t.ReferenceSets)
+		// The chain's stages alone: what runs after it is not judged here.
+		t.KernelCmdline, t.Grub = &KernelCmdline{Any: true}, &GrubRules{Any: true}
+		for i := range t.ReferenceSets {
+			t.ReferenceSets[i].KernelCmdline, t.ReferenceSets[i].Grub = nil, nil
+		}
 		var out ChainOutcome
 		for _, st := range t.stageRules() {
 			d := *st.d

@@ -38,6 +38,12 @@ func bootPolicy(t *testing.T, body string) *policy.Policy {
 	if !strings.HasPrefix(body, "ekTrust:") {
 		body = "ekTrust: [ca:vendor]\n" + body
 	}
+	if !strings.HasPrefix(body, "kernelCmdline:") && !strings.Contains(body, "\nkernelCmdline:") {
+		body += "kernelCmdline: {any: true}\n"
+	}
+	if !strings.HasPrefix(body, "grub:") && !strings.Contains(body, "\ngrub:") {
+		body += "grub: {any: true}\n"
+	}
 	doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n" + trust + "pools:\n  w:\n    evidence: [tpm]\n    tpm:\n" + indent(body, "      ")
 	p, err := policy.Parse([]byte(doc))
 	if err != nil {
@@ -70,7 +76,7 @@ func TestBootRules(t *testing.T) {
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	past, future := now.Add(-time.Hour).Format(time.RFC3339), now.Add(24*time.Hour).Format(time.RFC3339)
 	// Debian's kernel digest, and a digest of another kernel.
-	kernelA, kernelB := debian.Boot.Kernel, strings.Repeat("ab", 32)
+	kernelA, kernelB := debian.Boot.Kernels()[0], strings.Repeat("ab", 32)
 	// The Debian boot with a MokList of more than the vendor certificate:
 	// a machine-owner key enrolled.
 	mokEnrolled := debian
@@ -183,6 +189,8 @@ pools:
       - {name: old, notAfter: 2020-01-01T00:00:00Z, shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
       minimumSBAT: {grub: 9}
       minimumDBX: {entries: 100}
+      kernelCmdline: {any: true}
+      grub: {any: true}
 `
 	p, err := policy.Parse([]byte(doc))
 	if err != nil {

@@ -45,7 +45,7 @@ func TestReferenceExamples(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:vendor", PCRBank: "sha256", Boot: bs}}
+			return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:vendor", EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: bs}}
 		}
 		during := policy.Options{Now: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}
 		after := policy.Options{Now: time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC)}
@@ -69,7 +69,7 @@ func TestReferenceExamples(t *testing.T) {
 			t.Fatal(err)
 		}
 		claims := func(trust string) *attest.Claims {
-			return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: trust, PCRBank: "sha256", Boot: bs}}
+			return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: trust, EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: bs}}
 		}
 		for pool, trust := range map[string]string{"worker": "ca:vendor", "master": "inventory"} {
 			if err := p.Evaluate(pool, claims(trust)); err != nil {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -40,7 +41,7 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 	if !slices.Contains(pp.Evidence, c.Kind) {
 		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, at+"evidence", "pool %q does not accept %s evidence: %sevidence lists %v", pool, c.Kind, at, pp.Evidence)
 	}
-	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit}
+	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit, explain: o.Explain}
 	if e.now.IsZero() {
 		e.now = c.VerifiedAt
 	}
@@ -69,5 +70,19 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 	if err != nil {
 		return nil, err
 	}
+	if len(e.refusals) > 0 {
+		return &Decision{Audits: e.audits, Refusals: e.refusals}, explained(e.refusals)
+	}
 	return &Decision{Audits: e.audits}, nil
+}
+
+// explained is the refusal of an Explain decision: the first rule's
+// reason and setting, with every rule's refusal in its message.
+func explained(audits []Audit) error {
+	var lines []string
+	for _, a := range audits {
+		lines = append(lines, a.String())
+	}
+	first := audits[0]
+	return attest.DenySetting(first.Reason, first.Setting, "%s", strings.Join(lines, "\n"))
 }

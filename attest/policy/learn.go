@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 
@@ -19,6 +19,9 @@ type Learned struct {
 	// EKTrust is what vouched for its EK: "ca:<trust.ekRoots name>" or
 	// "inventory".
 	EKTrust string
+	// EKKind is its EK's kind (attest.EKKinds); empty: the default
+	// (attest.EKKindRSA2048). A new pool accepts this kind only.
+	EKKind string
 	// Bank is the PCR bank of Boot's digests: "sha256" or "sha1".
 	Bank string
 	Boot attest.BootState
@@ -47,23 +50,31 @@ var ErrNodeNamesUnset = errors.New("how this pool's machines get their node name
 
 // Learn writes what l says into pool of the policy document doc (YAML;
 // empty for a new document) and returns the new document and notes for
-// the operator. Comments of doc are not kept.
+// the operator: what the policy leaves open, and what it could not learn.
+// Comments of doc are not kept.
 //
-// A new pool gets: evidence [tpm]; ekTrust [l.EKTrust]; requireSecureBoot
-// when the machine booted with Secure Boot on; minimumDBX.entries, its
-// dbx's entry count; minimumSBAT, the SbatLevel its shim measured (with
-// Secure Boot on); for the shim, the boot loader and the kernel, a
-// signedBy of the authorities that verified it (every one the log leaves
-// possible, with a note when several), and with l.Digests (or where the
-// log names no signer: Secure Boot off) an allow list of the digest the
-// log established (a stage it did not establish gets any: true, and a
-// note); allowSHA1 when the bank is SHA-1.
+// A new pool gets: evidence [tpm]; ekTrust [l.EKTrust] and ek, the
+// machine's EK kind; requireSecureBoot when the machine booted with
+// Secure Boot on; minimumDBX.entries, its dbx's entry count;
+// minimumSBAT, the SbatLevel its shim measured (with Secure Boot on); for
+// the shim, the boot loader and the kernel, a signedBy of the authorities
+// that verified it (every one the log leaves possible, with a note when
+// several), and with l.Digests (or where the log names no signer: Secure
+// Boot off) an allow list of the digests the log established (a stage it
+// did not establish gets any: true, and a note); what ran after the boot
+// loader, exactly as it ran: kernelCmdline.exact, the command line GRUB
+// measured; grub.files, every file GRUB read (grub.cfg, the kernel, the
+// initramfs) by digest; grub.commands, every command GRUB ran (where the
+// log establishes none of these: any: true, and a note); allowSHA1 when
+// the bank is SHA-1.
 //
 // An existing pool (merging a second machine): each stage's signers join
 // its signedBy and (as above) its digest its allow list (a stage that
-// says any stays so), its EK trust joins ekTrust; requireSecureBoot,
-// minimumDBX and minimumSBAT stay as they are, with a note when this
-// machine does not meet them.
+// says any stays so), its EK trust joins ekTrust; a machine whose command
+// line, GRUB files or commands the pool does not accept gets a reference
+// set of its own (named learned-<n>, the pool's stage rules, its command
+// line and GRUB's); requireSecureBoot, minimumDBX and minimumSBAT stay as
+// they are, with a note when this machine does not meet them.
 //
 // How the machine gets its node name: l.NodeNames sets the pool's
 // serve.nodeNames; without it the pool must already take requested names
@@ -84,131 +95,234 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 	if l.EKTrust == "" {
 		return nil, nil, errors.New("policy learn: the machine's EK trust (ca:<name> or inventory) is required")
 	}
-	root := map[string]any{}
-	if len(bytes.TrimSpace(doc)) > 0 {
-		if err := yaml.Unmarshal(doc, &root); err != nil {
-			return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
-		}
-	} else {
-		root["apiVersion"], root["kind"] = APIVersion, Kind
+	p, err := decodeDraft(doc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
 	}
-	pools := child(root, "pools")
-	_, existed := pools[pool]
-	p := child(pools, pool)
-	tpm := child(p, "tpm")
-	var notes []string
-	b := l.Boot
+	lr := &learning{p: p, pool: pool, l: l}
+	pp, existed := p.Pools[pool]
+	lr.existed = existed
+	steps := []func(*Pool) error{lr.identity, lr.trust, lr.nodeNames, lr.chain, lr.afterKernel}
+	for _, step := range steps {
+		if err := step(&pp); err != nil {
+			return nil, nil, err
+		}
+	}
+	p.Pools[pool] = pp
+	return lr.finish()
+}
 
-	if !existed {
-		p["evidence"] = []any{string(attest.KindTPM)}
-		tpm["ekTrust"] = []any{l.EKTrust}
-		if b.SecureBootKnown && b.SecureBoot {
-			tpm["requireSecureBoot"] = true
-		} else {
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.requireSecureBoot: not set, the machine booted with Secure Boot %s", pool, onOff(b)))
-		}
-		if b.DBXKnown {
-			tpm["minimumDBX"] = map[string]any{"entries": b.DBXEntries}
-		} else {
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumDBX: not set, the log did not measure dbx", pool))
-		}
-		if l.Bank == "sha1" {
-			tpm["allowSHA1"] = true
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.allowSHA1: true, the log has only SHA-1 digests (forgeable by collision)", pool))
-		}
-		if b.KernelCmdlineKnown {
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.kernelCmdline: not learned; the machine's was %q", pool, b.KernelCmdline))
-		}
-		if st := b.ShimState; st != nil && st.SBATLevelKnown && len(st.SBAT) > 0 && b.SecureBoot {
-			m := map[string]any{}
-			for comp, gen := range st.SBAT {
-				m[comp] = gen
-			}
-			tpm["minimumSBAT"] = m
-		}
-	} else {
-		p["evidence"] = addTo(p["evidence"], string(attest.KindTPM))
-		if !truthy(tpm["anyEKTrust"]) {
-			tpm["ekTrust"] = addTo(tpm["ekTrust"], l.EKTrust)
-		}
-	}
-	if l.Root != nil || l.Inventory != "" {
-		trust := child(root, "trust")
-		if l.Root != nil {
-			roots, _ := trust["ekRoots"].([]any)
-			if !slices.ContainsFunc(roots, func(r any) bool { m, _ := r.(map[string]any); return m["name"] == l.Root.Name }) {
-				trust["ekRoots"] = append(roots, map[string]any{"name": l.Root.Name, "dir": l.Root.Dir})
-			}
-		}
-		if l.Inventory != "" {
-			trust["ekInventory"] = l.Inventory
-		}
-	}
+// learning is one Learn: the draft policy, the pool, what the machine
+// booted and the notes so far. Each phase edits the pool.
+type learning struct {
+	p       *Policy
+	pool    string
+	l       Learned
+	existed bool
+	notes   []string
+}
 
-	// How node names are established: the learned pool must name the
-	// machine it was learned from, or it refuses it NodeNameNotEstablished.
+func (lr *learning) note(format string, args ...any) {
+	lr.notes = append(lr.notes, fmt.Sprintf("pools.%s.", lr.pool)+fmt.Sprintf(format, args...))
+}
+
+// identity: the evidence kind, the EK (trust and kind), and for a new
+// pool the boot's Secure Boot, dbx, SBAT and bank.
+func (lr *learning) identity(pp *Pool) error {
+	b, t := &lr.l.Boot, &pp.TPM
+	if !slices.Contains(pp.Evidence, attest.KindTPM) {
+		pp.Evidence = append(pp.Evidence, attest.KindTPM)
+	}
+	if !t.AnyEKTrust && !slices.Contains(t.EKTrust, lr.l.EKTrust) {
+		t.EKTrust = append(t.EKTrust, lr.l.EKTrust)
+	}
+	kind := lr.l.EKKind
+	if kind == "" {
+		kind = attest.EKKindRSA2048
+	}
+	switch {
+	case !lr.existed && kind != attest.EKKindRSA2048:
+		t.EK = kind
+	case lr.existed && t.EKKind() != kind:
+		return fmt.Errorf("policy learn: pools.%s.tpm.ek is %s, and this machine attests with its %s EK: a pool accepts one kind of EK (one TPM, one identity)", lr.pool, t.EKKind(), kind)
+	}
+	if lr.existed {
+		return nil
+	}
+	if b.SecureBootKnown && b.SecureBoot {
+		t.RequireSecureBoot = true
+	} else {
+		lr.note("tpm.requireSecureBoot: not set, the machine booted with Secure Boot %s", onOff(*b))
+	}
+	if b.DBXKnown {
+		t.MinimumDBX = &MinimumDBX{Entries: b.DBXEntries}
+	} else {
+		lr.note("tpm.minimumDBX: not set, the log did not measure dbx")
+	}
+	if lr.l.Bank == "sha1" {
+		t.AllowSHA1 = true
+		lr.note("tpm.allowSHA1: true, the log has only SHA-1 digests (forgeable by collision)")
+	}
+	if st := b.ShimState; st != nil && st.SBATLevelKnown && len(st.SBAT) > 0 && b.SecureBoot {
+		t.MinimumSBAT = map[string]int{}
+		for comp, gen := range st.SBAT {
+			t.MinimumSBAT[comp] = gen
+		}
+	}
+	return nil
+}
+
+// trust: the EK root or inventory the machine's trust names.
+func (lr *learning) trust(*Pool) error {
+	tr := &lr.p.Trust
+	if r := lr.l.Root; r != nil && !slices.ContainsFunc(tr.EKRoots, func(x EKRoot) bool { return x.Name == r.Name }) {
+		tr.EKRoots = append(tr.EKRoots, *r)
+	}
+	if lr.l.Inventory != "" {
+		tr.EKInventory = lr.l.Inventory
+	}
+	return nil
+}
+
+// nodeNames: the learned pool must name the machine it was learned from,
+// or it refuses it NodeNameNotEstablished.
+func (lr *learning) nodeNames(pp *Pool) error {
+	l := lr.l
 	switch l.NodeNames {
 	case "":
-		sv, _ := p["serve"].(map[string]any)
-		cur, _ := sv["nodeNames"].(string)
-		if cur != "requested" && l.EKTrust != "inventory" {
-			return nil, nil, fmt.Errorf("policy learn: pools.%s.serve.nodeNames: %w: a TPM trusted through %s names no node (only an EK inventory's entries do), so the pool would refuse the machine NodeNameNotEstablished; choose serve.nodeNames: requested (the name the agent asks for; the first identity to enrol owns it) or EK trust through an inventory that names the node", pool, ErrNodeNamesUnset, l.EKTrust)
+		if pp.Serve.NodeNames != "requested" && l.EKTrust != "inventory" {
+			return fmt.Errorf("policy learn: pools.%s.serve.nodeNames: %w: a TPM trusted through %s names no node (only an EK inventory's entries do), so the pool would refuse the machine NodeNameNotEstablished; choose serve.nodeNames: requested (the name the agent asks for; the first identity to enrol owns it) or EK trust through an inventory that names the node", lr.pool, ErrNodeNamesUnset, l.EKTrust)
 		}
 	case "requested", "evidence":
 		if l.NodeNames == "evidence" && l.EKTrust != "inventory" {
-			return nil, nil, fmt.Errorf("policy learn: pools.%s.serve.nodeNames: evidence: a TPM trusted through %s names no node, so the pool would refuse the machine NodeNameNotEstablished; take requested names, or trust the EK through an inventory", pool, l.EKTrust)
+			return fmt.Errorf("policy learn: pools.%s.serve.nodeNames: evidence: a TPM trusted through %s names no node, so the pool would refuse the machine NodeNameNotEstablished; take requested names, or trust the EK through an inventory", lr.pool, l.EKTrust)
 		}
-		sv := child(p, "serve")
-		if cur, _ := sv["nodeNames"].(string); existed && cur != l.NodeNames && (cur != "" || l.NodeNames != "evidence") {
-			notes = append(notes, fmt.Sprintf("pools.%s.serve.nodeNames: %s, was %q", pool, l.NodeNames, cur))
+		if cur := pp.Serve.NodeNames; lr.existed && cur != l.NodeNames && (cur != "" || l.NodeNames != "evidence") {
+			lr.note("serve.nodeNames: %s, was %q", l.NodeNames, cur)
 		}
-		sv["nodeNames"] = l.NodeNames
+		pp.Serve.NodeNames = l.NodeNames
 	default:
-		return nil, nil, fmt.Errorf("policy learn: node names %q: want requested or evidence", l.NodeNames)
+		return fmt.Errorf("policy learn: node names %q: want requested or evidence", l.NodeNames)
 	}
+	return nil
+}
 
-	comps := child(tpm, "bootComponents")
+// chain: each stage's signers (and digests with Digests, or where the log
+// names no signer).
+func (lr *learning) chain(pp *Pool) error {
+	b := &lr.l.Boot
 	for _, st := range chainStages {
-		digest, apps := stageApps(&b, st.key)
-		s := child(comps, st.key)
-		signers, many := learnedSigners(&b, apps)
+		s := stageOf(&pp.TPM.BootComponents, st.key)
+		apps := stageApps(b, st.key)
+		var digests []string
+		for _, i := range apps {
+			digests = appendNew(digests, b.BootApplications[i])
+		}
+		signers, many := learnedSigners(b, apps)
 		switch {
-		case truthy(s["any"]):
-		case digest != "" && len(signers) > 0:
+		case s.Any:
+		case len(digests) > 0 && len(signers) > 0:
 			for _, sg := range signers {
-				s["signedBy"] = addTo(s["signedBy"], sg)
+				s.SignedBy = appendNew(s.SignedBy, sg)
 			}
 			if many {
-				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s.signedBy: the log leaves %d authorities that may have verified the %s, all listed: keep only those that sign your %ss", pool, st.key, len(signers), st.what, st.what))
+				lr.note("tpm.bootComponents.%s.signedBy: the log leaves %d authorities that may have verified the %s, all listed: keep only those that sign your %ss", st.key, len(signers), st.what, st.what)
 			}
-			if l.Digests {
-				s["allow"] = addTo(s["allow"], digest)
-			} else if _, had := s["allow"]; had {
-				s["allow"] = addTo(s["allow"], digest) // a pool pinned by digest stays so
+			if lr.l.Digests || len(s.Allow) > 0 { // a pool pinned by digest stays so
+				for _, d := range digests {
+					s.Allow = appendNew(s.Allow, d)
+				}
+			} else if st.key == "kernel" && len(b.GrubFiles) > 0 {
+				lr.note("tpm.bootComponents.kernel.signedBy: admits every kernel its signer ever signed, older ones included; grub.files pins this one's file, and `policy learn --efi VMLINUZ --minimum-kernel VERSION` sets a version floor that survives updates")
 			}
-		case digest != "" && !l.Digests:
-			s["allow"] = addTo(s["allow"], digest)
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: the log names no signer of the %s (Secure Boot off?): pinned by its digest", pool, st.key, st.what))
-		case digest == "":
+		case len(digests) > 0:
+			for _, d := range digests {
+				s.Allow = appendNew(s.Allow, d)
+			}
+			lr.note("tpm.bootComponents.%s: the log names no signer of the %s (Secure Boot off?): pinned by its digest", st.key, st.what)
+		default:
 			why := fmt.Sprintf("the log did not establish a %s", st.what)
-			if st.key == "kernel" && kernelOnlyInPCR9(b) {
+			if st.key == "kernel" && kernelOnlyInPCR9(*b) {
 				why = "the kernel was measured only into PCR 9: with Secure Boot off, GRUB loads the kernel itself " +
-					"(not through the shim and the firmware), so the log holds the SHA-256 of its file (PCR 9), not the " +
-					"Authenticode digest of a boot application (PCR 4) that kernel lists pin; turn Secure Boot on to pin the kernel, " +
-					"or pin PCR 9 under pcrs (it also covers grub.cfg and the initramfs)"
+					"(not through the shim and the firmware), so the log holds the SHA-256 of its file (PCR 9, which grub.files pins), not the " +
+					"Authenticode digest of a boot application (PCR 4) that kernel lists pin"
 			}
-			if existed {
-				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: unchanged, %s", pool, st.key, why))
+			if lr.existed {
+				lr.note("tpm.bootComponents.%s: unchanged, %s", st.key, why)
 				continue
 			}
-			s["any"] = true
-			notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true, %s; narrow it by hand", pool, st.key, why))
-		default:
-			s["allow"] = addTo(s["allow"], digest)
+			s.Any = true
+			lr.note("tpm.bootComponents.%s: any: true, %s; narrow it by hand", st.key, why)
 		}
 	}
+	return nil
+}
 
-	out, err := yaml.Marshal(root)
+// afterKernel: the command line, GRUB's files and commands, exactly as
+// the machine ran them; in an existing pool that does not accept them, a
+// reference set of their own.
+func (lr *learning) afterKernel(pp *Pool) error {
+	b := &lr.l.Boot
+	t := &pp.TPM
+	cmd := &KernelCmdline{Any: true}
+	if b.KernelCmdlineKnown {
+		cmd = &KernelCmdline{Exact: []string{b.KernelCmdline}}
+	}
+	grub := &GrubRules{Any: true}
+	if len(b.GrubFiles) > 0 || b.GrubCommandsKnown {
+		grub = &GrubRules{Commands: slices.Clone(b.GrubCommands)}
+		for _, f := range b.GrubFiles {
+			grub.Files = append(grub.Files, GrubFile{Path: f.Path, Digest: f.Digest})
+		}
+	}
+	if !lr.existed || (t.KernelCmdline == nil && t.Grub == nil) {
+		t.KernelCmdline, t.Grub = cmd, grub
+		if cmd.Any {
+			lr.note("tpm.kernelCmdline: any: true, the log does not establish a kernel command line (GRUB measured none): any command line is admitted")
+		}
+		if grub.Any {
+			lr.note("tpm.grub: any: true, GRUB measured no commands and read no files: the initramfs and the boot loader's configuration are not judged")
+		} else if b.GrubCommandsKnown {
+			lr.note("tpm.grub and tpm.kernelCmdline: the %d files GRUB read (grub.cfg, the kernel, the initramfs) and its %d commands are pinned exactly: a new initramfs, grub.cfg or command line needs `policy learn` again (from a machine, or from the files: --initrd, --grub-cfg, --kernel-cmdline)", len(grub.Files), len(grub.Commands))
+		}
+		return nil
+	}
+	probe := bootSet{comps: BootComponents{Shim: DigestList{Any: true}, Bootloader: DigestList{Any: true}, Kernel: DigestList{Any: true}},
+		cmdline: t.KernelCmdline, grub: t.Grub}
+	for _, r := range t.ReferenceSets {
+		if r.KernelCmdline == nil && r.Grub == nil {
+			continue
+		}
+		s := probe
+		if r.KernelCmdline != nil {
+			s.cmdline = r.KernelCmdline
+		}
+		if r.Grub != nil {
+			s.grub = r.Grub
+		}
+		if afterKernelMatches(&s, b) {
+			return nil
+		}
+	}
+	if afterKernelMatches(&probe, b) {
+		return nil
+	}
+	name := fmt.Sprintf("learned-%d", len(t.ReferenceSets)+1)
+	t.ReferenceSets = append(t.ReferenceSets, ReferenceSet{Name: name, Shim: t.BootComponents.Shim, Bootloader: t.BootComponents.Bootloader, Kernel: t.BootComponents.Kernel,
+		KernelCmdline: cmd, Grub: grub})
+	lr.note("tpm.referenceSets %s: this machine's command line, GRUB files and commands differ from the pool's: a reference set of their own, with the pool's stage rules (add a notAfter when it is a rollout)", name)
+	return nil
+}
+
+// afterKernelMatches reports whether s's command line and GRUB rules
+// accept b.
+func afterKernelMatches(s *bootSet, b *attest.BootState) bool {
+	return checkKernelCmdline("", s.cmdline, b) == nil && checkGrubFiles("", s.grub, b) == nil && checkGrubCommands("", s.grub, b) == nil
+}
+
+// finish renders the draft, checks it parses and admits the machine.
+func (lr *learning) finish() ([]byte, []string, error) {
+	out, err := Marshal(lr.p)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: %w", err)
 	}
@@ -216,9 +330,10 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: the learned policy does not check: %w", err)
 	}
-	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, PCRBank: l.Bank, Boot: b}}
+	l, pool := lr.l, lr.pool
+	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, EKKind: pol.Pools[pool].TPM.EKKind(), PCRBank: l.Bank, Boot: l.Boot}}
 	err = pol.Evaluate(pool, claims)
-	if existed {
+	if lr.existed {
 		// A kept minimum this machine is below: said, not refused, if
 		// nothing else would refuse it (Evaluate stops at the first).
 		pp := pol.Pools[pool]
@@ -227,14 +342,15 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 			drop   func()
 			note   string
 		}{
-			{attest.ReasonPolicyDBX, func() { pp.TPM.MinimumDBX = nil }, fmt.Sprintf("pools.%s.tpm.minimumDBX: kept; this machine's dbx (%d entries) is older and is refused until it is updated", pool, b.DBXEntries)},
+			{attest.ReasonPolicyDBX, func() { pp.TPM.MinimumDBX = nil }, fmt.Sprintf("pools.%s.tpm.minimumDBX: kept; this machine's dbx (%d entries) is older and is refused until it is updated", pool, l.Boot.DBXEntries)},
 			{attest.ReasonPolicySBAT, func() { pp.TPM.MinimumSBAT = nil }, fmt.Sprintf("pools.%s.tpm.minimumSBAT: kept; this machine's shim enforces older SBAT revocations and is refused until it is updated", pool)},
+			{attest.ReasonPolicyKernelVersion, func() { pp.TPM.MinimumKernel = nil }, fmt.Sprintf("pools.%s.tpm.minimumKernel: kept; this machine's kernel is older or not listed and is refused until it is updated", pool)},
 		} {
 			if r, _ := attest.ReasonOf(err); r == kept.reason {
 				kept.drop()
 				pol.Pools[pool] = pp
 				if err = pol.Evaluate(pool, claims); err == nil {
-					notes = append(notes, kept.note)
+					lr.notes = append(lr.notes, kept.note)
 				}
 			}
 		}
@@ -242,7 +358,7 @@ func Learn(doc []byte, pool string, l Learned) ([]byte, []string, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: pool %s would refuse the machine it was learned from: %w", pool, err)
 	}
-	return out, notes, nil
+	return out, append(lr.notes, openRules(pol, pool)...), nil
 }
 
 // learnedSigners are the certificates that may have verified every boot
@@ -265,43 +381,38 @@ func learnedSigners(b *attest.BootState, apps []int) ([]string, bool) {
 			if a, ok := authority(b, s, v.Verifier); !ok || a.Hash {
 				return nil, false
 			}
-			if !slices.Contains(out, s) {
-				out = append(out, s)
-			}
+			out = appendNew(out, s)
 		}
 	}
 	return out, many
 }
 
 // kernelOnlyInPCR9 reports a boot where GRUB booted a kernel (its
-// command line is measured) and the boot completed (ExitBootServices),
-// but no boot application followed GRUB's: GRUB loaded the kernel itself,
-// as Debian's GRUB does with Secure Boot off, and measured only its file
-// into PCR 9.
+// command line is measured) but no boot application followed GRUB's:
+// GRUB loaded the kernel itself, as Debian's GRUB does with Secure Boot
+// off, and measured only its file into PCR 9.
 func kernelOnlyInPCR9(b attest.BootState) bool {
-	return b.KernelCmdlineKnown && b.ExitBootServices && b.Kernel == "" && len(b.BootApplications) == 2
+	return b.KernelCmdlineKnown && len(b.BootApplications) == 2
 }
 
-// child is m[key] as a map, made if absent (or not a map).
-func child(m map[string]any, key string) map[string]any {
-	if c, ok := m[key].(map[string]any); ok {
-		return c
+// stageOf is the stage rule key of c.
+func stageOf(c *BootComponents, key string) *DigestList {
+	switch key {
+	case "shim":
+		return &c.Shim
+	case "bootloader":
+		return &c.Bootloader
 	}
-	c := map[string]any{}
-	m[key] = c
-	return c
+	return &c.Kernel
 }
 
-// addTo is the list v (a YAML sequence, or nothing) with s, once.
-func addTo(v any, s string) []any {
-	l, _ := v.([]any)
-	if slices.ContainsFunc(l, func(x any) bool { return x == s }) {
+// appendNew is l with s, once.
+func appendNew(l []string, s string) []string {
+	if slices.Contains(l, s) {
 		return l
 	}
 	return append(l, s)
 }
-
-func truthy(v any) bool { b, _ := v.(bool); return b }
 
 func onOff(b attest.BootState) string {
 	switch {
@@ -313,31 +424,134 @@ func onOff(b attest.BootState) string {
 	return "off"
 }
 
+// decodeDraft reads a policy document strictly (an unknown field is an
+// error) without validating it: a draft Learn completes; empty is a new
+// document.
+func decodeDraft(doc []byte) (*Policy, error) {
+	p := &Policy{APIVersion: APIVersion, Kind: Kind}
+	if len(bytes.TrimSpace(doc)) > 0 {
+		dec := yaml.NewDecoder(bytes.NewReader(doc))
+		dec.KnownFields(true)
+		if err := dec.Decode(p); err != nil {
+			return nil, err
+		}
+	}
+	if p.Pools == nil {
+		p.Pools = map[string]Pool{}
+	}
+	return p, nil
+}
+
+// openRules are the notes on what pool leaves open: what a security team
+// should know before it relies on the policy (`policy learn` prints them;
+// `policy check` warns of them).
+func openRules(p *Policy, pool string) []string {
+	pp, ok := p.Pools[pool]
+	if !ok || !pp.takesTPMBoot() {
+		return nil
+	}
+	var out []string
+	at := "pools." + pool + ".tpm."
+	t := pp.TPM
+	switch k := t.KernelCmdline; {
+	case k == nil || k.Any:
+		out = append(out, at+"kernelCmdline: open: any kernel command line is admitted (init=/bin/sh, rd.break included)")
+	case len(k.Exact) == 0:
+		out = append(out, at+"kernelCmdline: only the words require and forbid list are judged: any other (rd.break=pre-mount, init=…) is admitted; exact judges the whole command line")
+	}
+	switch g := t.Grub; {
+	case g == nil || g.Any:
+		out = append(out, at+"grub: open: any initramfs, grub.cfg and GRUB command is admitted (the initramfs is not signed: it runs with the full config)")
+	case len(g.Files) == 0:
+		out = append(out, at+"grub.files: not set: any initramfs and grub.cfg is admitted")
+	case len(g.Commands) == 0:
+		out = append(out, at+"grub.commands: not set: commands typed at GRUB's prompt are not judged (their effects on the files and the command line are)")
+	}
+	if !t.RequireSecureBoot {
+		out = append(out, at+"requireSecureBoot: off: a kernel GRUB loads itself is measured only into PCR 9, and root on the machine can append an allowed kernel's digest to PCR 4 after boot; grub.files still judges the kernel's file")
+	}
+	if t.MinimumKernel == nil && len(t.BootComponents.Kernel.SignedBy) > 0 {
+		k := t.BootComponents.Kernel
+		if len(k.Allow) == 0 {
+			out = append(out, at+"minimumKernel: not set: a kernel signer rule admits older kernels of the same signer (a rollback) wherever grub.files does not pin the kernel's file")
+		}
+	}
+	return out
+}
+
+// takesTPMBoot reports whether the pool takes evidence the TPM boot rules
+// judge (tpm, or a cloud vTPM).
+func (pp Pool) takesTPMBoot() bool {
+	for _, k := range pp.Evidence {
+		if k == attest.KindTPM || cloudOf(k) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// OpenRules lists, for each pool, what its boot rules leave open (the
+// initramfs, the command line, a rollback): `policy check` prints them as
+// warnings.
+func (p *Policy) OpenRules() []string {
+	var out []string
+	for _, name := range sortedPools(p) {
+		out = append(out, openRules(p, name)...)
+	}
+	return out
+}
+
+func sortedPools(p *Policy) []string {
+	names := make([]string, 0, len(p.Pools))
+	for n := range p.Pools {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
 // References are reference values read from boot files, not from a
 // machine (`nodeproof policy learn --efi`): by stage ("shim",
 // "bootloader", "kernel"), the certificates that may verify each
-// (fingerprints) and its Authenticode digests; and the SbatLevel the shim
-// applies.
+// (fingerprints) and its Authenticode digests; the SbatLevel the shim
+// applies; each kernel's version by digest; and, to predict what GRUB
+// will measure (PredictGrub), what runs after the boot loader.
 type References struct {
 	Signers     map[string][]string
 	Digests     map[string][]string
 	MinimumSBAT map[string]int
+	// KernelVersions maps each kernel file's Authenticode digest to the
+	// version it names (minimumKernel.versions).
+	KernelVersions map[string]string
+	// MinimumKernel, when set, raises (never lowers) minimumKernel.version.
+	MinimumKernel string
+	// After, when set, is what GRUB will measure for these files
+	// (PredictGrub): the set it goes in gets its grub and kernelCmdline.
+	After *Predicted
+	// ReferenceSet, when set, puts the stage rules and After into the
+	// pool's reference set of that name (made if absent: a rollout's new
+	// release), with NotAfter when given; else they join the pool's own
+	// rules.
+	ReferenceSet string
+	NotAfter     string
 }
 
 // AddReferences adds r to pool in the policy document doc and returns the
 // new document and notes: each stage's signers join its signedBy and its
-// digests its allow list (a stage that says any stays so, with a note);
-// minimumSBAT is raised to r's generations where they are higher (never
-// lowered). The pool must exist (its EK trust and Secure Boot rules come
-// from a machine, or by hand). The result must parse. Comments of doc are
-// not kept.
+// digests its allow list (a stage that says any stays so, with a note) —
+// in the pool's own rules, or in r.ReferenceSet's (a new set starts from
+// the pool's stage rules); r.After becomes that set's grub and
+// kernelCmdline; minimumSBAT and minimumKernel.version are raised to r's
+// where they are higher (never lowered), and kernel versions join
+// minimumKernel.versions. The pool must exist (its EK trust and Secure
+// Boot rules come from a machine, or by hand). The result must parse.
+// Comments of doc are not kept.
 func AddReferences(doc []byte, pool string, r References) ([]byte, []string, error) {
-	root := map[string]any{}
-	if err := yaml.Unmarshal(doc, &root); err != nil {
+	p, err := decodeDraft(doc)
+	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: the policy to merge into: %w", err)
 	}
-	pools, _ := root["pools"].(map[string]any)
-	p, ok := pools[pool].(map[string]any)
+	pp, ok := p.Pools[pool]
 	if !ok {
 		return nil, nil, fmt.Errorf("policy learn: pool %s is not in the policy to merge into (learn it from a machine first, or write it)", pool)
 	}
@@ -348,47 +562,139 @@ func AddReferences(doc []byte, pool string, r References) ([]byte, []string, err
 			}
 		}
 	}
-	tpm := child(p, "tpm")
-	comps := child(tpm, "bootComponents")
+	t := &pp.TPM
 	var notes []string
+	note := func(format string, args ...any) {
+		notes = append(notes, fmt.Sprintf("pools.%s.", pool)+fmt.Sprintf(format, args...))
+	}
+	comps, where := &t.BootComponents, "tpm.bootComponents"
+	var set *ReferenceSet
+	if r.ReferenceSet != "" {
+		i := slices.IndexFunc(t.ReferenceSets, func(s ReferenceSet) bool { return s.Name == r.ReferenceSet })
+		if i < 0 {
+			t.ReferenceSets = append(t.ReferenceSets, ReferenceSet{Name: r.ReferenceSet, Shim: cloneList(t.BootComponents.Shim),
+				Bootloader: cloneList(t.BootComponents.Bootloader), Kernel: cloneList(t.BootComponents.Kernel)})
+			i = len(t.ReferenceSets) - 1
+			note("tpm.referenceSets %s: new, from the pool's stage rules", r.ReferenceSet)
+		}
+		set = &t.ReferenceSets[i]
+		comps = &BootComponents{Shim: set.Shim, Bootloader: set.Bootloader, Kernel: set.Kernel}
+		where = fmt.Sprintf("tpm.referenceSets[%d]", i)
+		if r.NotAfter != "" {
+			na, err := parseTime(r.NotAfter)
+			if err != nil {
+				return nil, nil, fmt.Errorf("policy learn: --not-after %q: %w", r.NotAfter, err)
+			}
+			set.NotAfter = &na
+		}
+	}
 	for _, stage := range []string{"shim", "bootloader", "kernel"} {
+		s := stageOf(comps, stage)
 		for _, kind := range []struct {
 			key  string
 			vals []string
-		}{{"signedBy", r.Signers[stage]}, {"allow", r.Digests[stage]}} {
+			list *[]string
+		}{{"signedBy", r.Signers[stage], &s.SignedBy}, {"allow", r.Digests[stage], &s.Allow}} {
 			if len(kind.vals) == 0 {
 				continue
 			}
-			s := child(comps, stage)
-			if truthy(s["any"]) {
-				notes = append(notes, fmt.Sprintf("pools.%s.tpm.bootComponents.%s: any: true kept; the %d %s value(s) read are not added", pool, stage, len(kind.vals), kind.key))
+			if s.Any {
+				note("%s.%s: any: true kept; the %d %s value(s) read are not added", where, stage, len(kind.vals), kind.key)
 				continue
 			}
 			for _, v := range kind.vals {
-				s[kind.key] = addTo(s[kind.key], v)
+				*kind.list = appendNew(*kind.list, v)
 			}
+		}
+	}
+	if set != nil {
+		set.Shim, set.Bootloader, set.Kernel = comps.Shim, comps.Bootloader, comps.Kernel
+	}
+	if a := r.After; a != nil {
+		cmd, grub := &KernelCmdline{Exact: []string{a.KernelCmdline}}, &GrubRules{Files: a.Files, Commands: a.Commands}
+		if set != nil {
+			set.KernelCmdline, set.Grub = cmd, grub
+		} else {
+			if t.KernelCmdline != nil && !t.KernelCmdline.Any {
+				cmd.Variable = t.KernelCmdline.Variable
+				if !slices.Contains(t.KernelCmdline.Exact, a.KernelCmdline) {
+					t.KernelCmdline.Exact = append(t.KernelCmdline.Exact, a.KernelCmdline)
+				}
+			} else {
+				t.KernelCmdline = cmd
+			}
+			t.Grub = grub
+			note("tpm.grub: replaced by what GRUB will measure for these files (no reference set given: the pool's machines on the old files are refused at their next attestation; --reference-set keeps both through a rollout)")
 		}
 	}
 	if len(r.MinimumSBAT) > 0 {
-		m := child(tpm, "minimumSBAT")
-		for _, comp := range slices.Sorted(maps.Keys(r.MinimumSBAT)) {
-			gen := r.MinimumSBAT[comp]
-			cur, _ := m[comp].(int)
+		if t.MinimumSBAT == nil {
+			t.MinimumSBAT = map[string]int{}
+		}
+		for _, comp := range sortedKeys(r.MinimumSBAT) {
+			gen, cur := r.MinimumSBAT[comp], t.MinimumSBAT[comp]
 			switch {
 			case cur == 0:
-				m[comp] = gen
+				t.MinimumSBAT[comp] = gen
 			case gen > cur:
-				m[comp] = gen
-				notes = append(notes, fmt.Sprintf("pools.%s.tpm.minimumSBAT.%s: raised from %d to %d: machines whose shim enforces less are refused SBATLevelOutdated", pool, comp, cur, gen))
+				t.MinimumSBAT[comp] = gen
+				note("tpm.minimumSBAT.%s: raised from %d to %d: machines whose shim enforces less are refused SBATLevelOutdated", comp, cur, gen)
 			}
 		}
 	}
-	out, err := yaml.Marshal(root)
+	if len(r.KernelVersions) > 0 || r.MinimumKernel != "" {
+		if t.MinimumKernel == nil {
+			t.MinimumKernel = &MinimumKernel{}
+		}
+		m := t.MinimumKernel
+		if m.Versions == nil {
+			m.Versions = map[string]string{}
+		}
+		for d, v := range r.KernelVersions {
+			m.Versions[strings.ToLower(d)] = v
+		}
+		switch {
+		case r.MinimumKernel == "":
+		case m.Version == "" || CompareVersions(r.MinimumKernel, m.Version) > 0:
+			if m.Version != "" {
+				note("tpm.minimumKernel.version: raised from %s to %s: machines on older kernels are refused KernelBelowMinimum", m.Version, r.MinimumKernel)
+			}
+			m.Version = r.MinimumKernel
+		default:
+			note("tpm.minimumKernel.version: %s kept (not lowered to %s)", m.Version, r.MinimumKernel)
+		}
+		if m.Version == "" {
+			oldest := ""
+			for _, v := range m.Versions {
+				if oldest == "" || CompareVersions(v, oldest) < 0 {
+					oldest = v
+				}
+			}
+			m.Version = oldest
+			note("tpm.minimumKernel.version: %s, the oldest kernel the policy knows (raise it with --minimum-kernel when a rollout is done)", oldest)
+		}
+	}
+	p.Pools[pool] = pp
+	out, err := Marshal(p)
 	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: %w", err)
 	}
-	if _, err := Parse(out); err != nil {
+	pol, err := Parse(out)
+	if err != nil {
 		return nil, nil, fmt.Errorf("policy learn: the policy with the files' reference values does not check: %w", err)
 	}
-	return out, notes, nil
+	return out, append(notes, openRules(pol, pool)...), nil
+}
+
+func cloneList(d DigestList) DigestList {
+	return DigestList{Allow: slices.Clone(d.Allow), SignedBy: slices.Clone(d.SignedBy), Any: d.Any, Deny: slices.Clone(d.Deny)}
+}
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }

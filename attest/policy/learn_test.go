@@ -25,7 +25,7 @@ func learned(t *testing.T, log string) policy.Learned {
 }
 
 func claimsOf(l policy.Learned) *attest.Claims {
-	return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, PCRBank: l.Bank, Boot: l.Boot}}
+	return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, EKKind: attest.EKKindRSA2048, PCRBank: l.Bank, Boot: l.Boot}}
 }
 
 func mustParse(t *testing.T, doc []byte) *policy.Policy {
@@ -56,8 +56,14 @@ func TestLearn(t *testing.T) {
 	c := tp.BootComponents
 	if !tp.RequireSecureBoot || tp.MinimumDBX == nil || tp.MinimumDBX.Entries != first.Boot.DBXEntries ||
 		!slices.Equal(c.Shim.SignedBy, []string{microsoft}) || !slices.Equal(c.Bootloader.SignedBy, []string{canonical}) ||
-		!c.Kernel.Any || len(c.Shim.Allow)+len(c.Bootloader.Allow)+len(c.Kernel.Allow) != 0 {
-		t.Errorf("learned tpm policy %+v; want Secure Boot, the machine's dbx count and its signers, no digests (its log establishes no kernel)", tp)
+		!slices.Equal(c.Kernel.SignedBy, []string{canonical}) || len(c.Shim.Allow)+len(c.Bootloader.Allow)+len(c.Kernel.Allow) != 0 ||
+		!tp.KernelCmdline.Any || !tp.Grub.Any {
+		t.Errorf("learned tpm policy %+v; want Secure Boot, the machine's dbx count and its signers, no digests, any command line and GRUB (its partial log has none)", tp)
+	}
+	for _, want := range []string{"tpm.kernelCmdline: open", "tpm.grub: open", "tpm.minimumKernel: not set"} {
+		if !strings.Contains(strings.Join(notes, "\n"), want) {
+			t.Errorf("the notes do not say %q: %q", want, notes)
+		}
 	}
 	withDigests := first
 	withDigests.Digests = true
@@ -65,7 +71,7 @@ func TestLearn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if dc := mustParse(t, dd).Pools["worker"].TPM.BootComponents; !slices.Equal(dc.Shim.Allow, []string{first.Boot.Shim}) || !slices.Equal(dc.Shim.SignedBy, []string{microsoft}) {
+	if dc := mustParse(t, dd).Pools["worker"].TPM.BootComponents; !slices.Equal(dc.Shim.Allow, []string{first.Boot.BootApplications[0]}) || !slices.Equal(dc.Shim.SignedBy, []string{microsoft}) {
 		t.Errorf("learned with digests: %+v; want the shim's digest and signer", dc)
 	}
 	if err := p.Evaluate("worker", claimsOf(first)); err != nil {

@@ -41,12 +41,15 @@ pools:
       minimumDBX: {entries: 2, contains: [` + revoked + `]}
       pcrs: {"7": ` + pcr7 + `}
       kernelCmdline: {require: [ro], forbid: [init=/bin/sh]}
+      grub: {any: true}
   infra:
     evidence: [tpm]
     tpm:
       anyEKTrust: true
       allowSHA1: true
       bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
+      kernelCmdline: {any: true}
+      grub: {any: true}
   lab:
     evidence: [gcp]
     gcp: {anyProject: true, anyZone: true}
@@ -57,11 +60,11 @@ func goodClaims() *attest.Claims {
 	return &attest.Claims{
 		Kind: attest.KindTPM,
 		TPM: &attest.TPMClaims{
-			EKTrust: "ca:vendor", PCRBank: "sha256", PCRs: map[int]string{7: pcr7},
+			EKTrust: "ca:vendor", EKKind: attest.EKKindRSA2048, PCRBank: "sha256", PCRs: map[int]string{7: pcr7},
 			Boot: attest.BootState{
 				SecureBootKnown: true, SecureBoot: true, DBXKnown: true, DBXEntries: 3,
-				DBXSHA256s:       append(bytes.Repeat([]byte{0x22}, 32), bytes.Repeat([]byte{0x11}, 32)...),
-				BootApplications: []string{shimOK, grubOK, kernelOK}, Shim: shimOK, Bootloader: grubOK, Kernel: kernelOK,
+				DBXSHA256s:         append(bytes.Repeat([]byte{0x22}, 32), bytes.Repeat([]byte{0x11}, 32)...),
+				BootApplications:   []string{shimOK, grubOK, kernelOK},
 				KernelCmdlineKnown: true, KernelCmdline: "/vmlinuz root=/dev/sda1 ro console=ttyS0",
 			},
 		},
@@ -93,13 +96,20 @@ func TestEvaluate(t *testing.T) {
 			c.TPM.Boot.BootApplications = append(c.TPM.Boot.BootApplications, revoked)
 		}, attest.ReasonPolicyBootDenied},
 		{"revoked kernel", "worker", func(c *attest.Claims) {
-			c.TPM.Boot.Kernel = strings.ToUpper(revoked)
-			c.TPM.Boot.BootApplications[2] = "00"
+			c.TPM.Boot.BootApplications[2] = strings.ToUpper(revoked)
 		}, attest.ReasonPolicyBootDenied},
-		{"unlisted shim", "worker", func(c *attest.Claims) { c.TPM.Boot.Shim = grubOK }, attest.ReasonPolicyBootNotAllowed},
+		{"revoked digest among the other images", "worker", func(c *attest.Claims) {
+			c.TPM.Boot.OtherImages = []string{revoked}
+		}, attest.ReasonPolicyBootDenied},
+		{"revoked digest among the files GRUB read", "worker", func(c *attest.Claims) {
+			c.TPM.Boot.GrubFiles = []attest.MeasuredFile{{Path: "/initrd.img", Digest: revoked}}
+		}, attest.ReasonPolicyBootDenied},
+		{"unlisted shim", "worker", func(c *attest.Claims) { c.TPM.Boot.BootApplications[0] = grubOK }, attest.ReasonPolicyBootNotAllowed},
 		{"partial log without PCR 4", "worker", func(c *attest.Claims) {
-			c.TPM.Boot.Shim, c.TPM.Boot.Bootloader, c.TPM.Boot.Kernel, c.TPM.Boot.BootApplications = "", "", "", nil
+			c.TPM.Boot.BootApplications = nil
 		}, attest.ReasonPolicyBootMissing},
+		{"the TPM's ECC EK", "worker", func(c *attest.Claims) { c.TPM.EKKind = attest.EKKindECCP256 }, attest.ReasonPolicyEKKind},
+		{"claims with no EK kind", "worker", func(c *attest.Claims) { c.TPM.EKKind = "" }, attest.ReasonPolicyEKKind},
 		{"old dbx", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXEntries = 1 }, attest.ReasonPolicyDBX},
 		{"dbx lacks a required revocation", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXSHA256s = c.TPM.Boot.DBXSHA256s[:32] }, attest.ReasonPolicyDBX},
 		{"dbx not measured", "worker", func(c *attest.Claims) { c.TPM.Boot.DBXKnown = false }, attest.ReasonPolicyDBX},
@@ -133,33 +143,37 @@ func TestEvaluate(t *testing.T) {
 // tpmSettings is the setting each refusal of TestEvaluate names: what an
 // operator changes to allow it ("-": none should).
 var tpmSettings = map[string]string{
-	"unknown pool":                     "pools.nosuch",
-	"TPM evidence for a GCP-only pool": "pools.lab.evidence",
-	"SHA-1 only":                       "pools.worker.tpm.allowSHA1",
-	"EK vouched for by another vendor": "pools.worker.tpm.ekTrust",
-	"Secure Boot off":                  "pools.worker.tpm.requireSecureBoot",
-	"empty event log":                  "pools.worker.tpm.requireSecureBoot",
-	"revoked boot application":         "pools.worker.tpm.deniedDigests",
-	"revoked kernel":                   "pools.worker.tpm.bootComponents.kernel.deny",
-	"unlisted shim":                    "pools.worker.tpm.bootComponents.shim.allow",
-	"partial log without PCR 4":        "pools.worker.tpm.bootComponents.shim.allow",
-	"old dbx":                          "pools.worker.tpm.minimumDBX",
-	"dbx lacks a required revocation":  "pools.worker.tpm.minimumDBX",
-	"dbx not measured":                 "pools.worker.tpm.minimumDBX",
-	"PCR 7 differs":                    "pools.worker.tpm.pcrs",
-	"PCR 7 not quoted":                 "pools.worker.tpm.pcrs",
-	"init=/bin/sh":                     "pools.worker.tpm.kernelCmdline.forbid",
-	"init=/bin/sh in GRUB's quotes":    "pools.worker.tpm.kernelCmdline.forbid",
-	"read-write root":                  "pools.worker.tpm.kernelCmdline.require",
-	"command line not measured":        "pools.worker.tpm.kernelCmdline",
-	"no event log at all":              "-", // the machine's boot loses its log: no setting should lift it
-	"GCP project not allowed":          "pools.gce.gcp.projects",
-	"GCP zone not allowed":             "pools.gce.gcp.zones",
-	"GCP instance too old":             "pools.gce.gcp.maxInstanceAge",
-	"GCP token for the AWS pool":       "pools.ec2.evidence",
-	"EC2 account not allowed":          "pools.ec2.aws.accounts",
-	"EC2 region not allowed":           "pools.ec2.aws.regions",
-	"EC2 without the live check":       "pools.ec2.aws.requireLiveCheck",
+	"unknown pool":                             "pools.nosuch",
+	"TPM evidence for a GCP-only pool":         "pools.lab.evidence",
+	"SHA-1 only":                               "pools.worker.tpm.allowSHA1",
+	"EK vouched for by another vendor":         "pools.worker.tpm.ekTrust",
+	"Secure Boot off":                          "pools.worker.tpm.requireSecureBoot",
+	"empty event log":                          "pools.worker.tpm.requireSecureBoot",
+	"revoked boot application":                 "pools.worker.tpm.deniedDigests",
+	"revoked kernel":                           "pools.worker.tpm.deniedDigests",
+	"revoked digest among the other images":    "pools.worker.tpm.deniedDigests",
+	"revoked digest among the files GRUB read": "pools.worker.tpm.deniedDigests",
+	"the TPM's ECC EK":                         "pools.worker.tpm.ek",
+	"claims with no EK kind":                   "pools.worker.tpm.ek",
+	"unlisted shim":                            "pools.worker.tpm.bootComponents.shim.allow",
+	"partial log without PCR 4":                "pools.worker.tpm.bootComponents.shim.allow",
+	"old dbx":                                  "pools.worker.tpm.minimumDBX",
+	"dbx lacks a required revocation":          "pools.worker.tpm.minimumDBX",
+	"dbx not measured":                         "pools.worker.tpm.minimumDBX",
+	"PCR 7 differs":                            "pools.worker.tpm.pcrs",
+	"PCR 7 not quoted":                         "pools.worker.tpm.pcrs",
+	"init=/bin/sh":                             "pools.worker.tpm.kernelCmdline.forbid",
+	"init=/bin/sh in GRUB's quotes":            "pools.worker.tpm.kernelCmdline.forbid",
+	"read-write root":                          "pools.worker.tpm.kernelCmdline.require",
+	"command line not measured":                "pools.worker.tpm.kernelCmdline",
+	"no event log at all":                      "-", // the machine's boot loses its log: no setting should lift it
+	"GCP project not allowed":                  "pools.gce.gcp.projects",
+	"GCP zone not allowed":                     "pools.gce.gcp.zones",
+	"GCP instance too old":                     "pools.gce.gcp.maxInstanceAge",
+	"GCP token for the AWS pool":               "pools.ec2.evidence",
+	"EC2 account not allowed":                  "pools.ec2.aws.accounts",
+	"EC2 region not allowed":                   "pools.ec2.aws.regions",
+	"EC2 without the live check":               "pools.ec2.aws.requireLiveCheck",
 }
 
 // checkSetting: a refusal an operator can lift with a setting names it,
@@ -183,7 +197,7 @@ func checkSetting(t *testing.T, err error, want string) {
 
 func TestParseRefuses(t *testing.T) {
 	head := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n"
-	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}"
+	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}"
 	cases := []struct {
 		name, doc, want string
 	}{
@@ -376,18 +390,20 @@ trust: {ekInventory: i.yaml}
 pools:
   open:
     evidence: [tpm, gcp, aws]
-    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}
+    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}}
     gcp: {projects: [p], anyZone: true}
     aws: {accounts: ["1"], anyRegion: true}
   closed:
     evidence: [tpm]
-    tpm: {ekTrust: [inventory], bootComponents: {shim: {allow: [` + shimOK + `]}, bootloader: {allow: [` + grubOK + `]}, kernel: {allow: [` + kernelOK + `]}}}
+    tpm: {ekTrust: [inventory], bootComponents: {shim: {allow: [` + shimOK + `]}, bootloader: {allow: [` + grubOK + `]}, kernel: {allow: [` + kernelOK + `]}},
+      kernelCmdline: {exact: ["/vmlinuz ro"]}, grub: {files: [{path: /initrd.img, digest: ` + kernelOK + `}]}}
 `))
 	if err != nil {
 		t.Fatal(err)
 	}
 	w := strings.Join(p.Warnings(), "\n")
-	for _, want := range []string{"tpm.anyEKTrust", "tpm.bootComponents.shim.any", "tpm.bootComponents.bootloader.any", "tpm.bootComponents.kernel.any", "gcp.anyZone", "aws.anyRegion"} {
+	for _, want := range []string{"tpm.anyEKTrust", "tpm.bootComponents.shim.any", "tpm.bootComponents.bootloader.any", "tpm.bootComponents.kernel.any",
+		"tpm.kernelCmdline.any", "tpm.grub.any", "gcp.anyZone", "aws.anyRegion"} {
 		if !strings.Contains(w, `pool "open": `+want) {
 			t.Errorf("warnings lack %s:\n%s", want, w)
 		}

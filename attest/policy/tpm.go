@@ -21,6 +21,13 @@ type TPMPolicy struct {
 	// AnyEKTrust accepts an EK that any trust of the policy's trust:
 	// section vouched for (its roots and inventory). Logged at start.
 	AnyEKTrust bool `yaml:"anyEKTrust"`
+	// EK is the one kind of endorsement key the pool accepts (EKKinds;
+	// default EKRSA2048, the TCG's RSA EK with its certificate at NV
+	// 0x01c00002). A TPM holds more than one EK (vendors certify an RSA
+	// and an ECC one): a pool that took both would make one TPM two
+	// identities, each with its own bans, enrolment and cap. Every pool of
+	// a policy that takes TPM evidence names the same kind.
+	EK string `yaml:"ek"`
 	// AllowSHA1 accepts quotes of the SHA-1 PCR bank. Off: a machine must
 	// quote SHA-256 (SHA-1 PCRs can be forged by collision).
 	AllowSHA1 bool `yaml:"allowSHA1"`
@@ -53,8 +60,21 @@ type TPMPolicy struct {
 	// PCRs are reference values (hex, in the quoted bank) that quoted PCRs
 	// must equal.
 	PCRs map[string]string `yaml:"pcrs"`
-	// KernelCmdline constrains the measured kernel command line.
+	// KernelCmdline judges the kernel command line GRUB measured: its
+	// exact value (with the arguments that may vary), or words it must and
+	// must not hold, or any: true (afterkernel.go). Required in a pool
+	// that takes TPM evidence.
 	KernelCmdline *KernelCmdline `yaml:"kernelCmdline"`
+	// Grub judges what GRUB ran and read after the boot loader: the
+	// commands it measured (PCR 8) and the files it read (PCR 9: grub.cfg,
+	// the kernel, the initramfs), or any: true (afterkernel.go). Required
+	// in a pool that takes TPM evidence.
+	Grub *GrubRules `yaml:"grub"`
+	// MinimumKernel refuses kernels older than a version, read from the
+	// kernel images by `policy learn --efi` and mapped from their
+	// digests (kernelfloor.go): a rollback under a signer rule that
+	// admits every kernel its signer ever signed.
+	MinimumKernel *MinimumKernel `yaml:"minimumKernel"`
 }
 
 // BootComponents are the rules of each boot stage.
@@ -85,44 +105,56 @@ type MinimumDBX struct {
 	Contains []string `yaml:"contains"`
 }
 
-// KernelCmdline requires and forbids whole arguments of the kernel
-// command line ("lockdown=integrity", "init=/bin/sh").
-type KernelCmdline struct {
-	Require []string `yaml:"require"`
-	Forbid  []string `yaml:"forbid"`
-}
-
 // needsLog reports whether a TPM pool has a rule only an event log can
-// satisfy: Secure Boot, a boot component's allow list, a dbx minimum, or
-// command-line rules. (Denied digests and PCR values need none: no log
-// denies nothing, and PCRs are quoted.)
+// satisfy: Secure Boot, a boot component's allow list, a dbx minimum, the
+// command line, GRUB's files and commands, a kernel floor. (Denied
+// digests and PCR values need none: no log denies nothing, and PCRs are
+// quoted.)
 func needsLog(t *TPMPolicy) bool {
 	c := t.BootComponents
 	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
-		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil ||
-		(t.KernelCmdline != nil && (len(t.KernelCmdline.Require) > 0 || len(t.KernelCmdline.Forbid) > 0))
+		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil || t.MinimumKernel != nil ||
+		t.KernelCmdline == nil || !t.KernelCmdline.Any || t.Grub == nil || !t.Grub.Any
+}
+
+// EKKind is the one kind of EK the pool accepts (tpm.ek; default
+// attest.EKKindRSA2048).
+func (t TPMPolicy) EKKind() string {
+	if t.EK == "" {
+		return attest.EKKindRSA2048
+	}
+	return t.EK
 }
 
 // evaluateTPM checks, in order: the PCR bank (SHA1BankNotAllowed), the EK
-// trust (EKTrustNotAllowed), that an event log was sent when a rule below
-// needs one (EventLogMissing) — these three are never audited — then the
-// boot rules, each of which e may audit (AuditRules): Secure Boot
-// (SecureBootStateUnknown, SecureBootDisabled), denied digests anywhere
-// among boot applications (BootComponentDenied), the boot chain against
-// bootComponents and the reference sets (bootChain: BootComponentDenied,
-// BootComponentNotMeasured, BootComponentNotAllowed, BootSignerUnknown,
-// BootSignerAmbiguous, BootSignerNotAllowed, ReferenceSetExpired), the
-// shim's SBAT level (SBATLevelOutdated), machine-owner keys
-// (MachineOwnerKeyNotAllowed), the dbx (DBXOutdated), PCR reference
-// values (PCRValueMismatch) and the kernel command line
-// (KernelCmdlineNotAllowed). Each refusal names the setting (in, e.g.
-// "pools.worker.tpm.").
+// trust (EKTrustNotAllowed), the EK's kind (EKKindNotAccepted: one TPM is
+// one identity), that an event log was sent when a rule below needs one
+// (EventLogMissing) — these four are never audited — then the boot rules,
+// each of which e may audit (AuditRules): Secure Boot
+// (SecureBootStateUnknown, SecureBootDisabled), denied digests anywhere in
+// the log (BootComponentDenied), the whole boot against the pool's rules
+// and the reference sets (bootChain: the chain's stages
+// BootComponentDenied, BootComponentNotMeasured, BootComponentNotAllowed,
+// BootSignerUnknown, BootSignerAmbiguous, BootSignerNotAllowed; the
+// command line KernelCmdlineNotAllowed; GRUB's files GrubFileNotAllowed
+// and commands GrubCommandNotAllowed; ReferenceSetExpired), the kernel's
+// version (KernelBelowMinimum), the shim's SBAT level
+// (SBATLevelOutdated), machine-owner keys (MachineOwnerKeyNotAllowed), the
+// dbx (DBXOutdated) and PCR reference values (PCRValueMismatch). Each
+// refusal names the setting (in, e.g. "pools.worker.tpm.").
 func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) error {
 	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
 		return attest.DenySetting(attest.ReasonPolicySHA1, in+"allowSHA1", "quote is of the %s bank; this pool requires sha256 unless %sallowSHA1", c.PCRBank, in)
 	}
 	if !t.EKTrustList().Allows(c.EKTrust) {
 		return attest.DenySetting(attest.ReasonPolicyEKTrust, in+"ekTrust", "EK vouched for by %s; %sekTrust accepts %v", c.EKTrust, in, t.EKTrust)
+	}
+	if want := t.EKKind(); c.EKKind != want {
+		got := "its " + c.EKKind + " endorsement key"
+		if c.EKKind == "" {
+			got = "an endorsement key of no recorded kind"
+		}
+		return attest.DenySetting(attest.ReasonPolicyEKKind, in+"ek", "the TPM attested with %s; %sek accepts %s only: a TPM's other EK is not another identity", got, in, want)
 	}
 	return evaluateBoot(in, t, c, e)
 }
@@ -146,6 +178,11 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 	if err := bootChain(in, t, b, e); err != nil {
 		return err
 	}
+	if t.MinimumKernel != nil {
+		if err := e.rule(RuleMinimumKernel, checkMinimumKernel(in, t.MinimumKernel, b)); err != nil {
+			return err
+		}
+	}
 	if len(t.MinimumSBAT) > 0 {
 		if err := e.rule(RuleMinimumSBAT, minimumSBAT(in, t.MinimumSBAT, b)); err != nil {
 			return err
@@ -161,15 +198,7 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 			return err
 		}
 	}
-	if err := e.rule(RulePCRs, pcrValues(in, t.PCRs, c.PCRs)); err != nil {
-		return err
-	}
-	if k := t.KernelCmdline; k != nil && (len(k.Require) > 0 || len(k.Forbid) > 0) {
-		if err := e.rule(RuleKernelCmdline, kernelCmdline(in, k, b)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return e.rule(RulePCRs, pcrValues(in, t.PCRs, c.PCRs))
 }
 
 func secureBoot(in string, b *attest.BootState) error {
@@ -182,10 +211,13 @@ func secureBoot(in string, b *attest.BootState) error {
 	return nil
 }
 
+// deniedDigests refuses a denied digest wherever the log shows it: in
+// the boot chain, among PCR 2's and PCR 4's other images, among the files
+// GRUB read.
 func deniedDigests(in string, t *TPMPolicy, b *attest.BootState) error {
-	for i, app := range b.BootApplications {
-		if containsHex(t.DeniedDigests, app) {
-			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "boot application %d (%s) is in %sdeniedDigests", i, app, in)
+	for _, d := range images(b) {
+		if containsHex(t.DeniedDigests, d) {
+			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "%s, measured in this boot, is in %sdeniedDigests", d, in)
 		}
 	}
 	return nil
@@ -212,27 +244,6 @@ func pcrValues(in string, want map[string]string, got map[int]string) error {
 		g, ok := got[i]
 		if !ok || !strings.EqualFold(g, want[idx]) {
 			return attest.DenySetting(attest.ReasonPolicyPCRValue, in+"pcrs", "PCR %d is %s; %spcrs wants %s", i, g, in, want[idx])
-		}
-	}
-	return nil
-}
-
-func kernelCmdline(in string, k *KernelCmdline, b *attest.BootState) error {
-	if !b.KernelCmdlineKnown {
-		return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline", "the event log does not establish the kernel command line, which %skernelCmdline needs", in)
-	}
-	// Words without GRUB's quotes: where GRUB puts them is not measured
-	// (see attest/tpm's grubCmdlineConsistent), so a quote glued to a
-	// forbidden word must not hide it.
-	args := strings.Fields(strings.ReplaceAll(b.KernelCmdline, `"`, ""))
-	for _, r := range k.Require {
-		if !slices.Contains(args, r) {
-			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.require", "kernel command line lacks %q, which %skernelCmdline.require requires", r, in)
-		}
-	}
-	for _, f := range k.Forbid {
-		if slices.Contains(args, f) {
-			return attest.DenySetting(attest.ReasonPolicyKernelCmdline, in+"kernelCmdline.forbid", "kernel command line has %q, which %skernelCmdline.forbid forbids", f, in)
 		}
 	}
 	return nil

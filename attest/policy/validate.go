@@ -4,6 +4,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,9 +71,19 @@ func (p *Policy) validate() error {
 		}
 		roots[r.Name] = true
 	}
-	for name, pool := range p.Pools {
+	ekKind, ekPool := "", ""
+	for _, name := range sortedPools(p) {
+		pool := p.Pools[name]
 		if err := pool.validate(roots, p.Trust.EKInventory != ""); err != nil {
 			return fmt.Errorf("pool %q: %w", name, err)
+		}
+		if !pool.takes(attest.KindTPM) {
+			continue
+		}
+		if k := pool.TPM.EKKind(); ekKind == "" {
+			ekKind, ekPool = k, name
+		} else if k != ekKind {
+			return fmt.Errorf("pool %q: tpm.ek %s, but pool %q accepts %s: one TPM would be two identities (an identity is an EK, and a TPM holds one of each kind its vendor certified); every pool names the same kind", name, k, ekPool, ekKind)
 		}
 	}
 	return nil
@@ -130,6 +142,17 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 		return fmt.Errorf("serve.nodeNames %q is not evidence or requested", pool.Serve.NodeNames)
 	}
 	t := pool.TPM
+	if t.EK != "" && !slices.Contains(attest.EKKinds, t.EK) {
+		return fmt.Errorf("tpm.ek %q is not a kind of EK (%s)", t.EK, strings.Join(attest.EKKinds, ", "))
+	}
+	if m := t.MinimumKernel; m != nil {
+		if err := m.check(); err != nil {
+			return err
+		}
+	}
+	if err := checkAfterKernel("tpm.", t.KernelCmdline, t.Grub); err != nil {
+		return err
+	}
 	for _, tr := range t.EKTrust {
 		switch {
 		case tr == "inventory":
@@ -169,6 +192,19 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 			return fmt.Errorf("tpm.referenceSets[%d]: every set needs a name of its own (%q)", i, r.Name)
 		}
 		names[r.Name] = true
+		at := fmt.Sprintf("tpm.referenceSets[%d].", i)
+		if err := checkAfterKernel(at, r.KernelCmdline, r.Grub); err != nil {
+			return err
+		}
+		for _, l := range []AllowList{{Field: at + "kernelCmdline", AnyField: at + "kernelCmdline.any", What: "kernel command lines", Items: cmdlineItems(r.KernelCmdline), Any: r.KernelCmdline != nil && r.KernelCmdline.Any},
+			{Field: at + "grub", AnyField: at + "grub.any", What: "files GRUB read and commands it ran", Items: grubItems(r.Grub), Any: r.Grub != nil && r.Grub.Any}} {
+			if (l.Field == at+"kernelCmdline" && r.KernelCmdline == nil) || (l.Field == at+"grub" && r.Grub == nil) {
+				continue // the pool's
+			}
+			if err := l.check(); err != nil {
+				return err
+			}
+		}
 	}
 	for _, st := range t.stageRules() {
 		if strings.HasPrefix(st.at, "tpm.referenceSets") && !st.d.Any && len(st.d.Allow) == 0 && len(st.d.SignedBy) == 0 {
@@ -205,6 +241,53 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 		}
 	}
 	return nil
+}
+
+// checkAfterKernel checks a command-line rule and GRUB rules (at: where
+// they are): patterns that are patterns, variable only with exact, digests
+// that are digests.
+func checkAfterKernel(at string, k *KernelCmdline, g *GrubRules) error {
+	if k != nil {
+		if len(k.Variable) > 0 && len(k.Exact) == 0 {
+			return fmt.Errorf("%skernelCmdline.variable: only with exact (it says which words of an exact command line may differ)", at)
+		}
+		for _, pat := range k.Variable {
+			if _, err := path.Match(pat, ""); err != nil || strings.TrimSpace(pat) == "" || strings.ContainsAny(pat, " \t") {
+				return fmt.Errorf("%skernelCmdline.variable: %q is not a pattern of one word", at, pat)
+			}
+		}
+		for _, e := range k.Exact {
+			if len(cmdlineWords(e)) == 0 {
+				return fmt.Errorf("%skernelCmdline.exact: an empty command line", at)
+			}
+		}
+	}
+	if g != nil {
+		for i, f := range g.Files {
+			if err := checkHex(f.Digest); err != nil {
+				return fmt.Errorf("%sgrub.files[%d].digest: %w", at, i, err)
+			}
+		}
+	}
+	return nil
+}
+
+func cmdlineItems(k *KernelCmdline) []string {
+	if k == nil {
+		return nil
+	}
+	return slices.Concat(k.Exact, k.Require, k.Forbid)
+}
+
+func grubItems(g *GrubRules) []string {
+	if g == nil {
+		return nil
+	}
+	out := slices.Clone(g.Commands)
+	for _, f := range g.Files {
+		out = append(out, f.Digest)
+	}
+	return out
 }
 
 func checkHex(s string) error {

@@ -24,11 +24,15 @@ pools:
     tpm:
       requireSecureBoot: true
       bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {allow: ["` + strings.Repeat("ab", 32) + `"]}}
+      kernelCmdline: {any: true}
+      grub: {any: true}
   ec2:
     evidence: [aws-nitrotpm]
     aws: {accounts: ["111122223333"], regions: [us-east-1]}
     tpm:
       bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {allow: ["` + strings.Repeat("cd", 48) + `"]}}
+      kernelCmdline: {any: true}
+      grub: {any: true}
 `
 	p, err := Parse([]byte(doc))
 	if err != nil {
@@ -38,12 +42,12 @@ pools:
 	gce := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now,
 			GCP: &attest.GCPClaims{ProjectID: "prod", Zone: "us-central1-a"}, // no creation time: the certificate has none
-			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, Kernel: strings.Repeat("ab", 32)}}}
+			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"shim", "grub", strings.Repeat("ab", 32)}}}}
 	}
 	nitro := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindNitroTPM, VerifiedAt: now,
 			AWS: &attest.AWSClaims{AccountID: "111122223333", Region: "us-east-1"},
-			TPM: &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{Kernel: strings.Repeat("cd", 48)}}}
+			TPM: &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{BootApplications: []string{"shim", "grub", strings.Repeat("cd", 48)}}}}
 	}
 	cases := []struct {
 		name    string
@@ -57,7 +61,7 @@ pools:
 		{"GCE vTPM of another project", "gce", gce(), func(c *attest.Claims) { c.GCP.ProjectID = "dev" }, attest.ReasonPolicyProject, "pools.gce.gcp.projects"},
 		{"GCE vTPM in another zone", "gce", gce(), func(c *attest.Claims) { c.GCP.Zone = "europe-west1-b" }, attest.ReasonPolicyZone, "pools.gce.gcp.zones"},
 		{"GCE vTPM booted with Secure Boot off", "gce", gce(), func(c *attest.Claims) { c.TPM.Boot.SecureBoot = false }, attest.ReasonPolicySecureBootOff, "pools.gce.tpm.requireSecureBoot"},
-		{"GCE vTPM booted another kernel", "gce", gce(), func(c *attest.Claims) { c.TPM.Boot.Kernel = strings.Repeat("ef", 32) }, attest.ReasonPolicyBootNotAllowed, "pools.gce.tpm.bootComponents.kernel.allow"},
+		{"GCE vTPM booted another kernel", "gce", gce(), func(c *attest.Claims) { c.TPM.Boot.BootApplications[2] = strings.Repeat("ef", 32) }, attest.ReasonPolicyBootNotAllowed, "pools.gce.tpm.bootComponents.kernel.allow"},
 		{"GCE vTPM quoting SHA-1", "gce", gce(), func(c *attest.Claims) { c.TPM.PCRBank = "sha1" }, attest.ReasonPolicySHA1, "pools.gce.tpm.allowSHA1"},
 		{"GCE vTPM claims without the instance", "gce", gce(), func(c *attest.Claims) { c.GCP = nil }, attest.ReasonMalformed, ""},
 		{"GCE vTPM in a Nitro pool", "ec2", gce(), func(*attest.Claims) {}, attest.ReasonPolicyKindNotAllowed, "pools.ec2.evidence"},
@@ -65,7 +69,7 @@ pools:
 		{"NitroTPM of another account", "ec2", nitro(), func(c *attest.Claims) { c.AWS.AccountID = "444455556666" }, attest.ReasonPolicyAccount, "pools.ec2.aws.accounts"},
 		{"NitroTPM in another region", "ec2", nitro(), func(c *attest.Claims) { c.AWS.Region = "eu-west-1" }, attest.ReasonPolicyRegion, "pools.ec2.aws.regions"},
 		{"NitroTPM quoting SHA-256", "ec2", nitro(), func(c *attest.Claims) { c.TPM.PCRBank = "sha256" }, attest.ReasonPolicySHA1, "pools.ec2.tpm.allowSHA1"},
-		{"NitroTPM booted another kernel", "ec2", nitro(), func(c *attest.Claims) { c.TPM.Boot.Kernel = strings.Repeat("ef", 48) }, attest.ReasonPolicyBootNotAllowed, "pools.ec2.tpm.bootComponents.kernel.allow"},
+		{"NitroTPM booted another kernel", "ec2", nitro(), func(c *attest.Claims) { c.TPM.Boot.BootApplications[2] = strings.Repeat("ef", 48) }, attest.ReasonPolicyBootNotAllowed, "pools.ec2.tpm.bootComponents.kernel.allow"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,7 +95,7 @@ pools:
 		}
 	}
 	// No tpm.ekTrust needed: the cloud vouches for the AK.
-	if _, err := Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  p:\n    evidence: [gce-vtpm]\n    gcp: {projects: [p], zones: [z]}\n    tpm: {bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}}\n")); err != nil {
+	if _, err := Parse([]byte("apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  p:\n    evidence: [gce-vtpm]\n    gcp: {projects: [p], zones: [z]}\n    tpm: {bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}}\n")); err != nil {
 		t.Errorf("a GCE vTPM pool without tpm.ekTrust: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -46,24 +47,25 @@ import (
 //   - MokDBState (MokIgnoreDB: the shim ignores db) is neither measured
 //     nor logged: the log cannot tell it.
 //
-// So each verifier's authorities are a set, not a sequence: the firmware's
-// (after PCR 7's separator and before the first application; where it
-// measured none, those it measured before the separator) verified the
-// first application; the shim's verified every later one. When a
-// verifier measured exactly one authority, that one verified each image
-// it checked; when several, the log does not say which verified which,
-// and each of its images lists them all as possible signers
-// (attest.BootState.Signer then refuses, BootSignerAmbiguous). One
-// exception, from PCR 7's own order: the first image the shim verified
-// (the application after it) used the first authority it measured, and
-// where the shim measured its SbatLevel first that authority is known
-// (one root appends comes after it). Because the sets do not depend on
-// how the log interleaves PCR 7 with PCR 4 — which the quote does not
-// prove — root reordering the log can only make a signer unknown, never
-// name another; nor can an authority root appends, which only adds a
-// possible signer. (Matching the shim's later images to its later
-// authorities by order would not hold: an appended authority would then
-// name a kernel's signer.)
+// So each verifier's authorities are a set, not a sequence, and which
+// verifier measured one is read from PCR 7's own order, never from how the
+// log interleaves PCR 7 with PCR 4 (which the quote does not prove): after
+// PCR 7's separator, the firmware's come first (it verified the first
+// boot application before anything ran); the shim's begin with the first
+// measurement only the shim makes (its SbatLevel, MokSBState or
+// MokListTrusted, an authority from its MokList, "Shim" or "vendor_db",
+// or a bare certificate). The firmware's verified the first boot
+// application (where it measured none after the separator, those it
+// measured before, which it does not measure again); the shim's verified
+// every later one. When a verifier measured exactly one authority, that
+// one verified each image it checked; when several, the log does not say
+// which verified which, and each of its images lists them all as possible
+// signers (attest.BootState.Signer then refuses, BootSignerAmbiguous).
+// One exception, from PCR 7's and PCR 4's own orders: the first image the
+// shim verified (the chain's second) used the first authority it
+// measured, and where the shim measured its SbatLevel first that
+// authority is known (one root appends comes after it). Root appending
+// an authority can only add a possible signer, never name one.
 
 // The shim's vendor GUID (SHIM_LOCK_GUID, 605DAB50-E046-4300-ABB6-3DD810DD8B23),
 // as stored, and the signature types of the entries it measures.
@@ -88,7 +90,6 @@ type authEvent struct {
 	attest.SecureBootAuthority
 	raw  string // name, GUID and data as measured: the same measurement twice is a repeat
 	data []byte // the variable's data: the entry (an EFI_SIGNATURE_DATA, or a bare certificate)
-	apps int    // boot applications measured before it, in the log
 }
 
 // key identifies the authority's entry (a certificate or a hash).
@@ -99,12 +100,10 @@ func (a *authEvent) key() string {
 	return "cert:" + a.SHA256
 }
 
-// shimPCR14Label returns the index in shimPCR14Order of a PCR 14 EV_IPL
-// event the shim logs (its data is the variable's name and a NUL), or -1.
+// shimPCR14Label returns the index in shimPCR14Order of a PCR 14 event
+// the shim logs (its data is the variable's name and a NUL; its type is
+// not read), or -1.
 func shimPCR14Label(e tcg.Event) int {
-	if e.Type != tcg.Ipl {
-		return -1
-	}
 	for i, n := range shimPCR14Order {
 		if len(e.Data) == len(n)+1 && string(e.Data[:len(n)]) == n && e.Data[len(n)] == 0 {
 			return i
@@ -121,40 +120,38 @@ func authorityDataMatches(data, digest []byte, bank crypto.Hash) bool {
 	return dataMatchesDigest(data, digest, bank) || (len(data) > 0 && dataMatchesDigest(data[:len(data)-1], digest, bank))
 }
 
-// authority reads one EV_EFI_VARIABLE_AUTHORITY in PCR 7; see bootState.
-func (r *bootReader) authority(i int, e tcg.Event) error {
+// authority reads one authority in PCR 7 (a UEFI variable v holding one
+// signature database entry), or one of the shim's state variables, at
+// position j of PCR 7's own sequence; see bootState.
+func (r *bootReader) authority(j int, e tcg.Event, v uefiVariable) error {
 	if !authorityDataMatches(e.Data, e.Digest, r.bank) {
-		return attest.Deny(attest.ReasonEventLogInvalid, "event %d: PCR 7 authority's data does not match its digest", i)
-	}
-	v, err := parseUEFIVariable(e.Data)
-	if err != nil {
-		return attest.Deny(attest.ReasonEventLogInvalid, "event %d: PCR 7 authority is not a UEFI_VARIABLE_DATA", i)
+		return attest.Deny(attest.ReasonEventLogInvalid, "PCR 7, event %d of its own: authority's data does not match its digest", j)
 	}
 	name := v.String()
-	apps := r.appsRan
+	before := r.sepAt[7] < 0 || j < r.sepAt[7]
 	shimLock := v.guid == shimLockGUID
 	switch {
 	case shimStateVars[name] || shimAuthNames[name]:
 		if !shimLock {
-			return attest.Deny(attest.ReasonEventLogVariableGUID, "event %d: %q is not under the shim's vendor GUID: not the shim's", i, name)
+			return attest.Deny(attest.ReasonEventLogVariableGUID, "PCR 7, event %d of its own: %q is not under the shim's vendor GUID: not the shim's", j, name)
 		}
-		if !r.separator[7] || apps == 0 {
-			return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %q measured before the first boot application ran", i, name)
-		}
-		r.shimSeen = true
+		r.shimMarked, r.shimSeen = true, true
 	case name == "db" || name == "vendor_db":
 		if v.guid != efiImageSecurityDatabaseGUID {
-			return attest.Deny(attest.ReasonEventLogVariableGUID, "event %d: authority %q is not under the image security database GUID: not that database", i, name)
+			return attest.Deny(attest.ReasonEventLogVariableGUID, "PCR 7, event %d of its own: authority %q is not under the image security database GUID: not that database", j, name)
+		}
+		if name == "vendor_db" {
+			r.shimMarked, r.shimSeen = true, true
 		}
 	}
 	if shimStateVars[name] {
-		return r.shimStateVar(i, name, v.data)
+		return r.shimStateVar(j, name, v.data)
 	}
-	a := authEvent{raw: name + "\x00" + string(v.guid[:]) + "\x00" + string(v.data), data: v.data, apps: apps}
-	a.Variable, a.BeforeSeparator = name, !r.separator[7]
+	a := authEvent{raw: name + "\x00" + string(v.guid[:]) + "\x00" + string(v.data), data: v.data}
+	a.Variable, a.BeforeSeparator = name, before
 	owner, cert, hash, ok := signatureEntry(v.data)
 	if !ok {
-		return attest.Deny(attest.ReasonEventLogInvalid, "event %d: authority %q is neither a certificate nor a hash entry", i, name)
+		return attest.Deny(attest.ReasonEventLogInvalid, "PCR 7, event %d of its own: authority %q is neither a certificate nor a hash entry", j, name)
 	}
 	switch {
 	case cert != nil:
@@ -168,13 +165,15 @@ func (r *bootReader) authority(i int, e tcg.Event) error {
 	}
 	if owner != nil {
 		a.Owner = guidString(owner)
-	} else if !a.BeforeSeparator && apps > 0 {
+	} else if !before {
 		// Only old shims measured a bare certificate (firmware measures
 		// the EFI_SIGNATURE_DATA): this one is the shim's.
-		r.shimSeen = true
+		r.shimMarked, r.shimSeen = true, true
 	}
-	if !a.BeforeSeparator && apps > 0 {
-		r.authAfterApp = true
+	a.By = attest.VerifierFirmware
+	if r.shimMarked && !before {
+		a.By = attest.VerifierShim
+		r.shimAuthed = true
 	}
 	r.auths = append(r.auths, a)
 	return nil
@@ -191,8 +190,8 @@ func (r *bootReader) shimStateVar(i int, name string, data []byte) error {
 	if r.shimVars[key] {
 		return attest.Deny(attest.ReasonEventLogVariableRepeated, "event %d: the shim's %s measured a second time", i, key)
 	}
-	if r.authAfterApp {
-		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %s measured after an authority that verified a later image (the shim measures its state first)", i, key)
+	if r.shimAuthed {
+		return attest.Deny(attest.ReasonEventLogOutOfOrder, "PCR 7, event %d of its own: the shim's %s measured after an authority the shim measured (it measures its state first)", i, key)
 	}
 	r.shimVars[key] = true
 	st := &r.shim
@@ -215,46 +214,45 @@ func (r *bootReader) shimStateVar(i int, name string, data []byte) error {
 	return nil
 }
 
-// pcr14 reads one PCR 14 event; see bootState. The label of a shim's
-// PCR 14 event (the variable's name) is not measured, only the content's
-// digest: so the shim's events must be PCR 14's first, in the shim's
-// order, each once, or root could swap two labels (call MokListX's
+// pcr14 reads PCR 14's own sequence; see bootState. The label of a
+// shim's PCR 14 event (the variable's name) is not measured, only the
+// content's digest: so the shim's events must be PCR 14's first, in the
+// shim's order, each once, or root could swap two labels (call MokListX's
 // placeholder "MokList") or hide one.
-func (r *bootReader) pcr14(i int, e tcg.Event) error {
-	idx := shimPCR14Label(e)
-	if idx < 0 {
-		r.pcr14Other = true
-		return nil
-	}
-	name := shimPCR14Order[idx]
-	switch {
-	case r.bs.ExitBootServices:
-		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %s in PCR 14 after ExitBootServices", i, name)
-	case r.appsRan == 0:
-		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %s in PCR 14 before the first boot application ran", i, name)
-	case r.pcr14Seen[idx]:
-		return attest.Deny(attest.ReasonEventLogVariableRepeated, "event %d: the shim's %s logged a second time in PCR 14", i, name)
-	case r.pcr14Other:
-		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %s in PCR 14 after another event there (the shim's come first)", i, name)
-	case idx < r.pcr14Next || (r.pcr14Next == 0 && idx != 0):
-		return attest.Deny(attest.ReasonEventLogOutOfOrder, "event %d: the shim's %s out of its order in PCR 14 (%s)", i, name, strings.Join(shimPCR14Order, ", "))
-	}
-	r.pcr14Seen[idx], r.pcr14Next, r.shimSeen = true, idx+1, true
-	d := hex.EncodeToString(e.Digest)
-	st := &r.shim
-	switch name {
-	case "MokList":
-		st.MokList, st.MokListEmpty = d, bytes.Equal(e.Digest, placeholderDigest(r.bank))
-	case "MokListX":
-		st.MokListX, st.MokListXEmpty = d, bytes.Equal(e.Digest, placeholderDigest(r.bank))
-	case "MokListTrusted":
-		st.MokListTrusted = d
-		for _, b := range []byte{0, 1} {
-			if dataMatchesDigest([]byte{b}, e.Digest, r.bank) {
-				if st.MokListTrustedKnown && st.MokListTrustedOn != (b == 1) {
-					return attest.Deny(attest.ReasonEventLogUnexpected, "event %d: MokListTrusted in PCR 14 is not the value in PCR 7", i)
+func (r *bootReader) pcr14(es []tcg.Event) error {
+	next, other := 0, false
+	for i, e := range es {
+		idx := shimPCR14Label(e)
+		if idx < 0 {
+			other = true
+			continue
+		}
+		name := shimPCR14Order[idx]
+		switch {
+		case r.pcr14Seen[idx]:
+			return attest.Deny(attest.ReasonEventLogVariableRepeated, "PCR 14, event %d of its own: the shim's %s logged a second time", i, name)
+		case other:
+			return attest.Deny(attest.ReasonEventLogOutOfOrder, "PCR 14, event %d of its own: the shim's %s after another event there (the shim's come first)", i, name)
+		case idx < next || (next == 0 && idx != 0):
+			return attest.Deny(attest.ReasonEventLogOutOfOrder, "PCR 14, event %d of its own: the shim's %s out of its order (%s)", i, name, strings.Join(shimPCR14Order, ", "))
+		}
+		r.pcr14Seen[idx], next, r.shimSeen = true, idx+1, true
+		d := hex.EncodeToString(e.Digest)
+		st := &r.shim
+		switch name {
+		case "MokList":
+			st.MokList, st.MokListEmpty = d, bytes.Equal(e.Digest, placeholderDigest(r.bank))
+		case "MokListX":
+			st.MokListX, st.MokListXEmpty = d, bytes.Equal(e.Digest, placeholderDigest(r.bank))
+		case "MokListTrusted":
+			st.MokListTrusted = d
+			for _, b := range []byte{0, 1} {
+				if dataMatchesDigest([]byte{b}, e.Digest, r.bank) {
+					if st.MokListTrustedKnown && st.MokListTrustedOn != (b == 1) {
+						return attest.Deny(attest.ReasonEventLogUnexpected, "PCR 14, event %d of its own: MokListTrusted is not the value in PCR 7", i)
+					}
+					st.MokListTrustedKnown, st.MokListTrustedOn = true, b == 1
 				}
-				st.MokListTrustedKnown, st.MokListTrustedOn = true, b == 1
 			}
 		}
 	}
@@ -288,13 +286,6 @@ func oneEntryList(typ, entry []byte) []byte {
 func (r *bootReader) attribute() error {
 	bs := &r.bs
 	shimRan := r.shimSeen
-	for i := range r.auths {
-		a := &r.auths[i]
-		a.By = attest.VerifierFirmware
-		if shimRan && a.apps > 0 && !a.BeforeSeparator {
-			a.By = attest.VerifierShim
-		}
-	}
 	seen := map[string]bool{}
 	listed := map[string]bool{}
 	for _, a := range r.auths {
@@ -324,7 +315,7 @@ func (r *bootReader) attribute() error {
 		}
 		return out
 	}
-	first := signers(func(a *authEvent) bool { return a.By == attest.VerifierFirmware && !a.BeforeSeparator && a.apps == 0 })
+	first := signers(func(a *authEvent) bool { return a.By == attest.VerifierFirmware && !a.BeforeSeparator })
 	if len(first) == 0 {
 		first = signers(func(a *authEvent) bool { return a.BeforeSeparator })
 	}
@@ -338,7 +329,7 @@ func (r *bootReader) attribute() error {
 		v := &bs.AppVerifications[i]
 		switch {
 		case !secureBoot:
-		case i == 0 && !r.firstInPCR2:
+		case i == attest.StageShim:
 			v.Verifier, v.Signers = attest.VerifierFirmware, first
 		case shimRan && r.shim.ValidationDisabled:
 		case shimRan:
@@ -353,10 +344,7 @@ func (r *bootReader) attribute() error {
 	// which authority that is — one root appends comes after it — so that
 	// image's signer is known even when the shim used several.
 	if shimRan && r.sbatSeen && len(later) > 1 {
-		first := 1
-		if r.firstInPCR2 {
-			first = 0
-		}
+		first := attest.StageBootloader
 		if first < len(bs.BootApplications) && bs.AppVerifications[first].Verifier == attest.VerifierShim {
 			var s1 string
 			for i := range r.auths {
@@ -375,7 +363,7 @@ func (r *bootReader) attribute() error {
 	if !shimRan {
 		return nil
 	}
-	if r.replayed[14] && r.shimVars["MokSBState"] != r.pcr14Seen[2] {
+	if r.pcr14Replayed() && r.shimVars["MokSBState"] != r.pcr14Seen[2] {
 		return attest.Deny(attest.ReasonEventLogUnexpected, "the shim measures MokSBState into PCR 7 and logs it into PCR 14; the log has it in only one")
 	}
 	if r.shim.MokList != "" {
@@ -385,6 +373,9 @@ func (r *bootReader) attribute() error {
 	bs.ShimState = &st
 	return nil
 }
+
+// pcr14Replayed reports whether PCR 14 has replayed events.
+func (r *bootReader) pcr14Replayed() bool { return slices.Contains(r.bs.ReplayedPCRs, 14) }
 
 // mokListOnly is the SHA256 of the certificate MokList holds alone, when
 // its digest is that of a one-entry list of a certificate the shim

@@ -233,11 +233,12 @@ func firmwareLogged(t *testing.T, log []byte) *swMachine {
 
 // TestBootStateForgeryAttacks: root on a booted machine forges the boot
 // state it reports — extending PCRs from userspace and sending a log that
-// replays — and firmware-shaped logs break the boot's sequence; each on a
+// replays — and firmware-shaped logs break each PCR's sequence; each on a
 // real firmware log and a real swtpm quote, each refused with its reason.
-// The last rows show the residual risk of the log's interleaving across
-// PCRs (which the replay does not cover) and what closes it: a PCR 4
-// reference value.
+// Root chooses every event's type and how the log interleaves PCRs (the
+// quote proves neither), and appends to any PCR: the rows whose log the
+// verifier accepts are judged by a policy, which refuses what it refused
+// before the forgery.
 func TestBootStateForgeryAttacks(t *testing.T) {
 	rhel := firmwaretestdata.MustLog("rhel8-uefi")
 	honestMachine := newSwMachine(t, rhel) // also makes the vendor CA
@@ -254,14 +255,22 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	binary.LittleEndian.PutUint32(bigDBX[24:], 48)
 	bigDBX = append(bigDBX, make([]byte, 48)...)
 
+	// judged: the verifier's refusal, else the policy's outcome.
+	judged := func(m *swMachine, pol *policy.Policy) string {
+		t.Helper()
+		claims, err := swAttest(t, m, v)
+		if err == nil && pol != nil {
+			err = pol.Evaluate("worker", claims)
+		}
+		return attacktable.Outcome(err)
+	}
 	row := func(attack string, want attest.Reason, m *swMachine) {
 		t.Helper()
-		_, err := swAttest(t, m, v)
-		got, _ := attest.ReasonOf(err)
-		if err == nil {
-			got = "accepted"
-		}
-		attacktable.Check(t, "TPM boot state", attack, string(want), string(got))
+		attacktable.Check(t, "TPM boot state", attack, string(want), judged(m, nil))
+	}
+	judgedRow := func(attack string, want attest.Reason, m *swMachine, pol *policy.Policy) {
+		t.Helper()
+		attacktable.Check(t, "TPM boot state", attack, string(want), judged(m, pol))
 	}
 
 	row("Secure Boot off, root appends SecureBoot=1 to PCR 7 after the boot", attest.ReasonEventLogOutOfOrder,
@@ -275,18 +284,12 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	sep7 := index(t, noDBXEvents, pcr7Sep)
 	hidden := append([]rawEvent(nil), noDBXEvents...)
 	hidden[sep7].typ = evEFIVarAuth // same digest: the PCRs are the boot's
-	row("root relabels PCR 7's separator as an authority (its type is not measured) and appends a current dbx", attest.ReasonEventLogUnexpected,
+	row("root relabels PCR 7's separator as an authority (its type is not measured) and appends a current dbx: still the separator, by its digest", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, joinLog(noDBXHeader, hidden), map[int][]rawEvent{lastOf(noDBXEvents, 7) + 1: {measured(7, evEFIVariableCfg, efiVariable(imageDBGUID, "dbx", bigDBX))}}))
-	row("root appends a kernel (a PCR 4 application) after ExitBootServices", attest.ReasonEventLogOutOfOrder,
-		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {image("an allowed kernel")}}))
-	row("a two-application boot (kernel not in PCR 4), root appends a third", attest.ReasonEventLogOutOfOrder,
-		rootAppends(t, noSB, map[int][]rawEvent{end(noSBEvents): {image("an allowed kernel")}}))
-	row("root appends an authority to PCR 7 after ExitBootServices", attest.ReasonEventLogOutOfOrder,
-		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {measured(7, evEFIVarAuth, efiVariable(imageDBGUID, "db", []byte("cert")))}}))
-	row("root appends a PCR 0 firmware event after ExitBootServices", attest.ReasonEventLogOutOfOrder,
-		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {measured(0, evEFIAction, []byte("Platform firmware"))}}))
 	row("root appends a second PCR 4 separator, moved before ExitBootServices", attest.ReasonEventLogOutOfOrder,
 		rootAppends(t, rhel, map[int][]rawEvent{lastOf(rhelEvents, 4) + 1: {measured(4, evSeparator, []byte{0, 0, 0, 0})}}))
+	row("root appends an event to PCR 5 after ExitBootServices", attest.ReasonEventLogOutOfOrder,
+		rootAppends(t, rhel, map[int][]rawEvent{end(rhelEvents): {measured(5, evEFIAction, []byte("Exit Boot Services Invocation again"))}}))
 
 	// Logs firmware would not write, measured as they are.
 	_, sbEvents := splitLog(t, rhel)
@@ -299,70 +302,85 @@ func TestBootStateForgeryAttacks(t *testing.T) {
 	data[0] ^= 0xff // another vendor GUID, same name
 	wrong[sbAt] = measured(7, evEFIVariableCfg, data)
 	row("SecureBoot under another vendor GUID", attest.ReasonEventLogVariableGUID, firmwareLogged(t, joinLog(header, wrong)))
-	dbg := append(append(append([]rawEvent(nil), sbEvents[:sbAt]...), measured(7, evEFIAction, []byte("UEFI Debug Mode"))), sbEvents[sbAt:]...)
-	row("the firmware logged UEFI Debug Mode", attest.ReasonUEFIDebugger, firmwareLogged(t, joinLog(header, dbg)))
+	dbg := append(append(append([]rawEvent(nil), sbEvents[:sbAt]...), measured(7, evIPL, []byte("UEFI Debug Mode"))), sbEvents[sbAt:]...)
+	row("the firmware logged UEFI Debug Mode (labelled as anything: the digest says what it is)", attest.ReasonUEFIDebugger, firmwareLogged(t, joinLog(header, dbg)))
 	badSep := append([]rawEvent(nil), sbEvents...)
 	sepAt := index(t, badSep, pcr7Sep)
 	badSep[sepAt] = measured(7, evSeparator, []byte{1, 0, 0, 0})
 	row("an error separator in PCR 7", attest.ReasonEventLogUnexpected, firmwareLogged(t, joinLog(header, badSep)))
 
-	// The residual risk: the replay covers each PCR's sequence, not how
-	// the log interleaves them. Root appends an application to PCR 4 and
-	// moves ExitBootServices after it in the log: the order checks pass,
-	// but the application gets no name (the kernel is the one GRUB's
-	// linux command loaded), and a pool that pins PCR 4 refuses it.
-	ebsAt := index(t, rhelEvents, isEBS)
-	m := rootAppends(t, rhel, map[int][]rawEvent{ebsAt: {image("an allowed kernel")}})
-	claims, err := swAttest(t, m, v)
-	if err != nil {
-		t.Fatalf("the reordered log was refused (%v); this row shows what ordering alone cannot see", err)
-	}
-	b := claims.TPM.Boot
-	forgedApp := b.BootApplications[len(b.BootApplications)-1]
-	if b.Kernel == "" || b.Kernel == forgedApp || b.KernelBy != "grub-linux-command" {
-		t.Fatalf("kernel %q by %q; want the one GRUB loaded, not the appended %s", b.Kernel, b.KernelBy, forgedApp)
-	}
-	attacktable.Check(t, "TPM boot state", "root appends a PCR 4 application and moves ExitBootServices after it (cross-PCR order): the kernel is still the one GRUB loaded",
-		"kernel "+b.Kernel[:12], "kernel "+b.Kernel[:12])
+	// The chain, judged by what PCR 4's own sequence proves: a pool that
+	// pins another kernel than the one this machine booted refuses it,
+	// whatever root appends, reorders or relabels.
 	honest, err := swAttest(t, honestMachine, v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pinned := policytest.New().Pool("worker", policytest.TPM().SecureBoot().PCR(4, honest.TPM.PCRs[4])).Must(t)
-	got, _ := attest.ReasonOf(pinned.Evaluate("worker", claims))
-	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4 to its known boot chain", string(attest.ReasonPolicyPCRValue), string(got))
-	if err := pinned.Evaluate("worker", honest); err != nil {
-		t.Fatalf("the honest machine fails its own PCR 4 reference value: %v", err)
+	forgedKernel := image("an allowed kernel")
+	allowed := fmt.Sprintf("%x", forgedKernel.digests[1].digest)
+	hb := honest.TPM.Boot
+	if len(hb.Kernels()) == 0 {
+		t.Fatalf("the honest boot measured no kernel into PCR 4: %v", hb.BootApplications)
 	}
+	pinned := policytest.New().Pool("worker", policytest.TPM().SecureBoot().Boot(hb.BootApplications[0], hb.BootApplications[1], allowed)).Must(t)
+	if r, _ := attest.ReasonOf(pinned.Evaluate("worker", honest)); r != attest.ReasonPolicyBootNotAllowed {
+		t.Fatalf("the honest boot under a pool pinning another kernel: %v", r)
+	}
+	ebsAt := index(t, rhelEvents, isEBS)
+	judgedRow("root appends an allowed kernel's digest to PCR 4 and moves ExitBootServices after it (cross-PCR order): the kernel it booted is still judged",
+		attest.ReasonPolicyBootNotAllowed, rootAppends(t, rhel, map[int][]rawEvent{ebsAt: {forgedKernel}}), pinned)
+	isLinux := func(e rawEvent) bool { return e.pcr == 8 && bytes.Contains(e.data, []byte("grub_cmd linux ")) }
+	kernelAt := nthApp(t, rhelEvents, 2)
+	relabelled := moved(rhelEvents, kernelAt, index(t, rhelEvents, isLinux)) // the real kernel before GRUB's linux command
+	kernelAt = nthApp(t, relabelled, 2)
+	relabelled[kernelAt].typ = evEFIAction // types are not measured
+	judgedRow("root relabels the kernel's PCR 4 event as an EFI action and moves it before GRUB's linux command, and appends an allowed kernel after that command: the kernel it booted is still judged",
+		attest.ReasonPolicyBootNotAllowed, rootAppends(t, joinLog(header, relabelled), map[int][]rawEvent{index(t, relabelled, isLinux) + 1: {forgedKernel}}), pinned)
+	wholeChain := policytest.New().Pool("worker", policytest.TPM().SecureBoot().Boot(fmt.Sprintf("%x", image("shim").digests[1].digest),
+		fmt.Sprintf("%x", image("grub").digests[1].digest), allowed)).Must(t)
+	chainRelabelled := append([]rawEvent(nil), rhelEvents...)
+	for i := range chainRelabelled {
+		if chainRelabelled[i].pcr == 4 && chainRelabelled[i].typ == evEFIBootApp {
+			chainRelabelled[i].typ = evEFIAction
+		}
+	}
+	judgedRow("root relabels every PCR 4 application as an EFI action and appends an allowed shim, GRUB and kernel: the chain is still the one it booted",
+		attest.ReasonPolicyBootNotAllowed, rootAppends(t, joinLog(header, chainRelabelled), map[int][]rawEvent{end(rhelEvents): {image("shim"), image("grub"), forgedKernel}}), wholeChain)
+	denied := policytest.New().Pool("worker", policytest.TPM().SecureBoot().Edit(func(p *policy.Pool) { p.TPM.DeniedDigests = []string{hb.BootApplications[2]} })).Must(t)
+	judgedRow("root relabels the denied kernel's event as an EFI action: a denied digest refuses wherever it appears",
+		attest.ReasonPolicyBootDenied, rootAppends(t, joinLog(header, relabelled), nil), denied)
 
-	// Where the boot did not measure its kernel into PCR 4 (GRUB loaded it
-	// without the shim's verification), an application root appends after
-	// GRUB's linux command in the log is, per PCR, exactly what a boot
-	// that did would show: it is named the kernel. Only a PCR 4 reference
-	// value (or Secure Boot, under which GRUB verifies and measures the
-	// kernel) closes this; docs/tpm.md.
-	linuxAt := index(t, noSBEvents, func(e rawEvent) bool { return e.pcr == 8 && bytes.Contains(e.data, []byte("grub_cmd: linux ")) })
-	forged := image("an allowed kernel")
-	m = rootAppends(t, noSB, map[int][]rawEvent{linuxAt + 1: {forged}})
-	claims, err = swAttest(t, m, v)
-	if err != nil {
-		t.Fatalf("refused: %v", err)
-	}
-	want := fmt.Sprintf("%x", forged.digests[1].digest)
-	named := "another"
-	if claims.TPM.Boot.Kernel == want {
-		named = "the appended one"
-	}
-	attacktable.Check(t, "TPM boot state", "residual: a boot whose kernel is not in PCR 4, root appends one after GRUB's linux command in the log; the kernel named is",
-		"the appended one", named)
-	honestNoSB, err := swAttest(t, newSwMachine(t, noSB), v)
+	// Where the boot did not measure its kernel into PCR 4 (Secure Boot
+	// off: GRUB loaded it itself), root appending an allowed kernel's
+	// digest to PCR 4 fills the kernel's stage; what GRUB read (PCR 9,
+	// pinned by grub.files) still shows the kernel that ran.
+	noSBHonest, err := swAttest(t, newSwMachine(t, noSB), v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pin := honestNoSB.TPM.PCRs[4]
-	pinned = policytest.New().Pool("worker", policytest.TPM().PCR(4, pin)).Must(t)
-	got, _ = attest.ReasonOf(pinned.Evaluate("worker", claims))
-	attacktable.Check(t, "TPM boot state", "... and a pool that pins PCR 4", string(attest.ReasonPolicyPCRValue), string(got))
+	learnedDoc, _, err := policy.Learn(nil, "worker", policy.Learned{EKTrust: "ca:swtpm-localca", Bank: "sha256", Boot: noSBHonest.TPM.Boot,
+		Root: &policy.EKRoot{Name: "swtpm-localca", Dir: "/unused"}, NodeNames: "requested"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	learnedNoSB, err := policy.Parse(learnedDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	noSBHeader, _ := splitLog(t, noSB)
+	evil := append([]rawEvent(nil), noSBEvents...)
+	kernelFile := -1
+	for i, e := range evil {
+		if e.pcr == 9 && bytes.Contains(e.data, []byte("vmlinuz")) {
+			kernelFile = i
+		}
+	}
+	if kernelFile < 0 {
+		t.Fatal("the log has no PCR 9 kernel file")
+	}
+	evil[kernelFile] = rawEvent{pcr: 9, typ: evil[kernelFile].typ, data: evil[kernelFile].data, digests: image("an evil kernel file").digests}
+	judgedRow("Secure Boot off, GRUB loads an evil kernel (PCR 9 only), root appends an allowed kernel's digest to PCR 4; the pool learned from the honest boot",
+		attest.ReasonPolicyGrubFile, rootAppends(t, joinLog(noSBHeader, evil), map[int][]rawEvent{end(noSBEvents): {forgedKernel}}), learnedNoSB)
 
 	cmdlineRows(t, v)
 }

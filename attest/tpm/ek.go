@@ -159,8 +159,10 @@ func (inv *Inventory) Lookup(ekSHA256 [32]byte) (InventoryEntry, bool) {
 
 // ekFacts is what the EK check establishes.
 type ekFacts struct {
-	Public     crypto.PublicKey
-	SHA256     [32]byte
+	Public crypto.PublicKey
+	SHA256 [32]byte
+	Kind   string // attest.EKKinds
+
 	Trust      string
 	CertSubj   string
 	CertIssuer string
@@ -233,6 +235,32 @@ func checkEKPublicStrength(pub crypto.PublicKey) error {
 	return nil
 }
 
+// EKKindOf names an EK's kind (attest.EKKinds) by its algorithm and size;
+// "" for a key of no kind nodeproof knows.
+func EKKindOf(pub crypto.PublicKey) string {
+	switch k := pub.(type) {
+	case *rsa.PublicKey:
+		switch k.N.BitLen() {
+		case 2048:
+			return attest.EKKindRSA2048
+		case 3072:
+			return attest.EKKindRSA3072
+		case 4096:
+			return attest.EKKindRSA4096
+		}
+	case *ecdsa.PublicKey:
+		switch k.Curve.Params().Name {
+		case "P-256":
+			return attest.EKKindECCP256
+		case "P-384":
+			return attest.EKKindECCP384
+		case "P-521":
+			return attest.EKKindECCP521
+		}
+	}
+	return ""
+}
+
 // check establishes trust in an EK; see the type's doc comment.
 func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte, now time.Time) (*ekFacts, error) {
 	pub, err := x509.ParsePKIXPublicKey(ekPublicDER)
@@ -242,7 +270,7 @@ func (t *ekTrust) check(ekPublicDER, ekCertDER []byte, intermediatesDER [][]byte
 	if err := checkEKPublicStrength(pub); err != nil {
 		return nil, attest.Deny(attest.ReasonMalformed, "tpm.ekPublic is too weak (%v)", err)
 	}
-	f := &ekFacts{Public: pub, SHA256: sha256.Sum256(ekPublicDER)}
+	f := &ekFacts{Public: pub, SHA256: sha256.Sum256(ekPublicDER), Kind: EKKindOf(pub)}
 
 	if e, ok := t.inventory.Lookup(f.SHA256); ok {
 		f.Trust, f.NodeName, f.Addresses = "inventory", e.NodeName, e.Addresses

@@ -87,6 +87,7 @@ type sessionState struct {
 	AKName     string   `json:"akName"`
 	EKSHA256   []byte   `json:"ekSHA256"`
 	EKTrust    string   `json:"ekTrust"`
+	EKKind     string   `json:"ekKind,omitempty"`
 	CertSubj   string   `json:"certSubject,omitempty"`
 	CertIssuer string   `json:"certIssuer,omitempty"`
 	CertSerial string   `json:"certSerial,omitempty"`
@@ -167,7 +168,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "cannot make a credential for this AK under this EK")
 	}
 	state, err := json.Marshal(sessionState{
-		Secret: secret, AKPublic: akPublic, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust,
+		Secret: secret, AKPublic: akPublic, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust, EKKind: ek.Kind,
 		CertSubj: ek.CertSubj, CertIssuer: ek.CertIssuer, CertSerial: ek.CertSerial,
 		NodeName: ek.NodeName, Addresses: ek.Addresses,
 	})
@@ -278,7 +279,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 		KubeletKeySHA256: sess.KubeletKeySHA256,
 		VerifiedAt:       now,
 		TPM: &attest.TPMClaims{
-			EKSHA256: ekHex, EKTrust: st.EKTrust,
+			EKSHA256: ekHex, EKTrust: st.EKTrust, EKKind: st.EKKind,
 			EKCertSubject: st.CertSubj, EKCertIssuer: st.CertIssuer, EKCertSerial: st.CertSerial,
 			AKName: st.AKName, PCRBank: bankName(qr.bank), PCRs: pcrs, Boot: boot,
 			ResetCount: qr.clock.ResetCount, RestartCount: qr.clock.RestartCount, Clock: qr.clock.Clock,

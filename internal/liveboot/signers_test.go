@@ -2,6 +2,7 @@ package liveboot_test
 
 import (
 	"context"
+	"maps"
 	"crypto"
 	"encoding/hex"
 	"fmt"
@@ -77,11 +78,11 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:" + system.VendorRoot, PCRBank: "sha256", Boot: b}}
+		return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:" + system.VendorRoot, EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: b}}
 	}
 	a, b, c := claims("kernel A", first), claims("kernel B", r), claims("kernel C", testDB)
-	if b.TPM.Boot.Kernel != kernelB {
-		t.Errorf("kernel B's boot measured kernel %s; the file's digest is %s", b.TPM.Boot.Kernel, kernelB)
+	if k := b.TPM.Boot.Kernels(); len(k) == 0 || k[0] != kernelB {
+		t.Errorf("kernel B's boot measured kernels %v; the file's digest is %s", k, kernelB)
 	}
 	doc, notes, err := policy.Learn(nil, "worker", policy.Learned{EKTrust: "ca:" + system.VendorRoot, Bank: "sha256", Boot: a.TPM.Boot,
 		Root: &policy.EKRoot{Name: system.VendorRoot, Dir: w.roots}, NodeNames: "requested"})
@@ -95,6 +96,11 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 	if k := signers.Pools["worker"].TPM.BootComponents.Kernel; len(k.SignedBy) != 1 || len(k.Allow) != 0 {
 		t.Errorf("learned from kernel A's boot: kernel rule %+v; want its one signer, no digest (notes %q)", k, notes)
 	}
+	// The learned policy judges the whole boot: kernel B's file (PCR 9)
+	// is not kernel A's. Its signer rules alone (grub and the command line
+	// opened) admit every kernel Debian signed.
+	whole := signers
+	signers = withAfterKernelOpen(signers, "worker")
 	digestPolicy, err := livePolicy(dg, false)(&system.World{EKRoots: w.roots}).Policy()
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +115,8 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 		claims *attest.Claims
 		want   attest.Reason
 	}{
+		{"the policy learned from kernel A: kernel A", whole, a, ""},
+		{"the policy learned from kernel A: kernel B, the same key, another file GRUB read", whole, b, attest.ReasonPolicyGrubFile},
 		{"signer rules learned from kernel A: kernel A", signers, a, ""},
 		{"signer rules learned from kernel A: kernel B, the same key", signers, b, ""},
 		{"signer rules learned from kernel A: kernel C, another key", signers, c, attest.ReasonBootSignerAmbiguous},
@@ -123,4 +131,15 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 	}
 	say("signer rules: kernel B %.12s… admitted by the kernel's rule in audit mode (binding and Event), by the signer rules learned from kernel A; kernel C refused; took %.1fs",
 		kernelB, r.Took.Seconds())
+}
+
+// withAfterKernelOpen is pol with pool's command line and GRUB rules
+// opened: its stage rules alone.
+func withAfterKernelOpen(pol *policy.Policy, pool string) *policy.Policy {
+	cp := *pol
+	cp.Pools = maps.Clone(pol.Pools)
+	pp := cp.Pools[pool]
+	pp.TPM.KernelCmdline, pp.TPM.Grub = &policy.KernelCmdline{Any: true}, &policy.GrubRules{Any: true}
+	cp.Pools[pool] = pp
+	return &cp
 }

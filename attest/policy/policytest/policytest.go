@@ -11,15 +11,10 @@
 package policytest
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
-	"strings"
 	"time"
-
-	"gopkg.in/yaml.v3"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
@@ -89,14 +84,10 @@ func (b *Builder) Must(t TB) *policy.Policy {
 // YAML renders the policy (the fields set, in the order of the policy's
 // types) and checks that policy.Parse loads it.
 func (b *Builder) YAML() ([]byte, error) {
-	n, _ := node(reflect.ValueOf(b.p))
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(n); err != nil {
+	doc, err := policy.Marshal(&b.p)
+	if err != nil {
 		return nil, err
 	}
-	doc := buf.Bytes()
 	if _, err := policy.Parse(doc); err != nil {
 		return nil, fmt.Errorf("policytest: the policy built does not load: %w\n%s", err, doc)
 	}
@@ -125,7 +116,7 @@ func Public() *Pool { return &Pool{} }
 
 // TPM is a pool taking TPM evidence vouched for by trust ("ca:<root>",
 // "inventory"; none: any trust the policy has), any shim, boot loader and
-// kernel.
+// kernel, any command line, grub.cfg and initramfs.
 func TPM(trust ...string) *Pool {
 	p := &Pool{}
 	return p.TPM(trust...)
@@ -149,7 +140,20 @@ func (p *Pool) TPM(trust ...string) *Pool {
 	t.EKTrust = append(t.EKTrust, trust...)
 	any := policy.DigestList{Any: true}
 	t.BootComponents = policy.BootComponents{Shim: any, Bootloader: any, Kernel: any}
+	p.anyAfterKernel()
 	return p
+}
+
+// anyAfterKernel accepts any command line and anything GRUB ran or read,
+// where the pool says nothing of them yet.
+func (p *Pool) anyAfterKernel() {
+	t := &p.p.TPM
+	if t.KernelCmdline == nil {
+		t.KernelCmdline = &policy.KernelCmdline{Any: true}
+	}
+	if t.Grub == nil {
+		t.Grub = &policy.GrubRules{Any: true}
+	}
 }
 
 // GCP adds GCP evidence (see the function GCP).
@@ -210,8 +214,10 @@ func (p *Pool) Regions(regions ...string) *Pool {
 	return p
 }
 
-// anyBoot allows any boot components where none are set.
+// anyBoot allows any boot components where none are set, and any command
+// line, grub.cfg and initramfs.
 func (p *Pool) anyBoot() {
+	p.anyAfterKernel()
 	b := &p.p.TPM.BootComponents
 	for _, d := range []policy.DigestList{b.Shim, b.Bootloader, b.Kernel} {
 		if d.Any || len(d.Allow) > 0 || len(d.SignedBy) > 0 {
@@ -288,6 +294,29 @@ func (p *Pool) Cmdline(require ...string) *Pool {
 	return p
 }
 
+// ExactCmdline accepts exactly these kernel command lines (the kernel's
+// path, then the arguments), but for words matching variable.
+func (p *Pool) ExactCmdline(lines []string, variable ...string) *Pool {
+	p.p.TPM.KernelCmdline = &policy.KernelCmdline{Exact: lines, Variable: variable}
+	return p
+}
+
+// Grub accepts exactly these files GRUB read and commands it ran.
+func (p *Pool) Grub(files []policy.GrubFile, commands []string) *Pool {
+	p.p.TPM.Grub = &policy.GrubRules{Files: files, Commands: commands}
+	return p
+}
+
+// EK accepts endorsement keys of this kind (attest.EKKinds).
+func (p *Pool) EK(kind string) *Pool { p.p.TPM.EK = kind; return p }
+
+// MinimumKernel refuses kernels older than version; versions maps kernel
+// digests to their versions.
+func (p *Pool) MinimumKernel(version string, versions map[string]string) *Pool {
+	p.p.TPM.MinimumKernel = &policy.MinimumKernel{Version: version, Versions: versions}
+	return p
+}
+
 // PCR requires PCR i to be value (hex, in the quoted bank).
 func (p *Pool) PCR(i int, value string) *Pool {
 	if p.p.TPM.PCRs == nil {
@@ -331,91 +360,3 @@ func (p *Pool) Lifetime(interval, staleAfter time.Duration) *Pool {
 
 // Edit changes the pool in ways the methods above do not.
 func (p *Pool) Edit(fn func(*policy.Pool)) *Pool { fn(&p.p); return p }
-
-// node renders v as YAML: struct fields by their yaml tags, in order,
-// only those set (a nil pointer, an empty list or map, a zero value are
-// left out; a pointer to a zero value is kept: serve.public: false).
-func node(v reflect.Value) (*yaml.Node, bool) {
-	if d, ok := v.Interface().(policy.Duration); ok {
-		if d.Duration == 0 {
-			return nil, false
-		}
-		return &yaml.Node{Kind: yaml.ScalarNode, Value: d.String()}, true
-	}
-	if tm, ok := v.Interface().(time.Time); ok {
-		return &yaml.Node{Kind: yaml.ScalarNode, Value: tm.UTC().Format(time.RFC3339)}, !tm.IsZero()
-	}
-	switch v.Kind() {
-	case reflect.Pointer:
-		if v.IsNil() {
-			return nil, false
-		}
-		n, ok := node(v.Elem())
-		if !ok { // a pointer to a zero value: say it
-			n = &yaml.Node{}
-			if err := n.Encode(v.Elem().Interface()); err != nil {
-				panic(err)
-			}
-		}
-		return n, true
-	case reflect.Struct:
-		m := &yaml.Node{Kind: yaml.MappingNode}
-		for i := 0; i < v.NumField(); i++ {
-			name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ",")
-			if name == "" || name == "-" {
-				continue
-			}
-			if c, ok := node(v.Field(i)); ok {
-				m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: name}, c)
-			}
-		}
-		return m, len(m.Content) > 0
-	case reflect.Map:
-		if v.Len() == 0 {
-			return nil, false
-		}
-		m := &yaml.Node{Kind: yaml.MappingNode}
-		keys := v.MapKeys()
-		sortKeys(keys)
-		for _, k := range keys {
-			c, ok := node(v.MapIndex(k))
-			if !ok {
-				c = &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle} // a pool with nothing set: {}
-			}
-			m.Content = append(m.Content, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: k.String()}, c)
-		}
-		return m, true
-	case reflect.Slice:
-		if v.Len() == 0 {
-			return nil, false
-		}
-		s := &yaml.Node{Kind: yaml.SequenceNode}
-		for i := 0; i < v.Len(); i++ {
-			c, ok := node(v.Index(i))
-			if !ok {
-				c = &yaml.Node{}
-				if err := c.Encode(v.Index(i).Interface()); err != nil {
-					panic(err)
-				}
-			}
-			s.Content = append(s.Content, c)
-		}
-		return s, true
-	}
-	if v.IsZero() {
-		return nil, false
-	}
-	n := &yaml.Node{}
-	if err := n.Encode(v.Interface()); err != nil {
-		panic(err)
-	}
-	return n, true
-}
-
-func sortKeys(keys []reflect.Value) {
-	for i := 1; i < len(keys); i++ {
-		for j := i; j > 0 && keys[j].String() < keys[j-1].String(); j-- {
-			keys[j], keys[j-1] = keys[j-1], keys[j]
-		}
-	}
-}

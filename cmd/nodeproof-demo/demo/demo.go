@@ -235,10 +235,19 @@ func printClaims(out io.Writer, c *attest.Claims) {
 	row("Secure Boot", sb)
 	row("PK / KEK", short(b.PK)+" / "+short(b.KEK))
 	row("db / dbx", short(b.DB)+" / "+short(b.DBX)+fmt.Sprintf(" (%d entries)", b.DBXEntries))
-	row("shim", b.Shim)
-	row("boot loader", b.Bootloader)
-	row("kernel", b.Kernel)
+	stage := func(i int) string {
+		if i < len(b.BootApplications) {
+			return b.BootApplications[i]
+		}
+		return ""
+	}
+	row("shim", stage(attest.StageShim))
+	row("boot loader", stage(attest.StageBootloader))
+	row("kernel", stage(attest.StageKernel))
 	row("kernel command line", strings.TrimSpace(b.KernelCmdline))
+	for _, f := range b.GrubFiles {
+		row("GRUB read", f.Path+" "+short(f.Digest))
+	}
 	row("bound kubelet key", hex.EncodeToString(c.KubeletKeySHA256))
 }
 

@@ -111,10 +111,10 @@ func TestPolicyCheckSignerAndDigestRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{PCRBank: "sha256", EKTrust: "ca:vendor", Boot: bs}}
+		return attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{PCRBank: "sha256", EKTrust: "ca:vendor", EKKind: attest.EKKindRSA2048, Boot: bs}}
 	}
 	debian, rhel := read("debian-12-ovmf-secure-boot"), read("rhel8-uefi")
-	kernelA := debian.TPM.Boot.Kernel
+	kernelA := debian.TPM.Boot.Kernels()[0]
 	kernelB := strings.Repeat("b", 64)
 	newKernel := read("debian-12-ovmf-secure-boot")
 	b := &newKernel.TPM.Boot
@@ -123,7 +123,6 @@ func TestPolicyCheckSignerAndDigestRules(t *testing.T) {
 			b.BootApplications[i] = kernelB
 		}
 	}
-	b.Kernel = kernelB
 	const debianCA = "079646974bce09b1f04da67bd722d1fb0947ae4c4010bccdbba52d5b23cbf1a2"
 	doc := func(audit string) string {
 		return `apiVersion: nodeproof.io/v1alpha1
@@ -137,6 +136,8 @@ pools:
         shim: {any: true}
         bootloader: {signedBy: [` + debianCA + `]}
         kernel: {allow: [` + kernelA + `], signedBy: [` + debianCA + `]}
+      kernelCmdline: {any: true}
+      grub: {any: true}
 ` + audit
 	}
 	st, err := boltstore.Open(filepath.Join(dir, "state.db"), time.Second, time.Now)
