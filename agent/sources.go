@@ -29,6 +29,9 @@ type SourceOptions struct {
 	NSM nitrotpm.NSM
 	// Timing, when set, counts the time spent in the TPM.
 	Timing *Timing
+	// EKKind is the kind of endorsement key a TPM attests with
+	// (attest.EKKinds; "": attest.EKKindRSA2048): the one its pool accepts.
+	EKKind string
 }
 
 // Source opens one kind of evidence on this machine; the closer releases
@@ -45,7 +48,11 @@ func Sources() map[attest.Kind]Source {
 			if err != nil {
 				return nil, nil, err
 			}
-			coll, err := tpm.NewCollector(ch)
+			kind := o.EKKind
+			if kind == "" {
+				kind = attest.EKKindRSA2048
+			}
+			coll, err := tpm.NewCollectorEK(ch, kind)
 			var c TPM = coll
 			if o.Timing != nil {
 				o.Timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK

@@ -672,7 +672,7 @@ func summarize(c *attest.Claims) string {
 		if k := b.Kernels(); len(k) > 0 {
 			kernel = k[0]
 		}
-		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel))
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s pcr8=%.16s pcr9=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel, c.TPM.PCRs[8], c.TPM.PCRs[9]))
 	}
 	return strings.Join(parts, " ")
 }

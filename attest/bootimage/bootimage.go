@@ -93,6 +93,13 @@ type Image struct {
 	// Linux is set for a Linux kernel's EFI stub (x86's boot protocol
 	// header "HdrS", or arm64's "ARM\x64" magic).
 	Linux bool
+	// KernelVersion is the version a Linux kernel names itself by (`uname
+	// -r`: "6.1.0-56-amd64"): an x86 kernel's boot protocol kernel_version
+	// string, or a UKI's .uname section; "" when it names none.
+	KernelVersion string
+	// FileSHA256 is the SHA-256 of the whole file: what GRUB measures into
+	// PCR 9 when it reads it.
+	FileSHA256 []byte
 }
 
 // Boot stages, as attest/policy's bootComponents name them.
@@ -193,6 +200,9 @@ func Read(b []byte) (*Image, error) {
 	if len(img.AuthenticodeSHA256) != sha256.Size {
 		return nil, fmt.Errorf("bootimage: %w: no Authenticode digest (headers out of bounds)", ErrNotPE)
 	}
+	sum := sha256.Sum256(b)
+	img.FileSHA256 = sum[:]
+	img.KernelVersion = x86KernelVersion(b)
 	offset, size, err := certificateTable(f)
 	if err != nil {
 		return nil, err
@@ -226,9 +236,46 @@ func Read(b []byte) (*Image, error) {
 			if img.Kind == KindImage {
 				img.Kind = KindUKI
 			}
+		case ".uname":
+			if v := versionWord(data); v != "" {
+				img.KernelVersion = v
+			}
 		}
 	}
 	return img, nil
+}
+
+// x86KernelVersion reads an x86 Linux kernel's version (the boot
+// protocol's kernel_version, Documentation/arch/x86/boot.rst): at 0x20E a
+// 16-bit pointer, less 0x200, to a NUL-terminated string whose first word
+// is `uname -r`; "" when the header is not there.
+func x86KernelVersion(b []byte) string {
+	if len(b) < 0x210 || string(b[0x202:0x206]) != "HdrS" {
+		return ""
+	}
+	off := int(binary.LittleEndian.Uint16(b[0x20E:])) + 0x200
+	if off <= 0x200 || off >= len(b) {
+		return ""
+	}
+	return versionWord(b[off:min(len(b), off+256)])
+}
+
+// versionWord is the first word of a NUL-terminated version string, when
+// it is printable and short.
+func versionWord(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	w, _, _ := strings.Cut(strings.TrimSpace(string(b)), " ")
+	if w == "" || len(w) > 64 {
+		return ""
+	}
+	for _, c := range w {
+		if c <= ' ' || c > '~' {
+			return ""
+		}
+	}
+	return w
 }
 
 // certificateTable is the certificate table's file offset and size (the

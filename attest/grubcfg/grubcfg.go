@@ -34,6 +34,8 @@ type Measure struct {
 	// KernelCmdline is the command line GRUB hands the kernel (the
 	// kernel's path and its arguments); "" when the file boots none.
 	KernelCmdline string
+	// KernelPath is the kernel's path (of Files); "" when none.
+	KernelPath string
 }
 
 // Limits on what is read.
@@ -103,11 +105,17 @@ func Run(cfg []byte, vars map[string]string) (*Measure, error) {
 				}
 			}
 			m.Files = append(m.Files, words[1])
+			m.KernelPath = words[1]
 			m.KernelCmdline = strings.Join(words[1:], " ")
 			m.Commands = append(m.Commands, m.KernelCmdline)
 		case cmd == "initrd" || cmd == "initrdefi" || cmd == "initrd16":
 			if len(words) < 2 {
 				return nil, fmt.Errorf("grub.cfg line %d: %s without a file", n+1, cmd)
+			}
+			for _, f := range words[1:] {
+				if strings.ContainsAny(f, " \t") {
+					return nil, fmt.Errorf("grub.cfg line %d: the file %q holds a space", n+1, f)
+				}
 			}
 			m.Files = append(m.Files, words[1:]...)
 		}

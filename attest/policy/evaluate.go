@@ -86,3 +86,32 @@ func explained(audits []Audit) error {
 	first := audits[0]
 	return attest.DenySetting(first.Reason, first.Setting, "%s", strings.Join(lines, "\n"))
 }
+
+// JudgeBoot judges a boot alone by pool's boot rules — what a quote of
+// the bank tc.PCRBank whose PCRs are the log's own would get, from the
+// bank on (evaluateBoot's rules, under tpm's) — with every rule explained
+// (Options.Explain): `nodeproof policy check --event-log`. The EK, its
+// trust and a cloud instance are not judged: a log has none of them.
+func (p *Policy) JudgeBoot(pool string, tc *attest.TPMClaims, o Options) (*Decision, error) {
+	pp, ok := p.Pools[pool]
+	if !ok {
+		return nil, attest.DenySetting(attest.ReasonPolicyUnknownPool, "pools."+pool, "pool %q is not in the policy: add pools.%s", pool, pool)
+	}
+	if !pp.takesTPMBoot() {
+		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, "pools."+pool+".evidence", "pool %q takes no evidence whose boot the tpm rules judge (tpm, gce-vtpm, aws-nitrotpm)", pool)
+	}
+	at := "pools." + pool + ".tpm."
+	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit, explain: true}
+	banks := map[string]bool{"sha256": true, "sha1": pp.TPM.AllowSHA1, "sha384": pp.takes(attest.KindNitroTPM)}
+	if !banks[tc.PCRBank] {
+		return nil, attest.DenySetting(attest.ReasonPolicySHA1, at+"allowSHA1", "a log of the %s bank; this pool takes sha256 (sha1 with %sallowSHA1, sha384 from a NitroTPM)", tc.PCRBank, at)
+	}
+	if err := evaluateBoot(at, &pp.TPM, tc, e); err != nil {
+		return nil, err
+	}
+	d := &Decision{Audits: e.audits, Refusals: e.refusals}
+	if len(e.refusals) > 0 {
+		return d, explained(e.refusals)
+	}
+	return d, nil
+}

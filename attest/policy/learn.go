@@ -611,20 +611,32 @@ func AddReferences(doc []byte, pool string, r References) ([]byte, []string, err
 		set.Shim, set.Bootloader, set.Kernel = comps.Shim, comps.Bootloader, comps.Kernel
 	}
 	if a := r.After; a != nil {
-		cmd, grub := &KernelCmdline{Exact: []string{a.KernelCmdline}}, &GrubRules{Files: a.Files, Commands: a.Commands}
-		if set != nil {
-			set.KernelCmdline, set.Grub = cmd, grub
-		} else {
-			if t.KernelCmdline != nil && !t.KernelCmdline.Any {
+		cmd := &KernelCmdline{Exact: []string{a.KernelCmdline}}
+		var grub *GrubRules
+		if len(a.Files) > 0 || len(a.Commands) > 0 {
+			grub = &GrubRules{Files: a.Files, Commands: a.Commands}
+		}
+		switch {
+		case set != nil:
+			if t.KernelCmdline != nil {
 				cmd.Variable = t.KernelCmdline.Variable
+			}
+			set.KernelCmdline = cmd
+			if grub != nil {
+				set.Grub = grub
+			}
+		default:
+			if t.KernelCmdline != nil && !t.KernelCmdline.Any {
 				if !slices.Contains(t.KernelCmdline.Exact, a.KernelCmdline) {
 					t.KernelCmdline.Exact = append(t.KernelCmdline.Exact, a.KernelCmdline)
 				}
 			} else {
 				t.KernelCmdline = cmd
 			}
-			t.Grub = grub
-			note("tpm.grub: replaced by what GRUB will measure for these files (no reference set given: the pool's machines on the old files are refused at their next attestation; --reference-set keeps both through a rollout)")
+			if grub != nil {
+				t.Grub = grub
+				note("tpm.grub: replaced by what GRUB will measure for these files (no reference set given: the pool's machines on the old files are refused at their next attestation; --reference-set keeps both through a rollout)")
+			}
 		}
 	}
 	if len(r.MinimumSBAT) > 0 {

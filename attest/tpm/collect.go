@@ -38,9 +38,16 @@ type Collector struct {
 }
 
 // NewCollector opens the TPM behind ch (nil: the system TPM, /dev/tpmrm0,
-// with the system event log), picks its RSA EK and makes an ECDSA P-256
-// attestation key (an RSA AK takes a software TPM about 100 times longer).
-func NewCollector(ch Channel) (*Collector, error) {
+// with the system event log), picks its RSA 2048 EK and makes an ECDSA
+// P-256 attestation key (an RSA AK takes a software TPM about 100 times
+// longer). NewCollectorEK picks another kind of EK.
+func NewCollector(ch Channel) (*Collector, error) { return NewCollectorEK(ch, attest.EKKindRSA2048) }
+
+// NewCollectorEK is NewCollector with the EK of kind ekKind
+// (attest.EKKinds): a pool accepts one kind, and a TPM holds one of each
+// kind its vendor certified. Of two EKs of the kind, the one with a
+// certificate; none of the kind is an error naming the kinds it has.
+func NewCollectorEK(ch Channel, ekKind string) (*Collector, error) {
 	cfg := &goattest.OpenConfig{}
 	if ch != nil {
 		cfg.CommandChannel = ch
@@ -58,12 +65,17 @@ func NewCollector(ch Channel) (*Collector, error) {
 		t.Close()
 		return nil, fmt.Errorf("read endorsement key: %w", errors.Join(err, errors.New("no EK")))
 	}
-	c.ek = eks[0]
+	found, kinds := false, []string{}
 	for _, ek := range eks {
-		if ek.Certificate != nil {
-			c.ek = ek
-			break
+		k := EKKindOf(ek.Public)
+		kinds = append(kinds, k)
+		if k == ekKind && (!found || (c.ek.Certificate == nil && ek.Certificate != nil)) {
+			c.ek, found = ek, true
 		}
+	}
+	if !found {
+		t.Close()
+		return nil, fmt.Errorf("the TPM has no %s endorsement key (it has %v): the pool's tpm.ek says which to use (--ek)", ekKind, kinds)
 	}
 	c.ak, err = t.NewAK(&goattest.AKConfig{Algorithm: goattest.ECDSA})
 	if err != nil {

@@ -85,15 +85,15 @@ func sortedIndexes(m map[int][]byte) []int {
 }
 
 // LogBootState is the boot state an event log tells by itself, in bank
-// (crypto.SHA256 or crypto.SHA1): the log is replayed against the PCR
+// (crypto.SHA256, crypto.SHA384 or crypto.SHA1): the log is replayed against the PCR
 // values its own events imply, since no quote vouches for them, and then
 // read by the same state machine the verifier runs (separators, order,
 // each variable once). Use it only on a log from a machine you trust —
 // to learn a policy from it (`nodeproof policy learn`) — never to admit
 // a machine: anyone can write a log that agrees with itself.
 func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
-	if bank != crypto.SHA256 && bank != crypto.SHA1 {
-		return attest.BootState{}, fmt.Errorf("tpm: bank %v: want SHA-256 or SHA-1", bank)
+	if bank != crypto.SHA256 && bank != crypto.SHA1 && bank != crypto.SHA384 {
+		return attest.BootState{}, fmt.Errorf("tpm: bank %v: want SHA-256, SHA-384 or SHA-1", bank)
 	}
 	if len(raw) == 0 || len(raw) > MaxEventLogSize {
 		return attest.BootState{}, attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes: want 1 to %d", len(raw), MaxEventLogSize)
@@ -113,10 +113,7 @@ func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
 // bank extend from a fresh TPM, for the PCRs el measures: what a quote
 // would hold if the log were true. Nothing vouches for them.
 func impliedPCRs(el *tcg.EventLog, bank crypto.Hash) map[int][]byte {
-	alg := register.HashSHA256
-	if bank == crypto.SHA1 {
-		alg = register.HashSHA1
-	}
+	alg := map[crypto.Hash]register.HashAlg{crypto.SHA1: register.HashSHA1, crypto.SHA256: register.HashSHA256, crypto.SHA384: register.HashSHA384}[bank]
 	implied := map[int][]byte{}
 	for _, e := range el.Events(alg) {
 		if e.Type == tcg.NoAction || e.Index > lastSRTMPCR || len(e.Digest) != bank.Size() {

@@ -7,11 +7,16 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"time"
+
+	"github.com/google/go-tpm-tools/client"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	sw "github.com/nodeproof/nodeproof/attest/tpm/swtpm"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // Machine is a simulated node: a freshly provisioned swtpm whose PCRs hold
@@ -93,4 +98,47 @@ func (mc *Machine) Reboot(ctx context.Context, log []byte) error {
 	defer ch.Close()
 	_, err = sw.ExtendLog(ch, log)
 	return err
+}
+
+// AddECCEK gives the machine's TPM what most discrete TPMs ship beside
+// their RSA EK: an ECC P-256 EK (the TCG's default template, which
+// go-attestation reads) certified by the same manufacturer, its
+// certificate in NV 0x01c0000a. The collector is reopened on that EK;
+// the machine's RSA EK and its certificate stay as they were: one TPM,
+// two certified EKs.
+func (mc *Machine) AddECCEK(m *Manufacturer, log []byte) error {
+	if mc.Collector != nil {
+		mc.Collector.Close()
+		mc.Collector = nil
+	}
+	ch, err := tpm.DialSocket("tcp", mc.TPM.Addr, log)
+	if err != nil {
+		return err
+	}
+	ek, err := client.EndorsementKeyECC(ch)
+	if err != nil {
+		ch.Close()
+		return fmt.Errorf("ECC EK: %w", err)
+	}
+	pub := ek.PublicKey()
+	ek.Close()
+	ca, err := tpmtest.LocalCA(m.Dir)
+	if err != nil {
+		ch.Close()
+		return err
+	}
+	cert, err := ca.IssueEK(pub, time.Now())
+	if err != nil {
+		ch.Close()
+		return err
+	}
+	if err := tpmtest.ProvisionEKCertAt(ch, tpmtest.ECCEKCertNVIndex, cert); err != nil {
+		ch.Close()
+		return err
+	}
+	if mc.Collector, err = tpm.NewCollectorEK(ch, attest.EKKindECCP256); err != nil {
+		ch.Close()
+		return err
+	}
+	return nil
 }

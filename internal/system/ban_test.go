@@ -16,6 +16,7 @@ import (
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
@@ -175,6 +176,37 @@ func TestBanAttacks(t *testing.T) {
 			t.Fatalf("unban said %q", out)
 		}
 		e.mustEnrol(t, "the machine, its ban lifted, enrols under a free name", a, "worker", "ban-1", newKubelet(t), true)
+	})
+
+	t.Run("one TPM, one identity: the banned machine's other EK", func(t *testing.T) {
+		log := firmwaretestdata.MustLog("rhel8-uefi")
+		m, err := e.man.NewMachine(ctx, t.TempDir(), log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		ka := newKubelet(t)
+		e.mustEnrol(t, "the machine enrols with its RSA EK", agent.TPMEvidence{Collector: m.Collector}, "worker", "twoek-0", ka, true)
+		enrolled := e.nodeproof(t, "inspect", "twoek-0")
+		// Root on it, after an operator banned it: the TPM's ECC P-256 EK,
+		// certified by the same vendor, beside the RSA one.
+		e.nodeproof(t, "revoke", "twoek-0", "--reason", "disk stolen", "--by", "alice")
+		if err := m.AddECCEK(e.man, log); err != nil {
+			t.Fatal(err)
+		}
+		ecc := agent.TPMEvidence{Collector: m.Collector}
+		before := e.state(t)
+		want := "403 " + string(attest.ReasonPolicyEKKind)
+		row("a revoked machine enrols with its TPM's other EK (ECC P-256, vendor-certified) under a new name", want,
+			e.attempt(t, ecc, "worker", "twoek-1", newKubelet(t), true))
+		row("... in the pool that re-enrols always", want, e.attempt(t, ecc, "reinstall", "twoek-2", newKubelet(t), true))
+		row("... under its own name, with its enrolled kubelet key", want, e.attempt(t, ecc, "worker", "twoek-0", ka, true))
+		if after := e.state(t); after != before {
+			t.Errorf("the other EK's attempts changed the store:\nbefore:\n%safter:\n%s", before, after)
+		}
+		if !strings.Contains(enrolled, "rsa-2048") {
+			t.Errorf("nodeproof inspect twoek-0 does not name the EK's kind:\n%s", enrolled)
+		}
 	})
 
 	t.Run("a requested name of a Node that predates nodeproof", func(t *testing.T) {

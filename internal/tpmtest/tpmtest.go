@@ -27,9 +27,12 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm/swtpm"
 )
 
-// EKCertNVIndex is where TPMs keep the RSA EK certificate (TCG EK
-// Credential Profile).
-const EKCertNVIndex = tpmutil.Handle(0x01C00002)
+// EKCertNVIndex is where TPMs keep the RSA EK certificate, and
+// ECCEKCertNVIndex the ECC P-256 one (TCG EK Credential Profile).
+const (
+	EKCertNVIndex    = tpmutil.Handle(0x01C00002)
+	ECCEKCertNVIndex = tpmutil.Handle(0x01C0000A)
+)
 
 // VendorCA is a TPM manufacturer's CA: a root and an intermediate that
 // signs EK certificates.
@@ -130,21 +133,64 @@ func (ca *VendorCA) WriteRoots(dir string) error {
 	return nil
 }
 
-// ProvisionEKCert writes certDER into the TPM's EK certificate NV index
-// (replacing what is there), in chunks small enough for any TPM.
+// ProvisionEKCert writes certDER into the TPM's RSA EK certificate NV
+// index (replacing what is there), in chunks small enough for any TPM.
 func ProvisionEKCert(rw io.ReadWriter, certDER []byte) error {
-	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, EKCertNVIndex)
+	return ProvisionEKCertAt(rw, EKCertNVIndex, certDER)
+}
+
+// ProvisionEKCertAt is ProvisionEKCert at the NV index of another EK's
+// certificate (ECCEKCertNVIndex).
+func ProvisionEKCertAt(rw io.ReadWriter, index tpmutil.Handle, certDER []byte) error {
+	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, index)
 	attrs := tpm2.AttrOwnerWrite | tpm2.AttrAuthRead | tpm2.AttrPPWrite
-	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, EKCertNVIndex, "", "", nil, attrs, uint16(len(certDER))); err != nil {
-		return fmt.Errorf("define EK certificate NV index: %w", err)
+	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, index, "", "", nil, attrs, uint16(len(certDER))); err != nil {
+		return fmt.Errorf("define EK certificate NV index %#x: %w", index, err)
 	}
 	for off := 0; off < len(certDER); off += 512 {
 		end := min(off+512, len(certDER))
-		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, EKCertNVIndex, "", certDER[off:end], uint16(off)); err != nil {
+		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, index, "", certDER[off:end], uint16(off)); err != nil {
 			return fmt.Errorf("write EK certificate: %w", err)
 		}
 	}
 	return nil
+}
+
+// LocalCA is the swtpm manufacturer in dir (attest/tpm/swtpm's
+// swtpm_localca: its root, its issuing certificate and key) as a
+// VendorCA, to issue more EK certificates as that vendor.
+func LocalCA(dir string) (*VendorCA, error) {
+	read := func(name string) (*pem.Block, error) {
+		b, err := os.ReadFile(filepath.Join(dir, "ca", name))
+		if err != nil {
+			return nil, err
+		}
+		blk, _ := pem.Decode(b)
+		if blk == nil {
+			return nil, fmt.Errorf("%s: no PEM block", name)
+		}
+		return blk, nil
+	}
+	ca := &VendorCA{}
+	for name, dst := range map[string]**x509.Certificate{"swtpm-localca-rootca-cert.pem": &ca.Root, "issuercert.pem": &ca.Intermediate} {
+		blk, err := read(name)
+		if err != nil {
+			return nil, err
+		}
+		if *dst, err = x509.ParseCertificate(blk.Bytes); err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	blk, err := read("signkey.pem")
+	if err != nil {
+		return nil, err
+	}
+	key, err := x509.ParsePKCS1PrivateKey(blk.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("signkey.pem: %w", err)
+	}
+	ca.intermediateKey = key
+	return ca, nil
 }
 
 // ExtendLog is attest/tpm/swtpm.ExtendLog: a TCG event log extended into

@@ -44,6 +44,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows); --mode=reattest defaults to the host name, enrolment has no default (at first boot the host name is often not yet the node's: localhost on every machine)")
 	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm — a GCE vTPM when Google's AK template is in its NV, a NitroTPM when IMDSv2 answers —, the GCE metadata server, IMDSv2; the choice is printed); tpm; gce-vtpm (a Shielded VM's vTPM: Google's AK and its certificate from NV, refused without the certificate); aws-nitrotpm (an EC2 NitroTPM: a Nitro attestation document over the AK and the instance identity document); gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
+	ekKind := fs.String("ek", attest.EKKindRSA2048, "tpm evidence: the kind of endorsement key to attest with, the one the pool accepts (its tpm.ek): "+strings.Join(attest.EKKinds, ", "))
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
 	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition); reattest: prove this enrolled node again (every boot and on a timer; nothing is fetched)")
@@ -129,7 +130,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	ev, closer, err := source(ctx, agent.SourceOptions{
-		TPMPath: *tpmPath, EventLog: *eventLog, IMDSEndpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"), Timing: timing,
+		TPMPath: *tpmPath, EventLog: *eventLog, IMDSEndpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"), Timing: timing, EKKind: *ekKind,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "nodeproof-agent: %s: %v\n", evidenceLabel(*evidence), err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -33,6 +35,9 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	var c serve.Config
 	storeFlags(fs, &c)
 	against := fs.Bool("against-records", false, "judge every enrolled node's last recorded claims by this policy: which would fail, and why (exit 1 when any would)")
+	pool := fs.String("pool", "", "with --event-log: the pool whose boot rules judge the log")
+	logFile := fs.String("event-log", "", "judge one machine's TCG event log (binary_bios_measurements) offline by --pool's boot rules, as a quote of the log's own PCR values: exit 0 admitted, 1 refused with every reason")
+	bank := fs.String("bank", "sha256", "with --event-log: the PCR bank to read the log in (sha256, sha1, sha384)")
 	pos, err := in.exactly(1)
 	if err != nil {
 		return err
@@ -43,6 +48,18 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 		return err // names the pool and the field
 	}
 	fmt.Fprintf(stdout, "%s: valid (%d pools)\n", file, len(pol.Pools))
+	for _, w := range pol.OpenRules() {
+		fmt.Fprintln(in.stderr, "warning:", w)
+	}
+	if (*pool == "") != (*logFile == "") {
+		return in.usageError("--pool and --event-log go together")
+	}
+	if *logFile != "" {
+		if *against {
+			return in.usageError("--event-log judges one log; --against-records the enrolled nodes: one at a time")
+		}
+		return checkEventLog(pol, *pool, *logFile, *bank, stdout)
+	}
 	if !*against {
 		return nil
 	}
@@ -82,6 +99,77 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 		return errFailed
 	}
 	return nil
+}
+
+// checkEventLog is policy check --event-log: the log read by itself (the
+// PCRs its own events imply, as a quote of them would hold), judged by
+// pool's boot rules, every refusal said; what the log establishes after
+// the boot loader printed for the operator to compare.
+func checkEventLog(pol *policy.Policy, pool, file, bank string, stdout io.Writer) error {
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	h, err := bankHash(bank)
+	if err != nil {
+		return err
+	}
+	bs, err := tpm.LogBootState(raw, h)
+	if err != nil {
+		fmt.Fprintf(stdout, "%s: refused: %v\n", file, err)
+		return errFailed
+	}
+	writeBootSummary(stdout, bs)
+	d, err := pol.JudgeBoot(pool, &attest.TPMClaims{PCRBank: bank, Boot: bs}, policy.Options{Now: time.Now()})
+	if err != nil {
+		fmt.Fprintf(stdout, "%s: refused by pools.%s:\n", file, pool)
+		refusals := []policy.Audit{}
+		if d != nil {
+			refusals = d.Refusals
+		}
+		if len(refusals) == 0 {
+			r, _ := attest.ReasonOf(err)
+			refusals = append(refusals, policy.Audit{Reason: r, Message: err.Error()})
+		}
+		for _, a := range refusals {
+			fmt.Fprintf(stdout, "  %s\t%s\n", a.Reason, safetext.Clean(a.Message))
+		}
+		return errFailed
+	}
+	fmt.Fprintf(stdout, "%s: admitted by pools.%s\n", file, pool)
+	for _, a := range d.Audits {
+		fmt.Fprintf(stdout, "  in audit mode: %s\n", safetext.Clean(a.String()))
+	}
+	return nil
+}
+
+// writeBootSummary prints what a log establishes of the boot chain and
+// what ran after it.
+func writeBootSummary(w io.Writer, bs attest.BootState) {
+	sb := "unknown"
+	if bs.SecureBootKnown {
+		sb = map[bool]string{true: "on", false: "off"}[bs.SecureBoot]
+	}
+	fmt.Fprintf(w, "secure boot: %s\n", sb)
+	for i, a := range bs.BootApplications {
+		stage := "kernel"
+		switch i {
+		case attest.StageShim:
+			stage = "shim"
+		case attest.StageBootloader:
+			stage = "boot loader"
+		}
+		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, stage, a)
+	}
+	if bs.KernelCmdlineKnown {
+		fmt.Fprintf(w, "kernel command line: %s\n", safetext.Clean(bs.KernelCmdline))
+	} else {
+		fmt.Fprintln(w, "kernel command line: not established")
+	}
+	for _, f := range bs.GrubFiles {
+		fmt.Fprintf(w, "GRUB read: %s %s\n", f.Digest, safetext.Clean(f.Path))
+	}
+	fmt.Fprintf(w, "GRUB commands: %d measured\n", len(bs.GrubCommands))
 }
 
 // Verdicts of policy check --against-records.
@@ -125,6 +213,9 @@ func judge(pol *policy.Policy, b *store.Binding, now time.Time) verdict {
 	var cl attest.Claims
 	if err := json.Unmarshal(b.Status.Claims, &cl); err != nil {
 		return verdict{verdict: verdictNotJudged, why: "its recorded claims do not decode"}
+	}
+	if cl.TPM != nil && cl.TPM.EKKind == "" && cl.Kind == attest.KindTPM {
+		return verdict{verdict: verdictNotJudged, why: "its claims were recorded before nodeproof recorded the EK's kind (tpm.ek): judged at its next re-attestation"}
 	}
 	opts := policy.Options{Now: now, Reattestation: true}
 	dg, sg := pol.ChainOutcomes(b.Pool, &cl, opts)
@@ -184,14 +275,24 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	var efi efiFlag
 	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader or kernel when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
 	digests := fs.Bool("digests", false, "pin digests as well as signers: with --efi, the files' Authenticode digests (to --pool in --merge); from a machine, its boot applications' digests")
+	var af afterFiles
+	fs.StringVar(&af.initrd, "initrd", "", "with --grub-cfg: the initramfs grub.cfg's initrd command loads (its digest, as GRUB will measure it)")
+	fs.StringVar(&af.grubCfg, "grub-cfg", "", "a grub.cfg: predict what GRUB will run and read for it (after GRUB's built-in configuration, which the pool learned from a booted machine): grub.files, grub.commands, kernelCmdline")
+	fs.Var(&af.files, "grub-file", "GRUBPATH=FILE: another file grub.cfg reads at GRUBPATH (repeat)")
+	fs.StringVar(&af.cmdline, "kernel-cmdline", "", "the kernel command line (the kernel's path, then the arguments, as GRUB measures it): kernelCmdline.exact; with --grub-cfg it must be grub.cfg's")
+	fs.StringVar(&af.bank, "bank", "sha256", "the PCR bank the pool's machines quote: the predicted files' digests are in its hash (sha256, sha384, sha1)")
+	refSet := fs.String("reference-set", "", "with --efi: write the files' rules into this reference set of the pool (made from the pool's stage rules if absent): a rollout's new release, beside the old")
+	notAfter := fs.String("not-after", "", "with --reference-set: the set's notAfter (RFC 3339, or a date)")
+	minKernel := fs.String("minimum-kernel", "", "with --efi: minimumKernel.version, the oldest kernel the pool accepts (raised, never lowered; each --efi kernel's version is recorded under its digest)")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
-	if len(efi) > 0 {
+	if len(efi) > 0 || af.given() || *refSet != "" || *minKernel != "" {
 		if *logFile != "" || *evidence != "" || *node != "" || *ekTrust != "" || *ekRoot != "" || *nodeNames != "" {
-			return in.usageError("--efi reads boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
+			return in.usageError("--efi, --initrd, --grub-cfg, --grub-file, --kernel-cmdline, --reference-set and --minimum-kernel read boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
 		}
-		return cmdPolicyLearnEFI(efi, *digests, *pool, *merge, *out, stdout, stderr)
+		return cmdPolicyLearnEFI(efiLearn{files: efi, digests: *digests, pool: *pool, merge: *merge, out: *out, after: af,
+			referenceSet: *refSet, notAfter: *notAfter, minimumKernel: *minKernel}, stdout, stderr)
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {

@@ -31,7 +31,7 @@ func TestPolicyCheckAgainstRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	claims := func(secureBoot bool) []byte {
-		c := attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{PCRBank: "sha256", EKTrust: "ca:vendor"}}
+		c := attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{PCRBank: "sha256", EKTrust: "ca:vendor", EKKind: attest.EKKindRSA2048}}
 		c.TPM.Boot.SecureBootKnown, c.TPM.Boot.SecureBoot = true, secureBoot
 		b, err := json.Marshal(c)
 		if err != nil {

@@ -59,39 +59,66 @@ func readEFIFiles(args []string) ([]efiFile, error) {
 	return out, nil
 }
 
+// efiLearn is what `policy learn` learns from files: the boot files
+// (--efi), what runs after the boot loader (--initrd, --grub-cfg,
+// --grub-file, --kernel-cmdline, --bank), where it goes (--pool, --merge,
+// --reference-set, --not-after) and a kernel floor (--minimum-kernel).
+type efiLearn struct {
+	files                  []string
+	digests                bool
+	pool, merge, out       string
+	after                  afterFiles
+	referenceSet, notAfter string
+	minimumKernel          string
+}
+
 // cmdPolicyLearnEFI is `nodeproof policy learn --efi FILE...`: reference
 // values from the boot files themselves. It writes a draft of comments
 // naming, per stage, each file's Authenticode digest, its signers and the
-// certificates their signatures carry, the shim's vendor certificate (what
-// verifies GRUB and the kernel) and SBAT data. With --pool and --merge (an
-// existing pool) it adds to that pool the files' signer rules (efiSigners)
-// and the SbatLevel the shim applies as minimumSBAT, and with --digests
-// their Authenticode digests too, and writes that policy after the
+// certificates their signatures carry, a kernel's version, the shim's
+// vendor certificate (what verifies GRUB and the kernel) and SBAT data.
+// With --pool and --merge (an existing pool) it adds to that pool (or to
+// --reference-set's set) the files' signer rules (efiSigners), the
+// SbatLevel the shim applies as minimumSBAT, each kernel's version under
+// its digest (minimumKernel.versions), with --digests their Authenticode
+// digests too, and with --grub-cfg (--initrd, --grub-file) what GRUB will
+// measure for them (predictAfter), and writes that policy after the
 // comments.
-func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, stdout, stderr io.Writer) error {
-	if (pool == "") != (merge == "") {
+func cmdPolicyLearnEFI(o efiLearn, stdout, stderr io.Writer) error {
+	if (o.pool == "") != (o.merge == "") {
 		return errors.New("policy learn --efi: --pool and --merge go together (the policy whose pool gets the files' signers)")
 	}
-	if digests && pool == "" {
-		return errors.New("policy learn --efi --digests: --pool and --merge (the policy whose pool gets the digests) are required")
+	if o.pool == "" && (o.digests || o.after.given() || o.referenceSet != "" || o.minimumKernel != "") {
+		return errors.New("policy learn --efi: --digests, --initrd, --grub-cfg, --grub-file, --kernel-cmdline, --reference-set and --minimum-kernel write into a pool: --pool and --merge are required")
 	}
-	read, err := readEFIFiles(files)
+	if o.notAfter != "" && o.referenceSet == "" {
+		return errors.New("policy learn: --not-after is a reference set's: give --reference-set")
+	}
+	read, err := readEFIFiles(o.files)
 	if err != nil {
 		return err
 	}
 	var b strings.Builder
 	writeEFIDraft(&b, read)
 	doc := []byte(b.String())
-	if pool != "" {
-		cur, err := os.ReadFile(merge)
+	if o.pool != "" {
+		cur, err := os.ReadFile(o.merge)
 		if err != nil {
 			return err
 		}
-		refs, notes, err := efiReferences(read, digests)
+		refs, notes, err := efiReferences(read, o.digests)
 		if err != nil {
 			return err
 		}
-		learned, more, err := policy.AddReferences(cur, pool, refs)
+		kernel, err := kernelOf(read)
+		if err != nil && o.after.grubCfg != "" {
+			return err
+		}
+		if refs.After, err = predictAfter(o.after, kernel, cur, o.pool); err != nil {
+			return err
+		}
+		refs.ReferenceSet, refs.NotAfter, refs.MinimumKernel = o.referenceSet, o.notAfter, o.minimumKernel
+		learned, more, err := policy.AddReferences(cur, o.pool, refs)
 		if err != nil {
 			return err
 		}
@@ -100,14 +127,14 @@ func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, st
 		}
 		doc = append(doc, learned...)
 	}
-	if out == "" {
+	if o.out == "" {
 		_, err := stdout.Write(doc)
 		return err
 	}
-	if err := fsutil.WriteFileAtomic(out, doc, 0o644); err != nil {
+	if err := fsutil.WriteFileAtomic(o.out, doc, 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "wrote %s\n", out)
+	fmt.Fprintf(stderr, "wrote %s\n", o.out)
 	return nil
 }
 
@@ -116,7 +143,7 @@ func cmdPolicyLearnEFI(files []string, digests bool, pool, merge, out string, st
 // Authenticode digest when digests is set, and the SbatLevel a shim
 // among them applies (its generations as minimumSBAT).
 func efiReferences(files []efiFile, digests bool) (policy.References, []string, error) {
-	r := policy.References{Signers: map[string][]string{}, Digests: map[string][]string{}}
+	r := policy.References{Signers: map[string][]string{}, Digests: map[string][]string{}, KernelVersions: map[string]string{}}
 	var notes []string
 	var vendor []*x509.Certificate
 	for _, f := range files {
@@ -139,6 +166,9 @@ func efiReferences(files []efiFile, digests bool) (policy.References, []string, 
 		}
 		if digests {
 			r.Digests[f.stage] = append(r.Digests[f.stage], hex.EncodeToString(f.img.AuthenticodeSHA256))
+		}
+		if f.stage == bootimage.StageKernel && f.img.KernelVersion != "" {
+			r.KernelVersions[hex.EncodeToString(f.img.AuthenticodeSHA256)] = f.img.KernelVersion
 		}
 		if f.stage == bootimage.StageShim && f.img.SBATLevelAutomatic != "" {
 			_, gens, err := tpm.ParseSBATLevel([]byte(f.img.SBATLevelAutomatic))
@@ -210,6 +240,10 @@ func writeEFIDraft(w io.Writer, files []efiFile) {
 		img := f.img
 		fmt.Fprintf(w, "#\n# %s: %s (%s)\n", f.stage, filepath.Base(f.path), img.Kind)
 		fmt.Fprintf(w, "#   authenticode sha256: %s\n", hex.EncodeToString(img.AuthenticodeSHA256))
+		fmt.Fprintf(w, "#   file sha256 (what GRUB measures reading it): %s\n", hex.EncodeToString(img.FileSHA256))
+		if img.KernelVersion != "" {
+			fmt.Fprintf(w, "#   kernel version: %s\n", safetext.Clean(img.KernelVersion))
+		}
 		if len(img.Signatures) == 0 {
 			fmt.Fprintln(w, "#   not signed: Secure Boot refuses it")
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/sha256"
 	"encoding/hex"
 	"os"
 	"path/filepath"
@@ -149,7 +150,7 @@ func TestPolicyLearnEFI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Evaluate("worker", &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:swtpm", PCRBank: "sha256", Boot: boot}}); err != nil {
+	if err := p.Evaluate("worker", &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:swtpm", EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: boot}}); err != nil {
 		t.Errorf("the policy with the files' digests refuses the live boot it was learned from: %v", err)
 	}
 
@@ -176,4 +177,143 @@ func TestPolicyLearnEFI(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPolicyLearnFromFiles: a release learned from its files before any
+// machine boots it. A pool learned from the live boot's log (Debian's
+// shim, GRUB and kernel, the live grub.cfg, its initramfs); then `policy
+// learn --efi kernel=… --grub-cfg … --initrd … --reference-set` predicts
+// what GRUB will measure: GRUB's built-in commands from the pool, grub.cfg's
+// commands and the kernel command line exactly as the live boot measured
+// them, grub.cfg's and the kernel's file digests the live boot's own, the
+// new initramfs's digest; with the kernel's version recorded and a floor
+// (--minimum-kernel). `policy check --event-log` then judges the live
+// log: admitted by the pool's own rules; refused, with every reason, by
+// a pool of the new initramfs alone and by a floor above its kernel.
+func TestPolicyLearnFromFiles(t *testing.T) {
+	parts, err := liveboot.LoadParts(testenv.Cache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, string, int) {
+		var out, errb bytes.Buffer
+		code := Run(context.Background(), args, &out, &errb)
+		return out.String(), errb.String(), code
+	}
+	dir := t.TempDir()
+	raw := firmwaretestdata.MustLog("debian-12-ovmf-secure-boot")
+	logPath := filepath.Join(dir, "live.bin")
+	grubCfg := filepath.Join(dir, "grub.cfg")
+	initrd := filepath.Join(dir, "initrd-2.img")
+	for f, b := range map[string][]byte{logPath: raw, grubCfg: liveboot.GrubConfig(true, liveboot.KernelCmdline), initrd: []byte("a new initramfs")} {
+		if err := os.WriteFile(f, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pol := filepath.Join(dir, "policy.yaml")
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", pol); code != 0 {
+		t.Fatalf("learn from the live log: exit %d: %s", code, errs)
+	}
+	kernel := parts.Path(parts.Kernel)
+	img, err := bootimage.ReadFile(kernel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := filepath.Join(dir, "policy-next.yaml")
+	_, errs, code := run("policy", "learn", "--pool", "worker", "--merge", pol, "--efi", "kernel="+kernel, "--grub-cfg", grubCfg, "--initrd", initrd,
+		"--reference-set", "release-2", "--not-after", "2027-03-01", "--minimum-kernel", img.KernelVersion, "-o", next)
+	if code != 0 {
+		t.Fatalf("learn from the files: exit %d: %s", code, errs)
+	}
+	b, err := os.ReadFile(next)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(b)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	tp := p.Pools["worker"].TPM
+	if len(tp.ReferenceSets) != 1 || tp.ReferenceSets[0].Name != "release-2" || tp.ReferenceSets[0].NotAfter == nil || tp.ReferenceSets[0].Grub == nil {
+		t.Fatalf("reference sets %+v; want release-2 with its GRUB rules and notAfter", tp.ReferenceSets)
+	}
+	set := tp.ReferenceSets[0]
+	learned, predicted := tp.Grub, set.Grub
+	if !slices.Equal(predicted.Commands, learned.Commands) {
+		t.Errorf("predicted commands %q; the live boot ran %q", predicted.Commands, learned.Commands)
+	}
+	if len(predicted.Files) != 3 || predicted.Files[0] != learned.Files[0] || predicted.Files[1] != learned.Files[1] {
+		t.Errorf("predicted files %+v; want grub.cfg's and the kernel's as the live boot measured them %+v, then the new initramfs", predicted.Files, learned.Files)
+	}
+	sum := sha256.Sum256([]byte("a new initramfs"))
+	if len(predicted.Files) == 3 && predicted.Files[2].Digest != hex.EncodeToString(sum[:]) {
+		t.Errorf("the new initramfs predicted as %+v", predicted.Files[2])
+	}
+	if !slices.Equal(set.KernelCmdline.Exact, tp.KernelCmdline.Exact) {
+		t.Errorf("predicted command line %q; the live boot's %q", set.KernelCmdline.Exact, tp.KernelCmdline.Exact)
+	}
+	if m := tp.MinimumKernel; m == nil || m.Version != img.KernelVersion || m.Versions[hex.EncodeToString(img.AuthenticodeSHA256)] != img.KernelVersion {
+		t.Errorf("minimumKernel %+v; want %s, the kernel's digest mapped to it", m, img.KernelVersion)
+	}
+
+	check := func(policyFile string) (string, int) {
+		out, errs, code := run("policy", "check", policyFile, "--pool", "worker", "--event-log", logPath)
+		return out + errs, code
+	}
+	if out, code := check(next); code != 0 || !strings.Contains(out, "admitted by pools.worker") || !strings.Contains(out, "GRUB read: "+learned.Files[2].Digest) {
+		t.Errorf("the live log under the pool and its new release: exit %d\n%s", code, out)
+	}
+	// The pool of the new release alone (its rules in place of the
+	// pool's, no reference set): the live boot's initramfs is not it.
+	alone := filepath.Join(dir, "policy-alone.yaml")
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--merge", pol, "--efi", "kernel="+kernel, "--grub-cfg", grubCfg, "--initrd", initrd, "-o", alone); code != 0 {
+		t.Fatalf("learn the new release into the pool: exit %d: %s", code, errs)
+	}
+	if out, code := check(alone); code != 1 || !strings.Contains(out, string(attest.ReasonPolicyGrubFile)) || !strings.Contains(out, `"/initrd.img"`) {
+		t.Errorf("the live log under the new release alone: exit %d; want 1, GrubFileNotAllowed naming /initrd.img\n%s", code, out)
+	}
+	// A floor above the live boot's kernel, and every reason said.
+	floor := filepath.Join(dir, "policy-floor.yaml")
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--merge", alone, "--minimum-kernel", "6.1.0-999-amd64", "-o", floor); code != 0 {
+		t.Fatalf("raise the floor: exit %d: %s", code, errs)
+	}
+	out, code := check(floor)
+	if code != 1 || !strings.Contains(out, string(attest.ReasonPolicyGrubFile)) || !strings.Contains(out, string(attest.ReasonPolicyKernelVersion)) || !strings.Contains(out, "rollback") {
+		t.Errorf("the live log under the new release with a floor above its kernel: exit %d; want 1 with both reasons\n%s", code, out)
+	}
+
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"--grub-cfg with a menu", []string{"--grub-cfg", writeFile(t, dir, "menu.cfg", "menuentry 'x' {\n linux /vmlinuz\n}\n")}, `line 1: "menuentry"`},
+		{"--grub-cfg without the kernel's file", []string{"--grub-cfg", grubCfg, "--initrd", initrd}, "--efi kernel=FILE"},
+		{"--grub-cfg without the initramfs", []string{"--grub-cfg", grubCfg, "--efi", "kernel=" + kernel}, "--initrd FILE"},
+		{"--initrd without --grub-cfg", []string{"--initrd", initrd}, "need --grub-cfg"},
+		{"a command line grub.cfg does not give", []string{"--grub-cfg", grubCfg, "--efi", "kernel=" + kernel, "--initrd", initrd, "--kernel-cmdline", "/vmlinuz init=/bin/sh"}, "is not the command line"},
+		{"--not-after without a set", []string{"--efi", "kernel=" + kernel, "--not-after", "2027-01-01"}, "--reference-set"},
+		{"a pool learned from no booted machine", []string{"--grub-cfg", grubCfg, "--efi", "kernel=" + kernel, "--initrd", initrd, "--merge", writeFile(t, dir, "hand.yaml",
+			"apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\npools:\n  worker:\n    evidence: [tpm]\n    tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}}\ntrust: {ekInventory: i.yaml}\n")}, "learn the pool from a machine first"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			args := append([]string{"policy", "learn", "--pool", "worker"}, c.args...)
+			if !slices.Contains(args, "--merge") {
+				args = append(args, "--merge", pol)
+			}
+			_, errs, code := run(args...)
+			if code == 0 || !strings.Contains(errs, c.want) {
+				t.Errorf("exit %d, %q; want a refusal with %q", code, errs, c.want)
+			}
+		})
+	}
+}
+
+func writeFile(t *testing.T, dir, name, body string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

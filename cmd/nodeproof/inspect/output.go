@@ -11,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/safetext"
 )
@@ -160,6 +161,7 @@ func WriteStory(w io.Writer, format string, s *Story) error {
 		return err
 	}
 	if len(s.Claims) > 0 {
+		writeBoot(w, s.Claims)
 		c, err := cleanJSON(s.Claims)
 		if err != nil {
 			return fmt.Errorf("inspect: claims: %w", err)
@@ -357,4 +359,49 @@ func WritePool(w io.Writer, format, pool string, es []render.TierEntry) error {
 		cells(tw, "", e.Name, string(e.Place), e.Why)
 	}
 	return tw.Flush()
+}
+
+// writeBoot prints what the latest attestation's claims say of the boot:
+// the EK's kind, the chain by stage, the kernel command line, the files
+// GRUB read and PCRs 8 and 9 (what the whole-boot rules judge), before
+// the claims in full.
+func writeBoot(w io.Writer, raw []byte) {
+	var c attest.Claims
+	if json.Unmarshal(raw, &c) != nil || c.TPM == nil {
+		return
+	}
+	b := c.TPM.Boot
+	fmt.Fprintln(w, "\nBoot (latest attestation):")
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) { cells(tw, "  ", k, v) }
+	if c.TPM.EKKind != "" {
+		row("EK", c.TPM.EKKind)
+	}
+	for i, a := range b.BootApplications {
+		stage := "kernel"
+		switch i {
+		case attest.StageShim:
+			stage = "shim"
+		case attest.StageBootloader:
+			stage = "boot loader"
+		}
+		row(stage, a)
+	}
+	cmdline := "not established"
+	if b.KernelCmdlineKnown {
+		cmdline = b.KernelCmdline
+	}
+	row("kernel command line", cmdline)
+	for _, f := range b.GrubFiles {
+		row("GRUB read", f.Digest+"  "+dash(f.Path))
+	}
+	if b.GrubCommandsKnown {
+		row("GRUB commands", fmt.Sprintf("%d measured (claims: grubCommands)", len(b.GrubCommands)))
+	}
+	for _, i := range []int{8, 9} {
+		if v, ok := c.TPM.PCRs[i]; ok {
+			row(fmt.Sprintf("PCR %d", i), v)
+		}
+	}
+	tw.Flush()
 }
