@@ -60,10 +60,15 @@ func NewCollectorEK(ch Channel, ekKind string) (*Collector, error) {
 	if ch != nil {
 		c.log = ch.MeasurementLog
 	}
+	// The certified EKs (RSA and ECC, each with its certificate from NV),
+	// then what EKs finds (an RSA EK made from its template when no
+	// certificate is there: an inventory's).
+	certified, cerr := t.EKCertificates()
 	eks, err := t.EKs()
-	if err != nil || len(eks) == 0 {
+	eks = append(certified, eks...)
+	if len(eks) == 0 {
 		t.Close()
-		return nil, fmt.Errorf("read endorsement key: %w", errors.Join(err, errors.New("no EK")))
+		return nil, fmt.Errorf("read endorsement key: %w", errors.Join(cerr, err, errors.New("no EK")))
 	}
 	found, kinds := false, []string{}
 	for _, ek := range eks {

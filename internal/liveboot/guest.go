@@ -34,6 +34,10 @@ type Guest struct {
 	// Server is the server's URL as the guest reaches it
 	// (https://GuestHost:port); Pool and Node what the agent asks for.
 	Server, Pool, Node string
+	// Tamper, when set, is shell put into /init right after its first
+	// line: an initramfs edited as an attacker would (the tests' tampered
+	// boot).
+	Tamper string
 }
 
 // KernelCmdline is the kernel command line of every live boot.
@@ -48,8 +52,13 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 	}
 	env := fmt.Sprintf("NP_SERVER=%s\nNP_POOL=%s\nNP_NODE=%s\n", shellQuote(g.Server), shellQuote(g.Pool), shellQuote(g.Node))
 	var mods []string
+	init := initScript
+	if g.Tamper != "" {
+		first, rest, _ := bytes.Cut(initScript, []byte("\n"))
+		init = bytes.Join([][]byte{first, []byte(g.Tamper), rest}, []byte("\n"))
+	}
 	files := map[string]File{
-		"/init":                            {Data: initScript, Mode: 0o755},
+		"/init":                            {Data: init, Mode: 0o755},
 		"/bin/busybox":                     {Src: Busybox, Mode: 0o755},
 		"/bin/nodeproof-agent":             {Src: g.Agent, Mode: 0o755},
 		"/etc/nodeproof/liveboot.env":      {Data: []byte(env)},
@@ -86,10 +95,15 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 // BuildBootDisk writes the boot disk: the shim, GRUB, a grub.cfg (see
 // GrubConfig for efi), the kernel and initramfs.
 func BuildBootDisk(ctx context.Context, parts *Parts, initramfs string, efi bool, out string) error {
+	return BuildBootDiskWith(ctx, parts, initramfs, GrubConfig(efi, KernelCmdline), out)
+}
+
+// BuildBootDiskWith is BuildBootDisk with this grub.cfg.
+func BuildBootDiskWith(ctx context.Context, parts *Parts, initramfs string, grubCfg []byte, out string) error {
 	return BuildDisk(ctx, out, map[string]File{
 		ESPShim:      {Src: parts.Path(parts.Shim)},
 		ESPGrub:      {Src: parts.Path(parts.Grub)},
-		ESPGrubCfg:   {Data: GrubConfig(efi, KernelCmdline)},
+		ESPGrubCfg:   {Data: grubCfg},
 		ESPKernel:    {Src: parts.Path(parts.Kernel)},
 		ESPInitramfs: {Src: initramfs},
 	})

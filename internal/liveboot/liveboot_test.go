@@ -170,8 +170,8 @@ func TestLiveBoot(t *testing.T) {
 	bootWith := func(t *testing.T, name, disk string, secureBoot bool, vars string) *liveboot.Result {
 		t.Helper()
 		n++
-		if n > 6 {
-			t.Fatal("more than six boots")
+		if n > 11 {
+			t.Fatal("more than eleven boots")
 		}
 		say("boot %d (%s): Secure Boot %s", n, name, map[bool]string{true: "on", false: "off"}[secureBoot])
 		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Vars: vars, Forward: []int{w.serverPort, w.apiPort},
@@ -274,8 +274,16 @@ func TestLiveBoot(t *testing.T) {
 		return
 	}
 
+	var kernelB *liveboot.Result
 	ok = t.Run("kernel B signed by the same key: admitted by the kernel rule in audit mode, said in the binding and an Event; signer rules learned from kernel A admit B and refuse kernel C, digest rules refuse B", func(t *testing.T) {
-		signerRules(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, first, testDB)
+		kernelB = signerRules(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, first, testDB)
+	})
+	if !ok {
+		return
+	}
+
+	ok = t.Run("the whole boot, judged by the policy policy learn writes: a tampered initramfs, command line or grub.cfg refused; a kernel update learned from its files admitted; a rollback refused", func(t *testing.T) {
+		wholeBoot(t, ctx, w, g, work, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, kernelB)
 	})
 	if !ok {
 		return

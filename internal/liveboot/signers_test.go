@@ -33,7 +33,7 @@ import (
 // CA and the test db CA: BootSignerAmbiguous); the digest policy without
 // audit refuses kernel B (BootComponentNotAllowed).
 func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, work string, dg digests, say func(string, ...any),
-	boot func(name, disk, vars string) *liveboot.Result, bootNumber int64, first, testDB *liveboot.Result) {
+	boot func(name, disk, vars string) *liveboot.Result, bootNumber int64, first, testDB *liveboot.Result) *liveboot.Result {
 	t.Helper()
 	lab, err := liveboot.LoadSignerLab(ctx, testenv.Cache(), say)
 	if err != nil {
@@ -131,6 +131,7 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 	}
 	say("signer rules: kernel B %.12s… admitted by the kernel's rule in audit mode (binding and Event), by the signer rules learned from kernel A; kernel C refused; took %.1fs",
 		kernelB, r.Took.Seconds())
+	return r
 }
 
 // withAfterKernelOpen is pol with pool's command line and GRUB rules

@@ -115,6 +115,8 @@ func (mc *Machine) AddECCEK(m *Manufacturer, log []byte) error {
 	if err != nil {
 		return err
 	}
+	// go-tpm-tools makes the EK from the TCG's default ECC template and
+	// persists it where TPMs keep it (EK Credential Profile: 0x81010002).
 	ek, err := client.EndorsementKeyECC(ch)
 	if err != nil {
 		ch.Close()

@@ -178,7 +178,7 @@ func TestBanAttacks(t *testing.T) {
 		e.mustEnrol(t, "the machine, its ban lifted, enrols under a free name", a, "worker", "ban-1", newKubelet(t), true)
 	})
 
-	t.Run("one TPM, one identity: the banned machine's other EK", func(t *testing.T) {
+	t.Run("one TPM is one identity: the other EK of a banned machine", func(t *testing.T) {
 		log := firmwaretestdata.MustLog("rhel8-uefi")
 		m, err := e.man.NewMachine(ctx, t.TempDir(), log)
 		if err != nil {

@@ -357,14 +357,16 @@ func (e *enrolEnv) files(t *testing.T, doc awstest.Document) awstest.Files {
 // refused when the server starts, naming the pool and the field; it does
 // not serve as if it meant any.
 func TestServeRefusesFailOpenPolicy(t *testing.T) {
-	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}"
+	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}"
 	for _, tc := range []struct{ name, pool, want string }{
 		{"gcp projects", "evidence: [gcp], gcp: {anyZone: true}", `pool "lab": gcp.projects is empty`},
 		{"gcp zones", "evidence: [gcp], gcp: {projects: [p]}", `pool "lab": gcp.zones is empty`},
 		{"aws accounts", "evidence: [aws], aws: {regions: [us-east-1]}", `pool "lab": aws.accounts is empty`},
 		{"aws regions", `evidence: [aws], aws: {accounts: ["1"]}`, `pool "lab": aws.regions is empty`},
 		{"tpm EK trust", "evidence: [tpm], tpm: {" + anyBoot + "}", `pool "lab": tpm.ekTrust is empty`},
-		{"tpm kernel", "evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}}}", `pool "lab": tpm.bootComponents.kernel.allow is empty`},
+		{"tpm kernel", "evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}}", `pool "lab": tpm.bootComponents.kernel.allow is empty`},
+		{"tpm command line", "evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, grub: {any: true}}", `pool "lab": tpm.kernelCmdline is empty`},
+		{"tpm grub", "evidence: [tpm], tpm: {anyEKTrust: true, bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}}", `pool "lab": tpm.grub is empty`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -28,6 +28,8 @@ pools:
     tpm:
       anyEKTrust: true
       bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
+      kernelCmdline: {any: true}
+      grub: {any: true}
 `))
 		if err != nil {
 			t.Fatal(err)
