@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"io"
+	"strings"
 	"testing"
 
 	"github.com/google/go-tpm/legacy/tpm2"
@@ -96,6 +97,44 @@ func BenchmarkTPMAttestation(b *testing.B) {
 				b.Fatal(err)
 			}
 			if err := r.pol.Evaluate("worker", c); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	// The policy `policy learn` writes from the machine's log: the whole
+	// boot judged (its chain's signers, the command line, the files GRUB
+	// read and its 54 commands).
+	b.Run("full-learned", func(b *testing.B) {
+		v, err := tpm.NewVerifier(tpm.Options{Roots: testRootSets(r.ca), Clock: clock})
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := v.Verify(r.sess, r.ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		doc, _, err := policy.Learn(nil, "worker", policy.Learned{EKTrust: c.TPM.EKTrust, Bank: "sha256", Boot: c.TPM.Boot,
+			Root: &policy.EKRoot{Name: strings.TrimPrefix(c.TPM.EKTrust, "ca:"), Dir: "/unused"}, NodeNames: "requested"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		pol, err := policy.Parse(doc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if t := pol.Pools["worker"].TPM; t.Grub == nil || len(t.Grub.Commands) == 0 || t.KernelCmdline == nil || len(t.KernelCmdline.Exact) == 0 {
+			b.Fatalf("the learned policy does not judge the whole boot: %+v", t)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, err := v.Challenge("worker", r.key, r.req); err != nil {
+				b.Fatal(err)
+			}
+			c, err := v.Verify(r.sess, r.ev)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pol.Evaluate("worker", c); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -71,8 +71,8 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
 }
 
-// TestLiveBoot boots a real machine six times (make test-boot; about
-// 30-45 s a boot here, one VM at a time; the first run also enrols the
+// TestLiveBoot boots a real machine eleven times (make test-boot; about
+// 20-45 s a boot here, one VM at a time; the first run also enrols the
 // test Secure Boot keys, a ~10 s firmware boot, cached after): OVMF with Secure Boot and
 // Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
 // kernel, measured into swtpm; the agent, Ignition and kubelet-csr in the
@@ -105,10 +105,16 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     (kernel A; signer rules by default) admits kernel B's boot and
 //     refuses boot 3's (kernel C, signed by another key); the digest
 //     policy without audit refuses kernel B.
-//  5. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//  5. The whole boot (wholeBoot): the policy `nodeproof policy learn`
+//     writes from boot 4's log refuses a tampered initramfs, a changed
+//     command line and a changed grub.cfg, each naming what differs; a
+//     kernel update learned from its files alone is admitted, its
+//     prediction what the machine measured; the floor raised, kernel B is
+//     refused as a rollback (five boots).
+//  6. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
 //     Event; the node failed and tainted.
-//  6. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//  7. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
 //

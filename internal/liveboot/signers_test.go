@@ -2,10 +2,10 @@ package liveboot_test
 
 import (
 	"context"
-	"maps"
 	"crypto"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
