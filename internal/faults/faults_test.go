@@ -367,7 +367,7 @@ func TestFaultRotationUnderLoad(t *testing.T) {
 	}
 	// The rotations took effect in the running server.
 	time.Sleep(time.Second) // its reload interval is 500 ms
-	bundle := []byte(run(t, "ca", "--print-bundle", "--hosts", "127.0.0.1", "--state-dir", w.StateDir))
+	bundle := []byte(run(t, "ca", "show", "--print-bundle", "--state-dir", w.StateDir))
 	active, _ := pem.Decode(bundle)
 	conn, err := tls.Dial("tcp", strings.TrimPrefix(w.URL, "https://"), &tls.Config{InsecureSkipVerify: true})
 	if err != nil {

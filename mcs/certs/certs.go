@@ -72,6 +72,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -291,4 +292,43 @@ func Next(cur Files, where Where, hint string, o Options) (next Files, st *State
 		ServingCert:   n.leaf,
 		Changes:       changes,
 	}, nil
+}
+
+// ErrNone: the state directory holds no CA yet.
+var ErrNone = errors.New("certs: no CA yet")
+
+// Read returns the live state in dir as it is, writing nothing: no CA
+// made, nothing rotated, no lock file (a view: `nodeproof ca show`).
+// ErrNone when dir holds no generation.
+func Read(dir string) (*State, error) {
+	gen, _, err := currentGeneration(dir)
+	if errors.Is(err, fs.ErrNotExist) || (err == nil && gen == 0) {
+		return nil, fmt.Errorf("%w in %s", ErrNone, dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m, err := load(filepath.Join(dir, genName(gen)))
+	if err != nil {
+		return nil, err
+	}
+	if m.leafErr != nil {
+		return nil, fmt.Errorf("certs: the serving certificate in %s: %w", filepath.Join(dir, genName(gen)), m.leafErr)
+	}
+	cd := filepath.Join(dir, CurrentLink)
+	return &State{
+		Dir: dir, Generation: gen, CABundlePEM: m.files[CABundleFileName], CABundle: m.bundle, CACert: m.ca, CrossSignedCA: m.cross,
+		ServingCert: m.leaf, CABundleFile: filepath.Join(cd, CABundleFileName), CACertFile: filepath.Join(cd, CACertFileName),
+		ServingCertFile: filepath.Join(cd, ServingCertFileName), ServingKeyFile: filepath.Join(cd, ServingKeyFileName),
+	}, nil
+}
+
+// Names are a certificate's DNS names and IP addresses, as Hosts lists
+// them.
+func Names(c *x509.Certificate) []string {
+	out := append([]string(nil), c.DNSNames...)
+	for _, ip := range c.IPAddresses {
+		out = append(out, ip.String())
+	}
+	return out
 }

@@ -12,6 +12,7 @@ package serve
 
 import (
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
@@ -276,6 +277,7 @@ func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, 
 	tick := time.NewTicker(c.Reload)
 	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
+	names := servedNames{c: c}
 	for {
 		select {
 		case <-ctx.Done():
@@ -314,6 +316,7 @@ func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, 
 			if err := r.LastError(); err != nil {
 				c.Log.Error("serving certificate reload", "err", err.Error())
 			}
+			names.check(r)
 		}
 		if now.Sub(lastGC) > 10*time.Minute {
 			lastGC = now
@@ -324,4 +327,45 @@ func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, 
 			}
 		}
 	}
+}
+
+// servedNames says, once per change, when the certificate the server
+// serves names other hosts than its --hosts (someone ran `nodeproof ca
+// rotate --serving-only --hosts`, or replaced the files): machines that
+// reach it by a --hosts name would fail TLS.
+type servedNames struct {
+	c    Config
+	last string
+}
+
+func (n *servedNames) check(r *certs.Reloader) {
+	if n.c.CertFile != "" || len(n.c.Hosts) == 0 {
+		return // --cert: the operator's own certificate, its own names
+	}
+	tc := r.Certificate()
+	if tc == nil || len(tc.Certificate) == 0 {
+		return
+	}
+	leaf, err := x509.ParseCertificate(tc.Certificate[0])
+	if err != nil {
+		return
+	}
+	served := certs.Names(leaf)
+	key := strings.Join(served, ",")
+	if key == n.last {
+		return
+	}
+	n.last = key
+	var missing []string
+	for _, h := range n.c.Hosts {
+		if leaf.VerifyHostname(h) != nil {
+			missing = append(missing, h)
+		}
+	}
+	if len(missing) > 0 {
+		n.c.Log.Warn("the serving certificate does not name every --hosts name this server was started with: machines reaching it by those names fail TLS; change it back with nodeproof ca rotate --serving-only --hosts",
+			"serving", key, "hosts", strings.Join(n.c.Hosts, ","), "missing", strings.Join(missing, ","))
+		return
+	}
+	n.c.Log.Info("serving certificate", "names", key)
 }

@@ -2,11 +2,11 @@ package cli
 
 import (
 	"context"
-	"crypto/x509"
-	"flag"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,18 +17,23 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/serve"
 )
 
-// cmdCA: nodeproof ca [show] | ca rotate [--serving-only]. Ensure runs
-// either way (creating on first use, rotating what is due); rotate forces
-// a CA rotation (cross-signed, the old CA kept in the bundle) or, with
-// --serving-only, a new serving certificate. A running server serves the
-// new certificate at its next handshake and the new bundle in its public
-// tier and user-data Secrets at its next input check.
+// cmdCA: nodeproof ca [show] | ca create | ca rotate [--serving-only].
+// show is a view: it reads the CA and serving certificate and changes
+// nothing (an empty state directory is an error that says how to make
+// them). create makes them on first use (--hosts names the serving
+// certificate) and renews what is due; it never changes the serving
+// certificate's names — that is rotate's, explicitly. rotate forces a CA
+// rotation (cross-signed, the old CA kept in the bundle) or, with
+// --serving-only, a new serving certificate, for --hosts or the names it
+// had. A running server serves the new certificate at its next handshake
+// (and logs names that are not its --hosts) and the new bundle in its
+// public tier and user-data Secrets at its next input check.
 func cmdCA(_ context.Context, in *invocation) error {
 	stdout := in.stdout
 	fs := in.flags()
 	var dir, kubeconfig, ns string
 	stateDirFlag(fs, &dir)
-	hosts := fs.String("hosts", "localhost,127.0.0.1", "names and IPs of the serving certificate, comma-separated (with --kubeconfig and rotate: default the certificate's own)")
+	hosts := fs.String("hosts", "", "names and IPs of the serving certificate, comma-separated: create's (default localhost,127.0.0.1), or rotate's new ones (default: the certificate's own)")
 	bundle := fs.Bool("print-bundle", false, "print the CA bundle (PEM) to standard output")
 	servingOnly := fs.Bool("serving-only", false, "with rotate: a new serving certificate, the CA kept")
 	kubeconfigFlag(fs, &kubeconfig)
@@ -37,24 +42,49 @@ func cmdCA(_ context.Context, in *invocation) error {
 		return err
 	}
 	action := in.action
+	names := splitList(*hosts)
 	if kubeconfig != "" {
-		var names []string // the serving certificate's own, unless --hosts is given
-		fs.Visit(func(f *flag.Flag) {
-			if f.Name == "hosts" {
-				names = splitList(*hosts)
-			}
-		})
+		if action == "create" {
+			return errors.New("ca create --kubeconfig: the server's leader makes the CA kept in the cluster (serve --cert-store=cluster); ca show --kubeconfig shows it")
+		}
 		return caInCluster(kubeconfig, ns, action, names, *bundle, *servingOnly, stdout)
 	}
-	o := certs.Options{Clock: time.Now, Hosts: splitList(*hosts)}
+	certsDir := filepath.Join(dir, "certs")
+	var st *certs.State
+	var err error
 	switch action {
 	case "", "show":
+		if *hosts != "" || *servingOnly {
+			return errors.New("ca show is a view: it changes nothing (--hosts and --serving-only are create's and rotate's)")
+		}
+		if st, err = certs.Read(certsDir); errors.Is(err, certs.ErrNone) {
+			return fmt.Errorf("%w: make them with `nodeproof ca create --state-dir %s --hosts NAMES` (the names Ignition reaches the server by), or start nodeproof serve --hosts NAMES, which makes them", err, dir)
+		}
+	case "create":
+		if *servingOnly {
+			return errors.New("ca create: --serving-only is rotate's")
+		}
+		if len(names) == 0 {
+			names = []string{"localhost", "127.0.0.1"}
+		}
+		if cur, rerr := certs.Read(certsDir); rerr == nil {
+			if have := certs.Names(cur.ServingCert); !sameNames(have, names) {
+				return fmt.Errorf("ca create: the serving certificate in %s names %v, not %v; a running server and its machines use it: change its names explicitly with `nodeproof ca rotate --serving-only --hosts %s`", certsDir, have, names, strings.Join(names, ","))
+			}
+		}
+		st, err = certs.Ensure(certsDir, certs.Options{Clock: time.Now, Hosts: names})
 	case "rotate":
-		o.RotateCA, o.RotateServing = !*servingOnly, *servingOnly
+		if len(names) == 0 {
+			cur, rerr := certs.Read(certsDir)
+			if rerr != nil {
+				return fmt.Errorf("ca rotate: %w", rerr)
+			}
+			names = certs.Names(cur.ServingCert)
+		}
+		st, err = certs.Ensure(certsDir, certs.Options{Clock: time.Now, Hosts: names, RotateCA: !*servingOnly, RotateServing: *servingOnly})
 	default:
-		return fmt.Errorf("ca: unknown action %q (show or rotate)", action)
+		return fmt.Errorf("ca: unknown action %q (show, create or rotate)", action)
 	}
-	st, err := certs.Ensure(filepath.Join(dir, "certs"), o)
 	if err != nil {
 		return err
 	}
@@ -65,9 +95,17 @@ func cmdCA(_ context.Context, in *invocation) error {
 	for _, ch := range st.Changes {
 		fmt.Fprintln(stdout, ch)
 	}
-	fmt.Fprintf(stdout, "CA bundle:  %s (%d CA)\nserving:    %s\nvalid to:   %s\n",
-		st.CABundleFile, len(st.CABundle), st.ServingCertFile, st.ServingCert.NotAfter.UTC().Format(time.RFC3339))
+	fmt.Fprintf(stdout, "CA bundle:  %s (%d CA)\nserving:    %s for %v\nvalid to:   %s\n",
+		st.CABundleFile, len(st.CABundle), st.ServingCertFile, certs.Names(st.ServingCert), st.ServingCert.NotAfter.UTC().Format(time.RFC3339))
 	return nil
+}
+
+// sameNames reports whether two name lists hold the same names.
+func sameNames(a, b []string) bool {
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(slices.Compact(x), slices.Compact(y))
 }
 
 // caInCluster is `nodeproof ca --kubeconfig`: the objects serve
@@ -99,8 +137,8 @@ func caInCluster(kubeconfig, ns, action string, hosts []string, printBundle, ser
 	switch action {
 	case "", "show":
 	case "rotate":
-		if hosts == nil {
-			hosts = certNames(snap.Serving)
+		if len(hosts) == 0 {
+			hosts = certs.Names(snap.Serving)
 		}
 		k, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: ns, Hosts: hosts, Clock: time.Now})
 		if err != nil {
@@ -126,16 +164,8 @@ func caInCluster(kubeconfig, ns, action string, hosts []string, printBundle, ser
 	}
 	fmt.Fprintf(stdout, "CA bundle:  ConfigMap %s/%s (%d CA)\nserving:    Secret %s/%s for %v\nvalid to:   %s\nowner:      %s\n",
 		ns, kubecerts.CAName, strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), ns, kubecerts.ServingName,
-		certNames(snap.Serving),
+		certs.Names(snap.Serving),
 		snap.Serving.NotAfter.UTC().Format(time.RFC3339), map[bool]string{true: "nodeproof", false: "not nodeproof (served as found)"}[snap.Owned])
 	return nil
 }
 
-// certNames are a certificate's DNS names and IP addresses.
-func certNames(c *x509.Certificate) []string {
-	out := append([]string(nil), c.DNSNames...)
-	for _, ip := range c.IPAddresses {
-		out = append(out, ip.String())
-	}
-	return out
-}

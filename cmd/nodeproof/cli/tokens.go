@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -28,7 +29,16 @@ func cmdToken(_ context.Context, in *invocation) error {
 		return err
 	}
 	action := in.action
+	switch action {
+	case "", "show", "rotate":
+	default:
+		return fmt.Errorf("token: unknown action %q (show or rotate)", action)
+	}
+	// show is a view: it makes no token (and no Secret, no file); rotate
+	// makes the first one.
+	create := action == "rotate"
 	var p *tokens.Provisioning
+	var st tokens.Store
 	if kubeconfig != "" {
 		cfg, err := serve.RESTConfig(kubeconfig)
 		if err != nil {
@@ -38,26 +48,28 @@ func cmdToken(_ context.Context, in *invocation) error {
 		if err != nil {
 			return err
 		}
-		if p, err = tokens.Open(context.Background(), &cluster.TokenSecret{Client: kc, Namespace: ns}, *grace, time.Now, true); err != nil {
-			return fmt.Errorf("%w (is the server's --token-secret-namespace another? deploy/base keeps the token in nodeproof)", err)
-		}
+		st = &cluster.TokenSecret{Client: kc, Namespace: ns}
 	} else {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return err
+		if create {
+			if err := os.MkdirAll(dir, 0o700); err != nil {
+				return err
+			}
 		}
-		var err error
-		if p, err = tokens.LoadProvisioning(filepath.Join(dir, "tokens.json"), *grace, time.Now); err != nil {
-			return err
-		}
+		st = tokens.FileStore(filepath.Join(dir, "tokens.json"))
 	}
-	switch action {
-	case "", "show":
-	case "rotate":
+	p, err := tokens.Open(context.Background(), st, *grace, time.Now, create)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("no provisioning token yet (token show makes none): `nodeproof token rotate` makes the first, and so does nodeproof serve at start")
+	case err != nil && kubeconfig != "":
+		return fmt.Errorf("%w (is the server's --token-secret-namespace another? deploy/base keeps the token in nodeproof)", err)
+	case err != nil:
+		return err
+	}
+	if action == "rotate" {
 		if err := p.Rotate(); err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("token: unknown action %q (show or rotate)", action)
 	}
 	fmt.Fprintln(stdout, p.Current())
 	return nil
