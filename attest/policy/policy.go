@@ -299,6 +299,13 @@ func Load(path string) (*Policy, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read policy: %w", err)
 	}
+	return ParseFile(b, path)
+}
+
+// ParseFile is Parse of b, the bytes read from the file at path: its
+// relative paths resolved against path's directory, and errors naming it.
+// A caller that hashed b applies exactly what it hashed.
+func ParseFile(b []byte, path string) (*Policy, error) {
 	p, err := Parse(b)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", path, err)

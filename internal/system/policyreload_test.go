@@ -100,6 +100,34 @@ func TestServePolicyReload(t *testing.T) {
 	if n := strings.Count(s.log.String(), "policy reload refused; the last good policy stays in force"); n != 3 {
 		t.Errorf("%d log lines about refused reloads; want one per bad version", n)
 	}
+	// Back to the version in force: the refusal is over, said.
+	write(publicMaster)
+	waitFor("the refusal over", func() bool { return rejected() == 0 })
+	// A trust file the policy points to is part of its version: the vendor's
+	// root taken out of its directory is refused like a bad edit, and put
+	// back ends the refusal.
+	files, err := os.ReadDir(ekRoots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	aside := t.TempDir()
+	for _, f := range files {
+		if err := os.Rename(filepath.Join(ekRoots, f.Name()), filepath.Join(aside, f.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor("the emptied ek-roots directory refused", func() bool { return counter("refused") == 4 })
+	for _, f := range files {
+		if err := os.Rename(filepath.Join(aside, f.Name()), filepath.Join(ekRoots, f.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor("the ek-roots directory restored: the refusal over", func() bool { return rejected() == 0 })
+	for _, line := range []string{"policy in force", "the refusal is over", `"version":`} {
+		if !strings.Contains(s.log.String(), line) {
+			t.Errorf("the server's log does not say %q:\n%s", line, s.log)
+		}
+	}
 
 	write(good)
 	waitFor("the original policy in force again", func() bool { return master() == http.StatusUnauthorized })

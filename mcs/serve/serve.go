@@ -55,7 +55,7 @@ func Run(ctx context.Context, c Config) error {
 	if keeper.KeepsCertificates() {
 		c.bundleFrom = keeper.CABundle
 	}
-	opts, conns, closeAll, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
+	opts, conns, closeAll, version, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
 	if err != nil {
 		return err
 	}
@@ -143,7 +143,7 @@ func Run(ctx context.Context, c Config) error {
 	if keeper.Provisioning() != nil {
 		prov = nil // the keeper keeps it current
 	}
-	reloader, err := newPolicyReloader(c, srv, reg)
+	reloader, err := newPolicyReloader(c, srv, version, reg)
 	if err != nil {
 		ports.close()
 		return err
@@ -153,16 +153,21 @@ func Run(ctx context.Context, c Config) error {
 	return nil
 }
 
-// judge loads --policy and makes the verifiers of the evidence kinds it
-// takes, from its trust roots: at start, and at every reload.
-func (c Config) judge(ctx context.Context) (mcs.Judge, error) {
-	var j mcs.Judge
-	var err error
-	if j.Policy, err = LoadPolicy(c.Policy); err != nil {
-		return j, err
+// judge reads --policy (and what it points to) and makes the verifiers of
+// the evidence kinds it takes, retrying a few times when a trust file
+// changes while it is read; it returns the version it built.
+func (c Config) judge(ctx context.Context) (mcs.Judge, string, error) {
+	for try := 0; ; try++ {
+		v, err := c.readPolicy()
+		if err != nil {
+			return mcs.Judge{}, "", err
+		}
+		j, err := c.judgeVersion(ctx, v)
+		if errors.Is(err, errChangedWhileRead) && try < 5 {
+			continue
+		}
+		return j, v.version, err
 	}
-	j.Verifiers, err = c.verifiers(ctx, j.Policy)
-	return j, err
 }
 
 // serverOptions builds everything an mcs.Server needs but its configs:
@@ -170,7 +175,7 @@ func (c Config) judge(ctx context.Context) (mcs.Judge, error) {
 // kinds the policy takes, the store, Events, sealing keys, provisioning
 // tokens and admission limits (and those of the listeners, returned
 // apart). closeAll releases what was opened.
-func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), err error) {
+func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), version string, err error) {
 	var closers []func()
 	release := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -183,19 +188,20 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		}
 	}()
 	if err = os.MkdirAll(c.StateDir, 0o700); err != nil {
-		return o, conns, nil, fmt.Errorf("state dir: %w", err)
+		return o, conns, nil, "", fmt.Errorf("state dir: %w", err)
 	}
 	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
-	j, err := c.judge(ctx)
+	j, version, err := c.judge(ctx)
 	if err != nil {
-		return o, conns, nil, err
+		return o, conns, nil, "", err
 	}
 	for _, w := range j.Policy.Warnings() {
 		c.Log.Warn("policy: " + w)
 	}
+	c.Log.Info("policy in force", "file", orDefault(c.Policy, "(none: the public tier only)"), "version", version, "pools", len(j.Policy.Pools))
 	o.Policy, o.Verifiers = j.Policy, j.Verifiers
 	if o.Store, err = c.OpenStore(clusterMode); err != nil {
-		return o, conns, nil, err
+		return o, conns, nil, "", err
 	}
 	closers = append(closers, func() { o.Store.Close() })
 	if bs, ok := o.Store.(*boltstore.Store); ok {
@@ -203,7 +209,7 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		// socket (bbolt locks the file): revoke, release, unban, adopt.
 		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
 		if err != nil {
-			return o, conns, nil, err
+			return o, conns, nil, "", err
 		}
 		go func() {
 			if err := as.Serve(); err != nil {
@@ -218,7 +224,7 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		// enrolment.
 		stop, err := c.watchNodes(ctx, &o)
 		if err != nil {
-			return o, conns, nil, err
+			return o, conns, nil, "", err
 		}
 		closers = append(closers, stop)
 	}
@@ -226,21 +232,21 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		// A fetch reads the node's binding from a watch, not a GET.
 		w, stop, err := c.watchBindings(ctx, ks)
 		if err != nil {
-			return o, conns, nil, err
+			return o, conns, nil, "", err
 		}
 		closers = append(closers, stop)
 		o.Store = w
 	}
 	kc, err := c.KubeClient(clusterMode)
 	if err != nil {
-		return o, conns, nil, err
+		return o, conns, nil, "", err
 	}
 	if kc != nil {
 		// Reports go through a client of their own: their writes cannot
 		// hold up the decisions' behind one rate limiter.
 		reports, err := c.KubeClient(clusterMode)
 		if err != nil {
-			return o, conns, nil, err
+			return o, conns, nil, "", err
 		}
 		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
 		if w, ok := o.Store.(*kubestore.Watched); ok {
@@ -250,18 +256,18 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		o.Events = be
 	}
 	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
-		return o, conns, nil, err
+		return o, conns, nil, "", err
 	}
 	o.Keys.SetMaxLife(c.sealedLife())
 	if o.Provisioning = prov; prov == nil {
 		if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
-			return o, conns, nil, err
+			return o, conns, nil, "", err
 		}
 	}
 	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
-		return o, conns, nil, err
+		return o, conns, nil, "", err
 	}
-	return o, conns, release, nil
+	return o, conns, release, version, nil
 }
 
 // sealedLife is how long anything the server seals can stay valid: the
