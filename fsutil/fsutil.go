@@ -1,9 +1,12 @@
 // Package fsutil writes files so that a crash leaves the old content or the
 // new, never a torn mix: the state a server must not lose (keys, tokens,
-// certificates) goes through here.
+// certificates) goes through here; and it checks that a directory holding
+// such state is its owner's alone (CheckPrivate).
 package fsutil
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 )
@@ -60,4 +63,30 @@ func WriteFileAtomic(path string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return SyncDir(dir)
+}
+
+// ErrNotPrivate: a directory others can write to, or that another user
+// owns (CheckPrivate).
+var ErrNotPrivate = errors.New("not private to its owner")
+
+// CheckPrivate refuses a directory (or file) that is a symbolic link,
+// writable by its group or by others, or owned by another user than this
+// process's (or root): what lives in it — keys, a store, a socket operators
+// trust — must be this user's alone. A path that does not exist is
+// fs.ErrNotExist.
+func CheckPrivate(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return fmt.Errorf("%s is a symbolic link: %w", path, ErrNotPrivate)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by its group or by others (mode %04o; chmod go-w %s): %w", path, fi.Mode().Perm(), path, ErrNotPrivate)
+	}
+	if uid, ok := Owner(fi); ok && uid != os.Geteuid() && uid != 0 {
+		return fmt.Errorf("%s belongs to uid %d, not to this process's uid %d (or root): %w", path, uid, os.Geteuid(), ErrNotPrivate)
+	}
+	return nil
 }

@@ -26,33 +26,55 @@ type ports struct {
 	raw [][]net.Listener
 }
 
-// listen binds the secure port (TLS) and, unless off, the plain one, with
-// the per-source connection limits in front of both.
-func (c Config) listen(srv *mcs.Server, tlsConf *tls.Config, conns limit.ListenerOptions) (*ports, error) {
+// bound are the ports, bound before anything else is done at start (before
+// cluster mode takes the leader Lease or writes a certificate or token to
+// the cluster): a server that cannot have its ports changes nothing.
+type bound struct {
+	secure, insecure net.Listener // insecure: nil when off
+}
+
+// bindPorts binds the secure port and, unless off, the plain one.
+func (c Config) bindPorts() (*bound, error) {
 	secureLn, err := c.bind(c.SecurePort, "secure")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("serve: the secure port: %w", err)
 	}
-	secureLim := limitListener(secureLn, conns)
+	b := &bound{secure: secureLn}
+	if c.InsecurePort != 0 {
+		if b.insecure, err = c.bind(c.InsecurePort, "insecure"); err != nil {
+			secureLn.Close()
+			return nil, fmt.Errorf("serve: the insecure port: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// close releases ports not yet served.
+func (b *bound) close() {
+	b.secure.Close()
+	if b.insecure != nil {
+		b.insecure.Close()
+	}
+}
+
+// listen puts TLS on the secure port and the per-source connection limits
+// in front of both.
+func (c Config) listen(b *bound, srv *mcs.Server, tlsConf *tls.Config, conns limit.ListenerOptions) *ports {
+	secureLim := limitListener(b.secure, conns)
 	p := &ports{
-		secure:    secureLn.Addr(),
+		secure:    b.secure.Addr(),
 		servers:   []*http.Server{newHTTPServer(srv.Handler(mcs.Secure), c.Limits.ReadHeaderTimeout, c.Log)},
 		listeners: []net.Listener{tls.NewListener(secureLim, tlsConf)},
-		raw:       [][]net.Listener{{secureLn, secureLim}},
+		raw:       [][]net.Listener{{b.secure, secureLim}},
 	}
-	if c.InsecurePort != 0 {
-		ln, err := c.bind(c.InsecurePort, "insecure")
-		if err != nil {
-			secureLn.Close()
-			return nil, err
-		}
+	if ln := b.insecure; ln != nil {
 		p.insecure = ln.Addr()
 		p.servers = append(p.servers, newHTTPServer(srv.Handler(mcs.Insecure), c.Limits.ReadHeaderTimeout, c.Log))
 		lim := limitListener(ln, conns)
 		p.listeners = append(p.listeners, lim)
 		p.raw = append(p.raw, []net.Listener{ln, lim})
 	}
-	return p, nil
+	return p
 }
 
 // bind listens on port, behind the PROXY protocol when it is on: a
@@ -80,18 +102,26 @@ func (p *ports) serve(ctx context.Context, log *slog.Logger) {
 	for i := range p.servers {
 		go func(s *http.Server, ln net.Listener) { errc <- s.Serve(ln) }(p.servers[i], p.listeners[i])
 	}
+	why := "asked to stop"
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
+		why = "a listener failed"
 		if !errors.Is(err, http.ErrServerClosed) {
 			log.Error("listener failed", "err", err.Error())
 		}
 	}
+	log.Info("shutting down: requests in flight get 10 s", "why", why)
 	shutdown, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	clean := true
 	for _, s := range p.servers {
-		s.Shutdown(shutdown)
+		if err := s.Shutdown(shutdown); err != nil {
+			clean = false
+			log.Warn("shutdown: requests still in flight were cut", "err", err.Error())
+		}
 	}
+	log.Info("stopped", "clean", clean)
 }
 
 // close releases the ports without serving.

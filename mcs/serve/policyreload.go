@@ -235,4 +235,3 @@ func (p *policyReloader) refuse(version string, err error) {
 	p.reloads.WithLabelValues("refused").Inc()
 	p.c.Log.Error("policy reload refused; the last good policy stays in force", "file", p.c.Policy, "version", version, "in force", p.applied, "err", err.Error())
 }
-

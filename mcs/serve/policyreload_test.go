@@ -8,16 +8,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
-// TestPolicyVersion: a policy's version covers the --policy file and every
+// TestPolicyReloadAttacks: a policy's version covers the --policy file and every
 // trust file it points to: an EK root removed from its directory, an EK
 // taken out of the inventory, are new versions as an edit of the policy is;
 // a policy is built from exactly the bytes its version hashed, and a trust
 // file replaced while the verifiers read it is errChangedWhileRead, never
 // applied.
-func TestPolicyVersion(t *testing.T) {
+func TestPolicyReloadAttacks(t *testing.T) {
 	dir := t.TempDir()
 	roots := filepath.Join(dir, "ek-roots")
 	ca, err := tpmtest.NewVendorCA("Vendor", time.Now())
@@ -62,15 +63,19 @@ pools:
 	}
 	write(inv, "entries:\n- ekSHA256: "+hex64('a')+"\n  nodeName: m-0\n")
 	v1 := version()
-	if v1 == v0 {
-		t.Error("an EK taken out of the inventory is not a new version")
+	row := func(attack string, changed bool) {
+		t.Helper()
+		got := "same version (never applied)"
+		if changed {
+			got = "new version (applied)"
+		}
+		attacktable.Check(t, "operator", attack, "new version (applied)", got)
 	}
+	row("a stolen machine's EK taken out of trust.ekInventory, the policy file untouched", v1 != v0)
 	if err := os.Remove(filepath.Join(roots, "intermediate.pem")); err != nil {
 		t.Fatal(err)
 	}
-	if v2 := version(); v2 == v1 {
-		t.Error("a CA removed from an ek-roots directory is not a new version")
-	}
+	row("a vendor CA removed from an ek-roots directory, the policy file untouched", version() != v1)
 	write(pol, doc+"    reenrol: always\n")
 	v, err := c.readPolicy()
 	if err != nil {
@@ -81,9 +86,12 @@ pools:
 	}
 	// A trust file replaced after the version was read: not applied.
 	write(inv, "entries: []\n")
-	if _, err := c.judgeVersion(context.Background(), v); !errors.Is(err, errChangedWhileRead) {
-		t.Errorf("built after the inventory changed: %v; want errChangedWhileRead", err)
+	_, err = c.judgeVersion(context.Background(), v)
+	got := "applied"
+	if errors.Is(err, errChangedWhileRead) {
+		got = "not applied (changed while read)"
 	}
+	attacktable.Check(t, "operator", "a trust file rewritten between the reload's hash and its build", "not applied (changed while read)", got)
 	if v, err = c.readPolicy(); err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
@@ -46,6 +47,21 @@ func Run(ctx context.Context, c Config) error {
 	if err != nil {
 		return err
 	}
+	if err := c.checkStateDir(); err != nil {
+		return err
+	}
+	// The ports first: a server that cannot have them takes no Lease and
+	// writes nothing, here or to the cluster.
+	b, err := c.bindPorts()
+	if err != nil {
+		return err
+	}
+	served := false
+	defer func() {
+		if !served {
+			b.close()
+		}
+	}()
 	// What cluster mode keeps in the cluster (certificates, tokens) is
 	// there, or made by the leader, before anything is served.
 	keeper, err := c.startKeeper(ctx, clusterMode)
@@ -62,7 +78,7 @@ func Run(ctx context.Context, c Config) error {
 	defer closeAll()
 	// The certificates first: nodeproof's own CA bundle, made here on
 	// first start, is what the sources put in the public tier.
-	tlsConf, served, err := c.tlsConfig(keeper)
+	tlsConf, servedCerts, err := c.tlsConfig(keeper)
 	if err != nil {
 		return err
 	}
@@ -108,14 +124,12 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	live.Store(srv)
-	ports, err := c.listen(srv, tlsConf, conns)
-	if err != nil {
-		return err
-	}
+	ports := c.listen(b, srv, tlsConf, conns)
+	served = true
 	c.Log.Info("serving", "secure", ports.secure.String(), "insecure", fmt.Sprint(ports.insecure),
 		"inputs", src.String(), "pools", strings.Join(opts.Configs.Pools(), ","), "stateDir", c.StateDir, "proxyProtocolFrom", fmt.Sprint(c.ProxyProtocolFrom))
 	if c.MetricsAddr != "" {
-		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, served, c.caBundle), c.anchorMetrics(reg)); err != nil {
+		if err := errors.Join(listenerMetrics(reg, ports), certMetrics(reg, servedCerts, c.caBundle), c.anchorMetrics(reg)); err != nil {
 			ports.close()
 			return err
 		}
@@ -148,8 +162,26 @@ func Run(ctx context.Context, c Config) error {
 		ports.close()
 		return err
 	}
-	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, served, reloader)
+	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, servedCerts, reloader)
 	ports.serve(ctx, c.Log)
+	return nil
+}
+
+// checkStateDir makes the state directory (0700) when missing and refuses
+// one others can write to or another user owns: what lives there (the CA
+// key, the store, the sealing keyring, the admin socket operators trust)
+// must be this user's alone, or they could swap any of it.
+func (c Config) checkStateDir() error {
+	if err := os.MkdirAll(c.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	dir, err := filepath.EvalSymlinks(c.StateDir)
+	if err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	if err := fsutil.CheckPrivate(dir); err != nil {
+		return fmt.Errorf("state dir refused: %w", err)
+	}
 	return nil
 }
 
@@ -187,9 +219,6 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 			release() // what was opened before the failure
 		}
 	}()
-	if err = os.MkdirAll(c.StateDir, 0o700); err != nil {
-		return o, conns, nil, "", fmt.Errorf("state dir: %w", err)
-	}
 	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
 	j, version, err := c.judge(ctx)
 	if err != nil {

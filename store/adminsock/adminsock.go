@@ -12,7 +12,10 @@
 // Who may use it: the socket is created 0600 in the state directory (0700),
 // so only the server's user (root) can connect, and Serve checks the peer's
 // credentials (SO_PEERCRED) too: a connection from another uid is closed
-// before a byte is read. Only operators' operations are served: the reads
+// before a byte is read. The other way round, Dial trusts a socket only in
+// a directory others cannot write to, owned by this user or root, and
+// served by its owner (the server's SO_PEERCRED): an operator's command
+// sends nothing to a socket another user put there (ErrUntrusted). Only operators' operations are served: the reads
 // (bindings, records, bans, histories, markers), Ban, Revoke, Unban,
 // Release, Adopt and ReleaseOnce, and for the embedded store a backup and
 // a check of it (Keeper: `nodeproof store backup` and `store check`); what only the server does — enrol, create
@@ -40,6 +43,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -272,6 +276,10 @@ var _ store.Store = (*Client)(nil)
 // Dial connects to the socket at path: an error when no server answers
 // there (no socket, or one a dead server left).
 func Dial(ctx context.Context, path string) (*Client, error) {
+	owner, err := trustedSocket(path)
+	if err != nil {
+		return nil, err
+	}
 	d := net.Dialer{Timeout: 2 * time.Second}
 	dial := func(ctx context.Context, _, _ string) (net.Conn, error) {
 		addr, done, err := sockAddr(path)
@@ -279,7 +287,18 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 			return nil, err
 		}
 		defer done()
-		return d.DialContext(ctx, "unix", addr)
+		c, err := d.DialContext(ctx, "unix", addr)
+		if err != nil {
+			return nil, err
+		}
+		// The process that answers must be the socket's owner: nothing is
+		// sent to one that is not (a socket swapped in a directory others
+		// could write to, a server of another user).
+		if uid, ok := peerUID(c); !ok || uid != owner {
+			c.Close()
+			return nil, fmt.Errorf("%w: %s is served by uid %d, not by its owner uid %d", ErrUntrusted, path, uid, owner)
+		}
+		return c, nil
 	}
 	c, err := dial(ctx, "", "")
 	if err != nil {
@@ -287,6 +306,39 @@ func Dial(ctx context.Context, path string) (*Client, error) {
 	}
 	c.Close()
 	return &Client{path: path, http: &http.Client{Timeout: RequestTimeout + 10*time.Second, Transport: &http.Transport{DialContext: dial}}}, nil
+}
+
+// ErrUntrusted: the admin socket, or the directory it is in, or the
+// process serving it, is not the server's user's (or root's): the
+// operator's command sends it nothing.
+var ErrUntrusted = errors.New("adminsock: not the server's admin socket")
+
+// trustedSocket checks, before anything is sent, that path is a socket
+// owned by this process's user or root in a directory only its owner can
+// write to (fsutil.CheckPrivate), and returns its owner.
+func trustedSocket(path string) (int, error) {
+	dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+	if err != nil {
+		return 0, err
+	}
+	if err := fsutil.CheckPrivate(dir); err != nil {
+		if errors.Is(err, fsutil.ErrNotPrivate) {
+			return 0, fmt.Errorf("%w: %v", ErrUntrusted, err)
+		}
+		return 0, err
+	}
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0, err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return 0, fmt.Errorf("%w: %s is not a socket", ErrUntrusted, path)
+	}
+	owner, ok := fsutil.Owner(fi)
+	if !ok || (owner != os.Geteuid() && owner != 0) {
+		return 0, fmt.Errorf("%w: %s belongs to uid %d, neither this user (%d) nor root", ErrUntrusted, path, owner, os.Geteuid())
+	}
+	return owner, nil
 }
 
 // call runs op with a and decodes its result into out.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -175,5 +176,24 @@ func TestKill9Writer(t *testing.T) {
 			t.Fatal(err)
 		}
 		fmt.Println(id)
+	}
+}
+
+// TestHeldStoreNamesItsHolder: a store another process holds is refused
+// with who holds it (its pid and command line, from /proc/locks), not a
+// bare timeout.
+func TestHeldStoreNamesItsHolder(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	s, err := Open(path, time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, err = Open(path, 100*time.Millisecond, time.Now)
+	if err == nil {
+		t.Fatal("a held store opened twice")
+	}
+	if want := fmt.Sprintf("pid %d (", os.Getpid()); !strings.Contains(err.Error(), want) {
+		t.Errorf("held store: %v; want the holder named (%q)", err, want)
 	}
 }

@@ -313,7 +313,7 @@ func TestFaultBackupDuringWritesThenRestore(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("backup of %d bytes at transaction %d, while %d enrolments were written", n, txid, written.Load())
-	if _, err := Restore(path, backup, 100*time.Millisecond, t0); err == nil {
+	if _, err := Restore(path, backup, RestoreOptions{Lock: 100 * time.Millisecond, Now: t0}); err == nil {
 		t.Error("a restore over a running store was not refused")
 	}
 	s.Close()
@@ -330,9 +330,15 @@ func TestFaultBackupDuringWritesThenRestore(t *testing.T) {
 	if got, _ := openOutcome(t, path); got != "refused at start, naming the file" {
 		t.Fatalf("a store truncated to 0: %s", got)
 	}
-	res, err := Restore(path, backup, time.Second, t0)
+	if _, err := Restore(path, backup, RestoreOptions{Lock: time.Second, Now: t0}); !errors.Is(err, ErrCannotCarry) {
+		t.Fatalf("restore over an unreadable store without force: %v; want ErrCannotCarry", err)
+	}
+	res, err := Restore(path, backup, RestoreOptions{Lock: time.Second, Now: t0, Force: true})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.NotCarried == nil {
+		t.Error("a forced restore over an unreadable store does not say nothing was carried")
 	}
 	if _, err := os.Stat(res.Replaced); err != nil {
 		t.Errorf("the damaged file was not kept: %v", err)

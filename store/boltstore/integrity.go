@@ -222,7 +222,12 @@ func openGuarded(path string, opts bolt.Options) (db *bolt.DB, file *os.File, er
 	switch {
 	case err == nil:
 		return db, file, nil
-	case errors.Is(err, berrors.ErrTimeout), errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
+	case errors.Is(err, berrors.ErrTimeout):
+		if h := holder(path); h != "" {
+			return nil, nil, fmt.Errorf("open store %s: another process holds it, %s: %w", path, h, err)
+		}
+		return nil, nil, fmt.Errorf("open store %s: another process holds it: %w", path, err)
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, os.ErrPermission):
 		return nil, nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	return nil, nil, damaged(path, "bbolt cannot open it: %v", err)
@@ -638,7 +643,30 @@ type Restored struct {
 	// Replaced is where the store file it replaced was kept ("" if there
 	// was none, or the file was accepted as it is).
 	Replaced string
+	// Carried is what the replaced store held that the backup did not and
+	// the restore kept (bans, releases, spent markers), re-banned or lost.
+	Carried Carried
+	// NotCarried, with RestoreOptions.Force, says why the replaced store
+	// could not be read, so nothing was carried from it.
+	NotCarried error
 }
+
+// RestoreOptions say how Restore works.
+type RestoreOptions struct {
+	// Lock is how long to wait for the store's lock (a running server
+	// holds it: the restore is refused).
+	Lock time.Duration
+	// Now decides which single-use markers are still set.
+	Now time.Time
+	// Force restores even when the store being replaced cannot be read
+	// (damaged): nothing is carried from it then (Restored.NotCarried).
+	Force bool
+}
+
+// ErrCannotCarry: the store a restore would replace cannot be read, so
+// what was done after the backup (bans, releases, spent markers) cannot
+// be carried into the restored one; RestoreOptions.Force restores anyway.
+var ErrCannotCarry = errors.New("the store being replaced cannot be read")
 
 // Restore replaces the store file at path with the backup at from, which
 // must pass every check (checkTx); the server must be stopped (Restore
@@ -649,7 +677,8 @@ type Restored struct {
 // itself: the file, checked without its marker, is then accepted as it
 // is (after a finding an operator judged) and only the marker is
 // rewritten.
-func Restore(path, from string, lock time.Duration, now time.Time) (Restored, error) {
+func Restore(path, from string, o RestoreOptions) (Restored, error) {
+	lock, now := o.Lock, o.Now
 	var res Restored
 	same := false
 	if a, err := os.Stat(path); err == nil {
@@ -683,9 +712,23 @@ func Restore(path, from string, lock time.Duration, now time.Time) (Restored, er
 		return res, err
 	}
 	defer unlock()
+	txid := rep.Txid
 	if !same {
 		if err := out.Sync(); err != nil {
 			return res, err
+		}
+		if _, err := os.Stat(path); err == nil {
+			// What the replaced store holds that the backup does not and a
+			// restore must not undo goes into the restored file first.
+			c, t, err := carryInto(path, tmp, now)
+			switch {
+			case err == nil:
+				res.Carried, txid = c, t
+			case !o.Force:
+				return res, fmt.Errorf("%w (%v): bans, releases and spent markers made after the backup would be undone; restore with force to do so", ErrCannotCarry, err)
+			default:
+				res.NotCarried = err
+			}
 		}
 		if _, err := os.Stat(path); err == nil {
 			res.Replaced = fmt.Sprintf("%s.replaced-%s", path, now.UTC().Format("20060102T150405Z"))
@@ -700,7 +743,40 @@ func Restore(path, from string, lock time.Duration, now time.Time) (Restored, er
 			return res, err
 		}
 	}
-	return res, syncMarker(path, rep.Txid)
+	return res, syncMarker(path, txid)
+}
+
+// carryInto carries into the store file at restored what the one at path
+// (locked by the caller) holds that a restore must not undo (carryOver),
+// in one transaction, and returns it with the restored file's last
+// transaction.
+func carryInto(path, restored string, now time.Time) (c Carried, txid int, err error) {
+	defer guard(path, &err)()
+	cur, done, err := snapshot(path)
+	if err != nil {
+		return Carried{}, 0, err
+	}
+	defer done()
+	db, err := bolt.Open(restored, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		return Carried{}, 0, err
+	}
+	defer db.Close()
+	err = cur.View(func(ctx *bolt.Tx) error {
+		return db.Update(func(dtx *bolt.Tx) error {
+			var err error
+			c, err = carryOver(ctx, dtx, now)
+			return err
+		})
+	})
+	if err != nil {
+		return c, 0, err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		txid = int(tx.ID())
+		return nil
+	})
+	return c, txid, err
 }
 
 // lockFile takes the exclusive lock bbolt takes on path (flock), waiting

@@ -56,7 +56,7 @@ type ApproveConfig struct {
 }
 
 func approveFlags(fs *flag.FlagSet, c *ApproveConfig) {
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default: the in-cluster service account)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "the cluster's kubeconfig (default: $KUBECONFIG, else the in-cluster service account)")
 	fs.StringVar(&c.StoreNamespace, "store-namespace", serve.DefaultStoreNamespace, "kubernetes store: namespace of the NodeAttestation, AttestationMarker and NodeBinding objects (serve's --store-namespace)")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "act only while holding the Lease (run several replicas)")
 	fs.StringVar(&c.LeaseNamespace, "leader-elect-namespace", "nodeproof", "namespace of the Lease nodeproof-approver")

@@ -168,4 +168,3 @@ func caInCluster(kubeconfig, ns, action string, hosts []string, printBundle, ser
 		snap.Serving.NotAfter.UTC().Format(time.RFC3339), map[bool]string{true: "nodeproof", false: "not nodeproof (served as found)"}[snap.Owned])
 	return nil
 }
-

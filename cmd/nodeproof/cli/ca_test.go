@@ -11,13 +11,13 @@ import (
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 )
 
-// TestCAViewsChangeNothing: `ca show` is a view in directory mode — it
+// TestOperatorAttacksCAViews: `ca show` is a view in directory mode — it
 // makes nothing in an empty state directory (it says how to), and on a
 // made one it writes nothing, whatever flags an operator tries; the
 // serving certificate's names change only by `ca rotate --serving-only
 // --hosts`, never by `ca create` with other names (refused, naming the
 // command that does), and `ca rotate` without --hosts keeps them.
-func TestCAViewsChangeNothing(t *testing.T) {
+func TestOperatorAttacksCAViews(t *testing.T) {
 	run := func(args ...string) (string, int) {
 		var out, errb bytes.Buffer
 		code := Run(context.Background(), args, &out, &errb)

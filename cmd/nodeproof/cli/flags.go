@@ -21,7 +21,7 @@ const (
 // (serve: cluster mode; the others: the kubernetes store and the objects
 // serve keeps in the cluster).
 func kubeconfigFlag(fs *flag.FlagSet, p *string) {
-	fs.StringVar(p, "kubeconfig", "", "the cluster's kubeconfig: serve's cluster mode; for the other commands, the kubernetes store and what serve keeps in the cluster (empty: --state-dir; the in-cluster service account with --store=kubernetes, or serve's --apiserver-url)")
+	fs.StringVar(p, "kubeconfig", "", "the cluster's kubeconfig: serve's cluster mode; for the other commands, the kubernetes store and what serve keeps in the cluster (default: $KUBECONFIG unless --state-dir or --server-basedir is given; empty: --state-dir; the in-cluster service account with --store=kubernetes, or serve's --apiserver-url)")
 }
 
 // stateDirFlag is --state-dir.

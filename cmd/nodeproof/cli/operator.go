@@ -32,8 +32,19 @@ import (
 // kubernetes store, the API server.
 func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error) {
 	if c.StoreKind(adminCluster(c)) == "embedded" {
-		if cl, err := adminsock.Dial(ctx, adminsock.Path(c.StateDir)); err == nil {
+		cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
+		if err != nil {
+			return nil, err
+		}
+		if cl != nil {
 			return cl, nil
+		}
+		// An operator's command never makes a store: a mistyped
+		// --state-dir would otherwise show an empty one, or ban into a
+		// file no server reads.
+		db := filepath.Join(c.StateDir, serve.StoreFile)
+		if _, err := os.Lstat(db); errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("no store in --state-dir %s (no %s, and no server answers on %s): is it the server's --state-dir? The server makes its store at its first start", c.StateDir, serve.StoreFile, adminsock.Path(c.StateDir))
 		}
 	}
 	st, err := c.OpenStoreTimeout(adminCluster(c), time.Second)
@@ -47,6 +58,23 @@ func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error)
 		return nil, fmt.Errorf("open the store (no server answers on %s; is --state-dir %s right?): %w", adminsock.Path(c.StateDir), c.StateDir, err)
 	}
 	return st, nil
+}
+
+// dialServer connects to the running server's admin socket: nil and no
+// error when no server answers there (the caller opens the file itself),
+// an error when the socket, its directory or the process serving it is
+// not the server's user's (adminsock.ErrUntrusted): nothing is sent to it,
+// and nothing falls back to the file behind an impostor's back.
+func dialServer(ctx context.Context, sock string) (*adminsock.Client, error) {
+	cl, err := adminsock.Dial(ctx, sock)
+	switch {
+	case err == nil:
+		return cl, nil
+	case errors.Is(err, adminsock.ErrUntrusted):
+		return nil, fmt.Errorf("refusing the admin socket: %w", err)
+	default:
+		return nil, nil
+	}
 }
 
 // operator is who runs the command, as the store records it: --by when

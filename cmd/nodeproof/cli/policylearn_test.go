@@ -7,10 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
 // TestPolicyLearn: a known-good machine's log, dumped by the agent,
@@ -18,6 +21,11 @@ import (
 // bad invocations say what is wrong.
 func TestPolicyLearn(t *testing.T) {
 	dir := t.TempDir()
+	st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
 	logFile := func(name string) string {
 		p := filepath.Join(dir, name+".bin")
 		if err := os.WriteFile(p, firmwaretestdata.MustLog(name), 0o600); err != nil {

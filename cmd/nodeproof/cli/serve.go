@@ -29,7 +29,7 @@ func serveFlags(fs *flag.FlagSet, c *serve.Config) func() {
 	storeFlags(fs, c)
 	fs.StringVar(&c.APIServerURL, "apiserver-url", "", "cluster mode: the API server URL nodes use (goes into the kubeconfigs served)")
 	fs.StringVar(&c.TokenDir, "bootstrap-token-dir", "/etc/mcs/bootstrap-token", "cluster mode: the node-bootstrapper service account secret (token, ca.crt): the shared kubeconfig of the token tier, and the CA when the kubeconfig-data ConfigMap is absent")
-	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); default: public tier only, no secrets")
+	fs.StringVar(&c.Policy, "policy", "", "attestation and release policy (YAML); required unless --policy-none")
 	keysFileFlag(fs, &c.KeysFile)
 	fs.StringVar(&c.TokensFile, "tokens-file", "", "provisioning tokens shared by replicas (default <state-dir>/tokens.json; created if missing)")
 	fs.StringVar(&c.UserDataURL, "user-data-url", "", "cluster mode: keep the <role>-user-data-managed Secrets' pointer configs current, naming this server URL (e.g. https://api-int.example.com:22623); empty: off")
@@ -112,10 +112,17 @@ func cmdServe(ctx context.Context, in *invocation) error {
 	fs := in.flags()
 	finish := serveFlags(fs, &c)
 	logFormat := fs.String("log-format", "json", "json or text")
+	policyNone := fs.Bool("policy-none", false, "serve without a policy: the public tier only (no machine is attested, no secret is released); instead of --policy")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
 	finish()
+	switch {
+	case c.Policy == "" && !*policyNone:
+		return errors.New("no --policy: every machine would be refused PoolNotInPolicy. Give the policy (`nodeproof policy learn` writes one; docs/policy.md), or --policy-none for a server of the public tier only")
+	case c.Policy != "" && *policyNone:
+		return errors.New("--policy and --policy-none: choose one")
+	}
 	var h slog.Handler = slog.NewJSONHandler(in.stderr, nil)
 	if *logFormat == "text" {
 		h = slog.NewTextHandler(in.stderr, nil)

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 )
@@ -104,6 +105,9 @@ func (in *invocation) parse() ([]string, error) {
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
+	}
+	if err := kubeconfigFromEnv(fs, os.Getenv); err != nil {
+		return nil, in.usageError("%v", err)
 	}
 	if in.act == nil && len(in.cmd.actions) > 0 && len(pos) > 0 {
 		if a := in.cmd.action(pos[0]); a != nil && a.run == nil {
@@ -315,4 +319,30 @@ func groupOf(cmds []command, name string) []command {
 
 func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
+
+// kubeconfigFromEnv honours $KUBECONFIG as kubectl does: a command with a
+// --kubeconfig flag not given takes $KUBECONFIG, unless --state-dir or
+// --server-basedir was given (those name the directory to work on, and
+// win). The first path of a list is taken.
+func kubeconfigFromEnv(fs *flag.FlagSet, getenv func(string) string) error {
+	if fs.Lookup("kubeconfig") == nil {
+		return nil
+	}
+	env := getenv("KUBECONFIG")
+	if env == "" {
+		return nil
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "kubeconfig", "state-dir", "server-basedir":
+			explicit = true
+		}
+	})
+	if explicit {
+		return nil
+	}
+	first, _, _ := strings.Cut(env, string(os.PathListSeparator))
+	return fs.Set("kubeconfig", first)
 }
