@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
@@ -127,6 +128,7 @@ type opCmd struct {
 	node        string
 	identity    string
 	reason, who string
+	notEnrolled bool // --not-enrolled: revoke an identity nodeproof has never seen
 	st          store.Store
 }
 
@@ -138,14 +140,28 @@ func startOp(ctx context.Context, in *invocation, byIdentity bool) (*opCmd, erro
 	op := &opCmd{}
 	storeFlags(fs, &op.c)
 	reason, by := actFlags(fs)
-	identity := new(string)
+	identity, notEnrolled := new(string), new(bool)
 	if byIdentity {
-		identity = fs.String("identity", "", "the identity (tpm-ek:…, gcp:…, aws:…; nodeproof inspect lists them), instead of NODE's")
+		identity = fs.String("identity", "", "the identity (tpm-ek:…, gcp:…, aws:…; nodeproof inspect lists them), instead of NODE's: exactly as the server writes it")
+		if in.cmd.name == "revoke" {
+			notEnrolled = fs.Bool("not-enrolled", false, "with --identity: revoke an identity this server has never seen (no binding, ban or released name), e.g. a stolen machine not yet enrolled")
+		}
 	}
 	pos, err := in.parse()
 	if err != nil {
 		return nil, err
 	}
+	if *identity != "" {
+		// A ban keyed by any other spelling than the server's would
+		// match no machine while saying "revoked".
+		if _, err := attest.ParseIdentity(*identity); err != nil {
+			return nil, fmt.Errorf("--identity: %w", err)
+		}
+	}
+	if *notEnrolled && *identity == "" {
+		return nil, in.usageError("--not-enrolled goes with --identity")
+	}
+	op.notEnrolled = *notEnrolled
 	switch {
 	case len(pos) > 1:
 		return nil, in.usageError("one NODE, got %q", pos)
@@ -277,15 +293,24 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 	}
 	c, st := op.c, op.st
 	defer st.Close()
+	if op.identity != "" {
+		seen, err := identitySeen(ctx, st, op.identity)
+		if err != nil {
+			return err
+		}
+		if seen == "" && !op.notEnrolled {
+			return fmt.Errorf("%s is not enrolled, and this server has never seen it (no binding, no ban, no released name): nothing was revoked. Check the identity (nodeproof inspect lists them), or give --not-enrolled to ban one that has not enrolled yet", op.identity)
+		}
+	}
 	ban, err := st.Ban(ctx, store.Ban{Identity: op.identity, NodeName: op.node, At: c.Clock(), By: op.who, Reason: op.reason})
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
 	} else if err != nil {
 		return err
 	}
-	where := "holding no node name"
+	where := "not enrolled: it holds no node name, and the ban stands when it tries"
 	if ban.NodeName != "" {
-		where = "node " + ban.NodeName
+		where = "enrolled as node " + ban.NodeName
 	}
 	msg := fmt.Sprintf("%s (%s evidence, %s) revoked at %s by %s: enrolment under any name, re-attestation, configs, certificates and reports are refused until nodeproof unban",
 		ban.Identity, dash(string(ban.Kind)), where, ban.At.UTC().Format(time.RFC3339), ban.By)
@@ -354,6 +379,33 @@ func cmdUnban(ctx context.Context, in *invocation) error {
 		return nil
 	}
 	return bindingEvent(ctx, c, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
+}
+
+// identitySeen says how this store knows identity: "enrolled as NODE",
+// "banned", "released from NODE", or "" when it does not.
+func identitySeen(ctx context.Context, st store.Store, identity string) (string, error) {
+	if b, err := st.BindingOf(ctx, identity); err == nil {
+		return "enrolled as " + b.NodeName, nil
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	if _, err := st.BanOf(ctx, identity); err == nil {
+		return "banned", nil
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return "", err
+	}
+	hs, err := st.Histories(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, h := range hs {
+		for _, r := range h.Released {
+			if r.Identity == identity {
+				return "released from " + h.NodeName, nil
+			}
+		}
+	}
+	return "", nil
 }
 
 // bannedAt is the banned identity that holds node, or that held it when

@@ -12,8 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
@@ -163,4 +165,73 @@ func TestOperatorAttacksBackupLinks(t *testing.T) {
 		}
 	}
 	attacktable.Check(t, "operator", "store backup OUT with OUT a link to another file", "refused, naming it", got)
+}
+
+// TestOperatorAttacksRevokeIdentity: `revoke --identity` bans only an
+// identity in the one spelling the server writes; a near miss (upper-case
+// hash, a GCP project ID, a typo) is refused, never "revoked" while the
+// machine stays unbanned; an identity the server has never seen needs
+// --not-enrolled; the output says whether it is enrolled.
+func TestOperatorAttacksRevokeIdentity(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ek := strings.Repeat("3f", 32)
+	enrolled := "tpm-ek:" + ek
+	now := time.Now()
+	r := &store.Record{ID: "rec-1", NodeName: "worker-1", Pool: "worker", Kind: attest.KindTPM, Identity: enrolled,
+		KubeletKeySHA256: []byte{1}, CreatedAt: now, Expires: now.Add(time.Hour)}
+	if err := st.Enrol(context.Background(), r, store.EnrolOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	banned := func(id string) bool {
+		st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer st.Close()
+		_, err = st.BanOf(context.Background(), id)
+		return err == nil
+	}
+	cases := []struct {
+		attack, id string
+		extra      []string
+	}{
+		{"revoke --identity with the EK hash in upper case", "tpm-ek:" + strings.ToUpper(ek), nil},
+		{"revoke --identity with a GCP project ID for its number", "gcp:my-project/us-central1-a/4567890123456789", nil},
+		{"revoke --identity with a typo in the kind", "tmp-ek:" + ek, nil},
+		{"revoke --identity of an identity never seen, without --not-enrolled", "tpm-ek:" + strings.Repeat("aa", 32), nil},
+	}
+	for _, c := range cases {
+		out, code := runCLI(append([]string{"revoke", "--identity", c.id, "--state-dir", dir, "--reason", "stolen"}, c.extra...)...)
+		got := "refused, saying why"
+		switch {
+		case code == 0 || strings.Contains(out, "revoked at"):
+			got = "printed revoked"
+		case banned(c.id) || banned(strings.ToLower(c.id)):
+			got = "refused, but banned"
+		case !strings.Contains(out, "--identity") && !strings.Contains(out, "never seen"):
+			got = "refused without saying why: " + out
+		}
+		attacktable.Check(t, "operator", c.attack, "refused, saying why", got)
+	}
+	if out, code := runCLI("revoke", "--identity", "tpm-ek:"+strings.ToUpper(ek), "--state-dir", dir); code == 0 || !strings.Contains(out, enrolled) {
+		t.Errorf("upper-case hash: exit %d, %s; want the canonical spelling named", code, out)
+	}
+	unseen := "tpm-ek:" + strings.Repeat("aa", 32)
+	if out, code := runCLI("revoke", "--identity", unseen, "--not-enrolled", "--state-dir", dir); code != 0 || !strings.Contains(out, "not enrolled") || !banned(unseen) {
+		t.Errorf("revoke --not-enrolled: exit %d, %s; want it banned and said not enrolled", code, out)
+	}
+	if out, code := runCLI("revoke", "--identity", enrolled, "--state-dir", dir); code != 0 || !strings.Contains(out, "enrolled as node worker-1") || !banned(enrolled) {
+		t.Errorf("revoke --identity of the enrolled machine: exit %d, %s; want it banned and said enrolled as node worker-1", code, out)
+	}
+	if out, code := runCLI("unban", "--identity", "TPM-EK:"+ek, "--state-dir", dir); code == 0 || !banned(enrolled) {
+		t.Errorf("unban with a non-canonical identity: exit %d, %s; want refused, the ban kept", code, out)
+	}
 }
