@@ -1,6 +1,7 @@
 package mcs
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -18,6 +19,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/strictjson"
 )
 
 const sessionPurpose = "attest-session"
@@ -45,9 +47,11 @@ func (s *Server) openSession(sealed string) (*sealedSession, error) {
 	return &ss, nil
 }
 
-// decodeBody reads a JSON body strictly: bounded, one object, no unknown
-// fields. It decodes as it reads (no copy of the raw body: a verify body
-// carries an event log, and a thousand machines attest at once).
+// decodeBody reads a JSON body strictly: bounded, one value, no member
+// named twice at any depth, exactly or in another case (strictjson: as
+// encoding/json would match it to a field, merging the two), no unknown
+// fields. The body is held once as read (encoding/json's decoder buffers
+// a whole value before it decodes it anyway) and decoded from there.
 func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		return deny(attest.ReasonMalformedRequest, "Content-Type must be application/json")
@@ -55,9 +59,24 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	if r.ContentLength > limit {
 		return deny(attest.ReasonBodyTooLarge, "body exceeds %d bytes", limit)
 	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit))
+	var buf bytes.Buffer
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + 1) // one read past it sees the end
+	}
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	body := buf.Bytes()
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		return deny(attest.ReasonBodyTooLarge, "body exceeds %d bytes", limit)
+	} else if err != nil {
+		return deny(attest.ReasonMalformedRequest, "body: %v", err)
+	}
+	if err := strictjson.CheckNames(body); err != nil {
+		return deny(attest.ReasonMalformedRequest, "body: %v", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if err == nil {
 		// Only white space may follow the object.
 		if _, terr := dec.Token(); terr != io.EOF {
@@ -67,14 +86,10 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 			}
 		}
 	}
-	var tooBig *http.MaxBytesError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &tooBig):
-		return deny(attest.ReasonBodyTooLarge, "body exceeds %d bytes", limit)
+	if err != nil {
+		return deny(attest.ReasonMalformedRequest, "body: %v", err)
 	}
-	return deny(attest.ReasonMalformedRequest, "body: %v", err)
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, d *decision, v any) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/mcs/api"
 )
 
@@ -130,5 +131,24 @@ func BenchmarkVerifyBodyRaw(b *testing.B) {
 		if err := attest.DecodeEvidence(v.Evidence, "tpm evidence", &ev); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestVerifyBodyAttacksNamedTwice: a body that spells a member twice — a
+// kind's evidence as "tpm" and "TPM", a field inside it in two cases, the
+// session twice — would have encoding/json merge the two (the last value
+// of each field wins); it is MalformedRequest, never merged.
+func TestVerifyBodyAttacksNamedTwice(t *testing.T) {
+	vb, err := newVerifyBody(testRegistry(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ attack, body string }{
+		{"verify body: a kind's evidence given twice, as tpm and TPM", `{"session":"s","tpm":{"eventLog":"AAE="},"TPM":{"quotes":"AQ=="}}`},
+		{"verify body: an evidence field given twice in two cases", `{"session":"s","tpm":{"eventLog":"AAE=","EventLog":"AQ=="}}`},
+		{"verify body: the session given twice", `{"session":"a","session":"b","tpm":{}}`},
+	} {
+		_, _, err := decodeVerify(t, vb, []byte(c.body))
+		attacktable.CheckRefusal(t, "input", c.attack, attest.ReasonMalformedRequest, err)
 	}
 }

@@ -56,7 +56,9 @@ package policy
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -331,6 +333,16 @@ func Parse(b []byte) (*Policy, error) {
 		// yaml.v3 names the line and the Go type it wanted: say where the
 		// types are written for people.
 		return nil, fmt.Errorf("decode: %w (docs/policy.md lists every field and its type)", err)
+	}
+	// One policy, one document: a second one after `---` would be read by
+	// nothing while looking like part of what is in force.
+	var more yaml.Node
+	switch err := dec.Decode(&more); {
+	case errors.Is(err, io.EOF):
+	case err != nil:
+		return nil, fmt.Errorf("decode: after the policy: %w", err)
+	default:
+		return nil, fmt.Errorf("decode: the file holds more than one YAML document (line %d); a policy is one document", more.Line)
 	}
 	if err := p.validate(); err != nil {
 		return nil, err

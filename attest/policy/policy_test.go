@@ -3,6 +3,7 @@ package policy
 import (
 	"bytes"
 	"errors"
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"os"
 	"path/filepath"
 	"strings"
@@ -410,5 +411,29 @@ pools:
 	}
 	if strings.Contains(w, `pool "closed"`) {
 		t.Errorf("a pool with every list explicit is warned about:\n%s", w)
+	}
+}
+
+// TestPolicyParseAttacks: a policy file reads as one whole document —
+// never its first part only, never one of two spellings of a key.
+func TestPolicyParseAttacks(t *testing.T) {
+	head := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\n"
+	const anyBoot = "bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}, kernelCmdline: {any: true}, grub: {any: true}"
+	open := head + "pools:\n  w: {evidence: [tpm], serve: {insecurePort: public}, tpm: {anyEKTrust: true, " + anyBoot + "}}\n"
+	if _, err := Parse([]byte(open)); err != nil {
+		t.Fatalf("the open policy alone: %v", err)
+	}
+	cases := []struct{ attack, doc string }{
+		{"policy file: an open policy, ---, then the strict one", open + "---\n" + head + "pools:\n  w: {evidence: [gcp], gcp: {projects: [a], anyZone: true}}\n"},
+		{"policy file: a pool's key given twice", head + "pools:\n  w: {evidence: [tpm], evidence: [gcp], tpm: {anyEKTrust: true, " + anyBoot + "}}\n"},
+		{"policy file: a trailing document of junk after ---", open + "---\nfoo: [\n"},
+	}
+	for _, c := range cases {
+		_, err := Parse([]byte(c.doc))
+		got := "refused"
+		if err == nil {
+			got = "accepted (part of the file in force)"
+		}
+		attacktable.Check(t, "policy", c.attack, "refused", got)
 	}
 }

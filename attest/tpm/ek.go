@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,6 +145,11 @@ func LoadInventory(path string) (*Inventory, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&doc); err != nil {
 		return nil, fmt.Errorf("decode EK inventory %s: %w", path, err)
+	}
+	// One document: entries after a `---` would be read by nothing.
+	var more yaml.Node
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("decode EK inventory %s: more than one YAML document (an inventory is one)", path)
 	}
 	return NewInventory(doc.Entries)
 }

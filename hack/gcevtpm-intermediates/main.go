@@ -28,10 +28,11 @@ import (
 func main() {
 	dir := flag.String("dir", "identity/gcevtpm/certs", "the certs directory (sources.txt, roots/, intermediates/)")
 	from := flag.String("from", "", "an AK certificate (DER or PEM) whose issuers to fetch and add, instead of refreshing sources.txt")
+	hosts := flag.String("aia-hosts", strings.Join(gcevtpm.DefaultAIAHosts, ","), "comma-separated exact hosts to fetch from (add the bucket host an AK certificate names)")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	a := &gcevtpm.AIA{AllowedHosts: gcevtpm.DefaultAIAHosts}
+	a := &gcevtpm.AIA{AllowedHosts: strings.Split(*hosts, ",")}
 	var err error
 	if *from != "" {
 		err = addFrom(ctx, a, *dir, *from, time.Now())

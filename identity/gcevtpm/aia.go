@@ -2,6 +2,7 @@ package gcevtpm
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/x509"
 	"encoding/pem"
@@ -10,16 +11,19 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"path"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 )
 
 // DefaultAIAHosts are where Google publishes its vTPM intermediates, as
 // the certificates' Authority Information Access names them: pki.goog for
-// the tpm_ek_v1_cloud_host chain and the Certificate Authority Service's
-// buckets for the EK/AK CA chain.
-var DefaultAIAHosts = []string{"pki.goog", "privateca-content-*.storage.googleapis.com"}
+// the tpm_ek_v1_cloud_host chain and the Certificate Authority Service
+// bucket of the EK/AK CA chain (certs/sources.txt). Exact hosts: a pattern
+// such as privateca-content-*.storage.googleapis.com would match any
+// customer's bucket, whose owner could then serve what the server caches.
+var DefaultAIAHosts = []string{"pki.goog", "privateca-content-633beb94-0000-25c1-a9d7-001a114ba6e8.storage.googleapis.com"}
 
 // AIA fetches a certificate's issuer from the URL its Authority
 // Information Access extension names, for an AK certificate whose issuer
@@ -28,21 +32,23 @@ var DefaultAIAHosts = []string{"pki.goog", "privateca-content-*.storage.googleap
 // helps build a chain: trust still ends at a pinned root, so a hostile
 // server can make verification fail, never succeed. The node chooses the
 // URLs, so every fetch is bounded:
-//   - only http and https URLs whose host matches AllowedHosts (path.Match
-//     patterns; empty is refused when the AIA is made);
+//   - only http and https URLs whose host is one of AllowedHosts, exactly
+//     (no patterns: a wildcard into a shared namespace such as Cloud
+//     Storage's is anyone's; empty is refused when the AIA is made);
 //   - at most MaxURLs URLs per certificate, MaxHops issuers per chain;
 //   - each response within Timeout and MaxBytes, no redirects;
 //   - a fetched certificate is kept only if it signed the certificate
-//     that named it; kept ones are cached by URL (at most maxCached) so a
-//     fleet costs one fetch per intermediate, not one per machine.
+//     that named it; kept ones are cached by URL, the maxCached most
+//     recently used (least recently used evicted), so a fleet costs one
+//     fetch per intermediate, not one per machine, and no stream of
+//     requests fills the cache for good.
 type AIA struct {
 	// Client does the requests; nil: an http.Client with Timeout and no
 	// redirects. A Client given here is used as it is, except that
 	// redirects are refused.
 	Client *http.Client
-	// AllowedHosts are the hosts fetched from (path.Match patterns, so
-	// "privateca-content-*.storage.googleapis.com"). DefaultAIAHosts are
-	// Google's.
+	// AllowedHosts are the hosts fetched from, exact names (compared
+	// without regard to case). DefaultAIAHosts are Google's.
 	AllowedHosts []string
 	// MaxBytes bounds a response; zero means 64 KiB.
 	MaxBytes int64
@@ -54,18 +60,26 @@ type AIA struct {
 	MaxURLs int
 
 	mu    sync.Mutex
-	cache map[string]*x509.Certificate
+	cache map[string]*list.Element // of *cached; order: most recent first
+	order list.List
 }
 
+// cached is one certificate the cache keeps, by the URL it came from.
+type cached struct {
+	url  string
+	cert *x509.Certificate
+}
+
+// maxCached bounds the cache.
 const maxCached = 64
 
 func (a *AIA) check() error {
 	if len(a.AllowedHosts) == 0 {
 		return errors.New("gcevtpm: AIA.AllowedHosts is empty: name the hosts issuers may be fetched from (DefaultAIAHosts)")
 	}
-	for _, p := range a.AllowedHosts {
-		if _, err := path.Match(p, "x"); err != nil {
-			return fmt.Errorf("gcevtpm: AIA.AllowedHosts %q: %w", p, err)
+	for _, h := range a.AllowedHosts {
+		if !hostName.MatchString(h) {
+			return fmt.Errorf("gcevtpm: AIA.AllowedHosts %q is not an exact host name (no patterns: a wildcard such as privateca-content-*.storage.googleapis.com matches any customer's bucket; name each host)", h)
 		}
 	}
 	if a.MaxBytes < 0 || a.Timeout < 0 || a.MaxHops < 0 || a.MaxURLs < 0 {
@@ -116,12 +130,57 @@ func (a *AIA) allowed(u *url.URL) bool {
 	if u.Scheme != "http" && u.Scheme != "https" || u.User != nil {
 		return false
 	}
-	for _, p := range a.AllowedHosts {
-		if ok, _ := path.Match(p, u.Hostname()); ok {
+	for _, h := range a.AllowedHosts {
+		if strings.EqualFold(h, u.Hostname()) {
 			return true
 		}
 	}
 	return false
+}
+
+// hostName is a DNS name or an IPv4 address: labels of letters, digits
+// and hyphens.
+var hostName = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$`)
+
+// cacheGet returns the certificate cached for url, making it the most
+// recently used.
+func (a *AIA) cacheGet(url string) (*x509.Certificate, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e, ok := a.cache[url]
+	if !ok {
+		return nil, false
+	}
+	a.order.MoveToFront(e)
+	return e.Value.(*cached).cert, true
+}
+
+// cachePut keeps c for url, evicting the least recently used beyond
+// maxCached.
+func (a *AIA) cachePut(url string, c *x509.Certificate) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cache == nil {
+		a.cache = map[string]*list.Element{}
+	}
+	if e, ok := a.cache[url]; ok {
+		e.Value.(*cached).cert = c
+		a.order.MoveToFront(e)
+		return
+	}
+	a.cache[url] = a.order.PushFront(&cached{url: url, cert: c})
+	for a.order.Len() > maxCached {
+		last := a.order.Back()
+		a.order.Remove(last)
+		delete(a.cache, last.Value.(*cached).url)
+	}
+}
+
+// CacheLen is how many issuers the cache holds (for tests and metrics).
+func (a *AIA) CacheLen() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.order.Len()
 }
 
 // Issuers walks up from cert: for each certificate whose issuer is not in
@@ -170,9 +229,7 @@ func (a *AIA) issuer(ctx context.Context, cert *x509.Certificate) (*x509.Certifi
 			continue
 		}
 		tried++
-		a.mu.Lock()
-		c, hit := a.cache[raw]
-		a.mu.Unlock()
+		c, hit := a.cacheGet(raw)
 		if hit && cert.CheckSignatureFrom(c) == nil {
 			return c, nil
 		}
@@ -185,14 +242,7 @@ func (a *AIA) issuer(ctx context.Context, cert *x509.Certificate) (*x509.Certifi
 			lastErr = fmt.Errorf("the certificate at %s did not sign %q: %w", raw, cert.Subject, err)
 			continue
 		}
-		a.mu.Lock()
-		if a.cache == nil {
-			a.cache = map[string]*x509.Certificate{}
-		}
-		if len(a.cache) < maxCached {
-			a.cache[raw] = c
-		}
-		a.mu.Unlock()
+		a.cachePut(raw, c)
 		return c, nil
 	}
 	return nil, lastErr

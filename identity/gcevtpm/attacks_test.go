@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -221,6 +222,7 @@ func TestAttackGCEVTPMAIA(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ca.crt", func(rw http.ResponseWriter, _ *http.Request) { fetches++; rw.Write(w.ca.Intermediate.Raw) })
 	mux.HandleFunc("/foreign.crt", func(rw http.ResponseWriter, _ *http.Request) { rw.Write(foreign.Intermediate.Raw) })
+	mux.HandleFunc("/fill/", func(rw http.ResponseWriter, _ *http.Request) { rw.Write(w.ca.Intermediate.Raw) })
 	mux.HandleFunc("/big.crt", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Write(append(bytes.Clone(w.ca.Intermediate.Raw), make([]byte, 70<<10)...))
 	})
@@ -282,5 +284,44 @@ func TestAttackGCEVTPMAIA(t *testing.T) {
 	}
 	if _, err := gcevtpm.NewVerifier(gcevtpm.Options{Trust: rootOnly, Clock: time.Now, AIA: &gcevtpm.AIA{}}); err == nil {
 		t.Error("an AIA without allowed hosts was accepted")
+	}
+	_, err = gcevtpm.NewVerifier(gcevtpm.Options{Trust: rootOnly, Clock: time.Now, AIA: &gcevtpm.AIA{AllowedHosts: []string{"pki.goog", "privateca-content-*.storage.googleapis.com"}}})
+	got := "accepted"
+	if err != nil && strings.Contains(err.Error(), "exact host name") {
+		got = "refused: exact hosts only"
+	}
+	attacktable.Check(t, "GCE vTPM AIA", "AIA hosts given as a pattern into Cloud Storage's shared namespace (privateca-content-*)", "refused: exact hosts only", got)
+
+	// Certificates naming ever new URLs cannot fill the cache for good:
+	// it keeps the most recently used, and the issuer every machine names
+	// stays cached.
+	for i := range 80 {
+		sess, ev := attestation(t, v, w.vm)
+		der, err := w.ca.IssueAK(w.vm.AKs[gcevtpmtest.ECC], w.inst, w.now, gcevtpmtest.Cert{AIA: []string{fmt.Sprintf("%s/fill/%d.crt", srv.URL, i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ev.AKCertificate = der
+		if _, err := v.Verify(context.Background(), sess, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before = fetches
+	sess, ev := attestation(t, v, w.vm)
+	der, err := w.ca.IssueAK(w.vm.AKs[gcevtpmtest.ECC], w.inst, w.now, gcevtpmtest.Cert{AIA: []string{srv.URL + "/ca.crt"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.AKCertificate = der
+	if _, err := v.Verify(context.Background(), sess, ev); err != nil {
+		t.Fatal(err)
+	}
+	got = fmt.Sprintf("cache of %d, the common issuer fetched again (%d fetches)", a.CacheLen(), fetches-before)
+	if a.CacheLen() <= 64 {
+		got = "bounded at 64, least recently used evicted"
+	}
+	attacktable.Check(t, "GCE vTPM AIA", "80 AK certificates naming 80 distinct AIA URLs (filling the cache)", "bounded at 64, least recently used evicted", got)
+	if fetches-before != 1 {
+		t.Errorf("the evicted common issuer: %d fetches, want 1 (fetched again once)", fetches-before)
 	}
 }

@@ -45,7 +45,7 @@ func serveFlags(fs *flag.FlagSet, c *serve.Config) func() {
 	tags := fs.String("aws-live-check-tags", "", "AWS live check: comma-separated key=value tags instances must carry")
 	fs.StringVar(&c.GCEVTPMRoots, "gce-vtpm-roots", "", "GCE vTPM evidence: a PEM file of roots replacing Google's two pinned vTPM roots (a test's or private CA; default: Google's, shipped)")
 	fs.StringVar(&c.GCEVTPMIntermediatesDir, "gce-vtpm-intermediates-dir", "", "GCE vTPM evidence: a directory of .pem intermediates added to the shipped ones (hack/gcevtpm-intermediates refreshes them; docs/cloud-tpm.md)")
-	aiaHosts := fs.String("gce-vtpm-aia-hosts", "", "GCE vTPM evidence: comma-separated hosts (path.Match patterns) an AK certificate's issuers may be fetched from over AIA, 64 KiB and 10 s per fetch, 3 hops (e.g. pki.goog,privateca-content-*.storage.googleapis.com); empty: never fetch")
+	aiaHosts := fs.String("gce-vtpm-aia-hosts", "", "GCE vTPM evidence: comma-separated exact hosts an AK certificate's issuers may be fetched from over AIA, 64 KiB and 10 s per fetch, 3 hops, the 64 most recently used cached (Google's: pki.goog and its CA Service bucket's host, docs/cloud-tpm.md; no patterns); empty: never fetch")
 	fs.StringVar(&c.NitroTPMRoots, "nitrotpm-roots", "", "NitroTPM evidence: a PEM file of roots replacing the AWS Nitro root G1 (a test's PKI; default: AWS's, shipped)")
 	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 500, "cluster mode: API calls per second")
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 1000, "cluster mode: API call burst")
