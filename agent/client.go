@@ -321,6 +321,12 @@ func (c *Client) retry(ctx context.Context, path string, try func() (time.Durati
 		if wait < backoff {
 			wait = backoff
 		}
+		// A wait past the agent's own deadline would end in a bare
+		// "context deadline exceeded": say it now, with the server's reason.
+		if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) < wait {
+			return attempt, fmt.Errorf("%s: %w; the server asks to retry in %s, after this agent's deadline (--timeout, %s left): giving up now (%w; a longer --timeout waits it out)",
+				path, err, wait, time.Until(deadline).Round(time.Second), context.DeadlineExceeded)
+		}
 		c.progress("%s: %v; retrying in %s (attempt %d)", path, err, wait, attempt)
 		if serr := c.sleep(ctx, wait); serr != nil {
 			return attempt, fmt.Errorf("%s: gave up (%w); last error: %w", path, serr, err)

@@ -196,6 +196,24 @@ func TestRetry(t *testing.T) {
 	}
 }
 
+// TestRetryWaitBeyondDeadline: a Retry-After longer than what the agent's
+// deadline leaves is not waited out to end in a bare deadline error: the
+// agent stops at once and says the server's reason, the wait and its
+// deadline.
+func TestRetryWaitBeyondDeadline(t *testing.T) {
+	s := &script{replies: []reply{{status: 503, retryAfter: "600", body: `{"reason":"RateLimited","detail":"come back later"}`}}}
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { write(t, w, s.next()) }))
+	defer srv.Close()
+	c, waits, _ := tlsClient(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out api.ChallengeResponse
+	_, err := c.post(ctx, api.PathChallenge, map[string]string{"kind": "tpm"}, &out)
+	if err == nil || len(*waits) != 0 || !strings.Contains(err.Error(), "retry in 10m0s, after this agent's deadline") || !strings.Contains(err.Error(), "RateLimited") {
+		t.Fatalf("err %v, waits %v; want an immediate error naming the wait, the deadline and the reason", err, *waits)
+	}
+}
+
 // TestRetryConnectionRefused: no server at all is "not yet", retried
 // until the context ends; the error says both why it gave up and the last
 // failure.

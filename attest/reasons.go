@@ -276,6 +276,12 @@ const (
 	ReasonRateLimited Reason = "RateLimited"
 	// ReasonOverloaded: too many attestations in flight.
 	ReasonOverloaded Reason = "Overloaded"
+	// ReasonEnrolmentCap: an enrolled machine enrolling again already holds
+	// its pool's cap of unexpired enrolments (each with its own bootstrap
+	// token). Final: retrying cannot help before the oldest expires, and a
+	// machine rebooting through provisioning needs an operator (release,
+	// or a larger serve.maxLiveEnrolments for the pool).
+	ReasonEnrolmentCap Reason = "EnrolmentCapReached"
 	// ReasonTPMClockRollback: a TPM's reset count went back since the
 	// node's last attestation (a TPM2_Clear, or evidence that is not this
 	// TPM's boots in order): recorded as the node's failure.

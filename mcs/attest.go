@@ -496,10 +496,11 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 //     a passing re-attestation replaces a failed one (with its checks: a
 //     TPM's reset count, the order of sessions), so a failing node cannot
 //     launder its failure by enrolling again;
-//   - the identity holds fewer than MaxLiveEnrolments unexpired records
-//     for the name (RateLimited, until the oldest expires): each
-//     enrolment mints a bootstrap token, and a machine must not mint them
-//     without bound.
+//   - the identity holds fewer unexpired records for the name than its
+//     pool's serve.maxLiveEnrolments, else MaxLiveEnrolments
+//     (EnrolmentCapReached, final, saying when the oldest expires and
+//     what an operator can do): each enrolment mints a bootstrap token,
+//     and a machine must not mint them without bound.
 func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool) error {
 	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
 	if errors.Is(err, store.ErrNotFound) {
@@ -564,10 +565,17 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool)
 	return nil
 }
 
-// liveEnrolments refuses rec (RateLimited) when its identity already holds
-// MaxLiveEnrolments unexpired records for its node name. A store read of
-// the name's records, on this path only.
+// liveEnrolments refuses rec (EnrolmentCapReached) when its identity
+// already holds its pool's cap of unexpired records for its node name. A
+// store read of the name's records, on this path only. The refusal is
+// final, not a 503: the agent's retries could only spend its time until
+// the oldest record expires (an hour), so it stops at once and says why
+// and what an operator can do.
 func (s *Server) liveEnrolments(ctx context.Context, b *store.Binding, rec *store.Record) error {
+	limit := s.o.MaxLiveEnrolments
+	if pp, ok := s.pol().Pools[rec.Pool]; ok && pp.Serve.MaxLiveEnrolments > 0 {
+		limit = pp.Serve.MaxLiveEnrolments
+	}
 	recs, err := s.o.Store.RecordsForNode(ctx, b.NodeName)
 	if err != nil {
 		return err
@@ -579,12 +587,15 @@ func (s *Server) liveEnrolments(ctx context.Context, b *store.Binding, rec *stor
 			live = append(live, r.Expires)
 		}
 	}
-	if len(live) < s.o.MaxLiveEnrolments {
+	if len(live) < limit {
 		return nil
 	}
 	slices.SortFunc(live, func(a, b time.Time) int { return a.Compare(b) })
-	wait := live[len(live)-s.o.MaxLiveEnrolments].Sub(now)
-	return later(wait, deny(attest.ReasonRateLimited, "node %s already holds %d unexpired enrolments (each with its own bootstrap token); retry when the oldest expires", b.NodeName, len(live)))
+	free := live[len(live)-limit]
+	s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonEnrolmentCap, fmt.Sprintf("%s, node %s, enrolled again past its pool's cap of %d unexpired enrolments (each with its own bootstrap token); refused until %s. A machine rebooting through provisioning: nodeproof release %s, or raise pools.%s.serve.maxLiveEnrolments",
+		rec.Identity, b.NodeName, limit, free.UTC().Format(time.RFC3339), b.NodeName, rec.Pool))
+	return deny(attest.ReasonEnrolmentCap, "node %s already holds %d unexpired enrolments, its pool's cap (each carries a bootstrap token); stop retrying: the next is possible at %s (in %s), or when an operator releases the node (nodeproof release %s) or raises pools.%s.serve.maxLiveEnrolments",
+		b.NodeName, len(live), free.UTC().Format(time.RFC3339), free.Sub(now).Round(time.Second), b.NodeName, rec.Pool)
 }
 
 // keyState describes the kubelet key of an enrolment attempt for an Event.

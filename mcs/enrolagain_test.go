@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -149,7 +150,7 @@ func TestEnrolAgainAttacks(t *testing.T) {
 		}
 	}
 	row(fmt.Sprintf("TPM: an enrolled machine enrols again and again to mint bootstrap tokens (%d live per identity)", mcs.DefaultMaxLiveEnrolments),
-		fmt.Sprintf("503 %s with %d enrolments live", attest.ReasonRateLimited, mcs.DefaultMaxLiveEnrolments), got)
+		fmt.Sprintf("%s with %d enrolments live", forbidden(attest.ReasonEnrolmentCap), mcs.DefaultMaxLiveEnrolments), got)
 	recs, _ := e.store.RecordsForNode(ctx, "w-1")
 	if len(recs) != mcs.DefaultMaxLiveEnrolments {
 		t.Fatalf("%d records for w-1; want %d", len(recs), mcs.DefaultMaxLiveEnrolments)
@@ -158,6 +159,28 @@ func TestEnrolAgainAttacks(t *testing.T) {
 	e.advance(time.Hour)
 	if r := e.enrol(m.machine, "worker", "w-1"); r != "200" {
 		t.Fatalf("enrolling again once the records expired: %s", r)
+	}
+	// A pool whose machines reboot through provisioning raises its cap.
+	p := *e.srv.Policy()
+	p.Pools = maps.Clone(p.Pools)
+	w := p.Pools["worker"]
+	w.Serve.MaxLiveEnrolments = 6
+	p.Pools["worker"] = w
+	if err := e.srv.SetPolicy(mcs.Judge{Policy: &p, Verifiers: e.opts.Verifiers}); err != nil {
+		t.Fatal(err)
+	}
+	got = ""
+	for i := 1; i < 8 && got == ""; i++ {
+		e.advance(time.Second)
+		if r := e.enrol(m.machine, "worker", "w-1"); r != "200" {
+			got = fmt.Sprintf("%s with %d enrolments live", r, i)
+		}
+	}
+	if want := forbidden(attest.ReasonEnrolmentCap) + " with 6 enrolments live"; got != want {
+		t.Errorf("serve.maxLiveEnrolments 6: %s; want %s", got, want)
+	}
+	if err := e.srv.SetPolicy(mcs.Judge{Policy: e.opts.Policy, Verifiers: e.opts.Verifiers}); err != nil {
+		t.Fatal(err)
 	}
 
 	// Banned, then released: the TPM is refused under any name and pool.

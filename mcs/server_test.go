@@ -91,8 +91,10 @@ type env struct {
 	prov    *tokens.Provisioning
 	configs *staticConfigs
 	man     *swtpm.Manufacturer
-	// opts are the server's options; keysPath its keyring file.
+	// opts are the server's options; keysPath its keyring file; srv the
+	// server.
 	opts     mcs.Options
+	srv      *mcs.Server
 	keysPath string
 	log      testenv.LockedBuffer
 	events   eventLog
@@ -218,6 +220,7 @@ func newEnvPolicy(t *testing.T, configs mcs.Configs, limits mcs.Limits, pol *pol
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.srv = srv
 	e.secure = httptest.NewTLSServer(srv.Handler(mcs.Secure))
 	e.plain = httptest.NewServer(srv.Handler(mcs.Insecure))
 	t.Cleanup(e.secure.Close)

@@ -226,7 +226,17 @@ type Serve struct {
 	// "requested" (the name the agent asks for, when the evidence names
 	// none; the approver still checks it).
 	NodeNames string `yaml:"nodeNames"`
+	// MaxLiveEnrolments caps the unexpired enrolments (records, each with
+	// its own bootstrap token) one enrolled machine may hold for its node
+	// name; enrolling again past it is refused EnrolmentCapReached. 0:
+	// the server's default (4: the enrolment and three more). A pool
+	// whose machines reboot several times while provisioning (each boot
+	// enrols again) raises it; at most MaxLiveEnrolmentsCap.
+	MaxLiveEnrolments int `yaml:"maxLiveEnrolments"`
 }
+
+// MaxLiveEnrolmentsCap bounds Serve.MaxLiveEnrolments.
+const MaxLiveEnrolmentsCap = 64
 
 // PublicTier reports whether the public tier is served.
 func (s Serve) PublicTier() bool { return s.Public == nil || *s.Public }

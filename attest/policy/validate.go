@@ -141,6 +141,9 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	default:
 		return fmt.Errorf("serve.nodeNames %q is not evidence or requested", pool.Serve.NodeNames)
 	}
+	if m := pool.Serve.MaxLiveEnrolments; m < 0 || m > MaxLiveEnrolmentsCap {
+		return fmt.Errorf("serve.maxLiveEnrolments %d is not 0 (the server's default) to %d", m, MaxLiveEnrolmentsCap)
+	}
 	t := pool.TPM
 	if t.EK != "" && !slices.Contains(attest.EKKinds, t.EK) {
 		return fmt.Errorf("tpm.ek %q is not a kind of EK (%s)", t.EK, strings.Join(attest.EKKinds, ", "))

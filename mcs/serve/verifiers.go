@@ -43,6 +43,16 @@ func tpmVerifier(pol *policy.Policy, clock func() time.Time) (*tpm.Verifier, err
 	return tpm.NewVerifier(tpm.Options{Roots: sets, Inventory: inv, Clock: clock})
 }
 
+// CheckTrust loads what pol's trust section points to as serve does at
+// start and at every reload — each ekRoots directory (a root set that
+// loads, with at least one CA) and the EK inventory — and returns what
+// serve would refuse: `nodeproof policy check` runs it, so a wrong
+// directory fails there, not only when the server starts.
+func CheckTrust(pol *policy.Policy, clock func() time.Time) error {
+	_, err := tpmVerifier(pol, clock)
+	return err
+}
+
 // verifiers builds the verifiers of the evidence kinds pol takes (TPM's
 // always: its trust roots are checked at start), one registry the server
 // selects kinds from.

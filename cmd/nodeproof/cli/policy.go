@@ -38,6 +38,7 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	pool := fs.String("pool", "", "with --event-log: the pool whose boot rules judge the log")
 	logFile := fs.String("event-log", "", "judge one machine's TCG event log (binary_bios_measurements) offline by --pool's boot rules, as a quote of the log's own PCR values: exit 0 admitted, 1 refused with every reason")
 	bank := fs.String("bank", "sha256", "with --event-log: the PCR bank to read the log in (sha256, sha1, sha384)")
+	noTrust := fs.Bool("document-only", false, "check the document only, not the trust files it points to (EK root directories, inventory): a policy written here for a machine where they are")
 	pos, err := in.exactly(1)
 	if err != nil {
 		return err
@@ -47,7 +48,13 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	if err != nil {
 		return err // names the pool and the field
 	}
-	fmt.Fprintf(stdout, "%s: valid (%d pools)\n", file, len(pol.Pools))
+	trust := "its trust files load as serve loads them"
+	if *noTrust {
+		trust = "the document only: its trust files not checked"
+	} else if err := serve.CheckTrust(pol, time.Now); err != nil {
+		return fmt.Errorf("%s: the document is valid, but serve would refuse it: %w (--document-only checks the document alone)", file, err)
+	}
+	fmt.Fprintf(stdout, "%s: valid (%d pools; %s)\n", file, len(pol.Pools), trust)
 	for _, w := range pol.OpenRules() {
 		fmt.Fprintln(in.stderr, "warning:", w)
 	}
@@ -360,6 +367,13 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 		}
 	}
 	learned, notes, err := policy.Learn(doc, *pool, l)
+	if err == nil && *ekRoot != "" {
+		// As serve will load it: say now when it does not load here.
+		name, dir, _ := strings.Cut(*ekRoot, "=")
+		if _, lerr := tpm.LoadRootSet(name, dir); lerr != nil {
+			notes = append(notes, fmt.Sprintf("--ek-root %s does not load here (%v): serve and policy check refuse the policy until it does where they run", *ekRoot, lerr))
+		}
+	}
 	if errors.Is(err, policy.ErrNodeNamesUnset) {
 		return fmt.Errorf("%w\nsay how: --node-names requested, or --ek-trust inventory with the machine's EK and node in trust.ekInventory", err)
 	}

@@ -88,7 +88,7 @@ func TestPolicyLearnEFI(t *testing.T) {
 		t.Fatal(err)
 	}
 	pol := filepath.Join(dir, "policy.yaml")
-	if _, errs, code := run("--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", pol); code != 0 {
+	if _, errs, code := run("--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm="+testRoots(t), "--node-names", "requested", "-o", pol); code != 0 {
 		t.Fatalf("learn from the live log: exit %d: %s", code, errs)
 	}
 	// A pool learned from a machine that booted with Secure Boot off
@@ -99,7 +99,7 @@ func TestPolicyLearnEFI(t *testing.T) {
 	if err := os.WriteFile(offLog, firmwaretestdata.MustLog("debian-12-ovmf-no-secure-boot"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, errs, code := run("--pool", "worker", "--event-log", offLog, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", offPol); code != 0 {
+	if _, errs, code := run("--pool", "worker", "--event-log", offLog, "--ek-root", "swtpm="+testRoots(t), "--node-names", "requested", "-o", offPol); code != 0 {
 		t.Fatalf("learn from the Secure Boot off log: exit %d: %s", code, errs)
 	}
 	signed := filepath.Join(dir, "policy-signers.yaml")
@@ -211,7 +211,7 @@ func TestPolicyLearnFromFiles(t *testing.T) {
 		}
 	}
 	pol := filepath.Join(dir, "policy.yaml")
-	if _, errs, code := run("policy", "learn", "--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm=/etc/nodeproof/ek-roots/swtpm", "--node-names", "requested", "-o", pol); code != 0 {
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm="+testRoots(t), "--node-names", "requested", "-o", pol); code != 0 {
 		t.Fatalf("learn from the live log: exit %d: %s", code, errs)
 	}
 	kernel := parts.Path(parts.Kernel)

@@ -12,6 +12,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/boltstore"
 )
@@ -46,19 +47,31 @@ func TestPolicyLearn(t *testing.T) {
 	}
 	pol := filepath.Join(dir, "policy.yaml")
 	// A vendor-CA EK names no node: learn asks how names are established.
-	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "-o", pol); code != 1 || !strings.Contains(errs, "--node-names requested") {
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor="+testRoots(t), "-o", pol); code != 1 || !strings.Contains(errs, "--node-names requested") {
 		t.Fatalf("policy learn without --node-names for a CA-trusted EK: exit %d: %s; want it to ask for --node-names", code, errs)
 	}
 	if _, err := os.Stat(pol); err == nil {
 		t.Fatal("a refused learn wrote the policy")
 	}
-	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor=/etc/nodeproof/ek-roots/vendor", "--node-names", "requested", "-o", pol); code != 0 {
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor="+testRoots(t), "--node-names", "requested", "-o", pol); code != 0 {
 		t.Fatalf("policy learn: exit %d: %s", code, errs)
 	} else if !strings.Contains(errs, "kernelCmdline: any: true") || !strings.Contains(errs, "grub: open") {
 		t.Errorf("what the log does not establish (its partial log has no GRUB measurements) is not said: %s", errs)
 	}
-	if out, errs, code := run("policy", "check", pol); code != 0 || !strings.Contains(out, "valid (1 pools)") {
+	if out, errs, code := run("policy", "check", pol); code != 0 || !strings.Contains(out, "valid (1 pools; its trust files load") {
 		t.Fatalf("policy check of the learned policy: exit %d: %s%s", code, out, errs)
+	}
+	// A wrong ek-root directory: learn says it does not load; check
+	// refuses as serve would (the document alone with --document-only).
+	wrong := filepath.Join(dir, "wrong.yaml")
+	if _, errs, code := run("policy", "learn", "--pool", "worker", "--evidence", dump, "--ek-root", "vendor="+dir, "--node-names", "requested", "-o", wrong); code != 0 || !strings.Contains(errs, "does not load here") {
+		t.Errorf("policy learn with a directory of no CAs: exit %d: %s; want a note that it does not load", code, errs)
+	}
+	if out, errs, code := run("policy", "check", wrong); code == 0 || !strings.Contains(errs, "serve would refuse it") {
+		t.Errorf("policy check of a policy whose ek-root does not load: exit %d: %s%s; want refused as serve refuses it", code, out, errs)
+	}
+	if out, errs, code := run("policy", "check", "--document-only", wrong); code != 0 || !strings.Contains(out, "the document only") {
+		t.Errorf("policy check --document-only: exit %d: %s%s", code, out, errs)
 	}
 	merged, errs, code := run("policy", "learn", "--pool", "worker", "--event-log", logFile("rhel8-uefi"), "--ek-trust", "ca:vendor", "--merge", pol)
 	if code != 0 {
@@ -154,4 +167,19 @@ func TestPolicyLearnEKRootDir(t *testing.T) {
 			}
 		})
 	}
+}
+
+// testRoots is a directory of a test vendor's EK CAs, as an ekRoots entry
+// names one (serve and policy check load it).
+func testRoots(t *testing.T) string {
+	t.Helper()
+	ca, err := tpmtest.NewVendorCA("Vendor", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "ek-roots")
+	if err := ca.WriteRoots(dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
