@@ -43,6 +43,22 @@ const StartTimeout = 90 * time.Second
 // the test ends. A missing binary fails the test: run `make tools`.
 func Start(t testing.TB, crdDirs ...string) *rest.Config {
 	t.Helper()
+	return StartWith(t, Options{}, crdDirs...)
+}
+
+// Options change how Start runs kube-apiserver.
+type Options struct {
+	// Production authorizes and admits as a production cluster does:
+	// --authorization-mode=Node,RBAC and the NodeRestriction admission
+	// plugin (a kubelet may read and write only its own Node, its pods'
+	// objects, and not its own taints or labels it may not set). Without
+	// it: RBAC alone, envtest's default.
+	Production bool
+}
+
+// StartWith is Start with o.
+func StartWith(t testing.TB, o Options, crdDirs ...string) *rest.Config {
+	t.Helper()
 	assets := testenv.KubebuilderAssets(t)
 
 	// etcd's data, the apiserver's certificates and both processes' output live
@@ -86,6 +102,11 @@ func Start(t testing.TB, crdDirs ...string) *rest.Config {
 		ControlPlaneStopTimeout:  30 * time.Second,
 	}
 
+	if o.Production {
+		args := env.ControlPlane.APIServer.Configure()
+		args.Set("authorization-mode", "Node,RBAC")
+		args.Set("enable-admission-plugins", "NodeRestriction")
+	}
 	start := time.Now()
 	cfg, err := env.Start()
 	if err != nil {

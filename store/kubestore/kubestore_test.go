@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
@@ -38,6 +39,9 @@ import (
 const (
 	crdDir   = "../../deploy/crds"
 	rbacFile = "../../deploy/store/rbac.yaml"
+	// operatorRBACFile holds the operators' Role: the store operations
+	// only operators run (Ban, Unban, Release, Adopt).
+	operatorRBACFile = "../../deploy/operator/rbac.yaml"
 	// The service account the RBAC tests run the store as (a subject of the
 	// RoleBinding in rbacFile).
 	saNamespace, saName = "nodeproof", "nodeproof-server"
@@ -162,6 +166,53 @@ func rbacObjects(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
 	return role, binding
 }
 
+// operatorRules are the nodeproof.io rules of the Role nodeproof-operator
+// in deploy/operator/rbac.yaml: what the operators' commands do in the
+// store.
+func operatorRules(t *testing.T) []rbacv1.PolicyRule {
+	t.Helper()
+	f, err := os.Open(operatorRBACFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := serializer.NewCodecFactory(testScheme(t)).UniversalDeserializer()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(string(doc)) == "" {
+			continue
+		}
+		obj, _, err := dec.Decode(doc, nil, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", operatorRBACFile, err)
+		}
+		if role, ok := obj.(*rbacv1.Role); ok && role.Name == "nodeproof-operator" {
+			var out []rbacv1.PolicyRule
+			for _, r := range role.Rules {
+				if slices.Contains(r.APIGroups, v1alpha1.GroupVersion.Group) {
+					out = append(out, r)
+				}
+			}
+			return out
+		}
+	}
+	t.Fatalf("%s: no Role nodeproof-operator", operatorRBACFile)
+	return nil
+}
+
+// storeRules are the server's and the operators' store rules together:
+// the whole store.Store, as the conformance suite runs it.
+func storeRules(t *testing.T) []rbacv1.PolicyRule {
+	role, _ := rbacObjects(t)
+	return append(slices.Clone(role.Rules), operatorRules(t)...)
+}
+
 // grant installs role (with rules) and binding in ns, and waits until the
 // authorizer sees them.
 func (k *cluster) grant(t *testing.T, ns string, rules []rbacv1.PolicyRule, binding *rbacv1.RoleBinding) {
@@ -249,11 +300,55 @@ func testAsServiceAccount(t *testing.T, k *cluster) {
 		}
 	})
 	t.Run("suite", func(t *testing.T) {
+		// The server's Role and the operators' together: the suite runs
+		// the operators' acts (Ban, Unban, Release, Adopt) too.
+		rules := storeRules(t)
 		storetest.Run(t, func(t *testing.T, clock func() time.Time) store.Store {
 			ns := k.namespace(t)
-			k.grant(t, ns, role.Rules, binding)
+			k.grant(t, ns, rules, binding)
 			return k.store(t, sa, ns, clock)
 		})
+	})
+	t.Run("the server's Role cannot ban, lift a ban or rewrite a name's history", func(t *testing.T) {
+		ns := k.namespace(t)
+		k.grant(t, ns, role.Rules, binding)
+		s := k.store(t, sa, ns, func() time.Time { return storetest.T0 })
+		b := &v1alpha1.NodeBinding{ObjectMeta: metav1.ObjectMeta{Name: "worker-1", Namespace: ns},
+			Spec: v1alpha1.NodeBindingSpec{NodeName: "worker-1", Pool: "worker", Kind: "tpm", Identity: "tpm-ek:x",
+				KubeletKeySHA256: strings.Repeat("ab", 32), RecordID: storetest.ID(1), CreatedAt: metav1.NewMicroTime(storetest.T0)}}
+		ban := &v1alpha1.IdentityBan{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.BanName("tpm-ek:y"), Namespace: ns},
+			Spec: v1alpha1.IdentityBanSpec{Identity: "tpm-ek:y", At: metav1.NewMicroTime(storetest.T0)}}
+		for _, o := range []client.Object{b, ban} {
+			if err := k.admin.Create(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, tc := range []struct {
+			attack string
+			op     func() error
+		}{
+			{"the server's account lifts a ban (Unban)", func() error { _, err := s.Unban(ctx, "tpm-ek:y"); return err }},
+			{"the server's account bans an identity (Ban)", func() error {
+				_, err := s.Ban(ctx, store.Ban{Identity: "tpm-ek:z", At: storetest.T0})
+				return err
+			}},
+			{"the server's account releases a name, rewriting its history (Release)", func() error { _, err := s.Release(ctx, "worker-1"); return err }},
+			{"the server's account adopts a name (Adopt)", func() error {
+				_, err := s.Adopt(ctx, "legacy-1", store.Act{At: storetest.T0})
+				return err
+			}},
+		} {
+			got := "allowed"
+			if err := tc.op(); apierrors.IsForbidden(err) {
+				got = "Forbidden"
+			} else if err != nil {
+				got = "failed otherwise: " + err.Error()
+			}
+			attacktable.Check(t, "RBAC", tc.attack, "Forbidden", got)
+		}
+		if _, err := s.BanOf(ctx, "tpm-ek:y"); err != nil {
+			t.Errorf("the ban is gone or unreadable: %v", err)
+		}
 	})
 	t.Run("nothing more", func(t *testing.T) {
 		ns := k.namespace(t)
@@ -314,7 +409,8 @@ func testAsServiceAccount(t *testing.T, k *cluster) {
 // Each verb of the Role is needed: without it, the store operation that uses
 // it is refused.
 func testVerbsNeeded(t *testing.T, k *cluster) {
-	role, binding := rbacObjects(t)
+	_, binding := rbacObjects(t)
+	role := &rbacv1.Role{Rules: storeRules(t)}
 	sa := k.saClient(t)
 	ctx := context.Background()
 	past := storetest.T0.Add(-time.Hour)
@@ -466,7 +562,7 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 		}},
 	}
 	if granted := verbs(role.Rules); granted != len(cases) {
-		t.Fatalf("%s grants %d resource verbs; this test covers %d", rbacFile, granted, len(cases))
+		t.Fatalf("%s and %s grant %d resource verbs; this test covers %d", rbacFile, operatorRBACFile, granted, len(cases))
 	}
 	for _, tc := range cases {
 		t.Run("without "+tc.verb+" "+tc.resource, func(t *testing.T) {
@@ -488,13 +584,17 @@ func testVerbsNeeded(t *testing.T, k *cluster) {
 	}
 }
 
-// verbs counts the resource verbs rules grant.
+// verbs counts the distinct resource verbs rules grant.
 func verbs(rules []rbacv1.PolicyRule) int {
-	n := 0
+	seen := map[string]bool{}
 	for _, r := range rules {
-		n += len(r.Resources) * len(r.Verbs)
+		for _, res := range r.Resources {
+			for _, v := range r.Verbs {
+				seen[res+" "+v] = true
+			}
+		}
 	}
-	return n
+	return len(seen)
 }
 
 // withoutVerb is rules without verb on resource (a rule left with no verb
