@@ -4,7 +4,7 @@ GO    ?= go
 # Built tools (Ignition, kube-apiserver, etcd) are cached by version in
 # $NODEPROOF_CACHE, default ~/.cache/nodeproof (hack/tools.sh).
 
-.PHONY: all deps tools build test vet demo bench-tpm bench-cloud bench-mcs image fmt
+.PHONY: all deps tools build test vet demo dev-cluster bench-tpm bench-cloud bench-mcs image fmt
 
 all: build
 
@@ -20,6 +20,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 build: ## bin/nodeproof and bin/nodeproof-agent (bin/ is git-ignored); every other package compiled too
 	@mkdir -p bin
 	$(GO) build -trimpath -ldflags '-X github.com/nodeproof/nodeproof/cmd/nodeproof/cli.Version=$(VERSION)' -o bin/ ./cmd/nodeproof ./cmd/nodeproof-agent
+	@ln -sfn nodeproof bin/kubectl-nodeproof  # kubectl nodeproof inspect: a kubectl plugin
 	@hack/progress.sh "go build ./..." $(GO) build ./...
 	@echo "built bin/nodeproof and bin/nodeproof-agent ($(VERSION)); add $(CURDIR)/bin to PATH, or copy them to /usr/local/bin"
 
@@ -48,6 +49,10 @@ bench-boot: deps tools ## the live boot's figures: seconds per boot without the 
 demo: deps tools build ## the whole flow, each command printed: an API server, the operator's guide's cluster part (deploy, policy, serve, approve), a swtpm machine attests and its kubelet CSR is approved, then its life: re-attestation, a refused one and the taint, inspect, revoke and its refusal
 	@hack/progress.sh "building the demo" $(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo
 	$${TMPDIR:-/tmp}/nodeproof-demo -bin bin
+
+dev-cluster: tools ## a cluster of your own to try cluster mode (etcd and kube-apiserver from make tools, in first-day/cluster): prints its kubeconfig; Ctrl-C stops it
+	@hack/progress.sh "building nodeproof-demo" $(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo
+	$${TMPDIR:-/tmp}/nodeproof-demo -cluster -dir first-day/cluster
 
 bench-tpm: ## server-side TPM verification vs the crypto floor, same run
 	@hack/bench-tpm.sh

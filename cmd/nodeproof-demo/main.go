@@ -24,14 +24,21 @@ func main() {
 	boot := flag.Bool("boot", false, "make demo-boot: the story on a live VM (QEMU, OVMF Secure Boot, Debian's signed boot chain; needs make tools and --guest-bin)")
 	guestBin := flag.String("guest-bin", "", "with --boot: the directory holding the static nodeproof-agent and kubeletcsr for the VM's initramfs")
 	bin := flag.String("bin", "", "directory of nodeproof and nodeproof-agent (make build's bin/); empty: built into the working directory")
+	cluster := flag.Bool("cluster", false, "make dev-cluster: only a cluster of your own (etcd and kube-apiserver from make tools) in --dir, until Ctrl-C; prints its kubeconfig")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := demo.Options{Dir: *dir, Log: *log, Bin: *bin, Out: os.Stdout, Clock: time.Now}
 	var err error
-	if *boot {
+	switch {
+	case *cluster:
+		if err = demo.RunCluster(ctx, o); err == nil {
+			fmt.Fprintln(os.Stderr, "cluster stopped")
+			return
+		}
+	case *boot:
 		err = demo.RunBoot(ctx, o, *guestBin)
-	} else {
+	default:
 		err = demo.Run(ctx, o)
 	}
 	switch {

@@ -1,17 +1,21 @@
 package system_test
 
 import (
+	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 )
@@ -68,6 +72,20 @@ func TestServePolicyReload(t *testing.T) {
 	if code := master(); code != http.StatusUnauthorized {
 		t.Fatalf("GET /config/master: %d; want 401 before the edit", code)
 	}
+	status := func() string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if code := cli.Run(context.Background(), []string{"status", "--state-dir", s.stateDir}, &out, &errb); code != 0 {
+			t.Fatalf("nodeproof status: exit %d\n%s%s", code, out.String(), errb.String())
+		}
+		return out.String()
+	}
+	if out := status(); !strings.Contains(out, "server:      running") || !strings.Contains(out, "reload:      no refusal stands") ||
+		!strings.Contains(out, "serving:     [") || !strings.Contains(out, "store:       ok") || !strings.Contains(out, "records:     0 node bindings") {
+		t.Errorf("nodeproof status of a running server:\n%s", out)
+	} else if !regexp.MustCompile(`policy:      \S+policy.yaml version [0-9a-f]{16}, in force since`).MatchString(out) {
+		t.Errorf("nodeproof status: no policy version in force:\n%s", out)
+	}
 
 	ekRoots, err := s.man.RootsDir()
 	if err != nil {
@@ -95,6 +113,10 @@ func TestServePolicyReload(t *testing.T) {
 		}
 		if master() != http.StatusOK {
 			t.Errorf("%s: the last good policy is not in force", bad.name)
+		}
+		// nodeproof status, without Prometheus, says the same.
+		if out := status(); !strings.Contains(out, "reload:      REFUSED at") {
+			t.Errorf("%s: nodeproof status does not show the refusal:\n%s", bad.name, out)
 		}
 	}
 	if n := strings.Count(s.log.String(), "policy reload refused; the last good policy stays in force"); n != 3 {

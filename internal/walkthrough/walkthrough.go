@@ -77,14 +77,17 @@ func New(root, dir, binDir string, out io.Writer) (*Env, error) {
 }
 
 // BuildBinaries builds nodeproof and nodeproof-agent of the module at root
-// into binDir (what `make build` writes into bin/).
+// into binDir, with kubectl-nodeproof linked to nodeproof (what `make
+// build` writes into bin/).
 func BuildBinaries(ctx context.Context, root, binDir string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", binDir+string(os.PathSeparator), "./cmd/nodeproof", "./cmd/nodeproof-agent")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, out)
 	}
-	return nil
+	plugin := filepath.Join(binDir, "kubectl-nodeproof")
+	os.Remove(plugin)
+	return os.Symlink("nodeproof", plugin)
 }
 
 // Block returns the guide's block name, with Subst applied.

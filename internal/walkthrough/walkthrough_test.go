@@ -119,7 +119,7 @@ func TestDirectoryMode(t *testing.T) {
 	e := env(t)
 	ctx := context.Background()
 	must(t, e, "dir-machine", "EK SHA-256:", "--tpm tcp:127.0.0.1:"+e.Subst["2321"])
-	must(t, e, "dir-policy", "policy.yaml: valid (1 pools)")
+	must(t, e, "dir-policy", "policy.yaml: valid (1 pools; its trust files load as serve loads them)")
 	ready := HTTPReady("http://127.0.0.1:" + e.Subst["22624"] + "/healthz")
 	srv, err := e.Start(ctx, "dir-serve", ready)
 	if err != nil {
@@ -131,7 +131,7 @@ func TestDirectoryMode(t *testing.T) {
 		t.Errorf("dir-life: the clean boot's re-attestation was refused too")
 	}
 	// The admin commands reach the running server (its admin socket).
-	must(t, e, "dir-admin", "worker-1", "revoked")
+	must(t, e, "dir-admin", "reload:      no refusal stands", "records:     1 node bindings", "worker-1", "revoked")
 	out = must(t, e, "dir-revoked", string(attest.ReasonRevoked), "refused: exit 3")
 	srv.Stop()
 	if strings.Contains(out, "RMA 4711") {
@@ -168,7 +168,7 @@ func TestClusterMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	must(t, e, "cluster-enrol", "attested: node worker-2, pool worker", "condition met", "worker-2")
-	out := must(t, e, "cluster-admin", "worker-2", string(attest.ReasonRevoked), "refused: exit 3")
+	out := must(t, e, "cluster-admin", "leader:      ", "store:       kubernetes", "worker-2", string(attest.ReasonRevoked), "refused: exit 3")
 	// kubectl describe lists the revocation's Event (it names the
 	// binding's uid).
 	_, describe, _ := strings.Cut(out, "$ kubectl -n nodeproof describe nodebinding worker-2")

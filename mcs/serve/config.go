@@ -127,6 +127,9 @@ type Config struct {
 
 	// bundleFrom, when set, is where caBundle reads (the cluster's objects).
 	bundleFrom func() ([]byte, error)
+	// statusNow, set by Run, makes the running server's Status for the
+	// admin socket.
+	statusNow *statusBox
 }
 
 // defaultPolicy, the policy of a server started without --policy, serves the public tier of every pool and nothing else: a

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -140,6 +142,36 @@ type policyReloader struct {
 	refused bool   // the last version tried was refused
 	reloads *prometheus.CounterVec
 	bad     prometheus.Gauge
+	info    *prometheus.GaugeVec
+
+	mu     sync.Mutex   // guards status, which the admin socket reads
+	status PolicyStatus // what nodeproof status shows
+}
+
+// PolicyStatus is the policy a server judges by, as `nodeproof status`
+// shows it.
+type PolicyStatus struct {
+	// File is --policy ("" for the public tier only); Version the
+	// version in force (policy.go: the file and every trust file it
+	// points to), and since when.
+	File    string    `json:"file,omitempty"`
+	Version string    `json:"version"`
+	Since   time.Time `json:"since"`
+	// Refused is the last version that did not load, when the files hold
+	// it now (the server judges by Version meanwhile), with why and when.
+	Refused   string    `json:"refused,omitempty"`
+	Error     string    `json:"error,omitempty"`
+	RefusedAt time.Time `json:"refusedAt,omitzero"`
+}
+
+// Status is the policy in force and the last refusal that stands.
+func (p *policyReloader) Status() PolicyStatus {
+	if p == nil {
+		return PolicyStatus{}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.status
 }
 
 // newPolicyReloader starts from the version the server was made with
@@ -150,6 +182,11 @@ func newPolicyReloader(c Config, srv *mcs.Server, applied string, reg prometheus
 		return nil, nil
 	}
 	p := &policyReloader{c: c, srv: srv, applied: applied, tried: applied,
+		status: PolicyStatus{File: c.Policy, Version: applied, Since: c.Clock()},
+		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nodeproof_server_policy_info",
+			Help: "1 for the version of the policy in force (the --policy file and every trust file it points to; docs/operations.md, Editing the policy).",
+		}, []string{"version"}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "nodeproof_server_policy_reloads_total",
 			Help: "Changes of the policy (the --policy file or a trust file it points to) the server saw: applied (now in force) or refused (did not load; the last good policy stays in force, the log says why).",
@@ -161,7 +198,8 @@ func newPolicyReloader(c Config, srv *mcs.Server, applied string, reg prometheus
 	}
 	p.reloads.WithLabelValues("applied")
 	p.reloads.WithLabelValues("refused")
-	if err := errors.Join(reg.Register(p.reloads), reg.Register(p.bad)); err != nil {
+	p.info.WithLabelValues(applied).Set(1)
+	if err := errors.Join(reg.Register(p.reloads), reg.Register(p.bad), reg.Register(p.info)); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -209,6 +247,11 @@ func (p *policyReloader) check(ctx context.Context) {
 	}
 	was := p.applied
 	p.applied, p.tried = v.version, v.version
+	p.info.Reset()
+	p.info.WithLabelValues(v.version).Set(1)
+	p.mu.Lock()
+	p.status.Version, p.status.Since = v.version, p.c.Clock()
+	p.mu.Unlock()
 	p.reloads.WithLabelValues("applied").Inc()
 	p.recovered("", v.version)
 	p.c.Log.Info("policy reloaded", "file", p.c.Policy, "version", v.version, "was", was, "pools", len(j.Policy.Pools))
@@ -224,6 +267,9 @@ func (p *policyReloader) recovered(why, version string) {
 	}
 	p.refused = false
 	p.bad.Set(0)
+	p.mu.Lock()
+	p.status.Refused, p.status.Error, p.status.RefusedAt = "", "", time.Time{}
+	p.mu.Unlock()
 }
 
 func (p *policyReloader) refuse(version string, err error) {
@@ -232,6 +278,13 @@ func (p *policyReloader) refuse(version string, err error) {
 	}
 	p.tried, p.refused = version, true
 	p.bad.Set(1)
+	p.mu.Lock()
+	p.status.Refused, p.status.Error, p.status.RefusedAt = version, err.Error(), p.c.Clock()
+	p.mu.Unlock()
 	p.reloads.WithLabelValues("refused").Inc()
 	p.c.Log.Error("policy reload refused; the last good policy stays in force", "file", p.c.Policy, "version", version, "in force", p.applied, "err", err.Error())
 }
+
+// LeaseNamespace is where the leader's Lease is: the kubernetes store's
+// namespace (--store-namespace, or its default).
+func (c Config) LeaseNamespace() string { return c.storeNamespace() }

@@ -50,6 +50,8 @@ func Run(ctx context.Context, c Config) error {
 	if err := c.checkStateDir(); err != nil {
 		return err
 	}
+	started := c.Clock()
+	c.statusNow = new(statusBox)
 	// The ports first: a server that cannot have them takes no Lease and
 	// writes nothing, here or to the cluster.
 	b, err := c.bindPorts()
@@ -162,6 +164,9 @@ func Run(ctx context.Context, c Config) error {
 		ports.close()
 		return err
 	}
+	mode := map[bool]string{true: "cluster", false: "directory"}[clusterMode]
+	statusFn := func() Status { return c.status(started, mode, ports, servedCerts, reloader) }
+	c.statusNow.Store(&statusFn)
 	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, servedCerts, reloader)
 	ports.serve(ctx, c.Log)
 	return nil
@@ -239,6 +244,14 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
 		if err != nil {
 			return o, conns, nil, "", err
+		}
+		if box := c.statusNow; box != nil {
+			as.ServeStatus(func() any {
+				if f := box.Load(); f != nil {
+					return (*f)()
+				}
+				return nil
+			})
 		}
 		go func() {
 			if err := as.Serve(); err != nil {

@@ -41,6 +41,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/nodeproof/nodeproof/fsutil"
@@ -182,10 +183,16 @@ func peerOf(ctx context.Context) string {
 
 // Server is the admin socket of a running server.
 type Server struct {
-	ln   net.Listener
-	http *http.Server
-	path string
+	ln     net.Listener
+	http   *http.Server
+	path   string
+	status atomic.Pointer[func() any]
 }
+
+// ServeStatus makes GET /v1/status answer f's result as JSON (`nodeproof
+// status`: what the server judges by, what it serves); until it is set,
+// the status is null.
+func (s *Server) ServeStatus(f func() any) { s.status.Store(&f) }
 
 // Listen creates the socket at path, 0600 (a socket left by a server that
 // died is replaced: the caller holds the store's lock, so no other server
@@ -204,8 +211,19 @@ func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("adminsock: %w", err)
 	}
 	uid := os.Geteuid()
+	s := &Server{path: path}
+	mux := http.NewServeMux()
+	mux.Handle("/", Handler(st, log))
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		var v any
+		if f := s.status.Load(); f != nil {
+			v = (*f)()
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(v)
+	})
 	srv := &http.Server{
-		Handler:           Handler(st, log),
+		Handler:           mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      RequestTimeout + 10*time.Second,
@@ -215,7 +233,8 @@ func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
 			return context.WithValue(ctx, peerKey{}, peerString(c))
 		},
 	}
-	return &Server{ln: &peerCheckListener{Listener: ln, uid: uid, log: log}, http: srv, path: path}, nil
+	s.ln, s.http = &peerCheckListener{Listener: ln, uid: uid, log: log}, srv
+	return s, nil
 }
 
 // Serve serves until Close.
@@ -339,6 +358,23 @@ func trustedSocket(path string) (int, error) {
 		return 0, fmt.Errorf("%w: %s belongs to uid %d, neither this user (%d) nor root", ErrUntrusted, path, owner, os.Geteuid())
 	}
 	return owner, nil
+}
+
+// Status reads the running server's status (ServeStatus) into out.
+func (c *Client) Status(ctx context.Context, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://nodeproof-admin/v1/status", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("adminsock: status: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("adminsock: status: %s", resp.Status)
+	}
+	return json.NewDecoder(io.LimitReader(resp.Body, MaxRequest)).Decode(out)
 }
 
 // call runs op with a and decodes its result into out.

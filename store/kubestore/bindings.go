@@ -1,13 +1,17 @@
 package kubestore
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -287,7 +291,7 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 
 func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 	out := store.AttestationStatus{
-		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
+		Passed: st.Passed != nil && *st.Passed, Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
 		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary,
 	}
 	if st.LastAttempt != nil {
@@ -299,16 +303,38 @@ func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 	if st.SessionIssuedAt != nil {
 		out.SessionIssuedAt = st.SessionIssuedAt.UTC()
 	}
-	if st.Claims != "" {
-		out.Claims = []byte(st.Claims)
+	if st.Claims != nil && len(st.Claims.Raw) > 0 {
+		out.Claims = claimsJSON(st.Claims.Raw)
 	}
 	return out
 }
 
+// claimsJSON is the claims as JSON: an object as stored, or (written
+// before claims were an object) a JSON string holding it.
+func claimsJSON(raw []byte) []byte {
+	if raw[0] != '"' {
+		return slices.Clone(raw)
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return nil
+	}
+	return []byte(s)
+}
+
 func toStatus(st store.AttestationStatus) v1alpha1.NodeBindingStatus {
 	out := v1alpha1.NodeBindingStatus{
-		Passed: st.Passed, Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
-		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary, Claims: string(st.Claims),
+		Reason: st.Reason, Message: st.Message, Audit: st.Audit, Boots: st.Boots,
+		ResetCount: st.ResetCount, RestartCount: st.RestartCount, Summary: st.Summary,
+	}
+	if !st.LastAttempt.IsZero() {
+		passed := st.Passed
+		out.Passed = &passed
+	}
+	// Claims are kept as an object (kubectl describe shows them field by
+	// field) when they are one and within MaxClaims.
+	if c := bytes.TrimSpace(st.Claims); len(c) > 0 && len(c) <= v1alpha1.MaxClaims && c[0] == '{' && json.Valid(c) {
+		out.Claims = &apiextensionsv1.JSON{Raw: slices.Clone(c)}
 	}
 	if !st.LastAttempt.IsZero() {
 		t := metav1.NewMicroTime(st.LastAttempt.UTC())

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
@@ -849,6 +851,53 @@ func testPrinterColumns(t *testing.T, k *cluster) {
 		// What the enrolment knows is shown before any re-attestation.
 		if c := tab.Rows[0].Cells; c[0] != "worker-7" || c[1] != "tpm" || c[2] != "worker" || c[3] == nil || c[3] == "" {
 			t.Errorf("row %v: want worker-7, tpm, worker and the enrolment's time", c)
+		}
+		if c := tab.Rows[0].Cells; c[4] != nil {
+			t.Errorf("Passed %v before any attempt; want none", c[4])
+		}
+	})
+	t.Run("nodebindings, after a failed re-attestation", func(t *testing.T) {
+		claims := []byte(`{"kind":"tpm","identity":"` + storetest.Record(storetest.ID(7), "worker-7", now).Identity + `","tpm":{"secureBoot":true}}`)
+		if _, err := s.UpdateStatus(ctx, "worker-7", storetest.Record(storetest.ID(7), "worker-7", now).Identity, func(b *store.Binding) error {
+			b.Status = store.AttestationStatus{LastAttempt: now, Passed: false, Reason: "SecureBootDisabled", Claims: claims}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		tab := table(t, "nodebindings")
+		if c := tab.Rows[0].Cells; c[4] != false || c[5] != "SecureBootDisabled" {
+			t.Errorf("Passed %v, Reason %v; want false, SecureBootDisabled", c[4], c[5])
+		}
+		// The claims are an object (kubectl describe shows them field by
+		// field), and read back as they were written.
+		var u unstructured.Unstructured
+		u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("NodeBinding"))
+		if err := k.admin.Get(ctx, client.ObjectKey{Namespace: ns, Name: "worker-7"}, &u); err != nil {
+			t.Fatal(err)
+		}
+		if tpm, ok, _ := unstructured.NestedBool(u.Object, "status", "claims", "tpm", "secureBoot"); !ok || !tpm {
+			t.Errorf("status.claims is not an object with tpm.secureBoot: %v", u.Object["status"])
+		}
+		b, err := s.Binding(ctx, "worker-7")
+		var got, want any
+		if err == nil {
+			err = errors.Join(json.Unmarshal(b.Status.Claims, &got), json.Unmarshal(claims, &want))
+		}
+		if err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("claims read back %s, %v; want %s", b.Status.Claims, err, claims)
+		}
+	})
+	t.Run("expiry columns are dates, not ages", func(t *testing.T) {
+		tab := table(t, "attestationmarkers")
+		if exp, ok := tab.Rows[0].Cells[3].(string); !ok {
+			t.Errorf("Expires %v: want the RFC 3339 time", tab.Rows[0].Cells[3])
+		} else if _, err := time.Parse(time.RFC3339, exp); err != nil {
+			t.Errorf("Expires %q: %v", exp, err)
+		}
+		for _, c := range tab.ColumnDefinitions {
+			if c.Name == "Expires" && c.Type != "string" {
+				t.Errorf("Expires is a %s column: kubectl shows a future date as <invalid>", c.Type)
+			}
 		}
 	})
 }

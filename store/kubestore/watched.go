@@ -249,7 +249,7 @@ func cachedBinding(ctx context.Context, watch client.Reader, st *Store, nodeName
 // its status's claims.
 func slim(in any) (any, error) {
 	if b, ok := in.(*v1alpha1.NodeBinding); ok {
-		b.Status.Claims = ""
+		b.Status.Claims = nil
 	}
 	return cache.TransformStripManagedFields()(in)
 }

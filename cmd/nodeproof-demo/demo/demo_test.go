@@ -12,9 +12,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 // TestDemo runs `make demo`'s flow on swtpm and a real API server and
@@ -226,4 +229,56 @@ func TestDemoStops(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRunCluster: `make dev-cluster` starts an API server a kubeconfig
+// reaches, and Ctrl-C (the context's end) stops it and removes its files.
+func TestRunCluster(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "cluster")
+	ctx, cancel := context.WithCancel(context.Background())
+	var out safeBuffer
+	done := make(chan error, 1)
+	go func() { done <- RunCluster(ctx, Options{Dir: dir, Out: &out, Clock: time.Now}) }()
+	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		if strings.Contains(out.String(), "export KUBECONFIG="+kubeconfig) {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("RunCluster ended: %v\n%s", err, out.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no kubeconfig printed:\n%s", out.String())
+		}
+	}
+	if b, err := exec.Command(testenv.Kubectl(t), "--kubeconfig", kubeconfig, "get", "--raw", "/readyz").CombinedOutput(); err != nil || !strings.Contains(string(b), "ok") {
+		t.Errorf("kubectl get --raw /readyz: %v\n%s", err, b)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("left behind in %s: %v", dir, entries)
+	}
+}
+
+// safeBuffer is a bytes.Buffer safe for one writer and one reader.
+type safeBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *safeBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *safeBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -33,6 +33,8 @@ func commands() []command {
 			summary: "lift a ban (cluster: an operator's credentials, deploy/operator; the server's account cannot)"},
 		{name: "adopt", args: "NODE", run: cmdAdopt,
 			summary: "let a pool with requested names bind the name of a Node that existed before nodeproof (cluster: an operator's credentials, deploy/operator)"},
+		{name: "status", run: cmdStatus,
+			summary: "what the running server judges by and serves: the policy version in force and a refused reload, certificate names and expiry, the leader, the store's health and counts (a view)"},
 		{name: "inspect", args: "[NODE | pool NAME]", run: cmdInspect,
 			summary: "list nodes (owner, last attestation, state), one node's whole story, or what a pool serves before approval"},
 		{name: "policy", summary: "check a policy, or learn one from a machine you trust", actions: []action{

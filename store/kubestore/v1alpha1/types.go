@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -25,7 +26,7 @@ import (
 // +kubebuilder:printcolumn:name="Kind",type=string,JSONPath=".spec.kind"
 // +kubebuilder:printcolumn:name="Consumed",type=date,JSONPath=".status.consumedAt"
 // +kubebuilder:printcolumn:name="Consumed-By",type=string,JSONPath=".status.consumedBy",priority=1
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=".spec.expires",priority=1
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=".spec.expires",priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 63",message="the name (record ID) must be a DNS label: at most 63 characters"
 type NodeAttestation struct {
@@ -129,7 +130,7 @@ type NodeAttestationList struct {
 // +kubebuilder:resource:scope=Namespaced,categories=nodeproof
 // +kubebuilder:printcolumn:name="Key",type=string,JSONPath=".spec.key"
 // +kubebuilder:printcolumn:name="Record",type=string,JSONPath=".spec.recordID"
-// +kubebuilder:printcolumn:name="Expires",type=date,JSONPath=".spec.expires"
+// +kubebuilder:printcolumn:name="Expires",type=string,JSONPath=".spec.expires"
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=".metadata.creationTimestamp"
 type AttestationMarker struct {
 	metav1.TypeMeta   `json:",inline"`
@@ -244,8 +245,11 @@ type NodeBindingStatus struct {
 	LastAttempt *metav1.MicroTime `json:"lastAttempt,omitempty"`
 	// +optional
 	LastSuccess *metav1.MicroTime `json:"lastSuccess,omitempty"`
+	// Passed is the last attempt's outcome: unset until the first
+	// attempt after enrolment, then true or false (kubectl's PASSED
+	// column shows false, not a blank).
 	// +optional
-	Passed bool `json:"passed,omitempty"`
+	Passed *bool `json:"passed,omitempty"`
 	// +optional
 	// +kubebuilder:validation:MaxLength=128
 	Reason string `json:"reason,omitempty"`
@@ -274,10 +278,14 @@ type NodeBindingStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=4096
 	Summary string `json:"summary,omitempty"`
-	// Claims are the last attempt's claims, as JSON.
+	// Claims are the last attempt's claims (attest.Claims), an object
+	// kubectl describe shows field by field; at most MaxClaims bytes of
+	// JSON (a larger set is not kept: Summary still says what passed).
 	// +optional
-	// +kubebuilder:validation:MaxLength=131072
-	Claims string `json:"claims,omitempty"`
+	// +kubebuilder:pruning:PreserveUnknownFields
+	// +kubebuilder:validation:Schemaless
+	// +kubebuilder:validation:Type=object
+	Claims *apiextensionsv1.JSON `json:"claims,omitempty"`
 }
 
 // NodeBindingSpec is a store.Binding.
@@ -505,3 +513,6 @@ func LabelValue(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:28])
 }
+
+// MaxClaims bounds NodeBindingStatus.Claims (bytes of JSON).
+const MaxClaims = 128 << 10

@@ -5,6 +5,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 )
 
@@ -449,9 +450,19 @@ func (in *NodeBindingStatus) DeepCopyInto(out *NodeBindingStatus) {
 		in, out := &in.LastSuccess, &out.LastSuccess
 		*out = (*in).DeepCopy()
 	}
+	if in.Passed != nil {
+		in, out := &in.Passed, &out.Passed
+		*out = new(bool)
+		**out = **in
+	}
 	if in.SessionIssuedAt != nil {
 		in, out := &in.SessionIssuedAt, &out.SessionIssuedAt
 		*out = (*in).DeepCopy()
+	}
+	if in.Claims != nil {
+		in, out := &in.Claims, &out.Claims
+		*out = new(v1.JSON)
+		(*in).DeepCopyInto(*out)
 	}
 }
 

@@ -1,0 +1,184 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/adminsock"
+)
+
+// cmdStatus is `nodeproof status`: what a running server judges by and
+// serves, and the state of its store, without Prometheus. Directory mode
+// asks the server on its admin socket (the policy version in force and
+// the last reload it refused, the certificate it serves, the CAs) and
+// checks the store; cluster mode reads the leader's Lease, the
+// certificates and the store from the API server (each replica's policy
+// version is its metric and its log). A view: it changes nothing.
+func cmdStatus(ctx context.Context, in *invocation) error {
+	fs := in.flags()
+	var c serve.Config
+	storeFlags(fs, &c)
+	certsNamespaceFlag(fs, &c.CertsNamespace)
+	if _, err := in.exactly(0); err != nil {
+		return err
+	}
+	c.Clock = time.Now
+	w := in.stdout
+	now := c.Clock()
+	if adminCluster(c) {
+		return clusterStatus(ctx, c, w, now)
+	}
+	cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
+	if err != nil {
+		return err
+	}
+	if cl == nil {
+		fmt.Fprintf(w, "server:      none answers on %s\n", adminsock.Path(c.StateDir))
+	} else {
+		var s serve.Status
+		if err := cl.Status(ctx, &s); err != nil {
+			return err
+		}
+		printServerStatus(w, s, now)
+	}
+	rep, err := checkStore(ctx, filepath.Join(c.StateDir, serve.StoreFile), adminsock.Path(c.StateDir))
+	if err != nil {
+		fmt.Fprintf(w, "store:       NOT OK: %v\n", err)
+		return errFailedAfter(w)
+	}
+	fmt.Fprintf(w, "store:       ok: %s\n", describe(rep))
+	st, err := openOperatorStore(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	return printCounts(ctx, w, st)
+}
+
+// errFailedAfter is a failure already printed.
+func errFailedAfter(io.Writer) error { return errFailed }
+
+func printServerStatus(w io.Writer, s serve.Status, now time.Time) {
+	fmt.Fprintf(w, "server:      running, pid %d, %s mode, since %s; secure %s", s.PID, s.Mode, s.StartedAt.UTC().Format(time.RFC3339), s.Secure)
+	if s.Insecure != "" {
+		fmt.Fprintf(w, ", insecure %s", s.Insecure)
+	}
+	fmt.Fprintln(w)
+	p := s.Policy
+	fmt.Fprintf(w, "policy:      %s version %s, in force since %s\n", orNone(p.File), p.Version, p.Since.UTC().Format(time.RFC3339))
+	if p.Refused != "" {
+		fmt.Fprintf(w, "reload:      REFUSED at %s, version %s: %s (the version above stays in force)\n", p.RefusedAt.UTC().Format(time.RFC3339), p.Refused, p.Error)
+	} else {
+		fmt.Fprintln(w, "reload:      no refusal stands")
+	}
+	if s.Serving != nil {
+		fmt.Fprintf(w, "serving:     %v, valid to %s (%s)", s.Serving.Names, s.Serving.NotAfter.UTC().Format(time.RFC3339), left(s.Serving.NotAfter, now))
+		if !sameNames(s.Serving.Names, s.Hosts) {
+			fmt.Fprintf(w, "; NOT the --hosts it was started with, %v", s.Hosts)
+		}
+		fmt.Fprintln(w)
+	}
+	for _, ca := range s.CAs {
+		fmt.Fprintf(w, "CA:          %s, valid to %s (%s)\n", ca.Subject, ca.NotAfter.UTC().Format(time.RFC3339), left(ca.NotAfter, now))
+	}
+	if s.CAError != "" {
+		fmt.Fprintf(w, "CA:          cannot be read: %s\n", s.CAError)
+	}
+	fmt.Fprintln(w, "leader:      this server (directory mode: one replica)")
+}
+
+// left says how long until t.
+func left(t, now time.Time) string {
+	d := t.Sub(now)
+	switch {
+	case d <= 0:
+		return "EXPIRED"
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%s left", d.Round(time.Minute))
+	}
+	return fmt.Sprintf("%d days left", int(d.Hours()/24))
+}
+
+// printCounts prints the store's bindings (and how many are revoked),
+// bans and names' histories.
+func printCounts(ctx context.Context, w io.Writer, st store.Store) error {
+	bs, err := st.Bindings(ctx)
+	if err != nil {
+		return err
+	}
+	revoked := 0
+	for _, b := range bs {
+		if b.Revoked != nil {
+			revoked++
+		}
+	}
+	bans, err := st.Bans(ctx)
+	if err != nil {
+		return err
+	}
+	hs, err := st.Histories(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "records:     %d node bindings (%d revoked), %d bans, %d names with a history\n", len(bs), revoked, len(bans), len(hs))
+	return nil
+}
+
+// clusterStatus is status in cluster mode.
+func clusterStatus(ctx context.Context, c serve.Config, w io.Writer, now time.Time) error {
+	cfg, err := serve.RESTConfig(c.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	kc, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ns := c.LeaseNamespace()
+	lease, err := kc.CoordinationV1().Leases(ns).Get(ctx, cluster.KeeperLease, metav1.GetOptions{})
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "leader:      Lease %s/%s: %v\n", ns, cluster.KeeperLease, err)
+	case lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "":
+		fmt.Fprintf(w, "leader:      none (Lease %s/%s held by no replica)\n", ns, cluster.KeeperLease)
+	default:
+		renewed := "never renewed"
+		if lease.Spec.RenewTime != nil {
+			renewed = "renewed " + lease.Spec.RenewTime.UTC().Format(time.RFC3339)
+			if d := lease.Spec.LeaseDurationSeconds; d != nil && now.Sub(lease.Spec.RenewTime.Time) > time.Duration(*d)*time.Second {
+				renewed += ", EXPIRED: no replica leads"
+			}
+		}
+		fmt.Fprintf(w, "leader:      %s (%s)\n", *lease.Spec.HolderIdentity, renewed)
+	}
+	fmt.Fprintln(w, "policy:      each replica's version in force is its metric nodeproof_server_policy_info and its log (\"policy in force\", \"policy reloaded\"); a refused reload: nodeproof_server_policy_rejected")
+	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: c.CertsNamespace, Clock: time.Now})
+	if err == nil {
+		snap, rerr := read.Read(ctx)
+		if rerr != nil {
+			fmt.Fprintf(w, "serving:     %v\n", rerr)
+		} else {
+			fmt.Fprintf(w, "serving:     %v, valid to %s (%s)\n", certs.Names(snap.Serving), snap.Serving.NotAfter.UTC().Format(time.RFC3339), left(snap.Serving.NotAfter, now))
+			fmt.Fprintf(w, "CA:          %d in ConfigMap %s/%s\n", strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), c.CertsNamespace, kubecerts.CAName)
+		}
+	}
+	st, err := openOperatorStore(ctx, c)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	fmt.Fprintf(w, "store:       kubernetes, namespace %s\n", ns)
+	return printCounts(ctx, w, st)
+}
