@@ -102,6 +102,13 @@ func process(t *testing.T, name string, out *testenv.LockedBuffer, bin string, a
 			if err != nil && t.Failed() {
 				t.Logf("%s exited: %v", name, err)
 			}
+			// A server's clean stop is said, with no stack trace.
+			if strings.HasPrefix(name, "nodeproof serve") || strings.HasPrefix(name, "nodeproof approve") {
+				log := out.String()
+				if err != nil || !strings.Contains(log, `"msg":"stopped"`) || strings.Contains(log, "goroutine ") || strings.Contains(log, "SetLogger(...) was never called") {
+					t.Errorf("%s stopped on SIGTERM (%v) without saying so, or with a stack trace:\n%s", name, err, tail(log, 4096))
+				}
+			}
 		case <-time.After(20 * time.Second):
 			cmd.Process.Kill()
 			t.Errorf("%s did not stop on SIGTERM", name)
@@ -720,4 +727,12 @@ func TestEndToEnd(t *testing.T) {
 	if bytes.Contains([]byte(w.serverLog.String()), []byte("np1.")) {
 		t.Error("a sealed token appears in the server log")
 	}
+}
+
+// tail is the end of s, at most n bytes.
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
 }

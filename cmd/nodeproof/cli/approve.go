@@ -9,8 +9,10 @@ import (
 	"net"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/time/rate"
 	"k8s.io/klog/v2"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy"
@@ -89,9 +91,12 @@ func cmdApprove(ctx context.Context, in *invocation) error {
 		h = slog.NewTextHandler(stderr, nil)
 	}
 	c.Log, c.Clock = slog.New(safetext.Handler(h)), time.Now
-	// client-go's leader election logs through klog (process-wide): send
-	// it to the same structured log.
+	// client-go's leader election logs through klog, and controller-runtime's
+	// caches through their package logger (both process-wide): send both to
+	// the same structured log (unset, controller-runtime prints a stack
+	// trace the first time it logs, as at shutdown).
 	klog.SetSlogLogger(c.Log)
+	ctrllog.SetLogger(logr.FromSlogHandler(c.Log.Handler()))
 	return Approve(ctx, c)
 }
 
@@ -137,7 +142,7 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			return err
 		}
 	}
-	return approver.Run(ctx, approver.RunOptions{
+	err = approver.Run(ctx, approver.RunOptions{
 		REST: cfg, StoreNamespace: c.StoreNamespace,
 		LeaderElect: c.LeaderElect, LeaseNamespace: c.LeaseNamespace, Identity: id,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
@@ -145,4 +150,8 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 		Metrics: am, Clock: c.Clock, Log: c.Log,
 	})
+	if err == nil {
+		c.Log.Info("stopped", "clean", true)
+	}
+	return err
 }
