@@ -84,7 +84,7 @@ func snapshot(path string) (db *bolt.DB, done func(), err error) {
 	db, err = bolt.Open(dst.Name(), 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
 	if err != nil {
 		remove()
-		return nil, nil, fmt.Errorf("the store being replaced, %s: %w", path, err)
+		return nil, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return db, func() { db.Close(); remove() }, nil
 }

@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -127,5 +128,39 @@ func TestRestoreAttacksCarryWhatWasDone(t *testing.T) {
 	}
 	if len(c.Lost) != 1 || c.Lost[0] != "node-00007" {
 		t.Errorf("lost %v; want [node-00007]", c.Lost)
+	}
+}
+
+// TestRestoreAttacksUnreadableStore: a store that is there but cannot be read
+// (garbage where the pages were) may hold bans made after the backup that
+// nobody can name: the restore refuses (ErrCannotCarry) unless forced,
+// and a forced one says nothing was carried.
+func TestRestoreAttacksUnreadableStore(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "state.db")
+	s, err := Open(path, time.Second, (&fakeClock{t0}).Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backup := filepath.Join(dir, "backup.db")
+	f, err := os.Create(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Backup(f); err != nil || f.Close() != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := os.WriteFile(path, bytes.Repeat([]byte{0xA5}, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	got := "restored, undoing what it could not read"
+	if _, err := Restore(path, backup, RestoreOptions{Lock: time.Second, Now: t0}); errors.Is(err, ErrCannotCarry) {
+		got = "refused without --force"
+	}
+	attacktable.Check(t, "store", "store restore over a store that cannot be read (its later bans cannot be named)", "refused without --force", got)
+	res, err := Restore(path, backup, RestoreOptions{Lock: time.Second, Now: t0, Force: true})
+	if err != nil || res.NotCarried == nil {
+		t.Fatalf("forced restore: %+v, %v; want it restored, saying nothing was carried", res, err)
 	}
 }

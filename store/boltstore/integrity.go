@@ -717,7 +717,11 @@ func Restore(path, from string, o RestoreOptions) (Restored, error) {
 		if err := out.Sync(); err != nil {
 			return res, err
 		}
-		if _, err := os.Stat(path); err == nil {
+		if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+			// Truncated to nothing: no ban or spent marker is left in it
+			// to carry (and none could be named), whatever it held.
+			res.NotCarried = fmt.Errorf("%s is empty", path)
+		} else if err == nil {
 			// What the replaced store holds that the backup does not and a
 			// restore must not undo goes into the restored file first.
 			c, t, err := carryInto(path, tmp, now)
@@ -725,7 +729,7 @@ func Restore(path, from string, o RestoreOptions) (Restored, error) {
 			case err == nil:
 				res.Carried, txid = c, t
 			case !o.Force:
-				return res, fmt.Errorf("%w (%v): bans, releases and spent markers made after the backup would be undone; restore with force to do so", ErrCannotCarry, err)
+				return res, fmt.Errorf("%w (%v): the bans, releases and spent markers it holds from after the backup cannot be carried over, nor named; restore with force to undo them", ErrCannotCarry, err)
 			default:
 				res.NotCarried = err
 			}

@@ -46,7 +46,10 @@ func TestDemo(t *testing.T) {
 		"Attested=True",
 		"REFUSED at re-attestation by the server (HTTP 403): SecureBootDisabled",
 		"taint nodeproof.io/unattested:NoSchedule",
-		"$ nodeproof inspect worker-2",
+		"$ nodeproof status",
+		"leader:      ",
+		"$ kubectl nodeproof inspect worker-2",
+		"Boot (latest attestation):",
 		"REFUSED at re-attestation by the server (HTTP 403): Revoked",
 		"taint nodeproof.io/unattested:NoExecute",
 	} {

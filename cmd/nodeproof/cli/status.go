@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -167,9 +168,12 @@ func clusterStatus(ctx context.Context, c serve.Config, w io.Writer, now time.Ti
 	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: c.CertsNamespace, Clock: time.Now})
 	if err == nil {
 		snap, rerr := read.Read(ctx)
-		if rerr != nil {
+		switch {
+		case errors.Is(rerr, kubecerts.ErrAbsent):
+			fmt.Fprintf(w, "serving:     no certificates kept in the cluster (namespace %s): the replicas serve their own (--cert-store=state-dir, or --cert)\n", c.CertsNamespace)
+		case rerr != nil:
 			fmt.Fprintf(w, "serving:     %v\n", rerr)
-		} else {
+		default:
 			fmt.Fprintf(w, "serving:     %v, valid to %s (%s)\n", certs.Names(snap.Serving), snap.Serving.NotAfter.UTC().Format(time.RFC3339), left(snap.Serving.NotAfter, now))
 			fmt.Fprintf(w, "CA:          %d in ConfigMap %s/%s\n", strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), c.CertsNamespace, kubecerts.CAName)
 		}
