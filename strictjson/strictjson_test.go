@@ -25,6 +25,9 @@ func TestCheckNames(t *testing.T) {
 		{"after a nested object", `{"a":{"b":1},"A":2}`, true},
 		{"kelvin sign folds to k", "{\"k\":1,\"\u212a\":2}", true},
 		{"long s folds to s", "{\"s\":1,\"\u017f\":2}", true},
+		{"an escaped spelling of the same name", `{"tpm":1,"t\u0070m":2}`, true},
+		{"an escaped quote inside a name", `{"a\"b":1,"a\"B":2}`, true},
+		{"a value ending in a backslash", `{"a":"x\\","A":1}`, true},
 		{"a scalar", `"x"`, false},
 		{"empty object", `{}`, false},
 	}
@@ -36,69 +39,81 @@ func TestCheckNames(t *testing.T) {
 			}
 		})
 	}
+	for _, bad := range []string{`{"a":"unterminated`, `]`, `{"a":1}}`} {
+		if err := CheckNames([]byte(bad)); err == nil && json.Valid([]byte(bad)) {
+			t.Errorf("CheckNames(%s) passed malformed JSON that json.Valid accepts", bad)
+		}
+	}
 	deep := strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1)
 	if err := CheckNames([]byte(deep)); err == nil {
 		t.Error("nesting beyond MaxDepth passed")
 	}
 }
 
-// FuzzCheckNames: on any input, CheckNames never panics; what it passes,
-// encoding/json decodes into a map with as many keys per object as the
-// input names (no member dropped by a repeat).
+// FuzzCheckNames: on any input, CheckNames never panics; on well-formed
+// JSON it finds a repeated name exactly when a reference walk over
+// encoding/json's own tokens does (no name missed, none invented).
 func FuzzCheckNames(f *testing.F) {
-	for _, s := range []string{`{"a":1}`, `{"a":1,"A":2}`, `[{"x":{"y":[1,2]}}]`, `{"k":1,"` + "\u212a" + `":2}`} {
+	for _, s := range []string{`{"a":1}`, `{"a":1,"A":2}`, `[{"x":{"y":[1,2]}}]`, `{"k":1,"` + "\u212a" + `":2}`, `{"a\"":1,"b":"\\"}`} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if err := CheckNames(b); err != nil || !json.Valid(b) {
+		err := CheckNames(b)
+		if !json.Valid(b) {
 			return
 		}
-		var m map[string]json.RawMessage
-		if json.Unmarshal(b, &m) != nil {
-			return
+		want, rerr := referenceDuplicate(b)
+		if rerr != nil {
+			return // deeper than the reference walks
 		}
-		// Count the top level's names with the Decoder.
-		dec := json.NewDecoder(strings.NewReader(string(b)))
-		n, depth := 0, 0
-		wantKey := false
-		for {
-			tok, err := dec.Token()
-			if err != nil {
-				break
-			}
-			switch v := tok.(type) {
-			case json.Delim:
-				if v == '{' || v == '[' {
-					if depth == 1 {
-						wantKey = true
-					}
-					depth++
-					if depth == 1 {
-						wantKey = v == '{'
-					}
-				} else {
-					depth--
-					if depth == 1 {
-						wantKey = true
-					}
-				}
-			case string:
-				if depth == 1 && wantKey {
-					n++
-					wantKey = false
-					continue
-				}
-				if depth == 1 {
-					wantKey = true
-				}
-			default:
-				if depth == 1 {
-					wantKey = true
-				}
-			}
-		}
-		if n != len(m) {
-			t.Fatalf("passed %s: %d names, decoded %d", b, n, len(m))
+		if got := errors.Is(err, ErrDuplicateName); got != want {
+			t.Fatalf("CheckNames(%s) = %v; the reference walk finds a repeated name: %v", b, err, want)
 		}
 	})
+}
+
+// referenceDuplicate walks b's tokens with encoding/json's Decoder and
+// reports whether an object names a member twice, as strings.EqualFold
+// compares.
+func referenceDuplicate(b []byte) (bool, error) {
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	type frame struct {
+		object, wantKey bool
+		names           []string
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false, nil // the end
+		}
+		if len(stack) > MaxDepth {
+			return false, errors.New("too deep")
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if s, ok := tok.(string); ok && top != nil && top.object && top.wantKey {
+			for _, n := range top.names {
+				if strings.EqualFold(n, s) {
+					return true, nil
+				}
+			}
+			top.names, top.wantKey = append(top.names, s), false
+			continue
+		}
+		if top != nil && top.object {
+			top.wantKey = true
+		}
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			stack = append(stack, &frame{object: tok == json.Delim('{'), wantKey: tok == json.Delim('{')})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:len(stack)-1]
+			if len(stack) > 0 && stack[len(stack)-1].object {
+				stack[len(stack)-1].wantKey = true
+			}
+		}
+	}
 }
