@@ -59,6 +59,8 @@ func TestRBACAttacks(t *testing.T) {
 		{"approve kubelet client certificates", "approve", csr, "signers", "", "kubernetes.io/kube-apiserver-client-kubelet"},
 		{"write a kubelet certificate lineage", "create", np, "kubeletlineages", ns, ""},
 		{"read kube-system's Secrets", "list", "", "secrets", "kube-system", ""},
+		{"rewrite the policy ConfigMap", "update", "", "configmaps", ns, "nodeproof-policy"},
+		{"publish a replica's status", "update", "", "configmaps", ns, "nodeproof-server-status"},
 	}
 	type account struct {
 		name   string
@@ -73,7 +75,7 @@ func TestRBACAttacks(t *testing.T) {
 		{"the server's service account", "system:serviceaccount:nodeproof:nodeproof-server", saGroups(ns),
 			// Records and their consumption by the server's store path; a
 			// refused enrolment's binding undone; bootstrap tokens.
-			[]string{"delete a binding", "forge a record", "consume a record", "read kube-system's Secrets"}},
+			[]string{"delete a binding", "forge a record", "consume a record", "read kube-system's Secrets", "publish a replica's status"}},
 		{"the approver's service account", "system:serviceaccount:nodeproof:nodeproof-approver", saGroups(ns),
 			[]string{"consume a record", "approve kubelet client certificates", "write a kubelet certificate lineage"}},
 		{"an operator (group nodeproof:operators)", "alice", []string{"nodeproof:operators", "system:authenticated"},

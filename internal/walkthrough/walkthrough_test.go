@@ -161,14 +161,22 @@ func TestClusterMode(t *testing.T) {
 	must(t, e, "cluster-deploy", "secret/nodeproof-keys created")
 	must(t, e, "cluster-policy", "configmap/nodeproof-policy serverside-applied")
 	must(t, e, "cluster-ca")
-	if _, err := e.Start(ctx, "cluster-serve", HTTPReady("http://127.0.0.1:"+e.Subst["22624"]+"/healthz")); err != nil {
+	srv, err := e.Start(ctx, "cluster-serve", HTTPReady("http://127.0.0.1:"+e.Subst["22624"]+"/healthz"))
+	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() {
+		if t.Failed() {
+			if b, err := os.ReadFile(srv.Log); err == nil {
+				t.Logf("--- the server's log ---\n%s", b)
+			}
+		}
+	}()
 	if _, err := e.Start(ctx, "cluster-approve", HTTPReady("http://127.0.0.1:"+e.Subst["9090"]+"/healthz")); err != nil {
 		t.Fatal(err)
 	}
 	must(t, e, "cluster-enrol", "attested: node worker-2, pool worker", "condition met", "worker-2")
-	out := must(t, e, "cluster-admin", "leader:      ", "store:       kubernetes", "worker-2", string(attest.ReasonRevoked), "refused: exit 3")
+	out := must(t, e, "cluster-admin", "leader:      ", "replica:     ", "reload:      no refusal stands", "store:       kubernetes", "worker-2", string(attest.ReasonRevoked), "refused: exit 3")
 	// kubectl describe lists the revocation's Event (it names the
 	// binding's uid).
 	_, describe, _ := strings.Cut(out, "$ kubectl -n nodeproof describe nodebinding worker-2")

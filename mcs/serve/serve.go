@@ -167,6 +167,13 @@ func Run(ctx context.Context, c Config) error {
 	mode := map[bool]string{true: "cluster", false: "directory"}[clusterMode]
 	statusFn := func() Status { return c.status(started, mode, ports, servedCerts, reloader) }
 	c.statusNow.Store(&statusFn)
+	if clusterMode {
+		// Each replica says what it judges by and serves, for nodeproof
+		// status (directory mode answers on the admin socket).
+		if kc, err := c.KubeClient(true); err == nil && kc != nil {
+			go c.publishStatus(ctx, kc, statusFn)
+		}
+	}
 	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, servedCerts, reloader)
 	ports.serve(ctx, c.Log)
 	return nil

@@ -48,6 +48,7 @@ func TestDemo(t *testing.T) {
 		"taint nodeproof.io/unattested:NoSchedule",
 		"$ nodeproof status",
 		"leader:      ",
+		"replica:     ",
 		"$ kubectl nodeproof inspect worker-2",
 		"Boot (latest attestation):",
 		"REFUSED at re-attestation by the server (HTTP 403): Revoked",

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
@@ -24,9 +25,10 @@ import (
 // serves, and the state of its store, without Prometheus. Directory mode
 // asks the server on its admin socket (the policy version in force and
 // the last reload it refused, the certificate it serves, the CAs) and
-// checks the store; cluster mode reads the leader's Lease, the
-// certificates and the store from the API server (each replica's policy
-// version is its metric and its log). A view: it changes nothing.
+// checks the store; cluster mode reads the leader's Lease, what each
+// replica published in ConfigMap nodeproof-server-status (the same, per
+// replica), the certificates kept in the cluster and the store. A view:
+// it changes nothing.
 func cmdStatus(ctx context.Context, in *invocation) error {
 	fs := in.flags()
 	var c serve.Config
@@ -77,6 +79,13 @@ func printServerStatus(w io.Writer, s serve.Status, now time.Time) {
 		fmt.Fprintf(w, ", insecure %s", s.Insecure)
 	}
 	fmt.Fprintln(w)
+	printReplica(w, s, now)
+	fmt.Fprintln(w, "leader:      this server (directory mode: one replica)")
+}
+
+// printReplica prints what one server judges by and serves: the policy
+// version in force and a refused reload, its certificate and CAs.
+func printReplica(w io.Writer, s serve.Status, now time.Time) {
 	p := s.Policy
 	fmt.Fprintf(w, "policy:      %s version %s, in force since %s\n", orNone(p.File), p.Version, p.Since.UTC().Format(time.RFC3339))
 	if p.Refused != "" {
@@ -97,7 +106,6 @@ func printServerStatus(w io.Writer, s serve.Status, now time.Time) {
 	if s.CAError != "" {
 		fmt.Fprintf(w, "CA:          cannot be read: %s\n", s.CAError)
 	}
-	fmt.Fprintln(w, "leader:      this server (directory mode: one replica)")
 }
 
 // left says how long until t.
@@ -150,6 +158,8 @@ func clusterStatus(ctx context.Context, c serve.Config, w io.Writer, now time.Ti
 	ns := c.LeaseNamespace()
 	lease, err := kc.CoordinationV1().Leases(ns).Get(ctx, cluster.KeeperLease, metav1.GetOptions{})
 	switch {
+	case apierrors.IsNotFound(err):
+		fmt.Fprintf(w, "leader:      none (no Lease %s/%s: no replica keeps certificates or tokens in the cluster, or none has started)\n", ns, cluster.KeeperLease)
 	case err != nil:
 		fmt.Fprintf(w, "leader:      Lease %s/%s: %v\n", ns, cluster.KeeperLease, err)
 	case lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "":
@@ -164,18 +174,32 @@ func clusterStatus(ctx context.Context, c serve.Config, w io.Writer, now time.Ti
 		}
 		fmt.Fprintf(w, "leader:      %s (%s)\n", *lease.Spec.HolderIdentity, renewed)
 	}
-	fmt.Fprintln(w, "policy:      each replica's version in force is its metric nodeproof_server_policy_info and its log (\"policy in force\", \"policy reloaded\"); a refused reload: nodeproof_server_policy_rejected")
+	replicas, err := serve.ReadReplicaStatus(ctx, kc, ns)
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "replicas:    %v (each replica's policy version is also its metric nodeproof_server_policy_info and its log)\n", err)
+	case len(replicas) == 0:
+		fmt.Fprintf(w, "replicas:    none has published its status in ConfigMap %s/%s yet\n", ns, serve.ReplicaStatusConfigMap)
+	}
+	for _, r := range replicas {
+		fresh := "updated " + r.UpdatedAt.UTC().Format(time.RFC3339)
+		if now.Sub(r.UpdatedAt) > 3*time.Minute {
+			fresh += ", STALE: the replica stopped or cannot write"
+		}
+		fmt.Fprintf(w, "replica:     %s (%s)\n", r.Identity, fresh)
+		printReplica(w, r.Status, now)
+	}
 	read, err := kubecerts.New(kubecerts.Options{Client: kc, Namespace: c.CertsNamespace, Clock: time.Now})
 	if err == nil {
 		snap, rerr := read.Read(ctx)
 		switch {
 		case errors.Is(rerr, kubecerts.ErrAbsent):
-			fmt.Fprintf(w, "serving:     no certificates kept in the cluster (namespace %s): the replicas serve their own (--cert-store=state-dir, or --cert)\n", c.CertsNamespace)
+			fmt.Fprintf(w, "cluster:     no certificates kept in the cluster (namespace %s): the replicas serve their own (--cert-store=state-dir, or --cert)\n", c.CertsNamespace)
 		case rerr != nil:
-			fmt.Fprintf(w, "serving:     %v\n", rerr)
+			fmt.Fprintf(w, "cluster:     %v\n", rerr)
 		default:
-			fmt.Fprintf(w, "serving:     %v, valid to %s (%s)\n", certs.Names(snap.Serving), snap.Serving.NotAfter.UTC().Format(time.RFC3339), left(snap.Serving.NotAfter, now))
-			fmt.Fprintf(w, "CA:          %d in ConfigMap %s/%s\n", strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), c.CertsNamespace, kubecerts.CAName)
+			fmt.Fprintf(w, "cluster:     serving certificate (Secret %s/%s) for %v, valid to %s (%s)\n", c.CertsNamespace, kubecerts.ServingName, certs.Names(snap.Serving), snap.Serving.NotAfter.UTC().Format(time.RFC3339), left(snap.Serving.NotAfter, now))
+			fmt.Fprintf(w, "cluster:     %d CA in ConfigMap %s/%s\n", strings.Count(string(snap.BundlePEM), "BEGIN CERTIFICATE"), c.CertsNamespace, kubecerts.CAName)
 		}
 	}
 	st, err := openOperatorStore(ctx, c)
