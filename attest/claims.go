@@ -229,6 +229,18 @@ const (
 	StageKernel     = 2 // and every later application
 )
 
+// StageName names the stage of the boot application at position i, for
+// people: shim, boot loader, kernel.
+func StageName(i int) string {
+	switch i {
+	case StageShim:
+		return "shim"
+	case StageBootloader:
+		return "boot loader"
+	}
+	return "kernel"
+}
+
 // Kernels are the boot applications in the kernel's stage: every one
 // after the boot loader.
 func (b *BootState) Kernels() []string {

@@ -38,14 +38,7 @@ func TestRestoreAttacksCarryWhatWasDone(t *testing.T) {
 	if _, err := s.Ban(ctx, store.Ban{Identity: "tpm-ek:00004", Reason: "lost", At: t0}); err != nil {
 		t.Fatal(err)
 	}
-	backup := filepath.Join(dir, "backup.db")
-	f, err := os.Create(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := s.Backup(f); err != nil || f.Close() != nil {
-		t.Fatal(err)
-	}
+	backup := backupTo(t, s, filepath.Join(dir, "backup.db"))
 	// After the backup: a revocation, a release, an adoption, a spent
 	// config token, an approved CSR, an unban and a new enrolment.
 	if _, err := s.Revoke(ctx, "node-00000", "stolen", t0.Add(time.Minute)); err != nil {
@@ -142,14 +135,7 @@ func TestRestoreAttacksUnreadableStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	backup := filepath.Join(dir, "backup.db")
-	f, err := os.Create(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := s.Backup(f); err != nil || f.Close() != nil {
-		t.Fatal(err)
-	}
+	backup := backupTo(t, s, filepath.Join(dir, "backup.db"))
 	s.Close()
 	if err := os.WriteFile(path, bytes.Repeat([]byte{0xA5}, 8192), 0o600); err != nil {
 		t.Fatal(err)
@@ -163,4 +149,17 @@ func TestRestoreAttacksUnreadableStore(t *testing.T) {
 	if err != nil || res.NotCarried == nil {
 		t.Fatalf("forced restore: %+v, %v; want it restored, saying nothing was carried", res, err)
 	}
+}
+
+// backupTo writes s's backup to path and returns path.
+func backupTo(t *testing.T, s *Store, path string) string {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Backup(f); err != nil || f.Close() != nil {
+		t.Fatal(err)
+	}
+	return path
 }

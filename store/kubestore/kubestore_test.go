@@ -127,22 +127,21 @@ func TestKubeStore(t *testing.T) {
 	})
 }
 
-// rbacObjects decodes deploy/store/rbac.yaml.
-func rbacObjects(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
+// decodeFile decodes every object of the multi-document YAML file path.
+func decodeFile(t *testing.T, path string) []runtime.Object {
 	t.Helper()
-	f, err := os.Open(rbacFile)
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	dec := serializer.NewCodecFactory(testScheme(t)).UniversalDeserializer()
 	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
-	var role *rbacv1.Role
-	var binding *rbacv1.RoleBinding
+	var out []runtime.Object
 	for {
 		doc, err := r.Read()
 		if errors.Is(err, io.EOF) {
-			break
+			return out
 		} else if err != nil {
 			t.Fatal(err)
 		}
@@ -151,8 +150,18 @@ func rbacObjects(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
 		}
 		obj, _, err := dec.Decode(doc, nil, nil)
 		if err != nil {
-			t.Fatalf("%s: %v", rbacFile, err)
+			t.Fatalf("%s: %v", path, err)
 		}
+		out = append(out, obj)
+	}
+}
+
+// rbacObjects decodes deploy/store/rbac.yaml.
+func rbacObjects(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
+	t.Helper()
+	var role *rbacv1.Role
+	var binding *rbacv1.RoleBinding
+	for _, obj := range decodeFile(t, rbacFile) {
 		switch o := obj.(type) {
 		case *rbacv1.Role:
 			role = o
@@ -173,27 +182,7 @@ func rbacObjects(t *testing.T) (*rbacv1.Role, *rbacv1.RoleBinding) {
 // store.
 func operatorRules(t *testing.T) []rbacv1.PolicyRule {
 	t.Helper()
-	f, err := os.Open(operatorRBACFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	dec := serializer.NewCodecFactory(testScheme(t)).UniversalDeserializer()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if strings.TrimSpace(string(doc)) == "" {
-			continue
-		}
-		obj, _, err := dec.Decode(doc, nil, nil)
-		if err != nil {
-			t.Fatalf("%s: %v", operatorRBACFile, err)
-		}
+	for _, obj := range decodeFile(t, operatorRBACFile) {
 		if role, ok := obj.(*rbacv1.Role); ok && role.Name == "nodeproof-operator" {
 			var out []rbacv1.PolicyRule
 			for _, r := range role.Rules {

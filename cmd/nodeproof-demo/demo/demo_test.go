@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -240,7 +239,7 @@ func TestDemoStops(t *testing.T) {
 func TestRunCluster(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "cluster")
 	ctx, cancel := context.WithCancel(context.Background())
-	var out safeBuffer
+	var out testenv.LockedBuffer
 	done := make(chan error, 1)
 	go func() { done <- RunCluster(ctx, Options{Dir: dir, Out: &out, Clock: time.Now}) }()
 	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
@@ -267,22 +266,4 @@ func TestRunCluster(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 		t.Errorf("left behind in %s: %v", dir, entries)
 	}
-}
-
-// safeBuffer is a bytes.Buffer safe for one writer and one reader.
-type safeBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *safeBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *safeBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

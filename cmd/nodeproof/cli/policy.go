@@ -159,14 +159,7 @@ func writeBootSummary(w io.Writer, bs attest.BootState) {
 	}
 	fmt.Fprintf(w, "secure boot: %s\n", sb)
 	for i, a := range bs.BootApplications {
-		stage := "kernel"
-		switch i {
-		case attest.StageShim:
-			stage = "shim"
-		case attest.StageBootloader:
-			stage = "boot loader"
-		}
-		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, stage, a)
+		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, attest.StageName(i), a)
 	}
 	if bs.KernelCmdlineKnown {
 		fmt.Fprintf(w, "kernel command line: %s\n", safetext.Clean(bs.KernelCmdline))

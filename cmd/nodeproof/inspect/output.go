@@ -378,14 +378,7 @@ func writeBoot(w io.Writer, raw []byte) {
 		row("EK", c.TPM.EKKind)
 	}
 	for i, a := range b.BootApplications {
-		stage := "kernel"
-		switch i {
-		case attest.StageShim:
-			stage = "shim"
-		case attest.StageBootloader:
-			stage = "boot loader"
-		}
-		row(stage, a)
+		row(attest.StageName(i), a)
 	}
 	cmdline := "not established"
 	if b.KernelCmdlineKnown {
