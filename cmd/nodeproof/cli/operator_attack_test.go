@@ -53,15 +53,7 @@ func TestOperatorAttacksStateDirAndSocket(t *testing.T) {
 		t.Fatal("this test gives a socket to another user (chown): run it as root (CI does)")
 	}
 	newState := func(mode os.FileMode) string {
-		dir := filepath.Join(t.TempDir(), "state")
-		if err := os.Mkdir(dir, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		st.Close()
+		dir := stateWithStore(t, nil)
 		if err := os.Chmod(dir, mode); err != nil {
 			t.Fatal(err)
 		}
@@ -118,15 +110,7 @@ func TestOperatorAttacksStateDirAndSocket(t *testing.T) {
 // TestOperatorAttacksBackupLinks: `store backup` writes through no link —
 // not a planted OUT.tmp, not OUT itself.
 func TestOperatorAttacksBackupLinks(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st.Close()
+	dir := stateWithStore(t, nil)
 	outDir := t.TempDir()
 	victim := filepath.Join(outDir, "victim")
 	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
@@ -173,23 +157,14 @@ func TestOperatorAttacksBackupLinks(t *testing.T) {
 // machine stays unbanned; an identity the server has never seen needs
 // --not-enrolled; the output says whether it is enrolled.
 func TestOperatorAttacksRevokeIdentity(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "state")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ek := strings.Repeat("3f", 32)
 	enrolled := "tpm-ek:" + ek
-	now := time.Now()
-	r := &store.Record{ID: "rec-1", NodeName: "worker-1", Pool: "worker", Kind: attest.KindTPM, Identity: enrolled,
-		KubeletKeySHA256: []byte{1}, CreatedAt: now, Expires: now.Add(time.Hour)}
-	if err := st.Enrol(context.Background(), r, store.EnrolOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	st.Close()
+	dir := stateWithStore(t, func(st *boltstore.Store) error {
+		now := time.Now()
+		r := &store.Record{ID: "rec-1", NodeName: "worker-1", Pool: "worker", Kind: attest.KindTPM, Identity: enrolled,
+			KubeletKeySHA256: []byte{1}, CreatedAt: now, Expires: now.Add(time.Hour)}
+		return st.Enrol(context.Background(), r, store.EnrolOptions{})
+	})
 	banned := func(id string) bool {
 		st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
 		if err != nil {
@@ -234,4 +209,25 @@ func TestOperatorAttacksRevokeIdentity(t *testing.T) {
 	if out, code := runCLI("unban", "--identity", "TPM-EK:"+ek, "--state-dir", dir); code == 0 || !banned(enrolled) {
 		t.Errorf("unban with a non-canonical identity: exit %d, %s; want refused, the ban kept", code, out)
 	}
+}
+
+// stateWithStore is a new state directory (0700) holding a store, which
+// fill (if not nil) writes to first.
+func stateWithStore(t *testing.T, fill func(*boltstore.Store) error) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	st, err := boltstore.Open(filepath.Join(dir, serve.StoreFile), time.Second, time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if fill != nil {
+		if err := fill(st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
