@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/system"
@@ -33,12 +34,7 @@ func TestFaultServeCannotBind(t *testing.T) {
 	}
 	defer ln.Close()
 	// The namespaces are there: a write, had it been tried, would land.
-	for _, ns := range []string{serve.DefaultStoreNamespace, kubecerts.DefaultNamespace, cluster.TokenSecretNamespace} {
-		_, err := w.KC.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-		if err != nil && !apierrors.IsAlreadyExists(err) {
-			t.Fatalf("namespace %s: %v", ns, err)
-		}
-	}
+	ensureNamespaces(t, w.KC, serve.DefaultStoreNamespace, kubecerts.DefaultNamespace, cluster.TokenSecretNamespace)
 	state := filepath.Join(t.TempDir(), "state")
 	log := new(testenv.LockedBuffer)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -70,4 +66,15 @@ func TestFaultServeCannotBind(t *testing.T) {
 		got = "wrote " + strings.Join(wrote, ", ")
 	}
 	attacktable.Check(t, "operator", "cluster-mode serve started on a port another process holds", "wrote nothing", got)
+}
+
+// ensureNamespaces creates the namespaces that do not exist yet.
+func ensureNamespaces(t *testing.T, kc kubernetes.Interface, names ...string) {
+	t.Helper()
+	for _, ns := range names {
+		_, err := kc.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("namespace %s: %v", ns, err)
+		}
+	}
 }

@@ -27,9 +27,7 @@ import (
 func TestStatusClusterMode(t *testing.T) {
 	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
 	ctx := context.Background()
-	if _, err := w.KC.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: serve.DefaultStoreNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
+	ensureNamespaces(t, w.KC, serve.DefaultStoreNamespace)
 	if _, err := w.KC.CoreV1().ConfigMaps(serve.DefaultStoreNamespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: serve.ReplicaStatusConfigMap}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}

@@ -284,7 +284,3 @@ func (p *policyReloader) refuse(version string, err error) {
 	p.reloads.WithLabelValues("refused").Inc()
 	p.c.Log.Error("policy reload refused; the last good policy stays in force", "file", p.c.Policy, "version", version, "in force", p.applied, "err", err.Error())
 }
-
-// LeaseNamespace is where the leader's Lease is: the kubernetes store's
-// namespace (--store-namespace, or its default).
-func (c Config) LeaseNamespace() string { return c.storeNamespace() }

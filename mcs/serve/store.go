@@ -38,6 +38,10 @@ func (c Config) StoreKind(clusterMode bool) string {
 // storeNamespace is the Kubernetes store's namespace.
 func (c Config) storeNamespace() string { return orDefault(c.StoreNamespace, DefaultStoreNamespace) }
 
+// LeaseNamespace is where the leader's Lease and the replicas' status are:
+// the kubernetes store's namespace (--store-namespace, or its default).
+func (c Config) LeaseNamespace() string { return c.storeNamespace() }
+
 // DefaultStoreNamespace is --store-namespace's default.
 const DefaultStoreNamespace = "nodeproof"
 

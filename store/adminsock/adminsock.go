@@ -41,7 +41,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/nodeproof/nodeproof/fsutil"
@@ -186,13 +185,13 @@ type Server struct {
 	ln     net.Listener
 	http   *http.Server
 	path   string
-	status atomic.Pointer[func() any]
+	status func() any
 }
 
 // ServeStatus makes GET /v1/status answer f's result as JSON (`nodeproof
-// status`: what the server judges by, what it serves); until it is set,
-// the status is null.
-func (s *Server) ServeStatus(f func() any) { s.status.Store(&f) }
+// status`: what the server judges by, what it serves); call it before
+// Serve. Without it the status is null.
+func (s *Server) ServeStatus(f func() any) { s.status = f }
 
 // Listen creates the socket at path, 0600 (a socket left by a server that
 // died is replaced: the caller holds the store's lock, so no other server
@@ -216,8 +215,8 @@ func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
 	mux.Handle("/", Handler(st, log))
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		var v any
-		if f := s.status.Load(); f != nil {
-			v = (*f)()
+		if s.status != nil {
+			v = s.status()
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(v)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"time"
 
@@ -59,15 +60,16 @@ func (c Carried) Empty() bool {
 }
 
 // snapshot copies the store file at path, which the caller holds locked
-// (no writer can run), to a temporary file and opens it read-only: the
-// state the restore replaces.
+// (no writer can run), to a temporary file beside it (in the state
+// directory, its owner's alone: the copy holds what the store holds) and
+// opens it read-only: the state the restore replaces.
 func snapshot(path string) (db *bolt.DB, done func(), err error) {
 	src, err := os.Open(path)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer src.Close()
-	dst, err := os.CreateTemp("", "nodeproof-restore-*.db")
+	dst, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".snapshot-*")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -94,31 +96,22 @@ func snapshot(path string) (db *bolt.DB, done func(), err error) {
 // not and a restore must not undo (Carried), at now.
 func carryOver(cur, dst *bolt.Tx, now time.Time) (Carried, error) {
 	var c Carried
-	bucket := func(tx *bolt.Tx, name []byte) (*bolt.Bucket, error) {
-		if b := tx.Bucket(name); b != nil {
-			return b, nil
-		}
-		if !tx.Writable() {
-			return nil, nil
-		}
-		return tx.CreateBucket(name)
-	}
-	// Buckets a store made by an older version may lack: an empty one
-	// reads as nothing.
-	get := func(tx *bolt.Tx, name []byte) *bolt.Bucket {
-		b, _ := bucket(tx, name)
-		return b
-	}
+	// A store made by an older version may lack a bucket: the replaced
+	// one's reads as empty, the restored one's is made.
 	each := func(b *bolt.Bucket, fn func(k, v []byte) error) error {
 		if b == nil {
 			return nil
 		}
 		return b.ForEach(fn)
 	}
-	dbans, dbinds, dids, donce, drecs, dhist := get(dst, bucketBans), get(dst, bucketBinds), get(dst, bucketIDs), get(dst, bucketOnce), get(dst, bucketRecords), get(dst, bucketHistory)
-	if dbans == nil || dbinds == nil || dids == nil || donce == nil || drecs == nil || dhist == nil {
-		return c, fmt.Errorf("the restored store lacks its buckets")
+	var d [6]*bolt.Bucket
+	for i, name := range [][]byte{bucketBans, bucketBinds, bucketIDs, bucketOnce, bucketRecords, bucketHistory} {
+		var err error
+		if d[i], err = dst.CreateBucketIfNotExists(name); err != nil {
+			return c, err
+		}
 	}
+	dbans, dbinds, dids, donce, drecs, dhist := d[0], d[1], d[2], d[3], d[4], d[5]
 	// Bans: never lifted by a restore.
 	err := each(cur.Bucket(bucketBans), func(k, v []byte) error {
 		if dbans.Get(k) != nil {

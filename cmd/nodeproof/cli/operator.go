@@ -298,7 +298,7 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 		if err != nil {
 			return err
 		}
-		if seen == "" && !op.notEnrolled {
+		if !seen && !op.notEnrolled {
 			return fmt.Errorf("%s is not enrolled, and this server has never seen it (no binding, no ban, no released name): nothing was revoked. Check the identity (nodeproof inspect lists them), or give --not-enrolled to ban one that has not enrolled yet", op.identity)
 		}
 	}
@@ -381,31 +381,27 @@ func cmdUnban(ctx context.Context, in *invocation) error {
 	return bindingEvent(ctx, c, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
 }
 
-// identitySeen says how this store knows identity: "enrolled as NODE",
-// "banned", "released from NODE", or "" when it does not.
-func identitySeen(ctx context.Context, st store.Store, identity string) (string, error) {
-	if b, err := st.BindingOf(ctx, identity); err == nil {
-		return "enrolled as " + b.NodeName, nil
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return "", err
+// identitySeen says whether this store knows identity: enrolled, banned,
+// or released from a name.
+func identitySeen(ctx context.Context, st store.Store, identity string) (bool, error) {
+	if _, err := st.BindingOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
+		return err == nil, err
 	}
-	if _, err := st.BanOf(ctx, identity); err == nil {
-		return "banned", nil
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return "", err
+	if _, err := st.BanOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
+		return err == nil, err
 	}
 	hs, err := st.Histories(ctx)
 	if err != nil {
-		return "", err
+		return false, err
 	}
 	for _, h := range hs {
 		for _, r := range h.Released {
 			if r.Identity == identity {
-				return "released from " + h.NodeName, nil
+				return true, nil
 			}
 		}
 	}
-	return "", nil
+	return false, nil
 }
 
 // bannedAt is the banned identity that holds node, or that held it when

@@ -19,6 +19,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
+	"github.com/nodeproof/nodeproof/store/boltstore"
 )
 
 // cmdStatus is `nodeproof status`: what a running server judges by and
@@ -43,35 +44,40 @@ func cmdStatus(ctx context.Context, in *invocation) error {
 	if adminCluster(c) {
 		return clusterStatus(ctx, c, w, now)
 	}
-	cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
+	// One connection to the running server answers everything; without
+	// one, the file itself.
+	path, sock := filepath.Join(c.StateDir, serve.StoreFile), adminsock.Path(c.StateDir)
+	cl, err := dialServer(ctx, sock)
 	if err != nil {
 		return err
 	}
+	var rep boltstore.Report
 	if cl == nil {
-		fmt.Fprintf(w, "server:      none answers on %s\n", adminsock.Path(c.StateDir))
+		fmt.Fprintf(w, "server:      none answers on %s\n", sock)
+		rep, err = boltstore.Check(path, time.Second)
 	} else {
+		defer cl.Close()
 		var s serve.Status
 		if err := cl.Status(ctx, &s); err != nil {
 			return err
 		}
 		printServerStatus(w, s, now)
+		rep, err = cl.Check(ctx, path)
 	}
-	rep, err := checkStore(ctx, filepath.Join(c.StateDir, serve.StoreFile), adminsock.Path(c.StateDir))
 	if err != nil {
 		fmt.Fprintf(w, "store:       NOT OK: %v\n", err)
-		return errFailedAfter(w)
+		return errFailed
 	}
 	fmt.Fprintf(w, "store:       ok: %s\n", describe(rep))
-	st, err := openOperatorStore(ctx, c)
-	if err != nil {
-		return err
+	var st store.Store = cl
+	if cl == nil {
+		if st, err = openOperatorStore(ctx, c); err != nil {
+			return err
+		}
+		defer st.Close()
 	}
-	defer st.Close()
 	return printCounts(ctx, w, st)
 }
-
-// errFailedAfter is a failure already printed.
-func errFailedAfter(io.Writer) error { return errFailed }
 
 func printServerStatus(w io.Writer, s serve.Status, now time.Time) {
 	fmt.Fprintf(w, "server:      running, pid %d, %s mode, since %s; secure %s", s.PID, s.Mode, s.StartedAt.UTC().Format(time.RFC3339), s.Secure)

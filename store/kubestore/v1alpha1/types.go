@@ -285,6 +285,7 @@ type NodeBindingStatus struct {
 	// +kubebuilder:pruning:PreserveUnknownFields
 	// +kubebuilder:validation:Schemaless
 	// +kubebuilder:validation:Type=object
+	// +kubebuilder:validation:MaxProperties=32
 	Claims *apiextensionsv1.JSON `json:"claims,omitempty"`
 }
 
