@@ -87,19 +87,7 @@ func BenchmarkTPMAttestation(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, _, err := v.Challenge("worker", r.key, r.req); err != nil {
-				b.Fatal(err)
-			}
-			c, err := v.Verify(r.sess, r.ev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := r.pol.Evaluate("worker", c); err != nil {
-				b.Fatal(err)
-			}
-		}
+		verifyLoop(b, v, r, r.pol)
 	})
 	// The policy `policy learn` writes from the machine's log: the whole
 	// boot judged (its chain's signers, the command line, the files GRUB
@@ -125,19 +113,7 @@ func BenchmarkTPMAttestation(b *testing.B) {
 		if t := pol.Pools["worker"].TPM; t.Grub == nil || len(t.Grub.Commands) == 0 || t.KernelCmdline == nil || len(t.KernelCmdline.Exact) == 0 {
 			b.Fatalf("the learned policy does not judge the whole boot: %+v", t)
 		}
-		b.ReportAllocs()
-		for b.Loop() {
-			if _, _, err := v.Challenge("worker", r.key, r.req); err != nil {
-				b.Fatal(err)
-			}
-			c, err := v.Verify(r.sess, r.ev)
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := pol.Evaluate("worker", c); err != nil {
-				b.Fatal(err)
-			}
-		}
+		verifyLoop(b, v, r, pol)
 	})
 	b.Run("floor", func(b *testing.B) {
 		f := newFloor(b, r)
@@ -222,5 +198,23 @@ func (f *floor) run(b *testing.B) {
 	var rnd [64]byte
 	if _, err := io.ReadFull(rand.Reader, rnd[:]); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// verifyLoop times what the server does per machine: the challenge, the
+// verification of r's evidence, the policy's verdict.
+func verifyLoop(b *testing.B, v *tpm.Verifier, r *recorded, pol *policy.Policy) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, err := v.Challenge("worker", r.key, r.req); err != nil {
+			b.Fatal(err)
+		}
+		c, err := v.Verify(r.sess, r.ev)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pol.Evaluate("worker", c); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
