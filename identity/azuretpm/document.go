@@ -155,7 +155,8 @@ func parsePKCS7(der []byte) (p7 *pkcs7.PKCS7, err error) {
 //  1. the signer's digest is SHA-256, -384 or -512, a content-type
 //     attribute (when there are signed attributes) is id-data, and the
 //     signature verifies under the certificate the PKCS#7 names as its
-//     signer (AzureDocumentSignatureInvalid);
+//     signer (AzureDocumentSignatureInvalid; a signing-time attribute
+//     outside that certificate's validity: AzureDocumentExpired);
 //  2. that certificate is within its validity at now and chains, at now,
 //     to a pinned IMDS root through the trust's intermediates and the
 //     other certificates of the PKCS#7 (AzureDocumentSignerUntrusted; out
@@ -182,6 +183,10 @@ func (v *Verifier) verifyDocument(d *Document, now time.Time) error {
 	// A nil trust store: the signature alone; the chain is checked below
 	// at the verifier's clock, with its own reasons.
 	if err := p7.VerifyWithChainAtTime(nil, now); err != nil {
+		var st *pkcs7.SigningTimeNotValidError
+		if errors.As(err, &st) {
+			return attest.Deny(attest.ReasonAzureDocExpired, "the document was signed outside its signer's validity: %v", err)
+		}
 		return attest.Deny(attest.ReasonAzureDocSignature, "the attested document's signature does not verify: %v", err)
 	}
 	if now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
