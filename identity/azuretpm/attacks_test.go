@@ -220,7 +220,9 @@ func TestAttackAzureVTPM(t *testing.T) {
 		})},
 		{"tampered PKCS#7 (a byte of the signed content changed)", attest.ReasonAzureDocSignature, doc(tampered)},
 		{"document that is not base64", attest.ReasonAzureDocMalformed, doc(func(*attest.Session) string { return "not base64!" })},
-		{"document that is not PKCS#7", attest.ReasonAzureDocMalformed, doc(func(*attest.Session) string { return base64.StdEncoding.EncodeToString([]byte{0x30, 0x03, 0x02, 0x01, 0x01}) })},
+		{"document that is not PKCS#7", attest.ReasonAzureDocMalformed, doc(func(*attest.Session) string {
+			return base64.StdEncoding.EncodeToString([]byte{0x30, 0x03, 0x02, 0x01, 0x01})
+		})},
 		{"no document", attest.ReasonAzureDocMalformed, doc(func(*attest.Session) string { return "" })},
 		{"oversized document", attest.ReasonAzureDocMalformed, doc(func(*attest.Session) string { return strings.Repeat("A", azuretpm.MaxDocumentSize+4) })},
 		{"document whose vmId is no UUID", attest.ReasonAzureDocMalformed, content(func(c *azuretpmtest.Content) { c.VMID = "../../x" })},
