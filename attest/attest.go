@@ -24,4 +24,8 @@ const (
 	// attestation document binds, beside the instance identity document
 	// (identity/nitrotpm).
 	KindNitroTPM Kind = "aws-nitrotpm"
+	// KindAzureVTPM: an Azure Trusted Launch VM's vTPM, whose AK Azure
+	// certifies, beside the IMDS attested document naming the VM
+	// (identity/azuretpm).
+	KindAzureVTPM Kind = "azure-vtpm"
 )

@@ -158,6 +158,30 @@ const (
 	// than the instance identity document sent beside it, or names none
 	// nodeproof can read.
 	ReasonNitroInstance Reason = "NitroDocumentInstanceMismatch"
+	// Azure Trusted Launch vTPM (identity/azuretpm): the IMDS attested
+	// document beside the AK certificate.
+	//
+	// ReasonAzureDocMalformed: the attested document is not base64 of a
+	// PKCS#7 SignedData with one signer and a JSON content of the
+	// documented fields and shapes, or exceeds its bound.
+	ReasonAzureDocMalformed Reason = "AzureDocumentMalformed"
+	// ReasonAzureDocSignature: the document's PKCS#7 signature does not
+	// verify under the certificate it names.
+	ReasonAzureDocSignature Reason = "AzureDocumentSignatureInvalid"
+	// ReasonAzureDocUntrusted: the document's signer does not chain to a
+	// pinned IMDS root, or is not an allowed metadata signer
+	// (metadata.azure.com, …).
+	ReasonAzureDocUntrusted Reason = "AzureDocumentSignerUntrusted"
+	// ReasonAzureDocExpired: the document is outside its timeStamp
+	// (createdOn, expiresOn), or a certificate of its signer's chain
+	// outside its validity, at the verifier's clock.
+	ReasonAzureDocExpired Reason = "AzureDocumentExpired"
+	// ReasonAzureDocNonce: the document's nonce is not the one this
+	// session asked for (a document of another session, replayed).
+	ReasonAzureDocNonce Reason = "AzureDocumentNonceMismatch"
+	// ReasonAzureDocVM: the document's vmId is not the VM the AK
+	// certificate names (two machines' evidence spliced).
+	ReasonAzureDocVM Reason = "AzureDocumentVMMismatch"
 	// Enrolment: who owns a node name (mcs, store.Binding).
 	//
 	// ReasonNodeNameTaken: the node name is bound to another identity
