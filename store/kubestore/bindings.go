@@ -278,7 +278,7 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 	out := &store.Binding{
 		NodeName: b.Spec.NodeName, Pool: b.Spec.Pool, Kind: attest.Kind(b.Spec.Kind), Identity: b.Spec.Identity,
 		KubeletKeySHA256: key, RecordID: b.Spec.RecordID, CreatedAt: b.Spec.CreatedAt.UTC(), EnrolledAt: b.Spec.CreatedAt.UTC(),
-		Status: fromStatus(&b.Status),
+		Status: fromStatus(&b.Status), UID: string(b.UID),
 	}
 	if b.Spec.EnrolledAt != nil {
 		out.EnrolledAt = b.Spec.EnrolledAt.UTC()
