@@ -14,7 +14,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -220,18 +219,6 @@ func (s *Store) getBinding(ctx context.Context, nodeName string) (*v1alpha1.Node
 		return nil, fmt.Errorf("kubestore: get binding %s: %w", nodeName, err)
 	}
 	return &b, nil
-}
-
-// BindingUID is the uid of nodeName's NodeBinding (for an Event about it:
-// BindingEvent.UID); store.ErrNotFound when there is none.
-func (s *Store) BindingUID(ctx context.Context, nodeName string) (types.UID, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	b, err := s.getBinding(ctx, nodeName)
-	if err != nil {
-		return "", err
-	}
-	return b.UID, nil
 }
 
 // Binding implements store.Store.
