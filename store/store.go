@@ -124,6 +124,10 @@ type Binding struct {
 	// Status is what the node's attestations after its enrolment
 	// established (re-attestations); see Attested.
 	Status AttestationStatus `json:"status"`
+	// UID is the NodeBinding object's uid with the kubernetes store (an
+	// Event about the binding names it, so kubectl describe lists it);
+	// empty with the embedded store. Read only: no store keeps it.
+	UID string `json:"uid,omitempty"`
 }
 
 // Revocation is an operator's refusal of an identity, as its binding

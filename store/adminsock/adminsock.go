@@ -4,7 +4,7 @@
 // serves the store's operator operations on a unix socket in its state
 // directory (Serve), and the commands — revoke, unban, release, adopt,
 // enroll --reset, inspect, policy check --against-records — reach it there
-// (Dial: a store.Store) when the server runs, and open the file when it
+// (Dial) when the server runs, and open the file when it
 // does not. The operation then happens in the server's own store, at once:
 // a revocation refuses the next fetch, re-attestation or CSR, with no
 // restart.
@@ -45,6 +45,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/operate"
 )
 
 const (
@@ -71,14 +72,14 @@ var kinds = map[string]error{
 
 // args are every operation's arguments (each uses some).
 type args struct {
-	NodeName string     `json:"nodeName,omitempty"`
-	Identity string     `json:"identity,omitempty"`
-	ID       string     `json:"id,omitempty"`
-	Key      string     `json:"key,omitempty"`
-	Reason   string     `json:"reason,omitempty"`
-	At       time.Time  `json:"at,omitempty"`
-	Ban      *store.Ban `json:"ban,omitempty"`
-	Act      *store.Act `json:"act,omitempty"`
+	NodeName string `json:"nodeName,omitempty"`
+	Identity string `json:"identity,omitempty"`
+	ID       string `json:"id,omitempty"`
+	Key      string `json:"key,omitempty"`
+	// The workflows' requests (operate).
+	Revocation *operate.Revocation `json:"revocation,omitempty"`
+	Lift       *operate.Lift       `json:"lift,omitempty"`
+	Naming     *operate.Naming     `json:"naming,omitempty"`
 }
 
 type answer struct {
@@ -101,30 +102,34 @@ var ops = map[string]func(ctx context.Context, st store.Store, a args) (any, err
 	"Bans":      func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bans(ctx) },
 	"History":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.History(ctx, a.NodeName) },
 	"Histories": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Histories(ctx) },
-	"Revoke": func(ctx context.Context, st store.Store, a args) (any, error) {
-		return st.Revoke(ctx, a.NodeName, a.Reason, a.At)
-	},
-	"Ban": func(ctx context.Context, st store.Store, a args) (any, error) {
-		if a.Ban == nil {
-			return nil, errors.New("adminsock: Ban needs a ban")
+	// The operator's workflows, run on the server's own store exactly as
+	// the command line runs them on a store it opened (package operate).
+	"revoke": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Revocation == nil {
+			return nil, errors.New("adminsock: revoke needs a revocation")
 		}
-		return st.Ban(ctx, *a.Ban)
+		return operate.Revoke(ctx, st, *a.Revocation)
 	},
-	"Unban": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Unban(ctx, a.Identity) },
-	"Release": func(ctx context.Context, st store.Store, a args) (any, error) {
-		if a.Act == nil {
-			return st.Release(ctx, a.NodeName)
+	"unban": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Lift == nil {
+			return nil, errors.New("adminsock: unban needs a lift")
 		}
-		return st.Release(ctx, a.NodeName, *a.Act)
+		return operate.Unban(ctx, st, *a.Lift)
 	},
-	"Adopt": func(ctx context.Context, st store.Store, a args) (any, error) {
-		if a.Act == nil {
-			return nil, errors.New("adminsock: Adopt needs an act")
+	"release": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Naming == nil {
+			return nil, errors.New("adminsock: release needs a naming")
 		}
-		return st.Adopt(ctx, a.NodeName, *a.Act)
+		return operate.Release(ctx, st, *a.Naming)
 	},
-	"ReleaseOnce": func(ctx context.Context, st store.Store, a args) (any, error) {
-		return struct{}{}, st.ReleaseOnce(ctx, a.Key)
+	"adopt": func(ctx context.Context, st store.Store, a args) (any, error) {
+		if a.Naming == nil {
+			return nil, errors.New("adminsock: adopt needs a naming")
+		}
+		return operate.Adopt(ctx, st, *a.Naming)
+	},
+	"clearMarker": func(ctx context.Context, st store.Store, a args) (any, error) {
+		return operate.ClearMarker(ctx, st, a.Key)
 	},
 }
 
@@ -155,7 +160,7 @@ func Handler(st store.Store, log *slog.Logger) http.Handler {
 			ans = answer{Error: err.Error()}
 		}
 		if isWrite(r.PathValue("op")) {
-			log.Info("admin socket", "op", r.PathValue("op"), "node", a.NodeName, "identity", a.Identity, "peer", peerOf(r.Context()), "error", ans.Error)
+			log.Info("admin socket", "op", r.PathValue("op"), "node", a.node(), "identity", a.identity(), "peer", peerOf(r.Context()), "error", ans.Error)
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(&ans)
@@ -164,9 +169,32 @@ func Handler(st store.Store, log *slog.Logger) http.Handler {
 	return mux
 }
 
+// node and identity are what a request names, for the log.
+func (a args) node() string {
+	switch {
+	case a.Revocation != nil:
+		return a.Revocation.Node
+	case a.Lift != nil:
+		return a.Lift.Node
+	case a.Naming != nil:
+		return a.Naming.Node
+	}
+	return a.NodeName
+}
+
+func (a args) identity() string {
+	switch {
+	case a.Revocation != nil:
+		return a.Revocation.Identity
+	case a.Lift != nil:
+		return a.Lift.Identity
+	}
+	return a.Identity
+}
+
 func isWrite(op string) bool {
 	switch op {
-	case "Revoke", "Ban", "Unban", "Release", "Adopt", "ReleaseOnce":
+	case "revoke", "unban", "release", "adopt", "clearMarker":
 		return true
 	}
 	return false
@@ -282,14 +310,16 @@ func peerString(c net.Conn) string {
 	return "unknown"
 }
 
-// Client is a store.Store on a running server's admin socket: the
-// operators' operations; the server's own are ErrNotServed.
+// Client is a running server's admin socket: the store's reads the
+// operators' views use (bindings, records, bans, histories, markers) and
+// the operator's workflows (operate.Operations), which run in the server.
+// What only the server does it does not have.
 type Client struct {
 	path string
 	http *http.Client
 }
 
-var _ store.Store = (*Client)(nil)
+var _ operate.Operations = (*Client)(nil)
 
 // Dial connects to the socket at path: an error when no server answers
 // there (no socket, or one a dead server left).
@@ -464,65 +494,32 @@ func (c *Client) Histories(ctx context.Context) ([]*store.NameHistory, error) {
 	return get[[]*store.NameHistory](ctx, c, "Histories", args{})
 }
 
-// Revoke implements store.Store.
-func (c *Client) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
-	return get[*store.Binding](ctx, c, "Revoke", args{NodeName: nodeName, Reason: reason, At: at})
+// Revoke runs operate.Revoke in the server.
+func (c *Client) Revoke(ctx context.Context, r operate.Revocation) (*operate.Outcome, error) {
+	return get[*operate.Outcome](ctx, c, "revoke", args{Revocation: &r})
 }
 
-// Ban implements store.Store.
-func (c *Client) Ban(ctx context.Context, b store.Ban) (*store.Ban, error) {
-	return get[*store.Ban](ctx, c, "Ban", args{Ban: &b, NodeName: b.NodeName, Identity: b.Identity})
+// Unban runs operate.Unban in the server.
+func (c *Client) Unban(ctx context.Context, l operate.Lift) (*operate.Outcome, error) {
+	return get[*operate.Outcome](ctx, c, "unban", args{Lift: &l})
 }
 
-// Unban implements store.Store.
-func (c *Client) Unban(ctx context.Context, identity string) (*store.Ban, error) {
-	return get[*store.Ban](ctx, c, "Unban", args{Identity: identity})
+// Release runs operate.Release in the server.
+func (c *Client) Release(ctx context.Context, n operate.Naming) (*operate.Outcome, error) {
+	return get[*operate.Outcome](ctx, c, "release", args{Naming: &n})
 }
 
-// Release implements store.Store.
-func (c *Client) Release(ctx context.Context, nodeName string, how ...store.Act) (*store.Binding, error) {
-	a := args{NodeName: nodeName}
-	if len(how) > 0 {
-		a.Act = &how[0]
-	}
-	return get[*store.Binding](ctx, c, "Release", a)
+// Adopt runs operate.Adopt in the server.
+func (c *Client) Adopt(ctx context.Context, n operate.Naming) (*operate.Outcome, error) {
+	return get[*operate.Outcome](ctx, c, "adopt", args{Naming: &n})
 }
 
-// Adopt implements store.Store.
-func (c *Client) Adopt(ctx context.Context, nodeName string, how store.Act) (*store.NameHistory, error) {
-	return get[*store.NameHistory](ctx, c, "Adopt", args{NodeName: nodeName, Act: &how})
+// ClearMarker runs operate.ClearMarker in the server.
+func (c *Client) ClearMarker(ctx context.Context, key string) (*operate.Outcome, error) {
+	return get[*operate.Outcome](ctx, c, "clearMarker", args{Key: key})
 }
 
-// ReleaseOnce implements store.Store.
-func (c *Client) ReleaseOnce(ctx context.Context, key string) error {
-	return c.call(ctx, "ReleaseOnce", args{Key: key}, nil)
-}
-
-// Enrol is the server's own: ErrNotServed.
-func (c *Client) Enrol(context.Context, *store.Record, store.EnrolOptions, ...store.Once) error {
-	return ErrNotServed
-}
-
-// UpdateStatus is the server's own: ErrNotServed.
-func (c *Client) UpdateStatus(context.Context, string, string, func(*store.Binding) error) (*store.Binding, error) {
-	return nil, ErrNotServed
-}
-
-// CreateRecord is the server's own: ErrNotServed.
-func (c *Client) CreateRecord(context.Context, *store.Record, ...store.Once) error {
-	return ErrNotServed
-}
-
-// ConsumeRecord is the approver's own: ErrNotServed.
-func (c *Client) ConsumeRecord(context.Context, string, string, time.Time) error { return ErrNotServed }
-
-// UseOnce is the server's own: ErrNotServed.
-func (c *Client) UseOnce(context.Context, string, time.Time) error { return ErrNotServed }
-
-// GC is the server's own: ErrNotServed.
-func (c *Client) GC(context.Context, time.Time) (int, error) { return 0, ErrNotServed }
-
-// Close implements store.Store.
+// Close closes the client's connections.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
 	return nil

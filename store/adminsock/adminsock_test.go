@@ -15,6 +15,7 @@ import (
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/store/operate"
 	"github.com/nodeproof/nodeproof/store/storetest"
 )
 
@@ -66,14 +67,14 @@ func TestAdminSocket(t *testing.T) {
 	}
 	identity := "ek:" + storetest.ID(1)
 
-	ban, err := c.Ban(ctx, store.Ban{NodeName: "worker-1", By: "alice", Reason: "stolen", At: time.Now()})
-	if err != nil || ban.Identity != identity || ban.By != "alice" {
-		t.Fatalf("Ban over the socket = %+v, %v", ban, err)
+	rev, err := c.Revoke(ctx, operate.Revocation{Node: "worker-1", Act: store.Act{By: "alice", Reason: "stolen", At: time.Now()}})
+	if err != nil || rev.Identity != identity || !strings.Contains(rev.Message, "by alice") || rev.Event == nil || !rev.Revoked || len(rev.TokenRecords) != 1 {
+		t.Fatalf("revoke over the socket = %+v, %v", rev, err)
 	}
 	if b, err := st.Binding(ctx, "worker-1"); err != nil || b.Revoked == nil || b.Revoked.By != "alice" {
 		t.Fatalf("the server's store after the ban: %+v, %v", b, err)
 	}
-	if _, err := c.Release(ctx, "worker-1", store.Act{By: "bob", Reason: "RMA"}); err != nil {
+	if _, err := c.Release(ctx, operate.Naming{Node: "worker-1", Act: store.Act{By: "bob", Reason: "RMA"}}); err != nil {
 		t.Fatal(err)
 	}
 	if h, err := st.History(ctx, "worker-1"); err != nil || len(h.Released) != 1 || h.Released[0].Act.By != "bob" {
@@ -86,7 +87,7 @@ func TestAdminSocket(t *testing.T) {
 	if err != nil || len(bans) != 1 {
 		t.Fatalf("Bans = %v, %v", bans, err)
 	}
-	if _, err := c.Adopt(ctx, "legacy-1", store.Act{By: "carol"}); err != nil {
+	if _, err := c.Adopt(ctx, operate.Naming{Node: "legacy-1", Act: store.Act{By: "carol"}}); err != nil {
 		t.Fatal(err)
 	}
 	if hs, err := c.Histories(ctx); err != nil || len(hs) != 2 {
@@ -95,31 +96,26 @@ func TestAdminSocket(t *testing.T) {
 	if recs, err := c.RecordsForNode(ctx, "worker-1"); err != nil || len(recs) != 1 {
 		t.Fatalf("RecordsForNode = %v, %v", recs, err)
 	}
-	if _, err := c.Unban(ctx, identity); err != nil {
+	if _, err := c.Unban(ctx, operate.Lift{Node: "worker-1"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := st.BanOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
 		t.Fatalf("the server's store after Unban: %v", err)
 	}
-	if _, err := c.Unban(ctx, identity); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("Unban again: %v, want ErrNotFound", err)
+	if _, err := c.Unban(ctx, operate.Lift{Node: "worker-1"}); err == nil || !strings.Contains(err.Error(), "no banned identity") {
+		t.Fatalf("Unban again: %v, want no banned identity", err)
+	}
+	// The workflow's checks run in the server: a misspelt identity bans
+	// nobody.
+	if _, err := c.Revoke(ctx, operate.Revocation{Identity: "TPM-EK:00"}); err == nil {
+		t.Fatal("revoke of a malformed identity over the socket: no error")
 	}
 
-	// The server's own operations are not an operator's.
-	for name, op := range map[string]func() error{
-		"Enrol": func() error {
-			return c.Enrol(ctx, storetest.Record(storetest.ID(2), "x", time.Now()), store.EnrolOptions{})
-		},
-		"CreateRecord":  func() error { return c.CreateRecord(ctx, storetest.Record(storetest.ID(2), "x", time.Now())) },
-		"ConsumeRecord": func() error { return c.ConsumeRecord(ctx, storetest.ID(1), "csr", time.Now()) },
-		"UseOnce":       func() error { return c.UseOnce(ctx, "k", time.Now().Add(time.Hour)) },
-		"raw Enrol": func() error {
-			_, err := adminsockRaw(t, path, "Enrol")
-			return err
-		},
-	} {
-		if err := op(); !errors.Is(err, adminsock.ErrNotServed) {
-			t.Errorf("%s over the admin socket: %v, want ErrNotServed", name, err)
+	// The server's own operations, and the store's raw writes that the
+	// workflows check before making, are not an operator's.
+	for _, op := range []string{"Enrol", "CreateRecord", "ConsumeRecord", "UseOnce", "UpdateStatus", "GC", "Ban", "Unban", "Release", "Adopt", "Revoke", "ReleaseOnce"} {
+		if _, err := adminsockRaw(t, path, op); !errors.Is(err, adminsock.ErrNotServed) {
+			t.Errorf("raw %s over the admin socket: %v, want ErrNotServed", op, err)
 		}
 	}
 }

@@ -14,7 +14,6 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -222,18 +221,6 @@ func (s *Store) getBinding(ctx context.Context, nodeName string) (*v1alpha1.Node
 	return &b, nil
 }
 
-// BindingUID is the uid of nodeName's NodeBinding (for an Event about it:
-// BindingEvent.UID); store.ErrNotFound when there is none.
-func (s *Store) BindingUID(ctx context.Context, nodeName string) (types.UID, error) {
-	ctx, cancel := bound(ctx)
-	defer cancel()
-	b, err := s.getBinding(ctx, nodeName)
-	if err != nil {
-		return "", err
-	}
-	return b.UID, nil
-}
-
 // Binding implements store.Store.
 func (s *Store) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
 	ctx, cancel := bound(ctx)
@@ -278,7 +265,7 @@ func fromBinding(b *v1alpha1.NodeBinding) (*store.Binding, error) {
 	out := &store.Binding{
 		NodeName: b.Spec.NodeName, Pool: b.Spec.Pool, Kind: attest.Kind(b.Spec.Kind), Identity: b.Spec.Identity,
 		KubeletKeySHA256: key, RecordID: b.Spec.RecordID, CreatedAt: b.Spec.CreatedAt.UTC(), EnrolledAt: b.Spec.CreatedAt.UTC(),
-		Status: fromStatus(&b.Status),
+		Status: fromStatus(&b.Status), UID: string(b.UID),
 	}
 	if b.Spec.EnrolledAt != nil {
 		out.EnrolledAt = b.Spec.EnrolledAt.UTC()

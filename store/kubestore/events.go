@@ -163,7 +163,7 @@ type BindingEvent struct {
 	NodeName, Reason, Message string
 	Warning                   bool
 	Time                      time.Time
-	// UID is the binding's (Store.BindingUID); empty when it has none.
+	// UID is the binding's (store.Binding.UID); empty when it has none.
 	UID types.UID
 }
 

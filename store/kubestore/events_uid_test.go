@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/internal/testenv"
@@ -19,7 +20,7 @@ import (
 
 // testBindingEvents: the server's Events (BindingEvents' decisions and
 // reports, with the uids of the binding watch) and a command's
-// (WriteEvent, with Store.BindingUID) name the NodeBinding's uid, so the
+// (WriteEvent, with the uid Binding reads) name the NodeBinding's uid, so the
 // real `kubectl describe nodebinding` lists them under Events; an Event
 // about a name with no binding still reaches `kubectl get events`.
 func testBindingEvents(t *testing.T, k *cluster) {
@@ -41,10 +42,11 @@ func testBindingEvents(t *testing.T, k *cluster) {
 	}
 	go w.Start(ctx)
 	waitFor(t, "the watch to sync", w.Trusted)
-	uid, err := st.BindingUID(ctx, "worker-1")
-	if err != nil || uid == "" {
-		t.Fatalf("BindingUID: %q, %v", uid, err)
+	b, err := st.Binding(ctx, "worker-1")
+	if err != nil || b.UID == "" {
+		t.Fatalf("the binding's uid: %+v, %v", b, err)
 	}
+	uid := types.UID(b.UID)
 	if got := w.UID("worker-1"); got != uid {
 		t.Fatalf("the watch's uid %q, the API server's %q", got, uid)
 	}

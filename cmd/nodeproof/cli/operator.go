@@ -20,25 +20,42 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/kubestore"
+	"github.com/nodeproof/nodeproof/store/operate"
 )
+
+// storeReader is what an operator's views read from the store; the
+// running server's admin socket serves it too.
+type storeReader interface {
+	inspect.Store
+	Close() error
+}
+
+// operatorStore is an operator's command's store: its reads, and the
+// operator's workflows (package operate) — run on the store in this
+// process, or in the running server that holds it.
+type operatorStore struct {
+	storeReader
+	ops operate.Operations
+}
 
 // openOperatorStore opens the store for an operator's command: with the
 // embedded store, the running server's admin socket when it answers (bbolt
 // locks the file while the server runs), else the file itself; with the
 // kubernetes store, the API server.
-func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error) {
+func openOperatorStore(ctx context.Context, c serve.Config) (*operatorStore, error) {
 	if c.StoreKind(adminCluster(c)) == "embedded" {
 		cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
 		if err != nil {
 			return nil, err
 		}
 		if cl != nil {
-			return cl, nil
+			return &operatorStore{storeReader: cl, ops: cl}, nil
 		}
 		// An operator's command never makes a store: a mistyped
 		// --state-dir would otherwise show an empty one, or ban into a
@@ -58,7 +75,50 @@ func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error)
 		}
 		return nil, fmt.Errorf("open the store (no server answers on %s; is --state-dir %s right?): %w", adminsock.Path(c.StateDir), c.StateDir, err)
 	}
-	return st, nil
+	return &operatorStore{storeReader: st, ops: operate.On{Store: st}}, nil
+}
+
+// clusterEffects are a workflow's effects on the cluster (operate.Effects):
+// the identity's bootstrap tokens deleted, the Event on its NodeBinding.
+type clusterEffects struct {
+	kc kubernetes.Interface
+	ns string
+}
+
+// DeleteIdentityTokens implements operate.Effects.
+func (e clusterEffects) DeleteIdentityTokens(ctx context.Context, identity string, records []string) ([]string, error) {
+	return cluster.DeleteIdentityTokens(ctx, e.kc, identity, records)
+}
+
+// WriteEvent implements operate.Effects.
+func (e clusterEffects) WriteEvent(ctx context.Context, ev operate.Event) error {
+	return kubestore.WriteEvent(ctx, e.kc, e.ns, ev.Component, kubestore.BindingEvent{NodeName: ev.NodeName, Reason: ev.Reason,
+		Message: ev.Message, Warning: ev.Warning, Time: ev.Time, UID: types.UID(ev.UID)})
+}
+
+// effects are the workflows' effects outside the store: on the cluster
+// with the kubernetes store, none otherwise.
+func effects(c serve.Config) (operate.Effects, error) {
+	kc, err := c.KubeClient(adminCluster(c))
+	if err != nil || kc == nil {
+		return nil, err
+	}
+	return clusterEffects{kc: kc, ns: c.StoreNamespace}, nil
+}
+
+// finish prints a workflow's outcome and does its effects, printing the
+// bootstrap tokens it deleted.
+func finish(ctx context.Context, c serve.Config, o *operate.Outcome, stdout io.Writer) error {
+	fmt.Fprintln(stdout, o.Message)
+	eff, err := effects(c)
+	if err != nil || eff == nil {
+		return err
+	}
+	deleted, err := o.Apply(ctx, eff)
+	if len(deleted) > 0 {
+		fmt.Fprintf(stdout, "deleted its bootstrap tokens: %s\n", strings.Join(deleted, ", "))
+	}
+	return err
 }
 
 // dialServer connects to the running server's admin socket: nil and no
@@ -129,7 +189,7 @@ type opCmd struct {
 	identity    string
 	reason, who string
 	notEnrolled bool // --not-enrolled: revoke an identity nodeproof has never seen
-	st          store.Store
+	st          *operatorStore
 }
 
 // startOp parses an operator's command: the store flags, --reason and
@@ -209,37 +269,11 @@ func release(ctx context.Context, c serve.Config, node string, act store.Act, st
 		return err
 	}
 	defer st.Close()
-	uid := bindingUID(ctx, st, node) // the Event names the binding released
-	b, err := st.Release(ctx, node, act)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("node %s is not bound to any machine", node)
-	} else if err != nil {
+	o, err := st.ops.Release(ctx, operate.Naming{Node: node, Act: act})
+	if err != nil {
 		return err
 	}
-	msg := fmt.Sprintf("node %s released by %s: it was bound to %s (%s evidence, pool %s, enrolled %s, last enrolment record %s); the next machine to enrol with this name owns it",
-		node, act.By, b.Identity, b.Kind, b.Pool, b.CreatedAt.UTC().Format(time.RFC3339), b.RecordID)
-	if b.Revoked != nil {
-		msg += "; that machine stays revoked (banned) under any name: nodeproof unban --identity " + b.Identity + " lifts it"
-	}
-	if act.Reason != "" {
-		msg += "; reason: " + act.Reason
-	}
-	fmt.Fprintln(stdout, msg)
-	return bindingEvent(ctx, c, st, "nodeproof-release", kubestore.BindingEvent{NodeName: node, Reason: "Released", Message: msg, Time: c.Clock(), UID: uid})
-}
-
-// bindingEvent writes ev with the kubernetes store (nothing otherwise),
-// naming the binding's uid (so kubectl describe nodebinding lists it) when
-// ev does not and st has the binding.
-func bindingEvent(ctx context.Context, c serve.Config, st store.Store, component string, ev kubestore.BindingEvent) error {
-	kc, err := c.KubeClient(adminCluster(c))
-	if err != nil || kc == nil {
-		return err
-	}
-	if ev.UID == "" {
-		ev.UID = bindingUID(ctx, st, ev.NodeName)
-	}
-	return kubestore.WriteEvent(ctx, kc, c.StoreNamespace, component, ev)
+	return finish(ctx, c, o, stdout)
 }
 
 // cmdEnroll --reset NODE releases a node name (release); --reset KEY, a
@@ -267,10 +301,11 @@ func cmdEnroll(ctx context.Context, in *invocation) error {
 		return err
 	}
 	defer st.Close()
-	if err := st.ReleaseOnce(ctx, *reset); err != nil {
+	o, err := st.ops.ClearMarker(ctx, *reset)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "cleared %s\n", *reset)
+	fmt.Fprintln(stdout, o.Message)
 	return nil
 }
 
@@ -286,149 +321,32 @@ func cmdEnroll(ctx context.Context, in *invocation) error {
 // changes; `nodeproof unban` lifts it. Kubelet certificates already issued
 // stay valid until they expire (the signer's duration; docs/lifetime.md).
 func cmdRevoke(ctx context.Context, in *invocation) error {
-	stdout := in.stdout
 	op, err := startOp(ctx, in, true)
 	if err != nil {
 		return err
 	}
-	c, st := op.c, op.st
-	defer st.Close()
-	if op.identity != "" {
-		seen, err := identitySeen(ctx, st, op.identity)
-		if err != nil {
-			return err
-		}
-		if !seen && !op.notEnrolled {
-			return fmt.Errorf("%s is not enrolled, and this server has never seen it (no binding, no ban, no released name): nothing was revoked. Check the identity (nodeproof inspect lists them), or give --not-enrolled to ban one that has not enrolled yet", op.identity)
-		}
-	}
-	ban, err := st.Ban(ctx, store.Ban{Identity: op.identity, NodeName: op.node, At: c.Clock(), By: op.who, Reason: op.reason})
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("node %s is not bound to any machine (a machine that holds no name: --identity ID)", op.node)
-	} else if err != nil {
+	defer op.st.Close()
+	o, err := op.st.ops.Revoke(ctx, operate.Revocation{Node: op.node, Identity: op.identity, NotEnrolled: op.notEnrolled, Act: op.act()})
+	if err != nil {
 		return err
 	}
-	where := "not enrolled: it holds no node name, and the ban stands when it tries"
-	if ban.NodeName != "" {
-		where = "enrolled as node " + ban.NodeName
-	}
-	msg := fmt.Sprintf("%s (%s evidence, %s) revoked at %s by %s: enrolment under any name, re-attestation, configs, certificates and reports are refused until nodeproof unban",
-		ban.Identity, dash(string(ban.Kind)), where, ban.At.UTC().Format(time.RFC3339), ban.By)
-	if ban.Reason != "" {
-		msg += "; reason: " + ban.Reason
-	}
-	fmt.Fprintln(stdout, msg)
-	kc, err := c.KubeClient(adminCluster(c))
-	if err != nil || kc == nil {
-		return err
-	}
-	var records []string
-	if ban.NodeName != "" {
-		if recs, err := st.RecordsForNode(ctx, ban.NodeName); err == nil {
-			for _, r := range recs {
-				if r.Identity == ban.Identity {
-					records = append(records, r.ID)
-				}
-			}
-		}
-	}
-	deleted, derr := cluster.DeleteIdentityTokens(ctx, kc, ban.Identity, records)
-	if len(deleted) > 0 {
-		fmt.Fprintf(stdout, "deleted its bootstrap tokens: %s\n", strings.Join(deleted, ", "))
-	}
-	if derr != nil {
-		derr = fmt.Errorf("the ban stands, but its bootstrap tokens could not all be deleted (they expire with their records): %w", derr)
-	}
-	if ban.NodeName == "" {
-		return derr
-	}
-	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.StoreNamespace, "nodeproof-revoke",
-		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: bindingUID(ctx, st, ban.NodeName)}))
+	return finish(ctx, op.c, o, in.stdout)
 }
 
 // cmdUnban lifts a ban: the identity that holds NODE, or was banned while
 // holding it, or --identity ID. The identity may then re-attest and, if
 // it holds no name, enrol again (after attesting, as any machine).
 func cmdUnban(ctx context.Context, in *invocation) error {
-	stdout := in.stdout
 	op, err := startOp(ctx, in, true)
 	if err != nil {
 		return err
 	}
-	c, st := op.c, op.st
-	defer st.Close()
-	id := op.identity
-	if id == "" {
-		if id, err = bannedAt(ctx, st, op.node); err != nil {
-			return err
-		}
-	}
-	ban, err := st.Unban(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%s is not banned", id)
-	} else if err != nil {
+	defer op.st.Close()
+	o, err := op.st.ops.Unban(ctx, operate.Lift{Node: op.node, Identity: op.identity, Act: op.act()})
+	if err != nil {
 		return err
 	}
-	msg := fmt.Sprintf("ban of %s lifted by %s (it was banned at %s by %s: %s)", ban.Identity, op.who,
-		ban.At.UTC().Format(time.RFC3339), dash(ban.By), dash(ban.Reason))
-	if op.reason != "" {
-		msg += "; reason: " + op.reason
-	}
-	fmt.Fprintln(stdout, msg)
-	if ban.NodeName == "" {
-		return nil
-	}
-	return bindingEvent(ctx, c, st, "nodeproof-unban", kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Unbanned", Message: msg, Time: c.Clock()})
-}
-
-// identitySeen says whether this store knows identity: enrolled, banned,
-// or released from a name.
-func identitySeen(ctx context.Context, st store.Store, identity string) (bool, error) {
-	if _, err := st.BindingOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
-		return err == nil, err
-	}
-	if _, err := st.BanOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
-		return err == nil, err
-	}
-	hs, err := st.Histories(ctx)
-	if err != nil {
-		return false, err
-	}
-	for _, h := range hs {
-		for _, r := range h.Released {
-			if r.Identity == identity {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}
-
-// bannedAt is the banned identity that holds node, or that held it when
-// it was banned (exactly one).
-func bannedAt(ctx context.Context, st store.Store, node string) (string, error) {
-	if b, err := st.Binding(ctx, node); err == nil {
-		return b.Identity, nil
-	} else if !errors.Is(err, store.ErrNotFound) {
-		return "", err
-	}
-	bans, err := st.Bans(ctx)
-	if err != nil {
-		return "", err
-	}
-	var ids []string
-	for _, b := range bans {
-		if b.NodeName == node {
-			ids = append(ids, b.Identity)
-		}
-	}
-	switch len(ids) {
-	case 0:
-		return "", fmt.Errorf("no banned identity holds or held node %s", node)
-	case 1:
-		return ids[0], nil
-	}
-	return "", fmt.Errorf("%d banned identities held node %s (%s): name one with --identity", len(ids), node, strings.Join(ids, ", "))
+	return finish(ctx, op.c, o, in.stdout)
 }
 
 // cmdAdopt lets a pool with requested node names bind the name of a Node
@@ -437,36 +355,17 @@ func bannedAt(ctx context.Context, st store.Store, node string) (string, error) 
 // history. The name is nodeproof's from then on: once a machine enrols
 // with it, releasing it keeps the Node tainted until another enrols.
 func cmdAdopt(ctx context.Context, in *invocation) error {
-	stdout := in.stdout
 	op, err := startOp(ctx, in, false)
 	if err != nil {
 		return err
 	}
-	c, st, node := op.c, op.st, op.node
-	defer st.Close()
-	h, err := st.Adopt(ctx, node, store.Act{At: c.Clock(), By: op.who, Reason: op.reason})
+	defer op.st.Close()
+	o, err := op.st.ops.Adopt(ctx, operate.Naming{Node: op.node, Act: op.act()})
 	if err != nil {
 		return err
 	}
-	msg := fmt.Sprintf("node %s adopted by %s at %s: a machine may enrol with this name in a pool that takes requested names", node, h.Adopted.By, h.Adopted.At.UTC().Format(time.RFC3339))
-	fmt.Fprintln(stdout, msg)
-	return bindingEvent(ctx, c, st, "nodeproof-adopt", kubestore.BindingEvent{NodeName: node, Reason: "Adopted", Message: msg, Time: c.Clock()})
+	return finish(ctx, op.c, o, in.stdout)
 }
 
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-// bindingUID is the uid of node's NodeBinding with the kubernetes store
-// (so `kubectl describe nodebinding` shows the Event), else "".
-func bindingUID(ctx context.Context, st store.Store, node string) types.UID {
-	if ks, ok := st.(*kubestore.Store); ok {
-		if uid, err := ks.BindingUID(ctx, node); err == nil {
-			return uid
-		}
-	}
-	return ""
-}
+// act is the operator's act: now, by whom, why.
+func (op *opCmd) act() store.Act { return store.Act{At: op.c.Clock(), By: op.who, Reason: op.reason} }

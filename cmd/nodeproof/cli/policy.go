@@ -22,6 +22,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/operate"
 )
 
 // cmdPolicyCheck is `nodeproof policy check FILE [--against-records]`:
@@ -328,14 +329,14 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 			return err
 		}
 		defer st.Close()
-		b, err := st.Binding(ctx, *node)
-		if err != nil {
-			return fmt.Errorf("node %s: %w", *node, err)
+		nc, err := operate.ClaimsOf(ctx, st, *node)
+		if err != nil && !errors.Is(err, operate.ErrNoClaims) {
+			return err
 		}
-		var cl attest.Claims
-		if len(b.Status.Claims) == 0 || json.Unmarshal(b.Status.Claims, &cl) != nil || cl.TPM == nil {
+		if err != nil || nc.Claims.TPM == nil {
 			return fmt.Errorf("node %s has no recorded TPM claims (they are recorded at re-attestation): learn from its event log instead (--event-log, or --evidence from nodeproof-agent --dump-evidence)", *node)
 		}
+		b, cl := nc.Binding, nc.Claims
 		if !b.Status.Passed {
 			fmt.Fprintf(stderr, "note: node %s's last re-attestation failed (%s); learning from it anyway\n", *node, b.Status.Reason)
 		}

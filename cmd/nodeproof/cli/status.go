@@ -17,9 +17,9 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/serve"
-	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/store/operate"
 )
 
 // cmdStatus is `nodeproof status`: what a running server judges by and
@@ -68,13 +68,15 @@ func cmdStatus(ctx context.Context, in *invocation) error {
 		fmt.Fprintf(w, "store:       NOT OK: %v\n", err)
 		return errFailed
 	}
-	fmt.Fprintf(w, "store:       ok: %s\n", describe(rep))
-	var st store.Store = cl
+	fmt.Fprintf(w, "store:       ok: %s\n", operate.Describe(rep))
+	var st storeReader = cl
 	if cl == nil {
-		if st, err = openOperatorStore(ctx, c); err != nil {
+		opened, err := openOperatorStore(ctx, c)
+		if err != nil {
 			return err
 		}
-		defer st.Close()
+		defer opened.Close()
+		st = opened
 	}
 	return printCounts(ctx, w, st)
 }
@@ -93,7 +95,11 @@ func printServerStatus(w io.Writer, s serve.Status, now time.Time) {
 // version in force and a refused reload, its certificate and CAs.
 func printReplica(w io.Writer, s serve.Status, now time.Time) {
 	p := s.Policy
-	fmt.Fprintf(w, "policy:      %s version %s, in force since %s\n", orNone(p.File), p.Version, p.Since.UTC().Format(time.RFC3339))
+	file := p.File
+	if file == "" {
+		file = "no file"
+	}
+	fmt.Fprintf(w, "policy:      %s version %s, in force since %s\n", file, p.Version, p.Since.UTC().Format(time.RFC3339))
 	if p.Refused != "" {
 		fmt.Fprintf(w, "reload:      REFUSED at %s, version %s: %s (the version above stays in force)\n", p.RefusedAt.UTC().Format(time.RFC3339), p.Refused, p.Error)
 	} else {
@@ -128,7 +134,7 @@ func left(t, now time.Time) string {
 
 // printCounts prints the store's bindings (and how many are revoked),
 // bans and names' histories.
-func printCounts(ctx context.Context, w io.Writer, st store.Store) error {
+func printCounts(ctx context.Context, w io.Writer, st storeReader) error {
 	bs, err := st.Bindings(ctx)
 	if err != nil {
 		return err

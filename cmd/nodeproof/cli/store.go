@@ -2,19 +2,16 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/store/operate"
 )
 
 // cmdStore is `nodeproof store check|backup|restore`.
@@ -44,7 +41,7 @@ func cmdStore(ctx context.Context, in *invocation) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "ok: %s: %s\n", rep.Path, describe(rep))
+		fmt.Fprintf(stdout, "ok: %s: %s\n", rep.Path, operate.Describe(rep))
 		for _, w := range rep.Warnings {
 			fmt.Fprintln(stdout, "warning: "+w)
 		}
@@ -57,41 +54,22 @@ func cmdStore(ctx context.Context, in *invocation) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "backed up %s to %s: %s\n", path, *out, describe(rep))
+		fmt.Fprintf(stdout, "backed up %s to %s: %s\n", path, *out, operate.Describe(rep))
 		return nil
 	case "restore":
 		if *from == "" {
 			return in.usageError("--from is required")
 		}
-		res, err := boltstore.Restore(path, *from, boltstore.RestoreOptions{Lock: time.Second, Now: time.Now(), Force: *force})
-		switch {
-		case errors.Is(err, boltstore.ErrCannotCarry):
-			return fmt.Errorf("%w\nnothing was restored; --force restores anyway, and every ban, release and spent single-use marker since the backup is then undone", err)
-		case err != nil:
-			return fmt.Errorf("stop the server first: %w", err)
+		res, err := operate.Restore(operate.Restoring{Path: path, From: *from, Force: *force, Lock: time.Second, Now: time.Now()})
+		if err != nil {
+			return err
 		}
-		fmt.Fprintf(stdout, "restored %s from %s: %s\n", path, *from, describe(res.Backup))
-		if res.Replaced != "" {
-			fmt.Fprintf(stdout, "the file it replaced is kept as %s\n", res.Replaced)
+		for _, l := range res.Lines {
+			fmt.Fprintln(stdout, l)
 		}
-		printCarried(stdout, res)
 		return nil
 	}
 	return in.usageError("unknown action %q", in.action)
-}
-
-// describe says what a report found, in one line.
-func describe(rep boltstore.Report) string {
-	var buckets []string
-	for name, n := range rep.Buckets {
-		buckets = append(buckets, fmt.Sprintf("%s=%d", name, n))
-	}
-	sort.Strings(buckets)
-	s := fmt.Sprintf("%d bytes, last commit transaction %d", rep.Size, rep.Txid)
-	if rep.Marker > 0 {
-		s += fmt.Sprintf(" (commit marker %d)", rep.Marker)
-	}
-	return s + "; " + strings.Join(buckets, " ")
 }
 
 // checkStore checks the store at path: through the running server when
@@ -147,55 +125,4 @@ func backupStore(ctx context.Context, path, sock, out string) (boltstore.Report,
 	}
 	rep.Path = out
 	return rep, fsutil.SyncDir(filepath.Dir(out))
-}
-
-// printCarried says what a restore kept from the store it replaced, what
-// it undid and who enrols again.
-func printCarried(w io.Writer, res boltstore.Restored) {
-	if res.NotCarried != nil {
-		fmt.Fprintf(w, "WARNING: the replaced store could not be read (%v): every ban, release and spent single-use marker made after the backup is undone; revoke, release and rotate the provisioning token again\n", res.NotCarried)
-	}
-	c := res.Carried
-	for _, b := range c.Bans {
-		fmt.Fprintf(w, "kept: ban of %s (%s%s), made after the backup\n", b.Identity, orNone(b.NodeName), reasonOf(b.Reason))
-	}
-	for _, r := range c.Releases {
-		how := "its history kept"
-		if r.Unbound {
-			how = "the backup's binding to it released again"
-		}
-		fmt.Fprintf(w, "kept: release of %s from %s at %s (%s)\n", r.NodeName, r.Released.Identity, r.Released.Act.At.UTC().Format(time.RFC3339), how)
-	}
-	for _, n := range c.Adoptions {
-		fmt.Fprintf(w, "kept: adoption of %s\n", n)
-	}
-	if len(c.Consumed) > 0 {
-		fmt.Fprintf(w, "kept: %d record(s) whose CSR was approved after the backup stay consumed\n", len(c.Consumed))
-	}
-	if c.Markers > 0 {
-		fmt.Fprintf(w, "kept: %d single-use marker(s) set after the backup (config tokens spent) stay set\n", c.Markers)
-	}
-	for _, b := range c.Rebanned {
-		fmt.Fprintf(w, "banned again: %s (%s%s): unbanned after the backup; a restore lifts no ban, so `nodeproof unban --identity %s` again if meant\n", b.Identity, orNone(b.NodeName), reasonOf(b.Reason), b.Identity)
-	}
-	if len(c.Lost) > 0 {
-		fmt.Fprintf(w, "enrol again: %s (enrolled after the backup; their bindings are not in it)\n", strings.Join(c.Lost, ", "))
-	}
-	if res.NotCarried == nil && c.Empty() {
-		fmt.Fprintln(w, "nothing was done after the backup that the restore undoes")
-	}
-}
-
-func orNone(name string) string {
-	if name == "" {
-		return "no name"
-	}
-	return name
-}
-
-func reasonOf(r string) string {
-	if r == "" {
-		return ""
-	}
-	return ": " + r
 }

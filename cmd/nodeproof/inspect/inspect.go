@@ -53,10 +53,21 @@ const (
 	StateReleased = "Released"
 )
 
+// Store is what inspect reads from the store.
+type Store interface {
+	Binding(ctx context.Context, nodeName string) (*store.Binding, error)
+	Bindings(ctx context.Context) ([]*store.Binding, error)
+	RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error)
+	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
+	Histories(ctx context.Context) ([]*store.NameHistory, error)
+	Bans(ctx context.Context) ([]*store.Ban, error)
+}
+
 // Sources are where inspect reads.
 type Sources struct {
-	// Store is the server's store (embedded or Kubernetes).
-	Store store.Store
+	// Store is the server's store (embedded or Kubernetes), or the
+	// running server's admin socket.
+	Store Store
 	// Kube, when set, is the cluster: Nodes, CSRs and Events are read
 	// from it. With the embedded store and no cluster it is nil.
 	Kube kubernetes.Interface
