@@ -42,12 +42,12 @@ pools:
 	gce := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now,
 			Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "prod", Location: "us-central1-a"}, // no creation time: the certificate has none
-			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"shim", "grub", strings.Repeat("ab", 32)}}}}
+			TPM:      &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"shim", "grub", strings.Repeat("ab", 32)}}}}
 	}
 	nitro := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindNitroTPM, VerifiedAt: now,
 			Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "111122223333", Location: "us-east-1"},
-			TPM: &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{BootApplications: []string{"shim", "grub", strings.Repeat("cd", 48)}}}}
+			TPM:      &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{BootApplications: []string{"shim", "grub", strings.Repeat("cd", 48)}}}}
 	}
 	cases := []struct {
 		name    string

@@ -98,7 +98,9 @@ func TestRoundTrip(t *testing.T) {
 // liveFunc is an aws.LiveChecker answering with a function.
 type liveFunc func(ctx context.Context, c *attest.InstanceClaims) (string, error)
 
-func (f liveFunc) Check(ctx context.Context, c *attest.InstanceClaims) (string, error) { return f(ctx, c) }
+func (f liveFunc) Check(ctx context.Context, c *attest.InstanceClaims) (string, error) {
+	return f(ctx, c)
+}
 
 // TestLiveCheckOutcomes: a live check's refusal is Verify's, with its
 // reason; any other live check error is returned wrapped and is not a
