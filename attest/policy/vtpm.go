@@ -3,8 +3,8 @@ package policy
 import "github.com/nodeproof/nodeproof/attest"
 
 // A cloud vTPM's evidence (gce-vtpm, aws-nitrotpm) names a cloud instance
-// and proves its boot: the pool judges the instance with the lists of its
-// cloud's identity kind (gcp.projects and zones; aws.accounts, regions and
+// and proves its boot: the pool judges the instance by its cloud's block
+// (kinds.go: gcp.projects and zones; aws.accounts, regions and
 // requireLiveCheck) and the boot with the TPM rules from the event log on
 // (tpm.requireSecureBoot, bootComponents, minimumDBX, pcrs, kernelCmdline,
 // deniedDigests). tpm.ekTrust does not apply: the cloud vouches for the
