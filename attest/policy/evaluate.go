@@ -50,8 +50,7 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 	if r == nil {
 		return nil, attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
 	}
-	err := r.evaluate(r, at, &pp, c, e, o)
-	if err != nil {
+	if err := r.evaluate(r, at, &pp, c, e, o); err != nil {
 		return nil, err
 	}
 	if len(e.refusals) > 0 {
