@@ -45,19 +45,24 @@ const (
 type NoEvidenceError struct{ Tried []string }
 
 func (e *NoEvidenceError) Error() string {
-	return "no evidence detected: " + strings.Join(e.Tried, "; ") + " (choose one with --evidence tpm|gcp|aws)"
+	var kinds []string
+	for _, r := range SourceTable() {
+		kinds = append(kinds, string(r.Kind))
+	}
+	return "no evidence detected: " + strings.Join(e.Tried, "; ") + " (choose one with --evidence " + strings.Join(kinds, "|") + ")"
 }
 
-// DetectEvidence picks the evidence this machine can present, strongest
-// first: a TPM (the TPM device exists, or --tpm names swtpm) holding
-// Google's AK template in NV → attest.KindGCEVTPM; a TPM device on a
-// machine whose IMDSv2 answers → attest.KindNitroTPM; another TPM →
-// attest.KindTPM; else the GCE
-// metadata server answers as GCE's does (Metadata-Flavor: Google, the
-// check cloud.google.com/go/compute/metadata's OnGCE makes, without its
-// process-wide cache) → attest.KindGCP; else IMDS issues an IMDSv2
-// session token → attest.KindAWS. It returns what it found, for the
-// console, or a *NoEvidenceError listing everything tried.
+// DetectEvidence picks the evidence this machine can present: the first
+// row of SourceTable whose detection finds it, strongest first. A TPM
+// (the TPM device exists, or --tpm names swtpm) holding Google's AK
+// template in NV → attest.KindGCEVTPM; a TPM device on a machine whose
+// IMDSv2 answers → attest.KindNitroTPM; another TPM → attest.KindTPM;
+// else the GCE metadata server answers as GCE's does (Metadata-Flavor:
+// Google, the check cloud.google.com/go/compute/metadata's OnGCE makes,
+// without its process-wide cache) → attest.KindGCP; else IMDS issues an
+// IMDSv2 session token → attest.KindAWS. Each probe runs at most once.
+// It returns what it found, for the console, or a *NoEvidenceError
+// listing every probe that failed.
 func DetectEvidence(ctx context.Context, o DetectOptions) (attest.Kind, string, error) {
 	if o.TPMPath == "" {
 		o.TPMPath = DefaultTPMPath
@@ -71,62 +76,142 @@ func DetectEvidence(ctx context.Context, o DetectOptions) (attest.Kind, string, 
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultDetectTimeout
 	}
-	var tried []string
-
-	// Metadata requests never go through a proxy, nor follow a redirect
-	// away from the metadata address.
-	hc := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, CheckRedirect: noRedirect}
-	tokenURL := strings.TrimRight(o.IMDSEndpoint, "/") + "/latest/api/token"
-	imdsv2 := func() error {
-		return probe(ctx, hc, o.Timeout, http.MethodPut, tokenURL, map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60"}, func(resp *http.Response, body []byte) error {
-			if resp.StatusCode != http.StatusOK || len(body) == 0 {
-				return fmt.Errorf("no IMDSv2 token (HTTP %d)", resp.StatusCode)
-			}
-			return nil
-		})
-	}
-
-	if addr, ok := strings.CutPrefix(o.TPMPath, "tcp:"); ok {
-		if isGCEVTPM(o.TPMPath) {
-			return attest.KindGCEVTPM, "a GCE vTPM (Google's AK template in NV) at " + addr + " (named by --tpm)", nil
+	d := &detecting{ctx: ctx, o: o,
+		// Metadata requests never go through a proxy, nor follow a
+		// redirect away from the metadata address.
+		hc: &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}, CheckRedirect: noRedirect}}
+	for _, r := range SourceTable() {
+		if r.detect == nil {
+			continue
 		}
-		return attest.KindTPM, "the TPM at " + addr + " (named by --tpm)", nil
+		if found, ok := r.detect(d); ok {
+			return r.Kind, found, nil
+		}
 	}
-	fi, err := os.Stat(o.TPMPath)
+	return "", "", &NoEvidenceError{Tried: d.tried}
+}
+
+// detecting is one DetectEvidence: its probes, each run at most once,
+// and what failed.
+type detecting struct {
+	ctx   context.Context
+	o     DetectOptions
+	hc    *http.Client
+	tried []string
+
+	tpmProbed bool
+	tpm       string // where the TPM is, "" when none
+	tpmNamed  bool   // --tpm names swtpm (tcp:HOST:PORT)
+	vtpm      *bool  // the TPM holds Google's AK template
+
+	imdsProbed bool
+	imdsErr    error
+}
+
+// theTPM is where this machine's TPM is ("" when none: why is tried),
+// and whether --tpm named it (swtpm).
+func (d *detecting) theTPM() (string, bool) {
+	if d.tpmProbed {
+		return d.tpm, d.tpmNamed
+	}
+	d.tpmProbed = true
+	if addr, ok := strings.CutPrefix(d.o.TPMPath, "tcp:"); ok {
+		d.tpm, d.tpmNamed = addr, true
+		return d.tpm, true
+	}
+	fi, err := os.Stat(d.o.TPMPath)
 	switch {
 	case err == nil && !fi.IsDir():
-		if isGCEVTPM(o.TPMPath) {
-			return attest.KindGCEVTPM, "a GCE vTPM (Google's AK template in NV) at " + o.TPMPath, nil
-		}
-		// A TPM on a machine whose IMDSv2 answers is an EC2 instance's
-		// NitroTPM: its EK has no certificate a vendor CA issued.
-		if imdsv2() == nil {
-			return attest.KindNitroTPM, "a TPM at " + o.TPMPath + " on EC2 (IMDSv2 at " + o.IMDSEndpoint + "): its NitroTPM", nil
-		}
-		return attest.KindTPM, "a TPM at " + o.TPMPath, nil
+		d.tpm = d.o.TPMPath
 	case err == nil:
-		tried = append(tried, "TPM: "+o.TPMPath+" is a directory")
+		d.tried = append(d.tried, "TPM: "+d.o.TPMPath+" is a directory")
 	default:
-		tried = append(tried, fmt.Sprintf("TPM: %v", err))
+		d.tried = append(d.tried, fmt.Sprintf("TPM: %v", err))
 	}
+	return d.tpm, false
+}
 
-	gceURL := "http://" + strings.TrimRight(o.GCEMetadataHost, "/") + "/computeMetadata/v1/"
-	err = probe(ctx, hc, o.Timeout, http.MethodGet, gceURL, map[string]string{"Metadata-Flavor": "Google"}, func(resp *http.Response, _ []byte) error {
+// imdsv2 is nil when IMDS issues an IMDSv2 session token.
+func (d *detecting) imdsv2() error {
+	if d.imdsProbed {
+		return d.imdsErr
+	}
+	d.imdsProbed = true
+	tokenURL := strings.TrimRight(d.o.IMDSEndpoint, "/") + "/latest/api/token"
+	d.imdsErr = probe(d.ctx, d.hc, d.o.Timeout, http.MethodPut, tokenURL, map[string]string{"X-aws-ec2-metadata-token-ttl-seconds": "60"}, func(resp *http.Response, body []byte) error {
+		if resp.StatusCode != http.StatusOK || len(body) == 0 {
+			return fmt.Errorf("no IMDSv2 token (HTTP %d)", resp.StatusCode)
+		}
+		return nil
+	})
+	return d.imdsErr
+}
+
+// detectGCEVTPM: a TPM holding Google's AK template in NV.
+func detectGCEVTPM(d *detecting) (string, bool) {
+	at, named := d.theTPM()
+	if at == "" {
+		return "", false
+	}
+	if d.vtpm == nil {
+		is := isGCEVTPM(d.o.TPMPath)
+		d.vtpm = &is
+	}
+	if !*d.vtpm {
+		return "", false
+	}
+	if named {
+		return "a GCE vTPM (Google's AK template in NV) at " + at + " (named by --tpm)", true
+	}
+	return "a GCE vTPM (Google's AK template in NV) at " + at, true
+}
+
+// detectNitroTPM: a TPM device on a machine whose IMDSv2 answers is an
+// EC2 instance's NitroTPM (its EK has no certificate a vendor CA issued).
+// A TPM --tpm names (swtpm) is never one.
+func detectNitroTPM(d *detecting) (string, bool) {
+	at, named := d.theTPM()
+	if at == "" || named || d.imdsv2() != nil {
+		return "", false
+	}
+	return "a TPM at " + at + " on EC2 (IMDSv2 at " + d.o.IMDSEndpoint + "): its NitroTPM", true
+}
+
+// detectTPM: any other TPM.
+func detectTPM(d *detecting) (string, bool) {
+	at, named := d.theTPM()
+	switch {
+	case at == "":
+		return "", false
+	case named:
+		return "the TPM at " + at + " (named by --tpm)", true
+	}
+	return "a TPM at " + at, true
+}
+
+// detectGCP: the GCE metadata server answers as GCE's does.
+func detectGCP(d *detecting) (string, bool) {
+	gceURL := "http://" + strings.TrimRight(d.o.GCEMetadataHost, "/") + "/computeMetadata/v1/"
+	err := probe(d.ctx, d.hc, d.o.Timeout, http.MethodGet, gceURL, map[string]string{"Metadata-Flavor": "Google"}, func(resp *http.Response, _ []byte) error {
 		if resp.Header.Get("Metadata-Flavor") != "Google" {
 			return fmt.Errorf("answered %d without Metadata-Flavor: Google", resp.StatusCode)
 		}
 		return nil
 	})
-	if err == nil {
-		return attest.KindGCP, "the GCE metadata server at " + o.GCEMetadataHost, nil
+	if err != nil {
+		d.tried = append(d.tried, fmt.Sprintf("GCE metadata server %s: %v", gceURL, err))
+		return "", false
 	}
-	tried = append(tried, fmt.Sprintf("GCE metadata server %s: %v", gceURL, err))
+	return "the GCE metadata server at " + d.o.GCEMetadataHost, true
+}
 
-	if err = imdsv2(); err == nil {
-		return attest.KindAWS, "IMDSv2 at " + o.IMDSEndpoint, nil
+// detectAWS: IMDS issues an IMDSv2 session token.
+func detectAWS(d *detecting) (string, bool) {
+	if err := d.imdsv2(); err != nil {
+		d.tried = append(d.tried, fmt.Sprintf("EC2 IMDSv2 %s: %v", strings.TrimRight(d.o.IMDSEndpoint, "/")+"/latest/api/token", err))
+		return "", false
 	}
-	tried = append(tried, fmt.Sprintf("EC2 IMDSv2 %s: %v", tokenURL, err))
-	return "", "", &NoEvidenceError{Tried: tried}
+	return "IMDSv2 at " + d.o.IMDSEndpoint, true
 }
 
 // probe makes one request within timeout and lets check judge the answer.

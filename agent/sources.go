@@ -38,60 +38,107 @@ type SourceOptions struct {
 // what it opened (nil when nothing).
 type Source func(ctx context.Context, o SourceOptions) (Evidence, io.Closer, error)
 
-// Sources are the kinds of evidence the agent can present, by kind: the
-// one place a new kind is added on the node side.
-func Sources() map[attest.Kind]Source {
-	return map[attest.Kind]Source{
-		attest.KindTPM: func(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
-			opened := time.Now()
-			ch, err := openChannel(o)
-			if err != nil {
-				return nil, nil, err
-			}
-			kind := o.EKKind
-			if kind == "" {
-				kind = attest.EKKindRSA2048
-			}
-			coll, err := tpm.NewCollectorEK(ch, kind)
-			var c TPM = coll
-			if o.Timing != nil {
-				o.Timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK
-				c = o.Timing.TPM(coll)
-			}
-			if err != nil {
-				return nil, nil, err
-			}
-			return TPMEvidence{Collector: c}, coll, nil
-		},
-		attest.KindGCP: func(context.Context, SourceOptions) (Evidence, io.Closer, error) {
-			return GCPEvidence{}, nil, nil
-		},
-		attest.KindAWS: func(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
-			return AWSEvidence{IMDS: aws.NewIMDSClient(o.IMDSEndpoint)}, nil, nil
-		},
-		attest.KindGCEVTPM: func(ctx context.Context, o SourceOptions) (Evidence, io.Closer, error) {
-			ch, err := openChannel(o)
-			if err != nil {
-				return nil, nil, err
-			}
-			coll, err := gcevtpm.NewCollector(ctx, ch, gcevtpm.CollectorOptions{})
-			if err != nil {
-				return nil, nil, err
-			}
-			return GCEVTPMEvidence{Collector: coll}, coll, nil
-		},
-		attest.KindNitroTPM: func(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
-			ch, err := openChannel(o)
-			if err != nil {
-				return nil, nil, err
-			}
-			coll, err := nitrotpm.NewCollector(ch, o.NSM)
-			if err != nil {
-				return nil, nil, err
-			}
-			return NitroTPMEvidence{Collector: coll, IMDS: aws.NewIMDSClient(o.IMDSEndpoint)}, coll, nil
-		},
+// A SourceRow is one kind of evidence the agent can present: the one
+// place a new kind is added on the node side. The agent's usage lists the
+// rows (Kind, Help and Auto), --evidence opens the row's Source, and
+// --evidence auto tries the rows' detections in SourceTable's order.
+type SourceRow struct {
+	// Kind is the evidence's kind, the value of --evidence.
+	Kind attest.Kind
+	// Help says in one line what the evidence is and where it comes
+	// from; Auto when --evidence auto finds it. Both for the usage.
+	Help, Auto string
+	// Open opens the evidence.
+	Open Source
+	// detect reports whether this machine has the evidence and where it
+	// found it (for the console); a probe that fails records why in d.
+	detect func(d *detecting) (found string, ok bool)
+}
+
+// SourceTable is every kind of evidence the agent can present, strongest
+// first: the order --evidence auto tries them in.
+func SourceTable() []SourceRow {
+	return []SourceRow{
+		{Kind: attest.KindGCEVTPM, Open: openGCEVTPM, detect: detectGCEVTPM,
+			Help: "a Shielded VM's vTPM: Google's AK and its certificate from NV, refused without the certificate",
+			Auto: "Google's AK template is in the TPM's NV"},
+		{Kind: attest.KindNitroTPM, Open: openNitroTPM, detect: detectNitroTPM,
+			Help: "an EC2 NitroTPM: a Nitro attestation document over the AK and the instance identity document",
+			Auto: "a TPM device exists and IMDSv2 answers (an EC2 instance)"},
+		{Kind: attest.KindTPM, Open: openTPM, detect: detectTPM,
+			Help: "the TPM at --tpm: its EK (--ek), a quote and the event log",
+			Auto: "the TPM device exists, or --tpm names swtpm"},
+		{Kind: attest.KindGCP, Open: openGCP, detect: detectGCP,
+			Help: "an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address",
+			Auto: "the metadata server answers as GCE's does"},
+		{Kind: attest.KindAWS, Open: openAWS, detect: detectAWS,
+			Help: "the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it",
+			Auto: "IMDS issues an IMDSv2 session token"},
 	}
+}
+
+// Sources are the kinds of evidence the agent can present, by kind
+// (SourceTable's Open).
+func Sources() map[attest.Kind]Source {
+	out := map[attest.Kind]Source{}
+	for _, r := range SourceTable() {
+		out[r.Kind] = r.Open
+	}
+	return out
+}
+
+func openTPM(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
+	opened := time.Now()
+	ch, err := openChannel(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	kind := o.EKKind
+	if kind == "" {
+		kind = attest.EKKindRSA2048
+	}
+	coll, err := tpm.NewCollectorEK(ch, kind)
+	var c TPM = coll
+	if o.Timing != nil {
+		o.Timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK
+		c = o.Timing.TPM(coll)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return TPMEvidence{Collector: c}, coll, nil
+}
+
+func openGCP(context.Context, SourceOptions) (Evidence, io.Closer, error) {
+	return GCPEvidence{}, nil, nil
+}
+
+func openAWS(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
+	return AWSEvidence{IMDS: aws.NewIMDSClient(o.IMDSEndpoint)}, nil, nil
+}
+
+func openGCEVTPM(ctx context.Context, o SourceOptions) (Evidence, io.Closer, error) {
+	ch, err := openChannel(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	coll, err := gcevtpm.NewCollector(ctx, ch, gcevtpm.CollectorOptions{})
+	if err != nil {
+		return nil, nil, err
+	}
+	return GCEVTPMEvidence{Collector: coll}, coll, nil
+}
+
+func openNitroTPM(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
+	ch, err := openChannel(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	coll, err := nitrotpm.NewCollector(ch, o.NSM)
+	if err != nil {
+		return nil, nil, err
+	}
+	return NitroTPMEvidence{Collector: coll, IMDS: aws.NewIMDSClient(o.IMDSEndpoint)}, coll, nil
 }
 
 // openChannel opens o's TPM: nil for the system TPM (the collectors open

@@ -26,42 +26,69 @@ type Claims struct {
 	// VerifiedAt is when the verifier finished its checks.
 	VerifiedAt time.Time `json:"verifiedAt"`
 
+	// TPM is what a TPM's quote and event log establish (tpm, and a
+	// cloud vTPM's kinds).
 	TPM *TPMClaims `json:"tpm,omitempty"`
-	GCP *GCPClaims `json:"gcp,omitempty"`
-	AWS *AWSClaims `json:"aws,omitempty"`
+	// Instance is the cloud instance the evidence names (the cloud
+	// kinds); nil for a bare-metal TPM. Claims recorded by older versions
+	// kept it as "gcp" or "aws": UnmarshalJSON reads those into it.
+	Instance *InstanceClaims `json:"instance,omitempty"`
 }
 
-// GCPClaims are what a verified GCP instance identity token establishes
-// (its google.compute_engine claims).
-type GCPClaims struct {
-	ProjectID       string    `json:"projectID"`
-	ProjectNumber   string    `json:"projectNumber"`
-	Zone            string    `json:"zone"`
-	InstanceID      string    `json:"instanceID"`
-	InstanceName    string    `json:"instanceName"`
-	InstanceCreated time.Time `json:"instanceCreated"`
-	// ServiceAccount is the token's email claim, when present.
+// Clouds an instance can run in (InstanceClaims.Cloud).
+const (
+	CloudGCP = "gcp"
+	CloudAWS = "aws"
+)
+
+// InstanceClaims describe the cloud instance a verified cloud document
+// names (a GCP identity token, an AWS identity document, a GCE vTPM's AK
+// certificate): one description for every cloud, so that summaries, node
+// names and the policy's instance rules read it without a case per cloud.
+// A field a cloud does not have stays empty.
+type InstanceClaims struct {
+	// Cloud is the cloud that vouches for the instance: CloudGCP,
+	// CloudAWS.
+	Cloud string `json:"cloud"`
+	// Account is what owns the instance and what the policy's account
+	// list allows: the GCP project ID, the AWS account ID.
+	Account string `json:"account"`
+	// AccountNumber is the account's number where it has one beside its ID
+	// (the GCP project number, which the machine's identity names).
+	AccountNumber string `json:"accountNumber,omitempty"`
+	// Location is where the instance runs, as the policy's location list
+	// allows it: the GCP zone, the AWS region.
+	Location string `json:"location"`
+	// AvailabilityZone is the zone within Location, where the cloud names
+	// one apart (AWS); empty where Location is the zone (GCP).
+	AvailabilityZone string `json:"availabilityZone,omitempty"`
+	// ID is the instance's ID within its account and location (GCP's
+	// numeric instance ID, AWS's i-…).
+	ID string `json:"id"`
+	// Name is the instance's name, when the cloud gives it one (GCP).
+	Name string `json:"name,omitempty"`
+	// Created is when the instance was created (GCP) or last launched
+	// (AWS's pendingTime); zero when the document does not say.
+	Created time.Time `json:"created,omitzero"`
+	// Type and Image are the instance's machine type and boot image (AWS's
+	// instanceType and imageID), when the document names them.
+	Type  string `json:"type,omitempty"`
+	Image string `json:"image,omitempty"`
+	// ServiceAccount is the identity the instance runs as (a GCP token's
+	// email claim), when present.
 	ServiceAccount string `json:"serviceAccount,omitempty"`
-}
-
-// AWSClaims are what a verified AWS instance identity document establishes.
-type AWSClaims struct {
-	AccountID        string    `json:"accountID"`
-	Region           string    `json:"region"`
-	AvailabilityZone string    `json:"availabilityZone"`
-	InstanceID       string    `json:"instanceID"`
-	InstanceType     string    `json:"instanceType"`
-	ImageID          string    `json:"imageID"`
-	PrivateIP        string    `json:"privateIP"`
-	PendingTime      time.Time `json:"pendingTime"`
-	// PrivateDNSName is the instance's private DNS name: from the optional
-	// live EC2 check, else derived from PrivateIP and Region the way EC2
-	// names instances (ip-a-b-c-d.<region>.compute.internal;
+	// PrivateIP is the instance's private address, when the document
+	// names it (AWS).
+	PrivateIP string `json:"privateIP,omitempty"`
+	// PrivateDNSName is the instance's private DNS name (AWS): from the
+	// optional live EC2 check, else derived from PrivateIP and the region
+	// the way EC2 names instances (ip-a-b-c-d.<region>.compute.internal;
 	// ec2.internal in us-east-1).
 	PrivateDNSName string `json:"privateDNSName,omitempty"`
-	// LiveChecked is set when the EC2 API confirmed the instance is running
-	// (and in the expected VPC / with the expected tags).
-	LiveChecked bool `json:"liveChecked"`
+	// LiveChecked is set when the cloud's API confirmed the instance is
+	// running (the EC2 live check: and in the expected VPC / with the
+	// expected tags).
+	LiveChecked bool `json:"liveChecked,omitempty"`
 }
 
 // Kinds of endorsement key, by algorithm and size, as TPM vendors

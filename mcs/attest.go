@@ -404,10 +404,7 @@ func auditSummary(audits []policy.Audit) string {
 // pool's aws.nodeName), else the requested one when the pool takes
 // requested names; "" when there is none.
 func (s *Server) nodeName(pool string, claims *attest.Claims, requested string) string {
-	node := claims.NodeName
-	if claims.AWS != nil && s.pol().Pools[pool].AWS.NodeName == policy.AWSNodeNameInstanceID {
-		node = claims.AWS.InstanceID
-	}
+	node := s.pol().EvidenceNodeName(pool, claims)
 	if node == "" && s.pol().ServeFor(pool).NodeNames == "requested" {
 		node = requested
 	}
@@ -677,11 +674,16 @@ func identityKey(c *attest.Claims) string { return string(c.Kind) + "/" + c.Iden
 // TPM's quote and log tell (a cloud vTPM has both).
 func summarize(c *attest.Claims) string {
 	var parts []string
-	switch {
-	case c.GCP != nil:
-		parts = append(parts, fmt.Sprintf("%s project=%s zone=%s instance=%s (%s)", c.Kind, c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID))
-	case c.AWS != nil:
-		parts = append(parts, fmt.Sprintf("%s account=%s region=%s instance=%s live=%v", c.Kind, c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked))
+	switch i := c.Instance; {
+	case i != nil:
+		in := fmt.Sprintf("%s %s account=%s location=%s instance=%s", c.Kind, i.Cloud, i.Account, i.Location, i.ID)
+		if i.Name != "" {
+			in += " (" + i.Name + ")"
+		}
+		if i.LiveChecked {
+			in += " live"
+		}
+		parts = append(parts, in)
 	case c.TPM == nil:
 		return string(c.Kind) + " " + c.Identity
 	}
@@ -691,7 +693,7 @@ func summarize(c *attest.Claims) string {
 		if b.SecureBootKnown {
 			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
 		}
-		if c.GCP == nil && c.AWS == nil {
+		if c.Instance == nil {
 			parts = append(parts, fmt.Sprintf("%s ek=%.16s… (%s)", c.Kind, c.TPM.EKSHA256, c.TPM.EKKind))
 		}
 		kernel := ""

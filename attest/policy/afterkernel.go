@@ -71,7 +71,7 @@ func (t TPMPolicy) kernelCmdlineList() AllowList {
 	if k == nil {
 		k = &KernelCmdline{}
 	}
-	return AllowList{Kind: attest.KindTPM, Field: "tpm.kernelCmdline", AnyField: "tpm.kernelCmdline.any",
+	return AllowList{Field: "tpm.kernelCmdline", AnyField: "tpm.kernelCmdline.any",
 		What: "kernel command lines (exact, or words in require and forbid)", Items: slices.Concat(k.Exact, k.Require, k.Forbid), Any: k.Any,
 		Open: "tpm.kernelCmdline.any: any kernel command line (init=/bin/sh included)"}
 }
@@ -85,7 +85,7 @@ func (t TPMPolicy) grubList() AllowList {
 	for _, f := range g.Files {
 		items = append(items, f.Digest)
 	}
-	return AllowList{Kind: attest.KindTPM, Field: "tpm.grub", AnyField: "tpm.grub.any",
+	return AllowList{Field: "tpm.grub", AnyField: "tpm.grub.any",
 		What: "files GRUB read (files) and commands it ran (commands)", Items: items, Any: g.Any,
 		Open: "tpm.grub.any: any grub.cfg and initramfs"}
 }

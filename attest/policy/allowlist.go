@@ -13,11 +13,9 @@ import (
 // without Any allows nothing — it never means any — and a policy with one
 // does not load (check); both at once is a mistake too.
 type AllowList struct {
-	// Kind is the evidence whose claims the list judges: the list is
-	// checked in a pool that takes that kind.
-	Kind attest.Kind
 	// Field and AnyField name the list and its any in the pool
-	// ("gcp.projects", "gcp.anyProject"); What is what it lists, for
+	// ("gcp.projects", "gcp.anyProject"): the list is checked in a pool
+	// that takes a kind it judges (its block's: the table of kinds); What is what it lists, for
 	// messages ("projects whose instances may attest").
 	Field, AnyField, What string
 	Items                 []string
@@ -48,10 +46,13 @@ func (l AllowList) check() error {
 // (whether or not the pool takes it), in the order they are checked.
 func (pp Pool) AllowLists() []AllowList {
 	t := pp.TPM
-	return []AllowList{t.EKTrustList(), t.BootComponents.Shim.allowList("shim", "shim"),
+	out := []AllowList{t.EKTrustList(), t.BootComponents.Shim.allowList("shim", "shim"),
 		t.BootComponents.Bootloader.allowList("bootloader", "boot loader"), t.BootComponents.Kernel.allowList("kernel", "kernel"),
-		t.kernelCmdlineList(), t.grubList(),
-		pp.GCP.ProjectList(), pp.GCP.ZoneList(), pp.AWS.AccountList(), pp.AWS.RegionList()}
+		t.kernelCmdlineList(), t.grubList()}
+	for _, c := range clouds {
+		out = append(out, c.lists(&pp)...)
+	}
+	return out
 }
 
 // takes reports whether the pool takes evidence of kind k.

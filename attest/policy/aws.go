@@ -36,12 +36,12 @@ const (
 // (RegionNotAllowed) and, if required, that the EC2 API confirmed the
 // instance (LiveCheckRequired).
 // Each refusal names the setting (in, e.g. "pools.worker.aws.").
-func evaluateAWS(in string, a *AWSPolicy, c *attest.AWSClaims) error {
-	if !a.AccountList().Allows(c.AccountID) {
-		return attest.DenySetting(attest.ReasonPolicyAccount, in+"accounts", "account %s is not in %saccounts", c.AccountID, in)
+func evaluateAWS(in string, a *AWSPolicy, c *attest.InstanceClaims) error {
+	if !a.AccountList().Allows(c.Account) {
+		return attest.DenySetting(attest.ReasonPolicyAccount, in+"accounts", "account %s is not in %saccounts", c.Account, in)
 	}
-	if !a.RegionList().Allows(c.Region) {
-		return attest.DenySetting(attest.ReasonPolicyRegion, in+"regions", "region %s is not in %sregions", c.Region, in)
+	if !a.RegionList().Allows(c.Location) {
+		return attest.DenySetting(attest.ReasonPolicyRegion, in+"regions", "region %s is not in %sregions", c.Location, in)
 	}
 	if a.RequireLiveCheck && !c.LiveChecked {
 		return attest.DenySetting(attest.ReasonPolicyLiveCheck, in+"requireLiveCheck", "the EC2 API did not confirm this instance, and %srequireLiveCheck is set (the server's --aws-live-check-region turns the check on)", in)
@@ -51,12 +51,12 @@ func evaluateAWS(in string, a *AWSPolicy, c *attest.AWSClaims) error {
 
 // AccountList is aws.accounts with aws.anyAccount.
 func (a AWSPolicy) AccountList() AllowList {
-	return AllowList{Kind: attest.KindAWS, Field: "aws.accounts", AnyField: "aws.anyAccount", What: "accounts whose instances may attest",
+	return AllowList{Field: "aws.accounts", AnyField: "aws.anyAccount", What: "accounts whose instances may attest",
 		Items: a.Accounts, Any: a.AnyAccount, Open: "aws.anyAccount: an instance of any AWS account in the world may attest", Wide: true}
 }
 
 // RegionList is aws.regions with aws.anyRegion.
 func (a AWSPolicy) RegionList() AllowList {
-	return AllowList{Kind: attest.KindAWS, Field: "aws.regions", AnyField: "aws.anyRegion", What: "regions",
+	return AllowList{Field: "aws.regions", AnyField: "aws.anyRegion", What: "regions",
 		Items: a.Regions, Any: a.AnyRegion, Open: "aws.anyRegion: every region of the listed accounts"}
 }

@@ -105,34 +105,34 @@ func TestReferenceExamples(t *testing.T) {
 	})
 	t.Run("gcp", func(t *testing.T) {
 		p := example(t, "gcp")
-		c := &attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "my-project", Zone: "us-central1-b", InstanceCreated: now.Add(-10 * time.Minute)}}
+		c := &attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "my-project", Location: "us-central1-b", Created: now.Add(-10 * time.Minute)}}
 		if err := p.Evaluate("worker", c); err != nil {
 			t.Errorf("an instance the example describes is refused: %v", err)
 		}
-		c.GCP.ProjectID = "another-project"
+		c.Instance.Account = "another-project"
 		if err := p.Evaluate("worker", c); attest.SettingOf(err) != "pools.worker.gcp.projects" {
 			t.Errorf("an instance of another project: %v; want a refusal naming pools.worker.gcp.projects", err)
 		}
 	})
 	t.Run("gce-vtpm", func(t *testing.T) {
 		p := example(t, "gce-vtpm")
-		c := &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "my-project", Zone: "us-central1-b"},
+		c := &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "my-project", Location: "us-central1-b"},
 			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true}}}
 		if err := p.Evaluate("worker", c); err != nil {
 			t.Errorf("a Shielded VM the example describes is refused: %v", err)
 		}
-		c.GCP.Zone = "europe-west4-a"
+		c.Instance.Location = "europe-west4-a"
 		if err := p.Evaluate("worker", c); attest.SettingOf(err) != "pools.worker.gcp.zones" {
 			t.Errorf("a VM in another zone: %v; want a refusal naming pools.worker.gcp.zones", err)
 		}
 	})
 	t.Run("aws", func(t *testing.T) {
 		p := example(t, "aws")
-		c := &attest.Claims{Kind: attest.KindAWS, AWS: &attest.AWSClaims{AccountID: "123456789012", Region: "us-east-1", LiveChecked: true}}
+		c := &attest.Claims{Kind: attest.KindAWS, Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "123456789012", Location: "us-east-1", LiveChecked: true}}
 		if err := p.Evaluate("worker", c); err != nil {
 			t.Errorf("an instance the example describes is refused: %v", err)
 		}
-		c.AWS.LiveChecked = false
+		c.Instance.LiveChecked = false
 		if err := p.Evaluate("worker", c); attest.SettingOf(err) != "pools.worker.aws.requireLiveCheck" {
 			t.Errorf("an instance the EC2 API did not confirm: %v; want a refusal naming pools.worker.aws.requireLiveCheck", err)
 		}

@@ -15,9 +15,10 @@ import (
 // Requirements, in order:
 //   - the pool is in the policy (PoolNotInPolicy) and accepts the claims'
 //     kind (EvidenceKindNotAllowed);
-//   - for TPM claims, see evaluateTPM; for GCP, evaluateGCP; for AWS,
-//     evaluateAWS; for a cloud vTPM (gce-vtpm, aws-nitrotpm),
-//     evaluateVTPM.
+//   - then the kind's evaluation in the table of kinds (kinds.go): for
+//     TPM claims, evaluateBareMetal (evaluateTPM); for a cloud identity
+//     (gcp, aws), evaluateInstance (evaluateGCP, evaluateAWS); for a
+//     cloud vTPM (gce-vtpm, aws-nitrotpm), evaluateVTPM.
 func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 	_, err := p.Decide(pool, c, Options{})
 	return err
@@ -45,29 +46,11 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 	if e.now.IsZero() {
 		e.now = c.VerifiedAt
 	}
-	var err error
-	switch c.Kind {
-	case attest.KindTPM:
-		if c.TPM == nil {
-			return nil, attest.Deny(attest.ReasonMalformed, "TPM claims without TPM facts")
-		}
-		err = evaluateTPM(at+"tpm.", &pp.TPM, c.TPM, e)
-	case attest.KindGCP:
-		if c.GCP == nil {
-			return nil, attest.Deny(attest.ReasonMalformed, "GCP claims without GCP facts")
-		}
-		err = evaluateGCP(at+"gcp.", &pp.GCP, c.GCP, c.VerifiedAt, !o.Reattestation)
-	case attest.KindAWS:
-		if c.AWS == nil {
-			return nil, attest.Deny(attest.ReasonMalformed, "AWS claims without AWS facts")
-		}
-		err = evaluateAWS(at+"aws.", &pp.AWS, c.AWS)
-	case attest.KindGCEVTPM, attest.KindNitroTPM:
-		err = evaluateVTPM(at, &pp, c, e)
-	default:
-		err = attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
+	r := kindOf(c.Kind)
+	if r == nil {
+		return nil, attest.Deny(attest.ReasonPolicyKindNotAllowed, "unknown evidence kind %q", c.Kind)
 	}
-	if err != nil {
+	if err := r.evaluate(r, at, &pp, c, e, o); err != nil {
 		return nil, err
 	}
 	if len(e.refusals) > 0 {
@@ -98,11 +81,16 @@ func (p *Policy) JudgeBoot(pool string, tc *attest.TPMClaims, o Options) (*Decis
 		return nil, attest.DenySetting(attest.ReasonPolicyUnknownPool, "pools."+pool, "pool %q is not in the policy: add pools.%s", pool, pool)
 	}
 	if !pp.takesTPMBoot() {
-		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, "pools."+pool+".evidence", "pool %q takes no evidence whose boot the tpm rules judge (tpm, gce-vtpm, aws-nitrotpm)", pool)
+		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, "pools."+pool+".evidence", "pool %q takes no evidence whose boot the tpm rules judge (%s)", pool, bootKinds())
 	}
 	at := "pools." + pool + ".tpm."
 	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit, explain: true}
-	banks := map[string]bool{"sha256": true, "sha1": pp.TPM.AllowSHA1, "sha384": pp.takes(attest.KindNitroTPM)}
+	banks := map[string]bool{"sha256": true, "sha1": pp.TPM.AllowSHA1}
+	for _, k := range pp.Evidence {
+		if r := kindOf(k); r != nil && r.boot {
+			banks[r.bank] = true
+		}
+	}
 	if !banks[tc.PCRBank] {
 		return nil, attest.DenySetting(attest.ReasonPolicySHA1, at+"allowSHA1", "a log of the %s bank; this pool takes sha256 (sha1 with %sallowSHA1, sha384 from a NitroTPM)", tc.PCRBank, at)
 	}

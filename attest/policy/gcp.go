@@ -37,31 +37,31 @@ const DefaultGCPMaxInstanceAge = time.Hour
 // (InstanceTooOld: more than maxInstanceAge, DefaultGCPMaxInstanceAge when
 // unset, after the instance was created).
 // Each refusal names the setting (in, e.g. "pools.worker.gcp.").
-func evaluateGCP(in string, g *GCPPolicy, c *attest.GCPClaims, at time.Time, firstBoot bool) error {
-	if !g.ProjectList().Allows(c.ProjectID) {
-		return attest.DenySetting(attest.ReasonPolicyProject, in+"projects", "project %s is not in %sprojects", c.ProjectID, in)
+func evaluateGCP(in string, g *GCPPolicy, c *attest.InstanceClaims, at time.Time, firstBoot bool) error {
+	if !g.ProjectList().Allows(c.Account) {
+		return attest.DenySetting(attest.ReasonPolicyProject, in+"projects", "project %s is not in %sprojects", c.Account, in)
 	}
-	if !g.ZoneList().Allows(c.Zone) {
-		return attest.DenySetting(attest.ReasonPolicyZone, in+"zones", "zone %s is not in %szones", c.Zone, in)
+	if !g.ZoneList().Allows(c.Location) {
+		return attest.DenySetting(attest.ReasonPolicyZone, in+"zones", "zone %s is not in %szones", c.Location, in)
 	}
 	maxAge := g.MaxInstanceAge.Duration
 	if maxAge == 0 {
 		maxAge = DefaultGCPMaxInstanceAge
 	}
-	if firstBoot && at.Sub(c.InstanceCreated) > maxAge {
-		return attest.DenySetting(attest.ReasonPolicyInstanceAge, in+"maxInstanceAge", "instance created %s, more than %s ago: first-boot evidence is accepted only within %smaxInstanceAge of the instance's creation", c.InstanceCreated.UTC().Format(time.RFC3339), maxAge, in)
+	if firstBoot && at.Sub(c.Created) > maxAge {
+		return attest.DenySetting(attest.ReasonPolicyInstanceAge, in+"maxInstanceAge", "instance created %s, more than %s ago: first-boot evidence is accepted only within %smaxInstanceAge of the instance's creation", c.Created.UTC().Format(time.RFC3339), maxAge, in)
 	}
 	return nil
 }
 
 // ProjectList is gcp.projects with gcp.anyProject.
 func (g GCPPolicy) ProjectList() AllowList {
-	return AllowList{Kind: attest.KindGCP, Field: "gcp.projects", AnyField: "gcp.anyProject", What: "projects whose instances may attest",
+	return AllowList{Field: "gcp.projects", AnyField: "gcp.anyProject", What: "projects whose instances may attest",
 		Items: g.Projects, Any: g.AnyProject, Open: "gcp.anyProject: an instance of any GCP project in the world may attest", Wide: true}
 }
 
 // ZoneList is gcp.zones with gcp.anyZone.
 func (g GCPPolicy) ZoneList() AllowList {
-	return AllowList{Kind: attest.KindGCP, Field: "gcp.zones", AnyField: "gcp.anyZone", What: "zones",
+	return AllowList{Field: "gcp.zones", AnyField: "gcp.anyZone", What: "zones",
 		Items: g.Zones, Any: g.AnyZone, Open: "gcp.anyZone: every zone of the listed projects"}
 }

@@ -144,37 +144,40 @@ func TestEvaluate(t *testing.T) {
 // tpmSettings is the setting each refusal of TestEvaluate names: what an
 // operator changes to allow it ("-": none should).
 var tpmSettings = map[string]string{
-	"unknown pool":                             "pools.nosuch",
-	"TPM evidence for a GCP-only pool":         "pools.lab.evidence",
-	"SHA-1 only":                               "pools.worker.tpm.allowSHA1",
-	"EK vouched for by another vendor":         "pools.worker.tpm.ekTrust",
-	"Secure Boot off":                          "pools.worker.tpm.requireSecureBoot",
-	"empty event log":                          "pools.worker.tpm.requireSecureBoot",
-	"revoked boot application":                 "pools.worker.tpm.deniedDigests",
-	"revoked kernel":                           "pools.worker.tpm.deniedDigests",
-	"revoked digest among the other images":    "pools.worker.tpm.deniedDigests",
-	"revoked digest among the files GRUB read": "pools.worker.tpm.deniedDigests",
-	"the TPM's ECC EK":                         "pools.worker.tpm.ek",
-	"claims with no EK kind":                   "pools.worker.tpm.ek",
-	"unlisted shim":                            "pools.worker.tpm.bootComponents.shim.allow",
-	"partial log without PCR 4":                "pools.worker.tpm.bootComponents.shim.allow",
-	"old dbx":                                  "pools.worker.tpm.minimumDBX",
-	"dbx lacks a required revocation":          "pools.worker.tpm.minimumDBX",
-	"dbx not measured":                         "pools.worker.tpm.minimumDBX",
-	"PCR 7 differs":                            "pools.worker.tpm.pcrs",
-	"PCR 7 not quoted":                         "pools.worker.tpm.pcrs",
-	"init=/bin/sh":                             "pools.worker.tpm.kernelCmdline.forbid",
-	"init=/bin/sh in GRUB's quotes":            "pools.worker.tpm.kernelCmdline.forbid",
-	"read-write root":                          "pools.worker.tpm.kernelCmdline.require",
-	"command line not measured":                "pools.worker.tpm.kernelCmdline",
-	"no event log at all":                      "-", // the machine's boot loses its log: no setting should lift it
-	"GCP project not allowed":                  "pools.gce.gcp.projects",
-	"GCP zone not allowed":                     "pools.gce.gcp.zones",
-	"GCP instance too old":                     "pools.gce.gcp.maxInstanceAge",
-	"GCP token for the AWS pool":               "pools.ec2.evidence",
-	"EC2 account not allowed":                  "pools.ec2.aws.accounts",
-	"EC2 region not allowed":                   "pools.ec2.aws.regions",
-	"EC2 without the live check":               "pools.ec2.aws.requireLiveCheck",
+	"unknown pool":                              "pools.nosuch",
+	"TPM evidence for a GCP-only pool":          "pools.lab.evidence",
+	"SHA-1 only":                                "pools.worker.tpm.allowSHA1",
+	"EK vouched for by another vendor":          "pools.worker.tpm.ekTrust",
+	"Secure Boot off":                           "pools.worker.tpm.requireSecureBoot",
+	"empty event log":                           "pools.worker.tpm.requireSecureBoot",
+	"revoked boot application":                  "pools.worker.tpm.deniedDigests",
+	"revoked kernel":                            "pools.worker.tpm.deniedDigests",
+	"revoked digest among the other images":     "pools.worker.tpm.deniedDigests",
+	"revoked digest among the files GRUB read":  "pools.worker.tpm.deniedDigests",
+	"the TPM's ECC EK":                          "pools.worker.tpm.ek",
+	"claims with no EK kind":                    "pools.worker.tpm.ek",
+	"unlisted shim":                             "pools.worker.tpm.bootComponents.shim.allow",
+	"partial log without PCR 4":                 "pools.worker.tpm.bootComponents.shim.allow",
+	"old dbx":                                   "pools.worker.tpm.minimumDBX",
+	"dbx lacks a required revocation":           "pools.worker.tpm.minimumDBX",
+	"dbx not measured":                          "pools.worker.tpm.minimumDBX",
+	"PCR 7 differs":                             "pools.worker.tpm.pcrs",
+	"PCR 7 not quoted":                          "pools.worker.tpm.pcrs",
+	"init=/bin/sh":                              "pools.worker.tpm.kernelCmdline.forbid",
+	"init=/bin/sh in GRUB's quotes":             "pools.worker.tpm.kernelCmdline.forbid",
+	"read-write root":                           "pools.worker.tpm.kernelCmdline.require",
+	"command line not measured":                 "pools.worker.tpm.kernelCmdline",
+	"no event log at all":                       "-", // the machine's boot loses its log: no setting should lift it
+	"GCP project not allowed":                   "pools.gce.gcp.projects",
+	"GCP zone not allowed":                      "pools.gce.gcp.zones",
+	"GCP instance too old":                      "pools.gce.gcp.maxInstanceAge",
+	"GCP token for the AWS pool":                "pools.ec2.evidence",
+	"EC2 account not allowed":                   "pools.ec2.aws.accounts",
+	"EC2 region not allowed":                    "pools.ec2.aws.regions",
+	"EC2 without the live check":                "pools.ec2.aws.requireLiveCheck",
+	"GCP token claims without an instance":      "-",
+	"GCP token claims naming an EC2 instance":   "-",
+	"EC2 document claims naming a GCP instance": "-",
 }
 
 // checkSetting: a refusal an operator can lift with a setting names it,
@@ -285,10 +288,10 @@ pools:
 	}
 	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 	gcp := func() *attest.Claims {
-		return &attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "prod", Zone: "us-central1-a", InstanceCreated: now.Add(-5 * time.Minute)}}
+		return &attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "prod", Location: "us-central1-a", Created: now.Add(-5 * time.Minute)}}
 	}
 	aws := func() *attest.Claims {
-		return &attest.Claims{Kind: attest.KindAWS, AWS: &attest.AWSClaims{AccountID: "111122223333", Region: "us-east-1", LiveChecked: true}}
+		return &attest.Claims{Kind: attest.KindAWS, Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "111122223333", Location: "us-east-1", LiveChecked: true}}
 	}
 	cases := []struct {
 		name   string
@@ -298,14 +301,17 @@ pools:
 		want   attest.Reason
 	}{
 		{"GCP instance", "gce", gcp(), func(*attest.Claims) {}, ""},
-		{"GCP project not allowed", "gce", gcp(), func(c *attest.Claims) { c.GCP.ProjectID = "dev" }, attest.ReasonPolicyProject},
-		{"GCP zone not allowed", "gce", gcp(), func(c *attest.Claims) { c.GCP.Zone = "europe-west1-b" }, attest.ReasonPolicyZone},
-		{"GCP instance too old", "gce", gcp(), func(c *attest.Claims) { c.GCP.InstanceCreated = now.Add(-2 * time.Hour) }, attest.ReasonPolicyInstanceAge},
+		{"GCP project not allowed", "gce", gcp(), func(c *attest.Claims) { c.Instance.Account = "dev" }, attest.ReasonPolicyProject},
+		{"GCP zone not allowed", "gce", gcp(), func(c *attest.Claims) { c.Instance.Location = "europe-west1-b" }, attest.ReasonPolicyZone},
+		{"GCP instance too old", "gce", gcp(), func(c *attest.Claims) { c.Instance.Created = now.Add(-2 * time.Hour) }, attest.ReasonPolicyInstanceAge},
 		{"GCP token for the AWS pool", "ec2", gcp(), func(*attest.Claims) {}, attest.ReasonPolicyKindNotAllowed},
 		{"EC2 instance", "ec2", aws(), func(*attest.Claims) {}, ""},
-		{"EC2 account not allowed", "ec2", aws(), func(c *attest.Claims) { c.AWS.AccountID = "444455556666" }, attest.ReasonPolicyAccount},
-		{"EC2 region not allowed", "ec2", aws(), func(c *attest.Claims) { c.AWS.Region = "eu-west-1" }, attest.ReasonPolicyRegion},
-		{"EC2 without the live check", "ec2", aws(), func(c *attest.Claims) { c.AWS.LiveChecked = false }, attest.ReasonPolicyLiveCheck},
+		{"EC2 account not allowed", "ec2", aws(), func(c *attest.Claims) { c.Instance.Account = "444455556666" }, attest.ReasonPolicyAccount},
+		{"EC2 region not allowed", "ec2", aws(), func(c *attest.Claims) { c.Instance.Location = "eu-west-1" }, attest.ReasonPolicyRegion},
+		{"EC2 without the live check", "ec2", aws(), func(c *attest.Claims) { c.Instance.LiveChecked = false }, attest.ReasonPolicyLiveCheck},
+		{"GCP token claims without an instance", "gce", gcp(), func(c *attest.Claims) { c.Instance = nil }, attest.ReasonMalformed},
+		{"GCP token claims naming an EC2 instance", "gce", gcp(), func(c *attest.Claims) { c.Instance.Cloud = attest.CloudAWS }, attest.ReasonMalformed},
+		{"EC2 document claims naming a GCP instance", "ec2", aws(), func(c *attest.Claims) { c.Instance.Cloud = attest.CloudGCP }, attest.ReasonMalformed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -341,7 +347,7 @@ pools:
 	if len(w) != 2 || !strings.Contains(w[0], `pool "lab": gcp.anyProject`) || !strings.Contains(w[1], `pool "lab": aws.anyAccount`) {
 		t.Fatalf("warnings %q", w)
 	}
-	c := &attest.Claims{Kind: attest.KindGCP, GCP: &attest.GCPClaims{ProjectID: "anyone", Zone: "z", InstanceCreated: time.Now()}, VerifiedAt: time.Now()}
+	c := &attest.Claims{Kind: attest.KindGCP, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "anyone", Location: "z", Created: time.Now()}, VerifiedAt: time.Now()}
 	if err := p.Evaluate("lab", c); err != nil {
 		t.Fatalf("anyProject refused a project: %v", err)
 	}
@@ -366,11 +372,11 @@ func TestEvaluateFailsClosed(t *testing.T) {
 		{"no kernel listed", Pool{Evidence: []attest.Kind{attest.KindTPM}, TPM: TPMPolicy{AnyEKTrust: true,
 			BootComponents: BootComponents{Shim: DigestList{Any: true}, Bootloader: DigestList{Any: true}}}}, tpmClaims, attest.ReasonPolicyBootNotAllowed},
 		{"no zone listed", Pool{Evidence: []attest.Kind{attest.KindGCP}, GCP: GCPPolicy{Projects: []string{"p"}}},
-			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "p", Zone: "z", InstanceCreated: now}}, attest.ReasonPolicyZone},
+			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "p", Location: "z", Created: now}}, attest.ReasonPolicyZone},
 		{"no region listed", Pool{Evidence: []attest.Kind{attest.KindAWS}, AWS: AWSPolicy{Accounts: []string{"1"}}},
-			&attest.Claims{Kind: attest.KindAWS, VerifiedAt: now, AWS: &attest.AWSClaims{AccountID: "1", Region: "r"}}, attest.ReasonPolicyRegion},
+			&attest.Claims{Kind: attest.KindAWS, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "1", Location: "r"}}, attest.ReasonPolicyRegion},
 		{"no project listed", Pool{Evidence: []attest.Kind{attest.KindGCP}, GCP: GCPPolicy{AnyZone: true}},
-			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, GCP: &attest.GCPClaims{ProjectID: "p", Zone: "z", InstanceCreated: now}}, attest.ReasonPolicyProject},
+			&attest.Claims{Kind: attest.KindGCP, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "p", Location: "z", Created: now}}, attest.ReasonPolicyProject},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -283,13 +283,13 @@ func sortedPCRKeys(m map[string]string) []string {
 
 // EKTrustList is tpm.ekTrust with tpm.anyEKTrust.
 func (t TPMPolicy) EKTrustList() AllowList {
-	return AllowList{Kind: attest.KindTPM, Field: ekTrustField, AnyField: "tpm.anyEKTrust", What: "EK trusts",
+	return AllowList{Field: ekTrustField, AnyField: "tpm.anyEKTrust", What: "EK trusts",
 		Items: t.EKTrust, Any: t.AnyEKTrust, Open: "tpm.anyEKTrust: an EK any configured trust vouched for may attest"}
 }
 
 // allowList is a boot stage's allow and signedBy with its any (stage as
 // the YAML names it, what as a message does): either list is a rule.
 func (d DigestList) allowList(stage, what string) AllowList {
-	return AllowList{Kind: attest.KindTPM, Field: "tpm.bootComponents." + stage + ".allow", AnyField: "tpm.bootComponents." + stage + ".any",
+	return AllowList{Field: "tpm.bootComponents." + stage + ".allow", AnyField: "tpm.bootComponents." + stage + ".any",
 		What: what + "s (their digests here, or their signers in signedBy)", Items: slices.Concat(d.Allow, d.SignedBy), Any: d.Any, Open: "tpm.bootComponents." + stage + ".any: any " + what + " not denied"}
 }

@@ -92,9 +92,7 @@ func (p *Policy) validate() error {
 func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	allow := pool.AllowLists()
 	for _, k := range pool.Evidence {
-		switch k {
-		case attest.KindTPM, attest.KindGCP, attest.KindAWS, attest.KindGCEVTPM, attest.KindNitroTPM:
-		default:
+		if kindOf(k) == nil {
 			return fmt.Errorf("unknown evidence kind %q", k)
 		}
 		var errs []error

@@ -41,13 +41,13 @@ pools:
 	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
 	gce := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindGCEVTPM, VerifiedAt: now,
-			GCP: &attest.GCPClaims{ProjectID: "prod", Zone: "us-central1-a"}, // no creation time: the certificate has none
-			TPM: &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"shim", "grub", strings.Repeat("ab", 32)}}}}
+			Instance: &attest.InstanceClaims{Cloud: attest.CloudGCP, Account: "prod", Location: "us-central1-a"}, // no creation time: the certificate has none
+			TPM:      &attest.TPMClaims{EKTrust: "gce-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"shim", "grub", strings.Repeat("ab", 32)}}}}
 	}
 	nitro := func() *attest.Claims {
 		return &attest.Claims{Kind: attest.KindNitroTPM, VerifiedAt: now,
-			AWS: &attest.AWSClaims{AccountID: "111122223333", Region: "us-east-1"},
-			TPM: &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{BootApplications: []string{"shim", "grub", strings.Repeat("cd", 48)}}}}
+			Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "111122223333", Location: "us-east-1"},
+			TPM:      &attest.TPMClaims{EKTrust: "nitro-document", PCRBank: "sha384", Boot: attest.BootState{BootApplications: []string{"shim", "grub", strings.Repeat("cd", 48)}}}}
 	}
 	cases := []struct {
 		name    string
@@ -58,16 +58,16 @@ pools:
 		setting string
 	}{
 		{"GCE vTPM", "gce", gce(), func(*attest.Claims) {}, "", ""},
-		{"GCE vTPM of another project", "gce", gce(), func(c *attest.Claims) { c.GCP.ProjectID = "dev" }, attest.ReasonPolicyProject, "pools.gce.gcp.projects"},
-		{"GCE vTPM in another zone", "gce", gce(), func(c *attest.Claims) { c.GCP.Zone = "europe-west1-b" }, attest.ReasonPolicyZone, "pools.gce.gcp.zones"},
+		{"GCE vTPM of another project", "gce", gce(), func(c *attest.Claims) { c.Instance.Account = "dev" }, attest.ReasonPolicyProject, "pools.gce.gcp.projects"},
+		{"GCE vTPM in another zone", "gce", gce(), func(c *attest.Claims) { c.Instance.Location = "europe-west1-b" }, attest.ReasonPolicyZone, "pools.gce.gcp.zones"},
 		{"GCE vTPM booted with Secure Boot off", "gce", gce(), func(c *attest.Claims) { c.TPM.Boot.SecureBoot = false }, attest.ReasonPolicySecureBootOff, "pools.gce.tpm.requireSecureBoot"},
 		{"GCE vTPM booted another kernel", "gce", gce(), func(c *attest.Claims) { c.TPM.Boot.BootApplications[2] = strings.Repeat("ef", 32) }, attest.ReasonPolicyBootNotAllowed, "pools.gce.tpm.bootComponents.kernel.allow"},
 		{"GCE vTPM quoting SHA-1", "gce", gce(), func(c *attest.Claims) { c.TPM.PCRBank = "sha1" }, attest.ReasonPolicySHA1, "pools.gce.tpm.allowSHA1"},
-		{"GCE vTPM claims without the instance", "gce", gce(), func(c *attest.Claims) { c.GCP = nil }, attest.ReasonMalformed, ""},
+		{"GCE vTPM claims without the instance", "gce", gce(), func(c *attest.Claims) { c.Instance = nil }, attest.ReasonMalformed, ""},
 		{"GCE vTPM in a Nitro pool", "ec2", gce(), func(*attest.Claims) {}, attest.ReasonPolicyKindNotAllowed, "pools.ec2.evidence"},
 		{"NitroTPM", "ec2", nitro(), func(*attest.Claims) {}, "", ""},
-		{"NitroTPM of another account", "ec2", nitro(), func(c *attest.Claims) { c.AWS.AccountID = "444455556666" }, attest.ReasonPolicyAccount, "pools.ec2.aws.accounts"},
-		{"NitroTPM in another region", "ec2", nitro(), func(c *attest.Claims) { c.AWS.Region = "eu-west-1" }, attest.ReasonPolicyRegion, "pools.ec2.aws.regions"},
+		{"NitroTPM of another account", "ec2", nitro(), func(c *attest.Claims) { c.Instance.Account = "444455556666" }, attest.ReasonPolicyAccount, "pools.ec2.aws.accounts"},
+		{"NitroTPM in another region", "ec2", nitro(), func(c *attest.Claims) { c.Instance.Location = "eu-west-1" }, attest.ReasonPolicyRegion, "pools.ec2.aws.regions"},
 		{"NitroTPM quoting SHA-256", "ec2", nitro(), func(c *attest.Claims) { c.TPM.PCRBank = "sha256" }, attest.ReasonPolicySHA1, "pools.ec2.tpm.allowSHA1"},
 		{"NitroTPM booted another kernel", "ec2", nitro(), func(c *attest.Claims) { c.TPM.Boot.BootApplications[2] = strings.Repeat("ef", 48) }, attest.ReasonPolicyBootNotAllowed, "pools.ec2.tpm.bootComponents.kernel.allow"},
 	}

@@ -169,7 +169,7 @@ func FuzzVerify(f *testing.F) {
 			}
 			return
 		}
-		if claims.AWS.Region != "us-east-1" || claims.Identity != "aws:"+claims.AWS.AccountID+"/us-east-1/"+claims.AWS.InstanceID {
+		if claims.Instance.Location != "us-east-1" || claims.Identity != "aws:"+claims.Instance.Account+"/us-east-1/"+claims.Instance.ID {
 			t.Fatalf("accepted odd claims %+v", claims)
 		}
 		p7, err := pkcs7.Parse(der)
@@ -179,8 +179,8 @@ func FuzzVerify(f *testing.F) {
 		if len(document) > 0 && !bytes.Equal(bytes.TrimSpace(document), bytes.TrimSpace(p7.Content)) {
 			t.Fatalf("accepted a plain document that is not the signed one")
 		}
-		if !bytes.Contains(p7.Content, []byte(claims.AWS.InstanceID)) {
-			t.Fatalf("instance ID %q is not in the signed content", claims.AWS.InstanceID)
+		if !bytes.Contains(p7.Content, []byte(claims.Instance.ID)) {
+			t.Fatalf("instance ID %q is not in the signed content", claims.Instance.ID)
 		}
 	})
 }
@@ -211,12 +211,12 @@ func FuzzSignedDocument(f *testing.F) {
 			}
 			return
 		}
-		a := claims.AWS
-		if len(a.AccountID) != 12 || !strings.HasPrefix(a.InstanceID, "i-") || !strings.HasPrefix(a.ImageID, "ami-") ||
-			!strings.HasPrefix(a.AvailabilityZone, a.Region) || a.PrivateIP == "" || a.InstanceType == "" {
+		a := claims.Instance
+		if len(a.Account) != 12 || !strings.HasPrefix(a.ID, "i-") || !strings.HasPrefix(a.Image, "ami-") ||
+			!strings.HasPrefix(a.AvailabilityZone, a.Location) || a.PrivateIP == "" || a.Type == "" {
 			t.Fatalf("accepted malformed document %q: %+v", content, a)
 		}
-		if now.Sub(a.PendingTime) > time.Hour || a.PendingTime.Sub(now) > time.Minute {
+		if now.Sub(a.Created) > time.Hour || a.Created.Sub(now) > time.Minute {
 			t.Fatalf("accepted stale document %q", content)
 		}
 	})

@@ -15,5 +15,5 @@ type LiveChecker interface {
 	//
 	// A refusal is an *attest.Denial (InstanceNotRunning); any other error
 	// means the API could not be asked and the caller should try again.
-	Check(ctx context.Context, c *attest.AWSClaims) (privateDNSName string, err error)
+	Check(ctx context.Context, c *attest.InstanceClaims) (privateDNSName string, err error)
 }

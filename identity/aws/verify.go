@@ -165,12 +165,12 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	}
 	return &attest.Claims{
 		Kind:             attest.KindAWS,
-		Identity:         "aws:" + ac.AccountID + "/" + ac.Region + "/" + ac.InstanceID,
+		Identity:         "aws:" + ac.Account + "/" + ac.Location + "/" + ac.ID,
 		NodeName:         ac.PrivateDNSName,
 		Addresses:        addrs,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
 		VerifiedAt:       v.clock(),
-		AWS:              ac,
+		Instance:         ac,
 	}, nil
 }
 
@@ -181,12 +181,12 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 // attestation document's nonce does (identity/nitrotpm). The document
 // then says which instance, account and Region the other evidence is
 // about; it is no proof that the presenter is that instance.
-func (v *Verifier) VerifyIdentityDocument(ctx context.Context, ev *Evidence) (*attest.AWSClaims, error) {
+func (v *Verifier) VerifyIdentityDocument(ctx context.Context, ev *Evidence) (*attest.InstanceClaims, error) {
 	return v.identity(ctx, ev, v.clock(), false)
 }
 
 // identity runs Verify's checks 2 to 9 (8 only when checkAge).
-func (v *Verifier) identity(ctx context.Context, ev *Evidence, now time.Time, checkAge bool) (*attest.AWSClaims, error) {
+func (v *Verifier) identity(ctx context.Context, ev *Evidence, now time.Time, checkAge bool) (*attest.InstanceClaims, error) {
 	if ev == nil {
 		return nil, attest.Deny(attest.ReasonMalformed, "no evidence")
 	}
@@ -213,10 +213,10 @@ func (v *Verifier) identity(ctx context.Context, ev *Evidence, now time.Time, ch
 		return nil, attest.Deny(attest.ReasonDocTooOld, "pendingTime %s is in the future", doc.PendingTime.UTC().Format(time.RFC3339))
 	}
 
-	ac := &attest.AWSClaims{
-		AccountID: doc.AccountID, Region: doc.Region, AvailabilityZone: doc.AvailabilityZone,
-		InstanceID: doc.InstanceID, InstanceType: doc.InstanceType, ImageID: doc.ImageID,
-		PrivateIP: doc.PrivateIP.String(), PendingTime: doc.PendingTime,
+	ac := &attest.InstanceClaims{
+		Cloud: attest.CloudAWS, Account: doc.AccountID, Location: doc.Region, AvailabilityZone: doc.AvailabilityZone,
+		ID: doc.InstanceID, Type: doc.InstanceType, Image: doc.ImageID,
+		PrivateIP: doc.PrivateIP.String(), Created: doc.PendingTime,
 	}
 	if v.live != nil {
 		dns, err := v.live.Check(ctx, ac)

@@ -30,10 +30,10 @@ func TestRoundTrip(t *testing.T) {
 	}
 	md := awstest.NewIMDS(files)
 	defer md.Close()
-	var asked []attest.AWSClaims
-	live := liveFunc(func(_ context.Context, c *attest.AWSClaims) (string, error) {
+	var asked []attest.InstanceClaims
+	live := liveFunc(func(_ context.Context, c *attest.InstanceClaims) (string, error) {
 		asked = append(asked, *c)
-		return c.InstanceID + ".ec2.internal", nil
+		return c.ID + ".ec2.internal", nil
 	})
 
 	for _, tc := range []struct {
@@ -73,32 +73,34 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := &attest.AWSClaims{
-				AccountID: "123456789012", Region: "us-east-1", AvailabilityZone: "us-east-1a",
-				InstanceID: "i-1234567890abcdef0", InstanceType: "m5.xlarge", ImageID: "ami-0abcdef1234567890",
-				PrivateIP: "10.0.1.2", PendingTime: now.Add(-5 * time.Minute), PrivateDNSName: tc.wantDNS,
+			want := &attest.InstanceClaims{
+				Cloud: attest.CloudAWS, Account: "123456789012", Location: "us-east-1", AvailabilityZone: "us-east-1a",
+				ID: "i-1234567890abcdef0", Type: "m5.xlarge", Image: "ami-0abcdef1234567890",
+				PrivateIP: "10.0.1.2", Created: now.Add(-5 * time.Minute), PrivateDNSName: tc.wantDNS,
 				LiveChecked: tc.live != nil,
 			}
-			if *claims.AWS != *want {
-				t.Errorf("AWS claims\n got %+v\nwant %+v", *claims.AWS, *want)
+			if *claims.Instance != *want {
+				t.Errorf("AWS claims\n got %+v\nwant %+v", *claims.Instance, *want)
 			}
-			if claims.Kind != attest.KindAWS || claims.Identity != "aws:123456789012/"+claims.AWS.Region+"/i-1234567890abcdef0" ||
+			if claims.Kind != attest.KindAWS || claims.Identity != "aws:123456789012/"+claims.Instance.Location+"/i-1234567890abcdef0" ||
 				claims.NodeName != tc.wantDNS || !slices.Equal(claims.Addresses, []string{"10.0.1.2", tc.wantDNS}) ||
 				!bytes.Equal(claims.KubeletKeySHA256, f.keyHash) || !claims.VerifiedAt.Equal(now) {
 				t.Errorf("claims %+v", claims)
 			}
 		})
 	}
-	if len(asked) != 1 || asked[0].InstanceID != d.InstanceID || asked[0].AccountID != d.AccountID || asked[0].Region != d.Region ||
+	if len(asked) != 1 || asked[0].ID != d.InstanceID || asked[0].Account != d.AccountID || asked[0].Location != d.Region ||
 		asked[0].AvailabilityZone != d.AvailabilityZone || asked[0].PrivateIP != d.PrivateIP || asked[0].LiveChecked {
 		t.Errorf("live check asked about %+v, want once about the document's instance", asked)
 	}
 }
 
 // liveFunc is an aws.LiveChecker answering with a function.
-type liveFunc func(ctx context.Context, c *attest.AWSClaims) (string, error)
+type liveFunc func(ctx context.Context, c *attest.InstanceClaims) (string, error)
 
-func (f liveFunc) Check(ctx context.Context, c *attest.AWSClaims) (string, error) { return f(ctx, c) }
+func (f liveFunc) Check(ctx context.Context, c *attest.InstanceClaims) (string, error) {
+	return f(ctx, c)
+}
 
 // TestLiveCheckOutcomes: a live check's refusal is Verify's, with its
 // reason; any other live check error is returned wrapped and is not a
@@ -115,11 +117,11 @@ func TestLiveCheckOutcomes(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := f.verifier(func(o *aws.Options) {
-				o.Live = liveFunc(func(context.Context, *attest.AWSClaims) (string, error) { return "", tc.err })
+				o.Live = liveFunc(func(context.Context, *attest.InstanceClaims) (string, error) { return "", tc.err })
 			})
 			claims, err := v.Verify(ctx, f.session(v), f.evidence(f.useast1, doc(), awstest.SignOptions{}))
 			if err == nil {
-				t.Fatalf("accepted: %+v", claims.AWS)
+				t.Fatalf("accepted: %+v", claims.Instance)
 			}
 			reason, isDenial := attest.ReasonOf(err)
 			if tc.err == apiDown {
@@ -169,8 +171,8 @@ func TestClaimsComeFromSignedContent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if claims.AWS.InstanceID != signed.InstanceID || claims.AWS.AccountID != signed.AccountID {
-				t.Fatalf("claims %+v", claims.AWS)
+			if claims.Instance.ID != signed.InstanceID || claims.Instance.Account != signed.AccountID {
+				t.Fatalf("claims %+v", claims.Instance)
 			}
 		})
 	}
@@ -260,13 +262,13 @@ func TestRealAWSDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := attest.AWSClaims{
-		AccountID: "189292791360", Region: "ap-southeast-2", AvailabilityZone: "ap-southeast-2a",
-		InstanceID: "i-0c5541936caf78c12", InstanceType: "t4g.small", ImageID: "ami-0cbde744623b7506b",
-		PrivateIP: "10.0.1.242", PendingTime: pending, PrivateDNSName: "ip-10-0-1-242.ap-southeast-2.compute.internal",
+	want := attest.InstanceClaims{
+		Cloud: attest.CloudAWS, Account: "189292791360", Location: "ap-southeast-2", AvailabilityZone: "ap-southeast-2a",
+		ID: "i-0c5541936caf78c12", Type: "t4g.small", Image: "ami-0cbde744623b7506b",
+		PrivateIP: "10.0.1.242", Created: pending, PrivateDNSName: "ip-10-0-1-242.ap-southeast-2.compute.internal",
 	}
-	if *claims.AWS != want {
-		t.Fatalf("claims\n got %+v\nwant %+v", *claims.AWS, want)
+	if *claims.Instance != want {
+		t.Fatalf("claims\n got %+v\nwant %+v", *claims.Instance, want)
 	}
 
 	// The same blob, one certificate off: us-east-1's does not verify it

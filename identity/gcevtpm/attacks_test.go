@@ -199,7 +199,7 @@ func TestAttackGCEVTPM(t *testing.T) {
 		c, err := v.Verify(ctx, sess, ev)
 		got := attacktable.Outcome(err)
 		if err == nil {
-			got = fmt.Sprintf("claims %s %s %s", c.GCP.ProjectID, c.GCP.Zone, c.Identity)
+			got = fmt.Sprintf("claims %s %s %s", c.Instance.Account, c.Instance.Location, c.Identity)
 		}
 		attacktable.Check(t, "GCE vTPM", "a genuine AK certificate naming another project and zone", "claims attacker-project europe-west1-b gcp:999999999999/europe-west1-b/218557372616137117", got)
 	})

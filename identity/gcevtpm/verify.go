@@ -140,7 +140,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //
 // Claims: Kind gce-vtpm; Identity "gcp:<project number>/<zone>/<instance
 // id>" (identity/gcp's form for the same instance); NodeName the instance
-// name; GCP the instance (InstanceCreated unknown: zero); TPM the quote
+// name; Instance the GCP instance (Created unknown: zero); TPM the quote
 // and boot, with EKTrust "gce-ak-certificate" and the AK certificate's
 // issuer and serial.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
@@ -189,9 +189,9 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		NodeName:         info.InstanceName,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
 		VerifiedAt:       v.clock(),
-		GCP: &attest.GCPClaims{
-			ProjectID: info.ProjectID, ProjectNumber: strconv.FormatUint(info.ProjectNumber, 10),
-			Zone: info.Zone, InstanceID: strconv.FormatUint(info.InstanceID, 10), InstanceName: info.InstanceName,
+		Instance: &attest.InstanceClaims{
+			Cloud: attest.CloudGCP, Account: info.ProjectID, AccountNumber: strconv.FormatUint(info.ProjectNumber, 10),
+			Location: info.Zone, ID: strconv.FormatUint(info.InstanceID, 10), Name: info.InstanceName,
 		},
 		TPM: tc,
 	}, nil

@@ -128,8 +128,8 @@ func TestVerify(t *testing.T) {
 	if c.Kind != attest.KindGCEVTPM || c.Identity != "gcp:117478906985/us-central1-a/218557372616137117" || c.NodeName != "node-1" {
 		t.Errorf("claims %s %s %s", c.Kind, c.Identity, c.NodeName)
 	}
-	if c.GCP == nil || c.GCP.ProjectID != "nodeproof-test" || c.GCP.Zone != "us-central1-a" || c.GCP.InstanceName != "node-1" || c.GCP.ProjectNumber != "117478906985" {
-		t.Errorf("GCP claims %+v", c.GCP)
+	if c.Instance == nil || c.Instance.Account != "nodeproof-test" || c.Instance.Location != "us-central1-a" || c.Instance.Name != "node-1" || c.Instance.AccountNumber != "117478906985" {
+		t.Errorf("GCP claims %+v", c.Instance)
 	}
 	if c.TPM == nil || c.TPM.PCRBank != "sha256" || c.TPM.EKTrust != "gce-ak-certificate" || c.TPM.Boot.LogEvents == 0 || c.TPM.AKCertIssuer == "" {
 		t.Errorf("TPM claims %+v", c.TPM)

@@ -52,9 +52,9 @@ func FuzzVerifyClaims(f *testing.F) {
 			}
 			return
 		}
-		if c.Kind != attest.KindGCP || c.GCP == nil || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
-			!isLabel(c.NodeName) || c.NodeName != c.GCP.InstanceName || !isLabel(c.GCP.Zone) || !isProjectID(c.GCP.ProjectID) ||
-			c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.Zone+"/"+c.GCP.InstanceID || strings.Count(c.Identity, "/") != 2 {
+		if c.Kind != attest.KindGCP || c.Instance == nil || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
+			!isLabel(c.NodeName) || c.NodeName != c.Instance.Name || !isLabel(c.Instance.Location) || !isProjectID(c.Instance.Account) ||
+			c.Identity != "gcp:"+c.Instance.AccountNumber+"/"+c.Instance.Location+"/"+c.Instance.ID || strings.Count(c.Identity, "/") != 2 {
 			t.Fatalf("bad claims: %+v", c)
 		}
 	})

@@ -43,9 +43,9 @@ func checkOutcome(t *testing.T, sess *attest.Session, c *attest.Claims, err erro
 		}
 		return
 	}
-	if c == nil || c.GCP == nil || c.Kind != attest.KindGCP || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
-		c.NodeName == "" || c.NodeName != c.GCP.InstanceName || strings.ContainsAny(c.NodeName, "./ ") ||
-		c.Identity != "gcp:"+c.GCP.ProjectNumber+"/"+c.GCP.Zone+"/"+c.GCP.InstanceID {
+	if c == nil || c.Instance == nil || c.Kind != attest.KindGCP || !bytes.Equal(c.KubeletKeySHA256, sess.KubeletKeySHA256) ||
+		c.NodeName == "" || c.NodeName != c.Instance.Name || strings.ContainsAny(c.NodeName, "./ ") ||
+		c.Identity != "gcp:"+c.Instance.AccountNumber+"/"+c.Instance.Location+"/"+c.Instance.ID {
 		t.Fatalf("bad claims: %+v", c)
 	}
 }

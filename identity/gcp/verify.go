@@ -216,12 +216,12 @@ func (v *Verifier) claims(payload []byte, sess *attest.Session, now time.Time) (
 	}
 	return &attest.Claims{
 		Kind:             attest.KindGCP,
-		Identity:         "gcp:" + g.ProjectNumber + "/" + g.Zone + "/" + g.InstanceID,
-		NodeName:         g.InstanceName,
+		Identity:         "gcp:" + g.AccountNumber + "/" + g.Location + "/" + g.ID,
+		NodeName:         g.Name,
 		Addresses:        addresses(g),
 		KubeletKeySHA256: append([]byte(nil), sess.KubeletKeySHA256...),
 		VerifiedAt:       now,
-		GCP:              g,
+		Instance:         g,
 	}, nil
 }
 
@@ -235,10 +235,10 @@ func (v *Verifier) claims(payload []byte, sess *attest.Session, now time.Time) (
 // legacy domain-scoped project ID ("example.com:p"), whose DNS form the
 // token does not fix. g's fields were validated (check 10): each is an RFC
 // 1035 label, so the name is a valid DNS name.
-func addresses(g *attest.GCPClaims) []string {
-	addrs := []string{g.InstanceName}
-	if !strings.Contains(g.ProjectID, ":") {
-		addrs = append(addrs, g.InstanceName+"."+g.Zone+".c."+g.ProjectID+".internal")
+func addresses(g *attest.InstanceClaims) []string {
+	addrs := []string{g.Name}
+	if !strings.Contains(g.Account, ":") {
+		addrs = append(addrs, g.Name+"."+g.Location+".c."+g.Account+".internal")
 	}
 	return addrs
 }
@@ -322,7 +322,7 @@ func (v *Verifier) checkTimes(tc *tokenClaims, now time.Time) error {
 }
 
 // computeEngineClaims does check 10.
-func computeEngineClaims(tc *tokenClaims) (*attest.GCPClaims, error) {
+func computeEngineClaims(tc *tokenClaims) (*attest.InstanceClaims, error) {
 	var gc googleClaims
 	var ce computeEngine
 	if !present(tc.Google) || unmarshalObject(tc.Google, &gc) != nil ||
@@ -332,28 +332,28 @@ func computeEngineClaims(tc *tokenClaims) (*attest.GCPClaims, error) {
 	missing := func(name string) error {
 		return attest.Deny(attest.ReasonTokenClaims, "google.compute_engine.%s missing or malformed", name)
 	}
-	g := &attest.GCPClaims{}
+	g := &attest.InstanceClaims{Cloud: attest.CloudGCP}
 	var ok bool
-	if g.ProjectID, ok = str(ce.ProjectID); !ok || !isProjectID(g.ProjectID) {
+	if g.Account, ok = str(ce.ProjectID); !ok || !isProjectID(g.Account) {
 		return nil, missing("project_id")
 	}
-	if g.ProjectNumber, ok = decimalID(ce.ProjectNumber); !ok {
+	if g.AccountNumber, ok = decimalID(ce.ProjectNumber); !ok {
 		return nil, missing("project_number")
 	}
-	if g.Zone, ok = str(ce.Zone); !ok || !isLabel(g.Zone) {
+	if g.Location, ok = str(ce.Zone); !ok || !isLabel(g.Location) {
 		return nil, missing("zone")
 	}
-	if g.InstanceID, ok = decimalID(ce.InstanceID); !ok {
+	if g.ID, ok = decimalID(ce.InstanceID); !ok {
 		return nil, missing("instance_id")
 	}
-	if g.InstanceName, ok = str(ce.InstanceName); !ok || !isLabel(g.InstanceName) {
+	if g.Name, ok = str(ce.InstanceName); !ok || !isLabel(g.Name) {
 		return nil, missing("instance_name")
 	}
 	created, ok := intClaim(ce.InstanceCreationTimestamp)
 	if !ok || created <= 0 || created > 1<<40 {
 		return nil, missing("instance_creation_timestamp")
 	}
-	g.InstanceCreated = time.Unix(created, 0).UTC()
+	g.Created = time.Unix(created, 0).UTC()
 	if present(tc.Email) {
 		if g.ServiceAccount, ok = str(tc.Email); !ok || !isPrintable(g.ServiceAccount) {
 			return nil, attest.Deny(attest.ReasonTokenClaims, "email malformed")

@@ -149,12 +149,12 @@ func checkClaims(t *testing.T, e *env, c *attest.Claims) {
 		!bytes.Equal(c.KubeletKeySHA256, e.sess.KubeletKeySHA256) || !c.VerifiedAt.Equal(e.clk.now) {
 		t.Fatalf("claims = %+v", c)
 	}
-	want := attest.GCPClaims{
-		ProjectID: inst.ProjectID, ProjectNumber: "123456789012", Zone: inst.Zone, InstanceID: inst.InstanceID,
-		InstanceName: inst.InstanceName, InstanceCreated: inst.Created, ServiceAccount: inst.Email,
+	want := attest.InstanceClaims{
+		Cloud: attest.CloudGCP, Account: inst.ProjectID, AccountNumber: "123456789012", Location: inst.Zone, ID: inst.InstanceID,
+		Name: inst.InstanceName, Created: inst.Created, ServiceAccount: inst.Email,
 	}
-	if c.GCP == nil || *c.GCP != want {
-		t.Fatalf("GCP claims = %+v, want %+v", c.GCP, want)
+	if c.Instance == nil || *c.Instance != want {
+		t.Fatalf("GCP claims = %+v, want %+v", c.Instance, want)
 	}
 	// What kubelet serving CSRs are checked against: the instance name and
 	// its zonal internal DNS name, nothing else.
@@ -472,8 +472,8 @@ func TestVerifyAttacks(t *testing.T) {
 		{name: "instance_creation_timestamp zero", want: attest.ReasonTokenClaims, token: ce(func(m map[string]any) { m["instance_creation_timestamp"] = 0 })},
 		{name: "email malformed", want: attest.ReasonTokenClaims, token: claims(func(c map[string]any) { c["email"] = "a b@example.com" })},
 		{name: "no email", token: claims(func(c map[string]any) { delete(c, "email") }), check: func(t *testing.T, _ *env, c *attest.Claims) {
-			if c.GCP.ServiceAccount != "" || c.NodeName != "worker-0" {
-				t.Fatalf("claims = %+v", c.GCP)
+			if c.Instance.ServiceAccount != "" || c.NodeName != "worker-0" {
+				t.Fatalf("claims = %+v", c.Instance)
 			}
 		}},
 		{name: "addresses follow the token's zone and project", token: ce(func(m map[string]any) {
@@ -485,8 +485,8 @@ func TestVerifyAttacks(t *testing.T) {
 			}
 		}},
 		{name: "domain-scoped project: the instance name only", token: ce(func(m map[string]any) { m["project_id"] = "example.com:my-project" }), check: func(t *testing.T, _ *env, c *attest.Claims) {
-			if c.GCP.ProjectID != "example.com:my-project" || !slices.Equal(c.Addresses, []string{"worker-0"}) {
-				t.Fatalf("project %q, addresses %q, want [worker-0]", c.GCP.ProjectID, c.Addresses)
+			if c.Instance.Account != "example.com:my-project" || !slices.Equal(c.Addresses, []string{"worker-0"}) {
+				t.Fatalf("project %q, addresses %q, want [worker-0]", c.Instance.Account, c.Addresses)
 			}
 		}},
 		{name: "email not a string", want: attest.ReasonTokenClaims, token: claims(func(c map[string]any) { c["email"] = 5 })},

@@ -150,7 +150,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //
 // Claims: Kind aws-nitrotpm; Identity "aws:<account>/<region>/<instance
 // id>" (identity/aws's form for the same instance); NodeName and
-// Addresses as identity/aws gives them; AWS the instance; TPM the quote
+// Addresses as identity/aws gives them; Instance the EC2 instance; TPM the quote
 // and boot (bank sha384, EKTrust "nitro-document").
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
@@ -182,8 +182,8 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	if err != nil {
 		return nil, err
 	}
-	if instance != ac.InstanceID || region != ac.Region {
-		return nil, attest.Deny(attest.ReasonNitroInstance, "the attestation document is instance %s in %s; the identity document is %s in %s", instance, region, ac.InstanceID, ac.Region)
+	if instance != ac.ID || region != ac.Location {
+		return nil, attest.Deny(attest.ReasonNitroInstance, "the attestation document is instance %s in %s; the identity document is %s in %s", instance, region, ac.ID, ac.Location)
 	}
 	ak, err := tpm.ParseAK(ev.AKPublic)
 	if err != nil {
@@ -206,7 +206,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 			return nil, attest.Deny(attest.ReasonNitroPCRs, "quoted PCR %d of the SHA-384 bank differs from the attestation document's", i)
 		}
 	}
-	identity := "aws:" + ac.AccountID + "/" + ac.Region + "/" + ac.InstanceID
+	identity := "aws:" + ac.Account + "/" + ac.Location + "/" + ac.ID
 	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
 	if err != nil {
 		return nil, &attest.Identified{Identity: identity, Err: err}
@@ -224,7 +224,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		Addresses:        addrs,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
 		VerifiedAt:       v.clock(),
-		AWS:              ac,
+		Instance:         ac,
 		TPM:              tc,
 	}, nil
 }

@@ -175,8 +175,8 @@ func TestVerify(t *testing.T) {
 	if c.Kind != attest.KindNitroTPM || c.Identity != "aws:123456789012/us-east-1/i-1234567890abcdef0" || c.NodeName != "ip-10-0-1-2.ec2.internal" {
 		t.Errorf("claims %s %s %s", c.Kind, c.Identity, c.NodeName)
 	}
-	if c.AWS == nil || c.AWS.AccountID != "123456789012" || c.AWS.Region != "us-east-1" {
-		t.Errorf("AWS claims %+v", c.AWS)
+	if c.Instance == nil || c.Instance.Account != "123456789012" || c.Instance.Location != "us-east-1" {
+		t.Errorf("AWS claims %+v", c.Instance)
 	}
 	if c.TPM == nil || c.TPM.PCRBank != "sha384" || c.TPM.EKTrust != "nitro-document" || c.TPM.Boot.LogEvents == 0 || len(c.TPM.PCRs) != 24 {
 		t.Errorf("TPM claims %+v", c.TPM)

@@ -7,9 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/anchors"
-	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/limit"
@@ -123,26 +121,13 @@ func (c Config) trustAnchors() ([]anchors.Anchor, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.GCEVTPMRoots != "" {
-		roots, err := readPEMFile(c.GCEVTPMRoots)
-		if err != nil {
-			return nil, fmt.Errorf("--gce-vtpm-roots: %w", err)
+	for _, row := range builders {
+		if row.anchors == nil {
+			continue
 		}
-		as = anchors.Replace(as, attest.KindGCEVTPM, anchors.RoleRoot, roots)
-	}
-	if c.GCEVTPMIntermediatesDir != "" {
-		more, err := gcevtpm.ReadIntermediates(c.GCEVTPMIntermediatesDir)
-		if err != nil {
-			return nil, fmt.Errorf("--gce-vtpm-intermediates-dir: %w", err)
+		if as, err = row.anchors(c, as); err != nil {
+			return nil, err
 		}
-		as = anchors.Append(as, attest.KindGCEVTPM, anchors.RoleIntermediate, more)
-	}
-	if c.NitroTPMRoots != "" {
-		roots, err := readPEMFile(c.NitroTPMRoots)
-		if err != nil {
-			return nil, fmt.Errorf("--nitrotpm-roots: %w", err)
-		}
-		as = anchors.Replace(as, attest.KindNitroTPM, anchors.RoleRoot, roots)
 	}
 	return as, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/identity/anchors"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/ec2live"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
@@ -53,43 +54,103 @@ func CheckTrust(pol *policy.Policy, clock func() time.Time) error {
 	return err
 }
 
-// verifiers builds the verifiers of the evidence kinds pol takes (TPM's
-// always: its trust roots are checked at start), one registry the server
-// selects kinds from.
-func (c Config) verifiers(ctx context.Context, pol *policy.Policy) (attest.Registry, error) {
-	var vs []attest.Verifier
-	tv, err := tpmVerifier(pol, c.Clock)
-	if err != nil {
-		return nil, err
-	}
-	vs = append(vs, tv.Seam())
-	gv, err := c.gcpVerifier(pol)
-	if err != nil {
-		return nil, err
-	}
-	if gv != nil {
-		vs = append(vs, gv.Seam())
-	}
-	av, err := c.awsVerifier(ctx, pol)
-	if err != nil {
-		return nil, err
-	}
-	if av != nil && usesEvidence(pol, attest.KindAWS) {
-		vs = append(vs, av.Seam())
-	}
-	gvt, err := c.gceVTPMVerifier(pol)
-	if err != nil {
-		return nil, err
-	}
-	if gvt != nil {
-		vs = append(vs, gvt.Seam())
-	}
-	if usesEvidence(pol, attest.KindNitroTPM) {
-		nv, err := c.nitroTPMVerifier(av)
+// builder is one kind's row in builders: how serve makes its verifier
+// from the policy and the server's trust settings, and what those
+// settings add to the trust anchors the server exports.
+type builder struct {
+	kind attest.Kind
+	// always: built whatever the policy takes (TPM's: the trust section's
+	// roots and inventory are checked at start and at every reload);
+	// otherwise only when a pool takes the kind.
+	always bool
+	// build makes the verifier (b: what rows share, the AWS identity
+	// verifier).
+	build func(c Config, b *building, pol *policy.Policy) (attest.Verifier, error)
+	// anchors, when set, applies the kind's trust flags to the anchors
+	// the server exports (a roots file replacing the shipped roots).
+	anchors func(c Config, as []anchors.Anchor) ([]anchors.Anchor, error)
+}
+
+// builders is every kind serve can verify, a row each, in the order they
+// are built. A new kind adds its row (and its flags to Config and to
+// cmd/nodeproof/cli/serve.go).
+var builders = []builder{
+	{kind: attest.KindTPM, always: true, build: func(c Config, _ *building, pol *policy.Policy) (attest.Verifier, error) {
+		v, err := tpmVerifier(pol, c.Clock)
 		if err != nil {
 			return nil, err
 		}
-		vs = append(vs, nv.Seam())
+		return v.Seam(), nil
+	}},
+	{kind: attest.KindGCP, build: func(c Config, _ *building, _ *policy.Policy) (attest.Verifier, error) {
+		v, err := c.gcpVerifier()
+		if err != nil {
+			return nil, err
+		}
+		return v.Seam(), nil
+	}},
+	{kind: attest.KindAWS, build: func(_ Config, b *building, _ *policy.Policy) (attest.Verifier, error) {
+		v, err := b.awsIdentity()
+		if err != nil {
+			return nil, err
+		}
+		return v.Seam(), nil
+	}},
+	{kind: attest.KindGCEVTPM, build: func(c Config, _ *building, _ *policy.Policy) (attest.Verifier, error) {
+		v, err := c.gceVTPMVerifier()
+		if err != nil {
+			return nil, err
+		}
+		return v.Seam(), nil
+	}, anchors: Config.gceVTPMAnchors},
+	{kind: attest.KindNitroTPM, build: func(c Config, b *building, _ *policy.Policy) (attest.Verifier, error) {
+		id, err := b.awsIdentity()
+		if err != nil {
+			return nil, err
+		}
+		v, err := c.nitroTPMVerifier(id)
+		if err != nil {
+			return nil, err
+		}
+		return v.Seam(), nil
+	}, anchors: Config.nitroTPMAnchors},
+}
+
+// building is what the builders of one policy share: the AWS identity
+// verifier, made once for aws and aws-nitrotpm (whose instance identity
+// documents it verifies).
+type building struct {
+	ctx context.Context
+	c   Config
+	aws *aws.Verifier
+}
+
+// awsIdentity is the AWS verifier, made at its first use.
+func (b *building) awsIdentity() (*aws.Verifier, error) {
+	if b.aws == nil {
+		v, err := b.c.awsVerifier(b.ctx)
+		if err != nil {
+			return nil, err
+		}
+		b.aws = v
+	}
+	return b.aws, nil
+}
+
+// verifiers builds, by builders, the verifiers of the evidence kinds pol
+// takes (TPM's always), one registry the server selects kinds from.
+func (c Config) verifiers(ctx context.Context, pol *policy.Policy) (attest.Registry, error) {
+	b := &building{ctx: ctx, c: c}
+	var vs []attest.Verifier
+	for _, row := range builders {
+		if !row.always && !usesEvidence(pol, row.kind) {
+			continue
+		}
+		v, err := row.build(c, b, pol)
+		if err != nil {
+			return nil, err
+		}
+		vs = append(vs, v)
 	}
 	return attest.NewRegistry(vs...)
 }
@@ -104,11 +165,9 @@ func usesEvidence(pol *policy.Policy, k attest.Kind) bool {
 	return false
 }
 
-// gcpVerifier builds the GCP verifier when a pool takes GCP evidence.
-func (c Config) gcpVerifier(pol *policy.Policy) (*gcp.Verifier, error) {
-	if !usesEvidence(pol, attest.KindGCP) {
-		return nil, nil
-	}
+// gcpVerifier builds the GCP verifier: the audience from --gcp-audience-url
+// or the first of --hosts, Google's keys (or --gcp-jwks-url's).
+func (c Config) gcpVerifier() (*gcp.Verifier, error) {
 	aud := c.GCPAudienceURL
 	if aud == "" {
 		if len(c.Hosts) == 0 {
@@ -123,12 +182,11 @@ func (c Config) gcpVerifier(pol *policy.Policy) (*gcp.Verifier, error) {
 	return gcp.NewVerifier(gcp.Options{Keys: keys, AudiencePrefix: aud, Clock: c.Clock})
 }
 
-// awsVerifier builds the AWS verifier when a pool takes AWS evidence, or
-// NitroTPM evidence (whose instance identity document it verifies).
-func (c Config) awsVerifier(ctx context.Context, pol *policy.Policy) (*aws.Verifier, error) {
-	if !usesEvidence(pol, attest.KindAWS) && !usesEvidence(pol, attest.KindNitroTPM) {
-		return nil, nil
-	}
+// awsVerifier builds the AWS verifier, for AWS evidence and NitroTPM
+// evidence (whose instance identity document it verifies): the Region
+// certificates, and the EC2 live check when --aws-live-check-region is
+// set.
+func (c Config) awsVerifier(ctx context.Context) (*aws.Verifier, error) {
 	certs, err := c.awsRegionCerts()
 	if err != nil {
 		return nil, err
@@ -165,14 +223,10 @@ func (c Config) awsRegionCerts() (*aws.RegionCerts, error) {
 	return aws.DefaultRegionCerts()
 }
 
-// gceVTPMVerifier builds the GCE vTPM verifier when a pool takes gce-vtpm
-// evidence: Google's two pinned roots (or GCEVTPMRoots'), the shipped
+// gceVTPMVerifier builds the GCE vTPM verifier: Google's two pinned roots (or GCEVTPMRoots'), the shipped
 // intermediates and GCEVTPMIntermediatesDir's, and issuers fetched over
 // AIA only from GCEVTPMAIAHosts (none: never fetched).
-func (c Config) gceVTPMVerifier(pol *policy.Policy) (*gcevtpm.Verifier, error) {
-	if !usesEvidence(pol, attest.KindGCEVTPM) {
-		return nil, nil
-	}
+func (c Config) gceVTPMVerifier() (*gcevtpm.Verifier, error) {
 	now := c.Clock()
 	trust, err := gcevtpm.DefaultTrust(now)
 	if err != nil {
@@ -212,6 +266,40 @@ func (c Config) nitroTPMVerifier(identity *aws.Verifier) (*nitrotpm.Verifier, er
 		o.Roots = roots
 	}
 	return nitrotpm.NewVerifier(o)
+}
+
+// gceVTPMAnchors applies --gce-vtpm-roots (replacing the pinned roots)
+// and --gce-vtpm-intermediates-dir (beside the shipped intermediates) to
+// the anchors the server exports.
+func (c Config) gceVTPMAnchors(as []anchors.Anchor) ([]anchors.Anchor, error) {
+	if c.GCEVTPMRoots != "" {
+		roots, err := readPEMFile(c.GCEVTPMRoots)
+		if err != nil {
+			return nil, fmt.Errorf("--gce-vtpm-roots: %w", err)
+		}
+		as = anchors.Replace(as, attest.KindGCEVTPM, anchors.RoleRoot, roots)
+	}
+	if c.GCEVTPMIntermediatesDir != "" {
+		more, err := gcevtpm.ReadIntermediates(c.GCEVTPMIntermediatesDir)
+		if err != nil {
+			return nil, fmt.Errorf("--gce-vtpm-intermediates-dir: %w", err)
+		}
+		as = anchors.Append(as, attest.KindGCEVTPM, anchors.RoleIntermediate, more)
+	}
+	return as, nil
+}
+
+// nitroTPMAnchors applies --nitrotpm-roots (replacing the Nitro root G1)
+// to the anchors the server exports.
+func (c Config) nitroTPMAnchors(as []anchors.Anchor) ([]anchors.Anchor, error) {
+	if c.NitroTPMRoots == "" {
+		return as, nil
+	}
+	roots, err := readPEMFile(c.NitroTPMRoots)
+	if err != nil {
+		return nil, fmt.Errorf("--nitrotpm-roots: %w", err)
+	}
+	return anchors.Replace(as, attest.KindNitroTPM, anchors.RoleRoot, roots), nil
 }
 
 // readPEMFile reads a strict PEM bundle of certificates (pemcert).

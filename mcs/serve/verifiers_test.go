@@ -81,3 +81,22 @@ pools:
 		})
 	}
 }
+
+// TestBuildersCoverKinds: every kind a policy may take (attest/policy's
+// table of kinds) has exactly one builder, and no builder is for a kind
+// the policy does not know.
+func TestBuildersCoverKinds(t *testing.T) {
+	rows := map[attest.Kind]int{}
+	for _, b := range builders {
+		rows[b.kind]++
+	}
+	for _, k := range policy.Kinds() {
+		if rows[k] != 1 {
+			t.Errorf("kind %s has %d builders, want 1", k, rows[k])
+		}
+		delete(rows, k)
+	}
+	for k := range rows {
+		t.Errorf("builder for %s, a kind the policy does not take", k)
+	}
+}

@@ -21,7 +21,9 @@ import (
 	"github.com/nodeproof/nodeproof/fsutil"
 )
 
-const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|tpm|gcp|aws|gce-vtpm|aws-nitrotpm] [flags]
+// usage is the agent's usage; the evidence kinds come from
+// agent.SourceTable (usageLine, evidenceHelp).
+const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|%s] [flags]
        nodeproof-agent --dump-evidence FILE [--event-log FILE]
 
 Proves this machine to the nodeproof server (a TPM quote, or a cloud
@@ -42,7 +44,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
 	nodeName := fs.String("node-name", "", "node name to ask for (used only where the evidence names none and policy allows); --mode=reattest defaults to the host name, enrolment has no default (at first boot the host name is often not yet the node's: localhost on every machine)")
-	evidence := fs.String("evidence", "auto", "auto (the first found of: the TPM at --tpm — a GCE vTPM when Google's AK template is in its NV, a NitroTPM when IMDSv2 answers —, the GCE metadata server, IMDSv2; the choice is printed); tpm; gce-vtpm (a Shielded VM's vTPM: Google's AK and its certificate from NV, refused without the certificate); aws-nitrotpm (an EC2 NitroTPM: a Nitro attestation document over the AK and the instance identity document); gcp (an instance identity token from the GCE metadata server; GCE_METADATA_HOST overrides its address); aws (the instance identity document over IMDSv2; AWS_EC2_METADATA_SERVICE_ENDPOINT overrides it)")
+	evidence := fs.String("evidence", "auto", evidenceHelp())
 	tpmPath := fs.String("tpm", "/dev/tpmrm0", "the TPM: /dev/tpmrm0, or tcp:HOST:PORT for swtpm's command port")
 	ekKind := fs.String("ek", attest.EKKindRSA2048, "tpm evidence: the kind of endorsement key to attest with, the one the pool accepts (its tpm.ek): "+strings.Join(attest.EKKinds, ", "))
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
@@ -56,7 +58,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	dump := fs.String("dump-evidence", "", "write this machine's event log (--event-log, else securityfs) to this file (for nodeproof policy learn --evidence, on a machine you trust), and exit")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: retry while the server says not yet, until stopped)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "%s\nflags:\n", usage)
+		fmt.Fprintf(fs.Output(), usage+"\nflags:\n", kindList())
 		fs.PrintDefaults()
 	}
 	// -h prints to standard output (exit 0); a bad flag, its error and the
@@ -171,6 +173,26 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
 		return 1
 	}
+}
+
+// kindList is the evidence kinds the agent presents, as --evidence takes
+// them: tpm|gcp|….
+func kindList() string {
+	var kinds []string
+	for _, r := range agent.SourceTable() {
+		kinds = append(kinds, string(r.Kind))
+	}
+	return strings.Join(kinds, "|")
+}
+
+// evidenceHelp is --evidence's help: auto, then each row of
+// agent.SourceTable with its help, in the order auto tries them.
+func evidenceHelp() string {
+	help := "auto (the first found, in this order; the choice is printed)"
+	for _, r := range agent.SourceTable() {
+		help += "; " + string(r.Kind) + " (" + r.Help + "; auto: when " + r.Auto + ")"
+	}
+	return help
 }
 
 // evidenceLabel names a kind in the agent's messages.

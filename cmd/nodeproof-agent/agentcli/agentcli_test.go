@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 )
@@ -127,5 +128,40 @@ func TestServerMustBeHTTPS(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUsageListsSources: -h lists every kind of evidence the agent can
+// present (agent.SourceTable) in the usage line and in --evidence's help,
+// with its description and when auto finds it, in the order auto tries
+// them.
+func TestUsageListsSources(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), []string{"-h"}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	out := stdout.String()
+	rows := agent.SourceTable()
+	if len(rows) == 0 {
+		t.Fatal("no sources")
+	}
+	var kinds []string
+	last := -1
+	for _, r := range rows {
+		kinds = append(kinds, string(r.Kind))
+		entry := string(r.Kind) + " (" + r.Help + "; auto: when " + r.Auto + ")"
+		i := strings.Index(out, entry)
+		switch {
+		case r.Help == "" || r.Auto == "":
+			t.Errorf("source %s: no help or no auto", r.Kind)
+		case i < 0:
+			t.Errorf("the usage does not list %q:\n%s", entry, out)
+		case i < last:
+			t.Errorf("source %s listed out of SourceTable's order", r.Kind)
+		}
+		last = i
+	}
+	if line := "[--evidence auto|" + strings.Join(kinds, "|") + "]"; !strings.Contains(out, line) {
+		t.Errorf("the usage line does not read %q:\n%s", line, out)
 	}
 }

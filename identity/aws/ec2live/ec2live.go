@@ -71,23 +71,23 @@ type Checker struct {
 }
 
 // Check implements aws.LiveChecker.
-func (l *Checker) Check(ctx context.Context, c *attest.AWSClaims) (string, error) {
+func (l *Checker) Check(ctx context.Context, c *attest.InstanceClaims) (string, error) {
 	if l == nil || l.Client == nil {
 		return "", errors.New("ec2live: Checker has no Client")
 	}
 	if c == nil {
 		return "", errors.New("ec2live: live check without claims")
 	}
-	if r := l.Client.Options().Region; r != "" && r != c.Region {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "the EC2 live check serves region %s, the instance is in %s", r, c.Region)
+	if r := l.Client.Options().Region; r != "" && r != c.Location {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "the EC2 live check serves region %s, the instance is in %s", r, c.Location)
 	}
-	out, err := l.Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{c.InstanceID}})
+	out, err := l.Client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{c.ID}})
 	if err != nil {
 		var ae smithy.APIError
 		if errors.As(err, &ae) {
 			switch ae.ErrorCode() {
 			case "InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed":
-				return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not know instance %s: %s", c.InstanceID, ae.ErrorCode())
+				return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not know instance %s: %s", c.ID, ae.ErrorCode())
 			}
 		}
 		return "", fmt.Errorf("ec2live: DescribeInstances: %w", err)
@@ -99,7 +99,7 @@ func (l *Checker) Check(ctx context.Context, c *attest.AWSClaims) (string, error
 	)
 	for _, r := range out.Reservations {
 		for i := range r.Instances {
-			if deref(r.Instances[i].InstanceId) == c.InstanceID {
+			if deref(r.Instances[i].InstanceId) == c.ID {
 				found, owner = &r.Instances[i], deref(r.OwnerId)
 				n++
 			}
@@ -107,40 +107,40 @@ func (l *Checker) Check(ctx context.Context, c *attest.AWSClaims) (string, error
 	}
 	switch {
 	case n == 0:
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not report instance %s", c.InstanceID)
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 does not report instance %s", c.ID)
 	case n > 1:
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 reports instance %s %d times", c.InstanceID, n)
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "EC2 reports instance %s %d times", c.ID, n)
 	}
-	if owner != c.AccountID {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s belongs to account %q, the document says %s", c.InstanceID, owner, c.AccountID)
+	if owner != c.Account {
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s belongs to account %q, the document says %s", c.ID, owner, c.Account)
 	}
 	state := types.InstanceStateName("")
 	if found.State != nil {
 		state = found.State.Name
 	}
 	if state != types.InstanceStateNameRunning {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is %q, not running", c.InstanceID, state)
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is %q, not running", c.ID, state)
 	}
 	var az string
 	if found.Placement != nil {
 		az = deref(found.Placement.AvailabilityZone)
 	}
 	if az != c.AvailabilityZone {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in %q, the document says %s", c.InstanceID, az, c.AvailabilityZone)
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in %q, the document says %s", c.ID, az, c.AvailabilityZone)
 	}
 	if ip := deref(found.PrivateIpAddress); ip != c.PrivateIP {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has private IP %q, the document says %s", c.InstanceID, ip, c.PrivateIP)
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has private IP %q, the document says %s", c.ID, ip, c.PrivateIP)
 	}
 	if len(l.VPCs) > 0 && !slices.Contains(l.VPCs, deref(found.VpcId)) {
-		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in VPC %q, not an allowed one", c.InstanceID, deref(found.VpcId))
+		return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s is in VPC %q, not an allowed one", c.ID, deref(found.VpcId))
 	}
 	for k, want := range l.Tags {
 		got, ok := tagValue(found.Tags, k)
 		if !ok {
-			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has no tag %q", c.InstanceID, k)
+			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s has no tag %q", c.ID, k)
 		}
 		if got != want {
-			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s tag %q is %q, want %q", c.InstanceID, k, got, want)
+			return "", attest.Deny(attest.ReasonInstanceNotLive, "instance %s tag %q is %q, want %q", c.ID, k, got, want)
 		}
 	}
 	return deref(found.PrivateDnsName), nil

@@ -76,9 +76,9 @@ func TestVerifyWithLiveCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	dns := d.InstanceID + ".ec2.internal"
-	if !claims.AWS.LiveChecked || claims.AWS.PrivateDNSName != dns || claims.NodeName != dns ||
+	if !claims.Instance.LiveChecked || claims.Instance.PrivateDNSName != dns || claims.NodeName != dns ||
 		!slices.Equal(claims.Addresses, []string{d.PrivateIP, dns}) {
-		t.Fatalf("claims %+v, AWS %+v; want live-checked, named %s", claims, claims.AWS, dns)
+		t.Fatalf("claims %+v, AWS %+v; want live-checked, named %s", claims, claims.Instance, dns)
 	}
 	if keys := api.AccessKeyIDs(); api.Calls() != 1 || !slices.Equal(keys, []string{"AKIDAWSTEST"}) {
 		t.Fatalf("EC2 API called %d times, signed by %q; want once by the client's key", api.Calls(), keys)
@@ -139,7 +139,7 @@ func TestLiveCheckAttacks(t *testing.T) {
 			}
 			claims, err := verify(t, &ec2live.Checker{Client: client, VPCs: tc.vpcs, Tags: tc.tags}, d)
 			if err == nil {
-				t.Fatalf("accepted: %+v", claims.AWS)
+				t.Fatalf("accepted: %+v", claims.Instance)
 			}
 			got, isDenial := attest.ReasonOf(err)
 			if tc.want == "" {
@@ -160,7 +160,7 @@ func ptr[T any](v T) *T { return &v }
 func TestCheckerMisuse(t *testing.T) {
 	api := awstest.NewEC2()
 	defer api.Close()
-	claims := &attest.AWSClaims{AccountID: "123456789012", Region: "us-east-1", InstanceID: "i-1234567890abcdef0"}
+	claims := &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "123456789012", Location: "us-east-1", ID: "i-1234567890abcdef0"}
 	for name, check := range map[string]func() (string, error){
 		"nil Checker": func() (string, error) { return (*ec2live.Checker)(nil).Check(ctx, claims) },
 		"no Client":   func() (string, error) { return (&ec2live.Checker{}).Check(ctx, claims) },
@@ -207,8 +207,8 @@ func TestNewClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !claims.AWS.LiveChecked {
-		t.Fatalf("claims not live-checked: %+v", claims.AWS)
+	if !claims.Instance.LiveChecked {
+		t.Fatalf("claims not live-checked: %+v", claims.Instance)
 	}
 	if keys := api.AccessKeyIDs(); len(keys) == 0 || slices.ContainsFunc(keys, func(k string) bool { return k != "AKIDFROMENV" }) {
 		t.Fatalf("EC2 calls signed with %q, want the environment's key", keys)
