@@ -126,11 +126,11 @@ func startPlane(ctx context.Context, o Options, root string, pol func(*system.Wo
 		})
 	}()
 	go func() {
-		approved <- approver.Run(sctx, approver.RunOptions{
+		approved <- approver.Runner{
 			REST: approverREST, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
 			Identity: "demo", Clock: o.Clock, Log: quiet,
 			Policy: loaded, Nodes: true, // the node controller: Attested condition and taint
-		})
+		}.Run(sctx)
 	}()
 	pl.stop = func() { stop(); <-served; <-approved; sys.Close() }
 	select {
