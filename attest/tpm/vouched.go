@@ -83,6 +83,18 @@ type QuoteOptions struct {
 	RequiredPCRs []int
 }
 
+// CheckRequiredPCRs is every TPM kind's NewVerifier check of its
+// Options.RequiredPCRs: each names a PCR, 0-23. The error names pkg, the
+// kind's package ("gcevtpm: required PCR 24 out of range").
+func CheckRequiredPCRs(pkg string, pcrs []int) error {
+	for _, i := range pcrs {
+		if i < 0 || i > 23 {
+			return fmt.Errorf("%s: required PCR %d out of range", pkg, i)
+		}
+	}
+	return nil
+}
+
 // QuoteResult is what a verified quote establishes.
 type QuoteResult struct {
 	q *quoteResult
