@@ -169,6 +169,21 @@ func (r *QuoteResult) ReplayBoot(eventLog []byte) (attest.BootState, error) {
 	return bootState(events, r.q.bank)
 }
 
+// IdentifiedClaims is what a vouched-for kind's Verify ends with, once
+// identity is proven: ReplayBoot of eventLog, a refusal wrapped in an
+// *attest.Identified naming identity (a re-attestation records it as the
+// node's failure), and the Claims of ak and the boot with EKTrust ekTrust
+// (what vouched for the AK).
+func (r *QuoteResult) IdentifiedClaims(ak *AK, eventLog []byte, identity, ekTrust string) (*attest.TPMClaims, error) {
+	boot, err := r.ReplayBoot(eventLog)
+	if err != nil {
+		return nil, &attest.Identified{Identity: identity, Err: err}
+	}
+	tc := r.Claims(ak, boot)
+	tc.EKTrust = ekTrust
+	return tc, nil
+}
+
 // Claims are the TPM claims of a verified quote and boot: the AK's name,
 // the bank, the quoted PCRs of the bank (hex), the clock and the boot.
 // The EK fields are empty: no EK took part.

@@ -162,12 +162,10 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		return nil, err
 	}
 	identity := info.Identity()
-	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
+	tc, err := qr.IdentifiedClaims(ak, ev.Quote.EventLog, identity, "gce-ak-certificate")
 	if err != nil {
-		return nil, &attest.Identified{Identity: identity, Err: err}
+		return nil, err
 	}
-	tc := qr.Claims(ak, boot)
-	tc.EKTrust = "gce-ak-certificate"
 	tc.AKCertIssuer, tc.AKCertSerial = cert.Issuer.String(), cert.SerialNumber.Text(16)
 	return &attest.Claims{
 		Kind:             attest.KindGCEVTPM,

@@ -193,12 +193,10 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		}
 	}
 	identity := "aws:" + ac.AccountID + "/" + ac.Region + "/" + ac.InstanceID
-	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
+	tc, err := qr.IdentifiedClaims(ak, ev.Quote.EventLog, identity, "nitro-document")
 	if err != nil {
-		return nil, &attest.Identified{Identity: identity, Err: err}
+		return nil, err
 	}
-	tc := qr.Claims(ak, boot)
-	tc.EKTrust = "nitro-document"
 	addrs := []string{ac.PrivateIP}
 	if ac.PrivateDNSName != "" {
 		addrs = append(addrs, ac.PrivateDNSName)
