@@ -71,8 +71,8 @@ type Keeper struct {
 	holder  certs.Holder
 	leading atomic.Bool
 
-	refused   reload.Refusals // the followers' refusals, each said once
-	leaderErr reload.Refusals // the same, for the leader's passes
+	refused       reload.Refusals // the followers' refusals, each said once
+	leaderRefused reload.Refusals // the same, for the leader's passes
 
 	mu   sync.Mutex
 	snap *kubecerts.Snapshot // last good
@@ -283,7 +283,7 @@ func (k *Keeper) lead(ctx context.Context) {
 func (k *Keeper) leaderPass(ctx context.Context) {
 	if k.certs != nil {
 		snap, changes, err := k.certs.Ensure(ctx, false)
-		say, _ := k.leaderErr.Note(err)
+		say, _ := k.leaderRefused.Note(err)
 		switch {
 		case err != nil:
 			if say {
