@@ -18,7 +18,7 @@
 // Prometheus metrics. A per-requester rate limit (Decider.LimitKey: a
 // node's own credentials, a per-node bootstrap token) replaces the single
 // global breaker of other approvers: a flood of CSRs from one machine,
-// whatever names they ask for, delays only that machine. Run wires it all
+// whatever names they ask for, delays only that machine. Runner wires it all
 // in a cluster (`nodeproof approve`): several replicas run under leader
 // election on the Lease nodeproof-approver (package leader), each term
 // runs a fresh Controller (and NodeController) on one watch of records

@@ -2,6 +2,7 @@ package attest
 
 import (
 	"bytes"
+	cryptorand "crypto/rand"
 	"fmt"
 	"io"
 	"time"
@@ -82,4 +83,63 @@ func CheckSession(s *Session, kind Kind, now time.Time) error {
 		return Deny(ReasonSessionExpired, "session expired at %s", s.Expires.UTC().Format(time.RFC3339))
 	}
 	return nil
+}
+
+// Sessions is a verifier's side of its kind's sessions, written once for
+// every kind: how long a session lives, the clock and the randomness for
+// nonces, from the kind's Options (NewSessions), and the two session steps
+// of Challenge and Verify (Open, Check). A kind's Verifier holds one; it is
+// safe for concurrent use.
+type Sessions struct {
+	kind  Kind
+	ttl   time.Duration
+	clock func() time.Time
+	rand  io.Reader
+}
+
+// NewSessions checks and completes what a kind's Options say of its
+// sessions, as every NewVerifier does: clock is required (no global
+// clock); ttl zero means DefaultSessionTTL and negative is refused; rand
+// nil means crypto/rand. The errors name pkg, the kind's package, and the
+// Options field ("gcp: Options.Clock is required").
+func NewSessions(kind Kind, pkg string, ttl time.Duration, clock func() time.Time, rand io.Reader) (*Sessions, error) {
+	if clock == nil {
+		return nil, fmt.Errorf("%s: Options.Clock is required", pkg)
+	}
+	if ttl < 0 {
+		return nil, fmt.Errorf("%s: Options.SessionTTL %v is negative", pkg, ttl)
+	}
+	if ttl == 0 {
+		ttl = DefaultSessionTTL
+	}
+	if rand == nil {
+		rand = cryptorand.Reader
+	}
+	return &Sessions{kind: kind, ttl: ttl, clock: clock, rand: rand}, nil
+}
+
+// Now is the verifier's clock.
+func (s *Sessions) Now() time.Time { return s.clock() }
+
+// Rand is the verifier's randomness (for what a kind draws beside the
+// nonce, e.g. TPM's activation secret).
+func (s *Sessions) Rand() io.Reader { return s.rand }
+
+// Open is Challenge's session: NewSession of the kind at the clock's now.
+func (s *Sessions) Open(pool string, kubeletKeySHA256 []byte) (*Session, error) {
+	return s.OpenAt(s.clock(), pool, kubeletKeySHA256)
+}
+
+// OpenAt is Open at now, for a Challenge that read the clock once for its
+// own checks.
+func (s *Sessions) OpenAt(now time.Time, pool string, kubeletKeySHA256 []byte) (*Session, error) {
+	return NewSession(s.kind, pool, kubeletKeySHA256, s.rand, now, s.ttl)
+}
+
+// Check is Verify's first check: CheckSession of the kind at the clock's
+// now (SessionInvalid, SessionExpired). It returns that now, the time the
+// rest of Verify's checks use.
+func (s *Sessions) Check(sess *Session) (time.Time, error) {
+	now := s.clock()
+	return now, CheckSession(sess, s.kind, now)
 }

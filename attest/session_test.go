@@ -64,3 +64,64 @@ func reasonOf(err error) Reason {
 	r, _ := ReasonOf(err)
 	return r
 }
+
+// TestSessions: NewSessions requires a clock, refuses a negative TTL and
+// defaults the TTL to DefaultSessionTTL; Open opens a session of its kind
+// at the clock's now that Check accepts until the TTL has passed, and Check
+// refuses another kind's session.
+func TestSessions(t *testing.T) {
+	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		name    string
+		ttl     time.Duration
+		clock   bool
+		wantErr string
+		wantTTL time.Duration
+	}{
+		{name: "no clock", ttl: time.Minute, wantErr: "x: Options.Clock is required"},
+		{name: "negative TTL", ttl: -time.Second, clock: true, wantErr: "x: Options.SessionTTL -1s is negative"},
+		{name: "zero TTL is the default", clock: true, wantTTL: DefaultSessionTTL},
+		{name: "a TTL of its own", ttl: time.Minute, clock: true, wantTTL: time.Minute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := t0
+			var clock func() time.Time
+			if tc.clock {
+				clock = func() time.Time { return now }
+			}
+			s, err := NewSessions(KindGCP, "x", tc.ttl, clock, nil)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			sess, err := s.Open("worker", make([]byte, 32))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sess.Kind != KindGCP || sess.Pool != "worker" || !sess.IssuedAt.Equal(t0) || !sess.Expires.Equal(t0.Add(tc.wantTTL)) || len(sess.Nonce) != NonceSize {
+				t.Fatalf("session %+v: want gcp, worker, issued %s, expiring after %s, a %d-byte nonce", sess, t0, tc.wantTTL, NonceSize)
+			}
+			now = t0.Add(tc.wantTTL - time.Second)
+			if got, err := s.Check(sess); err != nil || !got.Equal(now) {
+				t.Fatalf("Check before expiry: %v, %s", err, got)
+			}
+			now = t0.Add(tc.wantTTL)
+			if _, err := s.Check(sess); !isReason(err, ReasonSessionExpired) {
+				t.Fatalf("Check at expiry: %v, want SessionExpired", err)
+			}
+			other, err := NewSessions(KindAWS, "y", 0, clock, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			now = t0
+			if _, err := other.Check(sess); !isReason(err, ReasonSessionInvalid) {
+				t.Fatalf("another kind's Check: %v, want SessionInvalid", err)
+			}
+		})
+	}
+}

@@ -2,7 +2,7 @@
 // coordination.k8s.io Lease (client-go leader election), and runs it
 // afresh after every Lease it wins: a term is a function that gets a
 // context ending with the term. The server's cluster-state keeper
-// (mcs/cluster.Keeper) and the CSR approver (approver.Run) lead this way.
+// (mcs/cluster.Keeper) and the CSR approver (approver.Runner) lead this way.
 package leader
 
 import (

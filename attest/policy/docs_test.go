@@ -35,7 +35,7 @@ func example(t *testing.T, name string) *policy.Policy {
 // TestReferenceExamples: every example of the policy reference loads, and
 // each admits the machines it describes and refuses the others, naming the
 // setting. (The TPM example also enrols machines on a real server:
-// internal/system TestPolicyReferenceTPMExample.)
+// systemtest TestPolicyReferenceTPMExample.)
 func TestReferenceExamples(t *testing.T) {
 	now := time.Now()
 	t.Run("tpm-signers", func(t *testing.T) {

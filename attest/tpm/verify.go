@@ -6,11 +6,9 @@ package tpm
 
 import (
 	"crypto"
-	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -52,30 +50,21 @@ type Options struct {
 type Verifier struct {
 	ek       *ekTrust
 	required []int
-	ttl      time.Duration
-	clock    func() time.Time
-	rand     io.Reader
+	sess     *attest.Sessions
 }
 
 // NewVerifier returns a Verifier.
 func NewVerifier(o Options) (*Verifier, error) {
-	if o.Clock == nil {
-		return nil, errors.New("tpm: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindTPM, "tpm", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
-	v := &Verifier{ek: newEKTrust(o.Roots, o.Inventory), required: o.RequiredPCRs, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	v := &Verifier{ek: newEKTrust(o.Roots, o.Inventory), required: o.RequiredPCRs, sess: sessions}
 	if v.required == nil {
 		v.required = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 	}
-	for _, i := range v.required {
-		if i < 0 || i > 23 {
-			return nil, fmt.Errorf("tpm: required PCR %d out of range", i)
-		}
-	}
-	if v.ttl == 0 {
-		v.ttl = attest.DefaultSessionTTL
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
+	if err := CheckRequiredPCRs("tpm", v.required); err != nil {
+		return nil, err
 	}
 	return v, nil
 }
@@ -131,7 +120,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	if len(kubeletKeySHA256) != 32 {
 		return nil, nil, attest.Deny(attest.ReasonMalformed, "kubelet key hash must be 32 bytes")
 	}
-	now := v.clock()
+	now := v.sess.Now()
 	ek, err := v.ek.check(req.EKPublic, req.EKCertificate, req.EKIntermediates, now)
 	if err != nil {
 		return nil, nil, err
@@ -156,12 +145,12 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 		return nil, nil, err
 	}
 	secret := make([]byte, activationSecretSize)
-	nonce := make([]byte, attest.NonceSize)
-	if _, err := io.ReadFull(v.rand, secret); err != nil {
+	if _, err := io.ReadFull(v.sess.Rand(), secret); err != nil {
 		return nil, nil, fmt.Errorf("tpm: activation secret: %w", err)
 	}
-	if _, err := io.ReadFull(v.rand, nonce); err != nil {
-		return nil, nil, fmt.Errorf("tpm: nonce: %w", err)
+	sess, err := v.sess.OpenAt(now, pool, kubeletKeySHA256)
+	if err != nil {
+		return nil, nil, err
 	}
 	cred, encSecret, err := credactivation.Generate(ak.name.Digest, ek.Public, 16, secret)
 	if err != nil {
@@ -175,11 +164,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	if err != nil {
 		return nil, nil, fmt.Errorf("tpm: session state: %w", err)
 	}
-	sess := &attest.Session{
-		Kind: attest.KindTPM, Pool: pool, Nonce: nonce, KubeletKeySHA256: kubeletKeySHA256,
-		IssuedAt: now, Expires: now.Add(v.ttl), State: state,
-	}
-	return &Challenge{Nonce: nonce, Credential: cred, Secret: encSecret}, sess, nil
+	sess.State = state
+	return &Challenge{Nonce: sess.Nonce, Credential: cred, Secret: encSecret}, sess, nil
 }
 
 // Verify is step two: it checks the node's answer against the session the
@@ -187,8 +173,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // One-time use of a session is the caller's to enforce (the store).
 //
 // Checks, each with its own denial reason:
-//  1. The session is a TPM session (SessionInvalid) and has not expired at
-//     the verifier's clock (SessionExpired).
+//  1. The session is a TPM session with a 32-byte nonce and kubelet key
+//     hash (SessionInvalid) and has not expired at the verifier's clock
+//     (SessionExpired): attest.Sessions.Check.
 //  2. Sizes of every field (MalformedEvidence).
 //  3. The activation secret equals the session's, in constant time
 //     (CredentialActivationFailed): the AK lives in the TPM that holds the
@@ -222,12 +209,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // wrapped in an *attest.Identified naming it (a re-attestation records
 // them as the node's failure).
 func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if sess == nil || sess.Kind != attest.KindTPM {
-		return nil, attest.Deny(attest.ReasonSessionInvalid, "not a TPM session")
-	}
-	if !now.Before(sess.Expires) {
-		return nil, attest.Deny(attest.ReasonSessionExpired, "session expired at %s", sess.Expires.UTC().Format(time.RFC3339))
+	now, err := v.sess.Check(sess)
+	if err != nil {
+		return nil, err
 	}
 	var st sessionState
 	if err := json.Unmarshal(sess.State, &st); err != nil {

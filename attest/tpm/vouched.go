@@ -83,6 +83,18 @@ type QuoteOptions struct {
 	RequiredPCRs []int
 }
 
+// CheckRequiredPCRs is every TPM kind's NewVerifier check of its
+// Options.RequiredPCRs: each names a PCR, 0-23. The error names pkg, the
+// kind's package ("gcevtpm: required PCR 24 out of range").
+func CheckRequiredPCRs(pkg string, pcrs []int) error {
+	for _, i := range pcrs {
+		if i < 0 || i > 23 {
+			return fmt.Errorf("%s: required PCR %d out of range", pkg, i)
+		}
+	}
+	return nil
+}
+
 // QuoteResult is what a verified quote establishes.
 type QuoteResult struct {
 	q *quoteResult
@@ -155,6 +167,21 @@ func (r *QuoteResult) ReplayBoot(eventLog []byte) (attest.BootState, error) {
 		return attest.BootState{}, err
 	}
 	return bootState(events, r.q.bank)
+}
+
+// IdentifiedClaims is what a vouched-for kind's Verify ends with, once
+// identity is proven: ReplayBoot of eventLog, a refusal wrapped in an
+// *attest.Identified naming identity (a re-attestation records it as the
+// node's failure), and the Claims of ak and the boot with EKTrust ekTrust
+// (what vouched for the AK).
+func (r *QuoteResult) IdentifiedClaims(ak *AK, eventLog []byte, identity, ekTrust string) (*attest.TPMClaims, error) {
+	boot, err := r.ReplayBoot(eventLog)
+	if err != nil {
+		return nil, &attest.Identified{Identity: identity, Err: err}
+	}
+	tc := r.Claims(ak, boot)
+	tc.EKTrust = ekTrust
+	return tc, nil
 }
 
 // Claims are the TPM claims of a verified quote and boot: the AK's name,

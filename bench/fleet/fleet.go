@@ -41,12 +41,12 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/freeport"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/tpmtest"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/seal"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // Policy is the world's attestation policy: TPM machines trusted through
@@ -133,7 +133,7 @@ type World struct {
 	// provisioning tokens).
 	StateDir string
 
-	sys *system.World
+	sys *systemtest.World
 	// ekMu guards ekUsed, how many cached EK keys TPMMachines handed out:
 	// each EK is one identity, which enrols once.
 	ekMu     sync.Mutex
@@ -174,8 +174,8 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	}
 	w.logf("starting etcd and kube-apiserver")
 	// The cluster as a deployment leaves it, GCP's signing key and an AWS
-	// region (internal/system).
-	sys, err := system.Start(ctx, system.Options{Root: o.Root, Dir: w.CPDir, Cluster: true, Cloud: true, Fakes: tb,
+	// region (systemtest).
+	sys, err := systemtest.Start(ctx, systemtest.Options{Root: o.Root, Dir: w.CPDir, Cluster: true, Cloud: true, Fakes: tb,
 		EditExamples: func(ex *clustertest.Examples) error {
 			if !o.GrowConfig {
 				return nil
@@ -189,7 +189,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 			}
 			return nil
 		},
-		Policy: func(*system.World) *policytest.Builder { return Policy(w.rootsDir) }})
+		Policy: func(*systemtest.World) *policytest.Builder { return Policy(w.rootsDir) }})
 	if err != nil {
 		return nil, err
 	}
@@ -272,7 +272,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 	}
 	w.Server = w.Servers[0]
 	for i, pu := range w.PlainURLs {
-		if err := system.WaitServing(pu, time.Minute); err != nil {
+		if err := systemtest.WaitServing(pu, time.Minute); err != nil {
 			return nil, fmt.Errorf("%w\n%s", err, w.Servers[i].Tail())
 		}
 	}
@@ -320,7 +320,7 @@ func (w *World) Close() {
 
 // WaitServing waits until the server answers on its plain port.
 func (w *World) WaitServing(timeout time.Duration) error {
-	if err := system.WaitServing(w.PlainURL, timeout); err != nil {
+	if err := systemtest.WaitServing(w.PlainURL, timeout); err != nil {
 		return fmt.Errorf("%w\n%s", err, w.Server.Tail())
 	}
 	return nil

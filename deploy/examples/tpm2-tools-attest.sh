@@ -2,7 +2,7 @@
 # Attest a machine to nodeproof with the standard TPM tools — tpm2-tools,
 # curl, openssl, jq — and fetch its full config: what an integrator who
 # does not run nodeproof-agent does. docs/tpm.md describes every field;
-# internal/system's TestTPM2ToolsScript runs this script against swtpm and a
+# systemtest's TestTPM2ToolsScript runs this script against swtpm and a
 # real server.
 #
 # Settings (environment):

@@ -3,7 +3,6 @@ package aws
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -54,17 +53,16 @@ type Verifier struct {
 	certs  *RegionCerts
 	maxAge time.Duration
 	live   LiveChecker
-	ttl    time.Duration
-	clock  func() time.Time
-	rand   io.Reader
+	sess   *attest.Sessions
 }
 
 // NewVerifier returns a Verifier. It refuses Options without Certs or Clock,
 // a certificate whose key is not RSA of at least 2048 bits, and negative
 // durations.
 func NewVerifier(o Options) (*Verifier, error) {
-	if o.Clock == nil {
-		return nil, errors.New("aws: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindAWS, "aws", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
 	if o.Certs == nil {
 		return nil, errors.New("aws: Options.Certs is required")
@@ -75,18 +73,9 @@ func NewVerifier(o Options) (*Verifier, error) {
 	if o.MaxDocumentAge < 0 {
 		return nil, fmt.Errorf("aws: Options.MaxDocumentAge %v is negative", o.MaxDocumentAge)
 	}
-	if o.SessionTTL < 0 {
-		return nil, fmt.Errorf("aws: Options.SessionTTL %v is negative", o.SessionTTL)
-	}
-	v := &Verifier{certs: o.Certs, maxAge: o.MaxDocumentAge, live: o.Live, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	v := &Verifier{certs: o.Certs, maxAge: o.MaxDocumentAge, live: o.Live, sess: sessions}
 	if v.maxAge == 0 {
 		v.maxAge = time.Hour
-	}
-	if v.ttl == 0 {
-		v.ttl = attest.DefaultSessionTTL
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
 	}
 	return v, nil
 }
@@ -96,7 +85,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 // The nonce cannot be bound into the document; it makes the session unique
 // for the caller's single-use session store.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	sess, err := attest.NewSession(attest.KindAWS, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	sess, err := v.sess.Open(pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -151,8 +140,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // Evidence.Signature, the legacy signature, is bounded (step 2) and
 // otherwise ignored: PKCS7 proves everything it would.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if err := attest.CheckSession(sess, attest.KindAWS, now); err != nil {
+	now, err := v.sess.Check(sess)
+	if err != nil {
 		return nil, err
 	}
 	ac, err := v.identity(ctx, ev, now, !sess.Reattest())
@@ -169,7 +158,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		NodeName:         ac.PrivateDNSName,
 		Addresses:        addrs,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
-		VerifiedAt:       v.clock(),
+		VerifiedAt:       v.sess.Now(),
 		Instance:         ac,
 	}, nil
 }
@@ -182,7 +171,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 // then says which instance, account and Region the other evidence is
 // about; it is no proof that the presenter is that instance.
 func (v *Verifier) VerifyIdentityDocument(ctx context.Context, ev *Evidence) (*attest.InstanceClaims, error) {
-	return v.identity(ctx, ev, v.clock(), false)
+	return v.identity(ctx, ev, v.sess.Now(), false)
 }
 
 // identity runs Verify's checks 2 to 9 (8 only when checkAge).

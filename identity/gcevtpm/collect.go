@@ -11,7 +11,6 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 )
 
@@ -28,9 +27,6 @@ var ErrNotGCE = errors.New("gcevtpm: no GCE AK template in NV (0x01c10001, 0x01c
 // to go on, as `gotpm token` does: without Google's certificate the AK
 // proves nothing.
 var ErrNoCertificate = errors.New("gcevtpm: the GCE AK has no certificate in NV (0x01c10000, 0x01c10002): enable the vTPM of a Shielded VM, or use another evidence kind")
-
-// systemTPM is the kernel's resource-managed TPM device.
-const systemTPM = "/dev/tpmrm0"
 
 // Detect reports whether the TPM behind rw is a GCE vTPM: whether one of
 // Google's AK templates is in NV. It reads only NV public areas.
@@ -64,16 +60,11 @@ type CollectorOptions struct {
 // ECC one has no certificate. ErrNotGCE when there is no GCE template;
 // ErrNoCertificate when no AK has a certificate.
 func NewCollector(ctx context.Context, ch tpm.Channel, o CollectorOptions) (*Collector, error) {
-	c := &Collector{log: tpm.ReadSystemEventLog}
-	if ch != nil {
-		c.rw, c.log = ch, ch.MeasurementLog
-	} else {
-		rw, err := tpm2.OpenTPM(systemTPM)
-		if err != nil {
-			return nil, fmt.Errorf("open TPM: %w", err)
-		}
-		c.rw = rw
+	rw, log, err := tpm.OpenChannel(ch)
+	if err != nil {
+		return nil, err
 	}
+	c := &Collector{rw: rw, log: log}
 	if !Detect(c.rw) {
 		c.rw.Close()
 		return nil, ErrNotGCE
@@ -129,14 +120,10 @@ func (c *Collector) Request() *ChallengeRequest { return &ChallengeRequest{} }
 // data attest.BindingDigest(challenge nonce, kubeletKeySHA256), and sends
 // the AK, its certificate, the quote, the PCRs and the event log.
 func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, error) {
-	if ch == nil || len(ch.Nonce) != attest.NonceSize {
-		return nil, fmt.Errorf("gcevtpm: the challenge's nonce is not %d bytes", attest.NonceSize)
+	if err := ch.Check("gcevtpm"); err != nil {
+		return nil, err
 	}
-	pub, err := c.ak.PublicArea().Encode()
-	if err != nil {
-		return nil, fmt.Errorf("encode AK: %w", err)
-	}
-	q, err := tpm.QuoteAll(c.ak, crypto.SHA256, ch.Nonce, kubeletKeySHA256, c.log)
+	pub, q, err := tpm.QuoteAK(c.ak, crypto.SHA256, ch.Nonce, kubeletKeySHA256, c.log)
 	if err != nil {
 		return nil, err
 	}

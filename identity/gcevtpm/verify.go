@@ -3,10 +3,8 @@ package gcevtpm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"strconv"
 	"time"
@@ -49,17 +47,16 @@ type Verifier struct {
 	roots    *x509.CertPool
 	aia      *AIA
 	required []int
-	ttl      time.Duration
-	clock    func() time.Time
-	rand     io.Reader
+	sess     *attest.Sessions
 }
 
 // NewVerifier returns a Verifier. It refuses Options without Trust or
 // Clock, an AIA without allowed hosts, required PCRs out of 0-23, and a
 // negative SessionTTL.
 func NewVerifier(o Options) (*Verifier, error) {
-	if o.Clock == nil {
-		return nil, errors.New("gcevtpm: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindGCEVTPM, "gcevtpm", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
 	if o.Trust == nil {
 		return nil, errors.New("gcevtpm: Options.Trust is required (DefaultTrust)")
@@ -69,23 +66,12 @@ func NewVerifier(o Options) (*Verifier, error) {
 			return nil, err
 		}
 	}
-	if o.SessionTTL < 0 {
-		return nil, fmt.Errorf("gcevtpm: Options.SessionTTL %v is negative", o.SessionTTL)
+	if err := tpm.CheckRequiredPCRs("gcevtpm", o.RequiredPCRs); err != nil {
+		return nil, err
 	}
-	for _, i := range o.RequiredPCRs {
-		if i < 0 || i > 23 {
-			return nil, fmt.Errorf("gcevtpm: required PCR %d out of range", i)
-		}
-	}
-	v := &Verifier{trust: o.Trust, roots: x509.NewCertPool(), aia: o.AIA, required: o.RequiredPCRs, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	v := &Verifier{trust: o.Trust, roots: x509.NewCertPool(), aia: o.AIA, required: o.RequiredPCRs, sess: sessions}
 	for _, r := range o.Trust.roots {
 		v.roots.AddCert(r)
-	}
-	if v.ttl == 0 {
-		v.ttl = 5 * time.Minute
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
 	}
 	return v, nil
 }
@@ -94,7 +80,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 // and returns the challenge, a fresh 32-byte nonce, and the session for
 // the caller to seal.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	sess, err := attest.NewSession(attest.KindGCEVTPM, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	sess, err := v.sess.Open(pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -144,8 +130,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 // and boot, with EKTrust "gce-ak-certificate" and the AK certificate's
 // issuer and serial.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if err := attest.CheckSession(sess, attest.KindGCEVTPM, now); err != nil {
+	now, err := v.sess.Check(sess)
+	if err != nil {
 		return nil, err
 	}
 	if ev == nil {
@@ -176,19 +162,17 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		return nil, err
 	}
 	identity := info.Identity()
-	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
+	tc, err := qr.IdentifiedClaims(ak, ev.Quote.EventLog, identity, "gce-ak-certificate")
 	if err != nil {
-		return nil, &attest.Identified{Identity: identity, Err: err}
+		return nil, err
 	}
-	tc := qr.Claims(ak, boot)
-	tc.EKTrust = "gce-ak-certificate"
 	tc.AKCertIssuer, tc.AKCertSerial = cert.Issuer.String(), cert.SerialNumber.Text(16)
 	return &attest.Claims{
 		Kind:             attest.KindGCEVTPM,
 		Identity:         identity,
 		NodeName:         info.InstanceName,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
-		VerifiedAt:       v.clock(),
+		VerifiedAt:       v.sess.Now(),
 		Instance: &attest.InstanceClaims{
 			Cloud: attest.CloudGCP, Account: info.ProjectID, AccountNumber: strconv.FormatUint(info.ProjectNumber, 10),
 			Location: info.Zone, ID: strconv.FormatUint(info.InstanceID, 10), Name: info.InstanceName,
@@ -202,7 +186,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 // production instance. For tools that show what a certificate says
 // (nodeproof inspect); it proves nothing about who holds the key.
 func (v *Verifier) Certificate(ctx context.Context, certDER []byte, intermediatesDER [][]byte) (*x509.Certificate, *InstanceInfo, error) {
-	cert, err := v.verifyCert(ctx, certDER, intermediatesDER, v.clock())
+	cert, err := v.verifyCert(ctx, certDER, intermediatesDER, v.sess.Now())
 	if err != nil {
 		return nil, nil, err
 	}

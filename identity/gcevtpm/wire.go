@@ -9,13 +9,11 @@ import "github.com/nodeproof/nodeproof/attest/tpm"
 
 // ChallengeRequest is the node's first message. It is empty: the AK and
 // its certificate travel with the quote, and the nonce must exist before
-// the quote.
-type ChallengeRequest struct{}
+// the quote (the shape every vouched-for AK's kind shares).
+type ChallengeRequest = tpm.EmptyRequest
 
 // Challenge is the server's answer: the nonce the quote binds.
-type Challenge struct {
-	Nonce []byte `json:"nonce"`
-}
+type Challenge = tpm.NonceChallenge
 
 // Evidence is the node's second message.
 type Evidence struct {

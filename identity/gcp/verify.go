@@ -2,7 +2,6 @@ package gcp
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -60,10 +59,8 @@ type Options struct {
 type Verifier struct {
 	keys   KeySource
 	prefix string
-	ttl    time.Duration
 	skew   time.Duration
-	clock  func() time.Time
-	rand   io.Reader
+	sess   *attest.Sessions
 }
 
 // NewVerifier returns a Verifier, or an error if an option is missing or
@@ -72,27 +69,19 @@ func NewVerifier(o Options) (*Verifier, error) {
 	if o.Keys == nil {
 		return nil, errors.New("gcp: Options.Keys is required")
 	}
-	if o.Clock == nil {
-		return nil, errors.New("gcp: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindGCP, "gcp", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
 	if err := checkAudiencePrefix(o.AudiencePrefix); err != nil {
 		return nil, err
 	}
-	if o.SessionTTL < 0 {
-		return nil, errors.New("gcp: Options.SessionTTL is negative")
-	}
 	if o.MaxSkew < 0 || o.MaxSkew > DefaultMaxSkew {
 		return nil, fmt.Errorf("gcp: Options.MaxSkew %s outside 0..%s", o.MaxSkew, DefaultMaxSkew)
 	}
-	v := &Verifier{keys: o.Keys, prefix: o.AudiencePrefix, ttl: o.SessionTTL, skew: o.MaxSkew, clock: o.Clock, rand: o.Rand}
-	if v.ttl == 0 {
-		v.ttl = attest.DefaultSessionTTL
-	}
+	v := &Verifier{keys: o.Keys, prefix: o.AudiencePrefix, skew: o.MaxSkew, sess: sessions}
 	if v.skew == 0 {
 		v.skew = DefaultMaxSkew
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
 	}
 	return v, nil
 }
@@ -127,7 +116,7 @@ func (v *Verifier) audienceFor(nonce, kubeletKeySHA256 []byte) string {
 // it and the kubelet key hash. It refuses a kubelet key hash that is not 32
 // bytes (MalformedEvidence). req carries nothing and may be nil.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	sess, err := attest.NewSession(attest.KindGCP, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	sess, err := v.sess.Open(pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -179,8 +168,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 // the session's kubelet key hash, VerifiedAt the verifier's clock, and the
 // GCP facts.
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if err := attest.CheckSession(sess, attest.KindGCP, now); err != nil {
+	now, err := v.sess.Check(sess)
+	if err != nil {
 		return nil, err
 	}
 	if ev == nil || ev.Token == "" {

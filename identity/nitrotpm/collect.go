@@ -9,7 +9,6 @@ import (
 	"github.com/google/go-tpm-tools/client"
 	"github.com/google/go-tpm/legacy/tpm2"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/identity/aws"
 )
@@ -19,9 +18,6 @@ import (
 // every boot, nothing persisted), asks the NSM for a document carrying
 // the server's nonce and that key, and quotes the SHA-384 bank with it.
 // It never decides anything.
-
-// systemTPM is the kernel's resource-managed TPM device.
-const systemTPM = "/dev/tpmrm0"
 
 // Collector produces NitroTPM evidence on the node.
 type Collector struct {
@@ -35,16 +31,11 @@ type Collector struct {
 // with the system event log) and makes the AK. nsm is the NSM's channel;
 // nil means TPMNSM on the same TPM, the real NitroTPM's.
 func NewCollector(ch tpm.Channel, nsm NSM) (*Collector, error) {
-	c := &Collector{log: tpm.ReadSystemEventLog, nsm: nsm}
-	if ch != nil {
-		c.rw, c.log = ch, ch.MeasurementLog
-	} else {
-		rw, err := tpm2.OpenTPM(systemTPM)
-		if err != nil {
-			return nil, fmt.Errorf("open TPM: %w", err)
-		}
-		c.rw = rw
+	rw, log, err := tpm.OpenChannel(ch)
+	if err != nil {
+		return nil, err
 	}
+	c := &Collector{rw: rw, log: log, nsm: nsm}
 	if c.nsm == nil {
 		c.nsm = TPMNSM{RW: c.rw}
 	}
@@ -72,8 +63,8 @@ func (c *Collector) Request() *ChallengeRequest { return &ChallengeRequest{} }
 // attest.BindingDigest(nonce, kubeletKeySHA256), and sends both with
 // identity, the instance identity document (identity/aws's Collect).
 func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte, identity aws.Evidence) (*Evidence, error) {
-	if ch == nil || len(ch.Nonce) != attest.NonceSize {
-		return nil, fmt.Errorf("nitrotpm: the challenge's nonce is not %d bytes", attest.NonceSize)
+	if err := ch.Check("nitrotpm"); err != nil {
+		return nil, err
 	}
 	pkix, err := x509.MarshalPKIXPublicKey(c.ak.PublicKey())
 	if err != nil {
@@ -83,11 +74,7 @@ func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte, identity aws.
 	if err != nil {
 		return nil, err
 	}
-	pub, err := c.ak.PublicArea().Encode()
-	if err != nil {
-		return nil, fmt.Errorf("encode AK: %w", err)
-	}
-	q, err := tpm.QuoteAll(c.ak, crypto.SHA384, ch.Nonce, kubeletKeySHA256, c.log)
+	pub, q, err := tpm.QuoteAK(c.ak, crypto.SHA384, ch.Nonce, kubeletKeySHA256, c.log)
 	if err != nil {
 		return nil, err
 	}

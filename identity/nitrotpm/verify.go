@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto"
-	"crypto/rand"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"time"
 
@@ -51,29 +49,23 @@ type Verifier struct {
 	roots    *x509.CertPool
 	identity *aws.Verifier
 	required []int
-	ttl      time.Duration
-	clock    func() time.Time
-	rand     io.Reader
+	sess     *attest.Sessions
 }
 
 // NewVerifier returns a Verifier. It refuses Options without Identity or
 // Clock, required PCRs out of 0-23, and a negative SessionTTL.
 func NewVerifier(o Options) (*Verifier, error) {
-	if o.Clock == nil {
-		return nil, errors.New("nitrotpm: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindNitroTPM, "nitrotpm", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
 	if o.Identity == nil {
 		return nil, errors.New("nitrotpm: Options.Identity is required: the attestation document names no account or Region")
 	}
-	if o.SessionTTL < 0 {
-		return nil, fmt.Errorf("nitrotpm: Options.SessionTTL %v is negative", o.SessionTTL)
+	if err := tpm.CheckRequiredPCRs("nitrotpm", o.RequiredPCRs); err != nil {
+		return nil, err
 	}
-	for _, i := range o.RequiredPCRs {
-		if i < 0 || i > 23 {
-			return nil, fmt.Errorf("nitrotpm: required PCR %d out of range", i)
-		}
-	}
-	v := &Verifier{roots: x509.NewCertPool(), identity: o.Identity, required: o.RequiredPCRs, ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand}
+	v := &Verifier{roots: x509.NewCertPool(), identity: o.Identity, required: o.RequiredPCRs, sess: sessions}
 	roots := o.Roots
 	if roots == nil {
 		r, err := RootG1()
@@ -85,12 +77,6 @@ func NewVerifier(o Options) (*Verifier, error) {
 	for _, r := range roots {
 		v.roots.AddCert(r)
 	}
-	if v.ttl == 0 {
-		v.ttl = 5 * time.Minute
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
-	}
 	return v, nil
 }
 
@@ -98,7 +84,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 // and returns the challenge, a fresh 32-byte nonce, and the session for
 // the caller to seal.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	sess, err := attest.NewSession(attest.KindNitroTPM, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	sess, err := v.sess.Open(pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -153,8 +139,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 // Addresses as identity/aws gives them; Instance the EC2 instance; TPM the quote
 // and boot (bank sha384, EKTrust "nitro-document").
 func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if err := attest.CheckSession(sess, attest.KindNitroTPM, now); err != nil {
+	now, err := v.sess.Check(sess)
+	if err != nil {
 		return nil, err
 	}
 	if ev == nil {
@@ -207,12 +193,10 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		}
 	}
 	identity := "aws:" + ac.Account + "/" + ac.Location + "/" + ac.ID
-	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
+	tc, err := qr.IdentifiedClaims(ak, ev.Quote.EventLog, identity, "nitro-document")
 	if err != nil {
-		return nil, &attest.Identified{Identity: identity, Err: err}
+		return nil, err
 	}
-	tc := qr.Claims(ak, boot)
-	tc.EKTrust = "nitro-document"
 	addrs := []string{ac.PrivateIP}
 	if ac.PrivateDNSName != "" {
 		addrs = append(addrs, ac.PrivateDNSName)
@@ -223,7 +207,7 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 		NodeName:         ac.PrivateDNSName,
 		Addresses:        addrs,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
-		VerifiedAt:       v.clock(),
+		VerifiedAt:       v.sess.Now(),
 		Instance:         ac,
 		TPM:              tc,
 	}, nil

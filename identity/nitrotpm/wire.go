@@ -12,14 +12,13 @@ import (
 // identity document (which names the account and Region the attestation
 // document does not).
 
-// ChallengeRequest is the node's first message (empty).
-type ChallengeRequest struct{}
+// ChallengeRequest is the node's first message (empty: the shape every
+// vouched-for AK's kind shares).
+type ChallengeRequest = tpm.EmptyRequest
 
 // Challenge is the server's answer: the nonce the attestation document
 // carries and the quote binds.
-type Challenge struct {
-	Nonce []byte `json:"nonce"`
-}
+type Challenge = tpm.NonceChallenge
 
 // Evidence is the node's second message.
 type Evidence struct {

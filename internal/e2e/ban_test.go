@@ -21,9 +21,9 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // asNode is a clientset that acts as node's kubelet (its client
@@ -137,7 +137,7 @@ func TestNodeEscapeAttacks(t *testing.T) {
 // enrol. The server process is never stopped.
 func TestOperatorsWithoutDowntimeAttacks(t *testing.T) {
 	nodeproof, agentBin := bins(t)
-	sys := system.New(t, "../..", system.Options{TPM: true, Policy: policy})
+	sys := systemtest.New(t, "../..", systemtest.Options{TPM: true, Policy: policy})
 	man, policyFile := sys.Manufacturer, sys.PolicyFile
 	stateDir := filepath.Join(t.TempDir(), "state")
 	secure := testenv.FreePort(t)

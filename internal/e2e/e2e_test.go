@@ -43,18 +43,18 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
-// policy is the e2e world's: system.DefaultPolicy, with GCP instances
+// policy is the e2e world's: systemtest.DefaultPolicy, with GCP instances
 // at most an hour old and a re-attestation every 10 s (stale after 40 s).
-func policy(w *system.World) *policytest.Builder {
-	return system.DefaultPolicy(w).Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().
+func policy(w *systemtest.World) *policytest.Builder {
+	return systemtest.DefaultPolicy(w).Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().
 		GCP().MaxInstanceAge(time.Hour).AWS().Requested().Lifetime(10*time.Second, 40*time.Second))
 }
 
@@ -223,7 +223,7 @@ func start(t *testing.T, opts ...worldOption) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sys := system.New(t, "../..", system.Options{Cluster: true, Signer: signer, TPM: true, Cloud: true, Policy: policy})
+	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, Signer: signer, TPM: true, Cloud: true, Policy: policy})
 	w.cfg, w.kc = sys.Config, sys.KC
 	signCtx, stopSigning := context.WithCancel(context.Background())
 	signed := make(chan error, 1)
@@ -255,7 +255,7 @@ func start(t *testing.T, opts ...worldOption) *world {
 		"--gcp-audience-url", w.url, "--metrics-addr", "127.0.0.1:0")...)...)
 	w.approverLog = new(testenv.LockedBuffer)
 	w.approver = process(t, "nodeproof approve", w.approverLog, w.nodeproof, append([]string{"approve"}, append(sys.ApproveArgs("e2e"), "--metrics-addr", "127.0.0.1:0")...)...)
-	if err := system.WaitServing(w.plainURL, time.Minute); err != nil {
+	if err := systemtest.WaitServing(w.plainURL, time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, w.serverLog)
 	}
 	w.bundleFile = filepath.Join(w.stateDir, "certs", "current", certs.CABundleFileName)
@@ -442,7 +442,7 @@ func unitCommand(t *testing.T, unit string, env map[string]string, root string) 
 // files maps the paths of an Ignition config to their sources.
 func files(t *testing.T, cfg []byte) map[string]string {
 	t.Helper()
-	m, err := system.ConfigFiles(cfg)
+	m, err := systemtest.ConfigFiles(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

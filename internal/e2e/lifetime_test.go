@@ -31,10 +31,10 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect/inspecttest"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/render"
 )
@@ -387,10 +387,10 @@ func TestNodeLifetimeAttacks(t *testing.T) {
 	approved(t, w.renewal(t, node), "NodeproofAttestedTPM")
 }
 
-// inspectUntil is system.InspectUntil through this world's nodeproof.
+// inspectUntil is inspecttest.Until through this world's nodeproof.
 func (w *world) inspectUntil(t *testing.T, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
-	return system.InspectUntil(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
+	return inspecttest.Until(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
 }
 
 func hasCSR(csrs []inspect.CSR, decision, reason string) bool {

@@ -30,8 +30,8 @@ import (
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 var updateLogs = flag.Bool("update-firmware-testdata", false, "write the live boots' event logs and their expectations into firmware-testdata (see its README)")
@@ -43,13 +43,13 @@ const node = "live-1"
 // EK from the swtpm manufacturer, with Secure Boot on; with audit, the
 // kernel's digest rule is in audit mode (a rollout: another kernel is
 // admitted and reported).
-func livePolicy(dg digests, audit bool) func(*system.World) *policytest.Builder {
-	return func(w *system.World) *policytest.Builder {
-		pool := policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
+func livePolicy(dg digests, audit bool) func(*systemtest.World) *policytest.Builder {
+	return func(w *systemtest.World) *policytest.Builder {
+		pool := policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
 		if audit {
 			pool = pool.Audit(policy.RuleBootComponents + ".kernel")
 		}
-		return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).Pool("worker", pool)
+		return policytest.New().EKRoot(systemtest.VendorRoot, w.EKRoots).Pool("worker", pool)
 	}
 }
 

@@ -16,8 +16,8 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // signerRules is TestLiveBoot's boot of kernel B (liveboot.ChainDebianPrevious:
@@ -78,14 +78,14 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:" + system.VendorRoot, EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: b}}
+		return &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: "ca:" + systemtest.VendorRoot, EKKind: attest.EKKindRSA2048, PCRBank: "sha256", Boot: b}}
 	}
 	a, b, c := claims("kernel A", first), claims("kernel B", r), claims("kernel C", testDB)
 	if k := b.TPM.Boot.Kernels(); len(k) == 0 || k[0] != kernelB {
 		t.Errorf("kernel B's boot measured kernels %v; the file's digest is %s", k, kernelB)
 	}
-	doc, notes, err := policy.Learn(nil, "worker", policy.Learned{EKTrust: "ca:" + system.VendorRoot, Bank: "sha256", Boot: a.TPM.Boot,
-		Root: &policy.EKRoot{Name: system.VendorRoot, Dir: w.roots}, NodeNames: "requested"})
+	doc, notes, err := policy.Learn(nil, "worker", policy.Learned{EKTrust: "ca:" + systemtest.VendorRoot, Bank: "sha256", Boot: a.TPM.Boot,
+		Root: &policy.EKRoot{Name: systemtest.VendorRoot, Dir: w.roots}, NodeNames: "requested"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,11 +101,11 @@ func signerRules(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest,
 	// opened) admit every kernel Debian signed.
 	whole := signers
 	signers = withAfterKernelOpen(signers, "worker")
-	digestPolicy, err := livePolicy(dg, false)(&system.World{EKRoots: w.roots}).Policy()
+	digestPolicy, err := livePolicy(dg, false)(&systemtest.World{EKRoots: w.roots}).Policy()
 	if err != nil {
 		t.Fatal(err)
 	}
-	auditPolicy, err := livePolicy(dg, true)(&system.World{EKRoots: w.roots}).Policy()
+	auditPolicy, err := livePolicy(dg, true)(&systemtest.World{EKRoots: w.roots}).Policy()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // wholeBoot is TestLiveBoot's whole-boot proof, on the signer lab's store
@@ -93,7 +93,7 @@ func wholeBoot(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, w
 	// The files boot 4 booted (signerRules built them: reused as they are).
 	initrdB, diskB := filepath.Join(work, liveboot.ChainDebianPrevious, "initrd.img"), filepath.Join(work, liveboot.ChainDebianPrevious, "boot.img")
 	learned := filepath.Join(dir, "learned.yaml")
-	notes := np("policy", "learn", "--pool", "worker", "--event-log", logB, "--ek-root", system.VendorRoot+"="+w.roots, "--node-names", "requested", "-o", learned)
+	notes := np("policy", "learn", "--pool", "worker", "--event-log", logB, "--ek-root", systemtest.VendorRoot+"="+w.roots, "--node-names", "requested", "-o", learned)
 	for _, want := range []string{"grub and tpm.kernelCmdline", "pinned exactly"} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("policy learn's notes do not say %q:\n%s", want, notes)

@@ -22,11 +22,12 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
+	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect/inspecttest"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // binaries are what the test builds: nodeproof for the host, and the
@@ -137,13 +138,13 @@ func (w *world) guestURL() string {
 }
 
 // startWorld starts the API server (its certificate also naming
-// GuestHost) as a deployment leaves it (internal/system), `nodeproof
+// GuestHost) as a deployment leaves it (systemtest), `nodeproof
 // serve` in cluster mode with policy and `nodeproof approve`.
-func startWorld(t testing.TB, bins binaries, policy func(*system.World) *policytest.Builder, say func(string, ...any)) *world {
+func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *policytest.Builder, say func(string, ...any)) *world {
 	t.Helper()
 	w := &world{bins: bins}
 	start := time.Now()
-	sys := system.New(t, "../..", system.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy})
+	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy})
 	w.cfg, w.kc, w.man, w.roots, w.policyFile, w.admin = sys.Config, sys.KC, sys.Manufacturer, sys.EKRoots, sys.PolicyFile, sys.Admin
 	u, err := url.Parse(w.cfg.Host)
 	if err != nil {
@@ -161,7 +162,7 @@ func startWorld(t testing.TB, bins binaries, policy func(*system.World) *policyt
 		"--state-dir", w.stateDir, "--hosts", "127.0.0.1,"+liveboot.GuestHost,
 		"--secure-port", fmt.Sprint(w.serverPort), "--insecure-port", fmt.Sprint(plain), "--metrics-addr", "127.0.0.1:0")...)...)
 	w.approver = process(t, "nodeproof approve", bins.nodeproof, append([]string{"approve"}, append(sys.ApproveArgs("liveboot"), "--metrics-addr", "127.0.0.1:0")...)...)
-	if err := system.WaitServing(fmt.Sprintf("http://127.0.0.1:%d", plain), 2*time.Minute); err != nil {
+	if err := systemtest.WaitServing(fmt.Sprintf("http://127.0.0.1:%d", plain), 2*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, w.server.out)
 	}
 	say("nodeproof serve at %s (reached from the guest at %s), nodeproof approve running", fmt.Sprintf("https://127.0.0.1:%d", w.serverPort), w.guestURL())
@@ -205,10 +206,10 @@ func (w *world) nodeproofCmd(t testing.TB, args ...string) string {
 	return string(out)
 }
 
-// inspectUntil is system.InspectUntil through this world's nodeproof.
+// inspectUntil is inspecttest.Until through this world's nodeproof.
 func (w *world) inspectUntil(t testing.TB, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
-	return system.InspectUntil(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
+	return inspecttest.Until(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
 }
 
 // registerNode creates the Node object, as the kubelet does when it joins.

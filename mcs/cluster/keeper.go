@@ -18,6 +18,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
+	"github.com/nodeproof/nodeproof/reload"
 )
 
 // KeeperLease is the Lease whose holder writes what a Keeper keeps.
@@ -70,11 +71,12 @@ type Keeper struct {
 	holder  certs.Holder
 	leading atomic.Bool
 
-	mu        sync.Mutex
-	snap      *kubecerts.Snapshot // last good
-	lastErr   string              // last refusal said, to say it once
-	leaderErr string              // the same, for the leader's passes
-	prov      *tokens.Provisioning
+	refused       reload.Refusals // the followers' refusals, each said once
+	leaderRefused reload.Refusals // the same, for the leader's passes
+
+	mu   sync.Mutex
+	snap *kubecerts.Snapshot // last good
+	prov *tokens.Provisioning
 }
 
 // StartKeeper begins leader election and waits until the objects it keeps
@@ -229,7 +231,8 @@ func (k *Keeper) install(snap *kubecerts.Snapshot) {
 	if k.snap != nil {
 		k.o.Log.Info("certificates reloaded from the cluster", "servingNotAfter", snap.Serving.NotAfter.UTC().Format(time.RFC3339))
 	}
-	k.snap, k.lastErr = snap, ""
+	k.snap = snap
+	k.refused.Forget()
 }
 
 func (k *Keeper) snapshot() *kubecerts.Snapshot {
@@ -260,24 +263,13 @@ func (k *Keeper) CABundle() ([]byte, error) {
 // follow re-reads the objects every Reload; a refusal is logged (once per
 // distinct refusal) and the last good state stays in service.
 func (k *Keeper) follow(ctx context.Context) {
-	tick := time.NewTicker(k.o.Reload)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	reload.Every(ctx, k.o.Reload, func(ctx context.Context) {
 		if err := k.refresh(ctx); err != nil {
-			k.mu.Lock()
-			say := err.Error() != k.lastErr
-			k.lastErr = err.Error()
-			k.mu.Unlock()
-			if say {
+			if say, _ := k.refused.Note(err); say {
 				k.o.Log.Error("cluster state refused; still serving the last good one", "err", err.Error())
 			}
 		}
-	}
+	})
 }
 
 // lead is one leader term: every Reload it makes or rotates the
@@ -285,29 +277,19 @@ func (k *Keeper) follow(ctx context.Context) {
 func (k *Keeper) lead(ctx context.Context) {
 	k.leading.Store(true)
 	defer k.leading.Store(false)
-	tick := time.NewTicker(k.o.Reload)
-	defer tick.Stop()
-	for {
-		k.leaderPass(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-	}
+	reload.Now(ctx, k.o.Reload, k.leaderPass)
 }
 
 func (k *Keeper) leaderPass(ctx context.Context) {
 	if k.certs != nil {
 		snap, changes, err := k.certs.Ensure(ctx, false)
+		say, _ := k.leaderRefused.Note(err)
 		switch {
 		case err != nil:
-			if k.leaderErr != err.Error() {
-				k.leaderErr = err.Error()
+			if say {
 				k.o.Log.Error("certificates: not rotated; still serving the last good ones", "err", err.Error())
 			}
 		default:
-			k.leaderErr = ""
 			for _, ch := range changes {
 				k.o.Log.Info("certificates", "change", ch)
 			}

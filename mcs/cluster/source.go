@@ -23,6 +23,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/reload"
 	"github.com/nodeproof/nodeproof/store"
 )
 
@@ -287,10 +288,18 @@ func (s *Source) caChanged() {
 // Secrets current (every few seconds: rotations show up there) and deletes
 // expired bootstrap tokens.
 func (s *Source) housekeeping(ctx context.Context) {
-	tick := time.NewTicker(userDataInterval)
-	defer tick.Stop()
 	lastGC := s.clock()
-	for {
+	reload.Now(ctx, userDataInterval, func(ctx context.Context) {
+		// Bootstrap tokens are collected before every pass but the first,
+		// at most every tokenGCInterval.
+		if now := s.clock(); now.Sub(lastGC) >= tokenGCInterval {
+			lastGC = now
+			if n, err := s.tokens.GC(ctx); err != nil {
+				s.log.Error("bootstrap token gc", "err", err.Error())
+			} else if n > 0 {
+				s.log.Info("bootstrap token gc", "deleted", n)
+			}
+		}
 		s.caChanged()
 		if err, was := s.check(ctx), s.Health(); ctx.Err() == nil {
 			switch {
@@ -308,19 +317,5 @@ func (s *Source) housekeeping(ctx context.Context) {
 				s.log.Info("user-data secrets updated", "secrets", strings.Join(wrote, ","))
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if s.clock().Sub(lastGC) < tokenGCInterval {
-			continue
-		}
-		lastGC = s.clock()
-		if n, err := s.tokens.GC(ctx); err != nil {
-			s.log.Error("bootstrap token gc", "err", err.Error())
-		} else if n > 0 {
-			s.log.Info("bootstrap token gc", "deleted", n)
-		}
-	}
+	})
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/mcs"
 	"github.com/nodeproof/nodeproof/mcs/render"
+	"github.com/nodeproof/nodeproof/reload"
 )
 
 // Options configure a Source.
@@ -72,14 +73,7 @@ func (s *Source) First() (mcs.Configs, error) { return s.Load() }
 // on srv, until ctx ends; inputs that do not load leave the previous ones
 // served (and are logged).
 func (s *Source) Run(ctx context.Context, srv *mcs.Server) {
-	tick := time.NewTicker(s.o.Reload)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	reload.Every(ctx, s.o.Reload, func(context.Context) {
 		if changed, err := s.changed(); err != nil {
 			s.o.Log.Error("inputs", "err", err.Error())
 		} else if changed {
@@ -90,7 +84,7 @@ func (s *Source) Run(ctx context.Context, srv *mcs.Server) {
 				s.o.Log.Info("inputs reloaded", "pools", strings.Join(rendered.Pools(), ","))
 			}
 		}
-	}
+	})
 }
 
 func (s *Source) fingerprint() (string, error) {

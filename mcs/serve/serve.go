@@ -32,6 +32,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/metrics"
+	"github.com/nodeproof/nodeproof/reload"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
 	"github.com/nodeproof/nodeproof/store/boltstore"
@@ -329,16 +330,9 @@ func (c Config) sealedLife() time.Duration {
 // maintain reloads an edited policy, renews certificates, picks up rotated keys and provisioning tokens and
 // collects garbage in the store, until ctx ends.
 func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, keys *seal.Keyring, prov *tokens.Provisioning, served certs.Served, pol *policyReloader) {
-	tick := time.NewTicker(c.Reload)
-	defer tick.Stop()
 	lastCerts, lastGC := c.Clock(), c.Clock()
 	names := servedNames{c: c}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+	reload.Every(ctx, c.Reload, func(ctx context.Context) {
 		pol.check(ctx)
 		if changed, err := keys.Reload(); err != nil {
 			c.Log.Error("sealing keys", "err", err.Error())
@@ -381,7 +375,7 @@ func (c Config) maintain(ctx context.Context, clusterMode bool, st store.Store, 
 				c.Log.Info("store gc", "deleted", n)
 			}
 		}
-	}
+	})
 }
 
 // servedNames says, once per change, when the certificate the server

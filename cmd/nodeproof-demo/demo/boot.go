@@ -21,16 +21,16 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/pointer"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // bootPolicy is the live boot's: the worker pool takes TPM evidence from
 // the swtpm manufacturer's EKs, booted with Secure Boot.
-func bootPolicy(w *system.World) *policytest.Builder {
-	return policytest.New().EKRoot(system.VendorRoot, w.EKRoots).
-		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().Requested().Lifetime(30*time.Minute, 2*time.Hour))
+func bootPolicy(w *systemtest.World) *policytest.Builder {
+	return policytest.New().EKRoot(systemtest.VendorRoot, w.EKRoots).
+		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().Requested().Lifetime(30*time.Minute, 2*time.Hour))
 }
 
 // bootNode is the live machine's node name.

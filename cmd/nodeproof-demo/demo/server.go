@@ -21,11 +21,11 @@ import (
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/kubestore"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // Examples is where the example inputs are, relative to the module root.
@@ -33,7 +33,7 @@ const Examples = "deploy/examples"
 
 // plane is a running control plane with nodeproof serve and approve.
 type plane struct {
-	sys    *system.World
+	sys    *systemtest.World
 	cfg    *rest.Config
 	kc     kubernetes.Interface
 	url    string // the server, https://127.0.0.1:port
@@ -53,10 +53,10 @@ type planeOptions struct {
 }
 
 // startPlane starts a real etcd and kube-apiserver set up as a
-// deployment leaves them (internal/system: CRDs, RBAC, the example
+// deployment leaves them (systemtest: CRDs, RBAC, the example
 // MachineConfigs), a software TPM vendor and the policy, then `nodeproof
 // serve` (cluster mode) and `nodeproof approve` in this process.
-func startPlane(ctx context.Context, o Options, root string, pol func(*system.World) *policytest.Builder, po planeOptions, step, info func(string, ...any)) (*plane, error) {
+func startPlane(ctx context.Context, o Options, root string, pol func(*systemtest.World) *policytest.Builder, po planeOptions, step, info func(string, ...any)) (*plane, error) {
 	step("A Kubernetes control plane starts: real etcd and kube-apiserver %s on loopback (built by `make tools`)", testenv.KubeVersion)
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -67,7 +67,7 @@ func startPlane(ctx context.Context, o Options, root string, pol func(*system.Wo
 		return nil, err
 	}
 	start := time.Now()
-	sys, err := system.Start(ctx, system.Options{Root: root, Dir: mkdir(o.Dir, "world"), Cluster: true, CommandPrefix: prefix, ServingIPs: po.ServingIPs,
+	sys, err := systemtest.Start(ctx, systemtest.Options{Root: root, Dir: mkdir(o.Dir, "world"), Cluster: true, CommandPrefix: prefix, ServingIPs: po.ServingIPs,
 		TPM: true, Policy: pol})
 	if err != nil {
 		return nil, err
@@ -126,11 +126,11 @@ func startPlane(ctx context.Context, o Options, root string, pol func(*system.Wo
 		})
 	}()
 	go func() {
-		approved <- approver.Run(sctx, approver.RunOptions{
+		approved <- approver.Runner{
 			REST: approverREST, StoreNamespace: "nodeproof", LeaderElect: true, LeaseNamespace: "nodeproof",
 			Identity: "demo", Clock: o.Clock, Log: quiet,
 			Policy: loaded, Nodes: true, // the node controller: Attested condition and taint
-		})
+		}.Run(sctx)
 	}()
 	pl.stop = func() { stop(); <-served; <-approved; sys.Close() }
 	select {

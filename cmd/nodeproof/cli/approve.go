@@ -100,7 +100,7 @@ func cmdApprove(ctx context.Context, in *invocation) error {
 	return Approve(ctx, c)
 }
 
-// Approve runs the CSR approver (approver.Run) until ctx ends, with its
+// Approve runs the CSR approver (approver.Runner) until ctx ends, with its
 // metrics served on MetricsAddr.
 func Approve(ctx context.Context, c ApproveConfig) error {
 	if c.Clock == nil || c.Log == nil {
@@ -142,14 +142,14 @@ func Approve(ctx context.Context, c ApproveConfig) error {
 			return err
 		}
 	}
-	err = approver.Run(ctx, approver.RunOptions{
+	err = approver.Runner{
 		REST: cfg, StoreNamespace: c.StoreNamespace,
 		LeaderElect: c.LeaderElect, LeaseNamespace: c.LeaseNamespace, Identity: id,
 		LeaseDuration: c.LeaseDuration, RenewDeadline: c.RenewDeadline, RetryPeriod: c.RetryPeriod,
 		DenyUnattested: c.DenyUnattested, Policy: pol, Nodes: c.Nodes,
 		Workers: c.Workers, PerNodeRate: rate.Limit(c.PerNodeRate), PerNodeBurst: c.PerNodeBurst,
 		Metrics: am, Clock: c.Clock, Log: c.Log,
-	})
+	}.Run(ctx)
 	if err == nil {
 		c.Log.Info("stopped", "clean", true)
 	}

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"context"
@@ -15,11 +15,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/nodeproof/nodeproof/internal/attacktable"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // TestFaultServeCannotBind: a cluster-mode server whose port is taken
@@ -27,7 +27,7 @@ import (
 // no Lease and writes no CA, serving certificate or provisioning token to
 // the cluster, nor anything to its state directory but the directory.
 func TestFaultServeCannotBind(t *testing.T) {
-	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,7 @@
-package system
+// Package inspecttest is the tests' way of waiting on `nodeproof inspect`:
+// Until runs it until a node's story holds what the test wants (the
+// end-to-end and live-boot suites use it).
+package inspecttest
 
 import (
 	"encoding/json"
@@ -8,11 +11,17 @@ import (
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 )
 
-// InspectUntil runs `nodeproof inspect NODE -o json` through run (the
+// TB is what Until needs of a test (testing.TB fits).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+}
+
+// Until runs `nodeproof inspect NODE -o json` through run (the
 // test's way of running the nodeproof command: its arguments in, its
 // output out) until want says nothing is missing (want returns what is),
 // for at most d, and returns that story.
-func InspectUntil(t TB, run func(args ...string) string, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
+func Until(t TB, run func(args ...string) string, node string, d time.Duration, want func(*inspect.Story) string) *inspect.Story {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {

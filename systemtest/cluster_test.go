@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -36,7 +36,6 @@ import (
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/kubetest"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
@@ -44,6 +43,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // servedKubeconfig is the rest.Config of the kubeconfig in an Ignition
@@ -73,8 +73,8 @@ func servedKubeconfig(t *testing.T, cached []byte) *rest.Config {
 // shared node-bootstrapper kubeconfig, as the OpenShift MCS serves.
 func TestServeClusterMode(t *testing.T) {
 	// A deployed cluster whose MCO objects do not exist yet, and a vendor.
-	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true, TPM: true,
-		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true, TPM: true,
+		Policy: func(w *systemtest.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
 	cfg, kc, c := w.Config, w.KC, w.Client
 	ctx := context.Background()
 	tokenDir, policyFile := w.TokenDir, w.PolicyFile
@@ -161,7 +161,7 @@ func TestServeClusterMode(t *testing.T) {
 	// ends Ignition's fetch for good, so every 200 must be the whole
 	// public tier; before that, only 503s that say when to retry.
 	poll := startPublicPoller(t, plain, s.url+"/config/worker", expectedFiles(t, "worker", render.TierPublic, bundle))
-	ex := clustertest.LoadExamples(t, "../../deploy/examples/bootstrap")
+	ex := clustertest.LoadExamples(t, "../deploy/examples/bootstrap")
 	if err := ex.CreateBackwards(ctx, c, func(string) { time.Sleep(4 * cluster.DefaultDebounce) }); err != nil {
 		t.Fatal(err)
 	}
@@ -395,8 +395,8 @@ func TestServeUserDataAsDeployed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	applyRenderedRBAC(t, cfg, "../../deploy/overlays/openshift")
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	applyRenderedRBAC(t, cfg, "../deploy/overlays/openshift")
+	clustertest.LoadExamples(t, "../deploy/examples/bootstrap").Create(ctx, t, c)
 	// The Secrets as the MCO made them (its pointer, another key nodeproof
 	// must keep), plus one nodeproof's account must not read.
 	secrets := kc.CoreV1().Secrets(userdata.DefaultNamespace)
@@ -681,7 +681,7 @@ func startPublicPoller(t *testing.T, hc *http.Client, url string, want map[strin
 				default:
 					return fmt.Errorf("request %d: %d %s; want 503 until the pool is complete, then 200", n, resp.StatusCode, body)
 				}
-				files, err := system.ConfigFiles(body)
+				files, err := systemtest.ConfigFiles(body)
 				if err != nil {
 					return fmt.Errorf("request %d: 200 with an undecodable config: %w", n, err)
 				}

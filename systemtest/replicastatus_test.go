@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -15,9 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // TestStatusClusterMode: each cluster-mode replica publishes what it
@@ -25,7 +25,7 @@ import (
 // `nodeproof status --kubeconfig` shows it per replica with the leader and
 // the store, without Prometheus.
 func TestStatusClusterMode(t *testing.T) {
-	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true})
 	ctx := context.Background()
 	ensureNamespaces(t, w.KC, serve.DefaultStoreNamespace)
 	if _, err := w.KC.CoreV1().ConfigMaps(serve.DefaultStoreNamespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: serve.ReplicaStatusConfigMap}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {

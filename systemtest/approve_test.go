@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bufio"
@@ -55,7 +55,7 @@ type approverCluster struct {
 
 func startApproverCluster(t *testing.T) *approverCluster {
 	t.Helper()
-	cfg, _ := clustertest.StartSigning(t, "../../deploy/crds")
+	cfg, _ := clustertest.StartSigning(t, "../deploy/crds")
 	admin, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func startApproverCluster(t *testing.T) *approverCluster {
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "nodeproof"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubetest.ApplyYAML(t, c, "../../deploy/approver/rbac.yaml")
+	kubetest.ApplyYAML(t, c, "../deploy/approver/rbac.yaml")
 	// Nodes create their CSRs (a cluster grants this to system:nodes).
 	if err := clustertest.NodesMayRequest(ctx, admin); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -24,11 +24,11 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/identity/aws/awstest"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/store/boltstore"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // awsSetup is what an AWS test's servers share: a test Region whose
@@ -77,7 +77,7 @@ func newAWSSetup(t *testing.T, poolAWS func(*policy.AWSPolicy)) *awsSetup {
 
 // directoryMode are serve's flags for the example MCO bootstrap directory
 // (the embedded store).
-var directoryMode = []string{"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}
+var directoryMode = []string{"--server-basedir", "../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../deploy/examples/bootstrap-kubeconfig"}
 
 // cmdServer is `nodeproof serve` run through Run, with flags, in process.
 type cmdServer struct {
@@ -215,7 +215,7 @@ func TestAWSReenrolment(t *testing.T) {
 			return directoryMode, []string{"--state-dir", s.stateDir}
 		}, false},
 		{"kubernetes store", func(t *testing.T, s *awsSetup) ([]string, []string) {
-			w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+			w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true})
 			cfg, kubeconfig, tokenDir := w.Config, w.Admin, w.TokenDir
 			return []string{"--kubeconfig", kubeconfig, "--apiserver-url", cfg.Host, "--bootstrap-token-dir", tokenDir, "--cert-store=state-dir", "--token-store=file",
 					"--store", "kubernetes", "--store-namespace", "nodeproof"},

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -90,7 +90,7 @@ func TestBanAttacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(ctx, t, c)
+	clustertest.LoadExamples(t, "../deploy/examples/bootstrap").Create(ctx, t, c)
 	// A Node that existed before nodeproof (made first, so the server's
 	// watch of Node names has it well before it is asked for).
 	if _, err := e.kc.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "legacy-0"}}, metav1.CreateOptions{}); err != nil {

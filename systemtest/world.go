@@ -1,4 +1,4 @@
-// Package system is the home of nodeproof's in-process system tests: the
+// Package systemtest is the home of nodeproof's in-process system tests: the
 // whole system — a real kube-apiserver and etcd, software TPMs from a
 // vendor, cloud metadata services, nodeproof serve and approve — run in
 // one test process, with machines attesting, fetching and asking for
@@ -9,7 +9,7 @@
 // (attest/policy/policytest).
 //
 // Where a new end-to-end test goes: docs/testing.md.
-package system
+package systemtest
 
 import (
 	"context"
@@ -141,10 +141,10 @@ func DefaultPolicy(w *World) *policytest.Builder {
 // Start builds a world. Close stops it.
 func Start(ctx context.Context, o Options) (w *World, err error) {
 	if o.Root == "" || o.Dir == "" {
-		return nil, errors.New("system: Options: Root and Dir are required")
+		return nil, errors.New("systemtest: Options: Root and Dir are required")
 	}
 	if o.Cloud && o.Fakes == nil {
-		return nil, errors.New("system: Options: Cloud needs Fakes")
+		return nil, errors.New("systemtest: Options: Cloud needs Fakes")
 	}
 	w = &World{o: o}
 	defer func() {
@@ -304,7 +304,7 @@ func WaitServing(plainURL string, timeout time.Duration) error {
 			err = fmt.Errorf("status %d", resp.StatusCode)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("system: %s does not serve the worker pool after %s: %v", plainURL, timeout, err)
+			return fmt.Errorf("systemtest: %s does not serve the worker pool after %s: %v", plainURL, timeout, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

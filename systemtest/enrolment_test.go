@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -29,9 +29,9 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 	"github.com/nodeproof/nodeproof/store/kubestore/v1alpha1"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // enrolPolicy: pool worker takes every kind of evidence and requested
@@ -39,10 +39,10 @@ import (
 // reinstall re-enrols always (the documented opt-out). Two GCP projects
 // and two AWS accounts, so that cloud names can repeat across them.
 func enrolPolicy(roots string) *policytest.Builder {
-	return policytest.New().EKRoot(system.VendorRoot, roots).
-		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().
+	return policytest.New().EKRoot(systemtest.VendorRoot, roots).
+		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().
 			GCP(policytest.GCPProject, "other-project").AWS(policytest.AWSAccount, "210987654321").Requested()).
-		Pool("reinstall", policytest.TPM("ca:"+system.VendorRoot).Requested().Reenrol(policy.ReenrolAlways))
+		Pool("reinstall", policytest.TPM("ca:"+systemtest.VendorRoot).Requested().Reenrol(policy.ReenrolAlways))
 }
 
 // enrolEnv is `nodeproof serve` in cluster mode with the Kubernetes store
@@ -64,8 +64,8 @@ type enrolEnv struct {
 // newEnrolEnv starts the server with extra flags after its own.
 func newEnrolEnv(t *testing.T, extra ...string) *enrolEnv {
 	t.Helper()
-	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true, TPM: true, Cloud: true,
-		Policy: func(w *system.World) *policytest.Builder { return enrolPolicy(w.EKRoots) }})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true, TPM: true, Cloud: true,
+		Policy: func(w *systemtest.World) *policytest.Builder { return enrolPolicy(w.EKRoots) }})
 	e := &enrolEnv{man: w.Manufacturer, gce: w.GCE, region: w.Region, kc: w.KC, cfg: w.Config, cluster: w.Client}
 	var err error
 	if e.objects, err = kubestore.NewClient(w.Config); err != nil {
@@ -377,7 +377,7 @@ func TestServeRefusesFailOpenPolicy(t *testing.T) {
 			}
 			var stderr bytes.Buffer
 			code := cli.Run(context.Background(), []string{"serve", "--policy", pol, "--state-dir", filepath.Join(dir, "state"),
-				"--server-basedir", "../../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
+				"--server-basedir", "../deploy/examples/bootstrap", "--bootstrap-kubeconfig", "../deploy/examples/bootstrap-kubeconfig"}, io.Discard, &stderr)
 			if code == 0 || !strings.Contains(stderr.String(), tc.want) {
 				t.Fatalf("serve: exit %d, %q; want a refusal naming %q", code, stderr.String(), tc.want)
 			}

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"testing"
@@ -16,7 +16,7 @@ import (
 // admin config, a clientset and a controller-runtime client for it.
 func testCluster(t *testing.T) (*rest.Config, kubernetes.Interface, client.Client) {
 	t.Helper()
-	cfg := clustertest.Start(t, "../../deploy/crds")
+	cfg := clustertest.Start(t, "../deploy/crds")
 	kc, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"context"
@@ -16,10 +16,10 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // TestServeClusterModeStartupChecks: cluster mode refuses to start without
@@ -29,7 +29,7 @@ import (
 // CA makes /healthz answer 503 NotReady with what is missing, and getting
 // it back makes it ready again.
 func TestServeClusterModeStartupChecks(t *testing.T) {
-	w := system.New(t, "../..", system.Options{Cluster: true, NoExamples: true})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true})
 	cfg, ctx := w.Config, context.Background()
 	tokenDir, kubeconfig := w.TokenDir, w.Admin
 	tokenTierDoc, err := policytest.New().Pool("worker", policytest.Public().Token()).YAML()

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -26,7 +26,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/certs/kubecerts"
@@ -36,6 +35,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/mcs/userdata"
 	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // offsetClock is the wall clock moved forward by an offset the test sets:
@@ -60,8 +60,8 @@ type replicaSet struct {
 // starts n replicas.
 func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 	t.Helper()
-	w := system.New(t, "../..", system.Options{Cluster: true,
-		Policy: func(*system.World) *policytest.Builder { return clusterStatePolicy() }})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true,
+		Policy: func(*systemtest.World) *policytest.Builder { return clusterStatePolicy() }})
 	kc, ctx := w.KC, context.Background()
 	for _, ns := range []string{userdata.DefaultNamespace, cluster.TokenSecretNamespace} {
 		if _, err := kc.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -95,7 +95,7 @@ func startReplicas(t *testing.T, n int, edit func(*serve.Config)) *replicaSet {
 		rs.urls = append(rs.urls, fmt.Sprintf("https://127.0.0.1:%d", ports[i]))
 		sc := serve.Config{
 			Listen: "127.0.0.1", SecurePort: ports[i], TLSMinVersion: "VersionTLS12",
-			Kubeconfig: rs.kubeconfig, APIServerURL: w.Config.Host, TokenDir: w.TokenDir, StoreNamespace: system.Namespace,
+			Kubeconfig: rs.kubeconfig, APIServerURL: w.Config.Host, TokenDir: w.TokenDir, StoreNamespace: systemtest.Namespace,
 			UserDataURL: rs.urls[0], UserDataNamespace: userdata.DefaultNamespace, UserDataRoles: map[string]string{"master": "master", "worker": "worker"},
 			Policy: w.PolicyFile, StateDir: filepath.Join(dir, fmt.Sprint("state-", i)), Hosts: []string{"127.0.0.1"},
 			Identity: fmt.Sprint("replica-", i), LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,

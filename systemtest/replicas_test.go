@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -30,13 +30,13 @@ import (
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/store/kubestore"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // roundRobin sends each request to the next replica, and keeps the bodies
@@ -80,8 +80,8 @@ func (r *roundRobin) RoundTrip(req *http.Request) (*http.Response, error) {
 // config at every replica (attack rows: `make attacks` runs this test).
 func TestReplicasAndApproverAttacks(t *testing.T) {
 	// A deployed cluster (the example pools, deploy/'s RBAC) and a vendor.
-	w := system.New(t, "../..", system.Options{Cluster: true, TPM: true,
-		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, TPM: true,
+		Policy: func(w *systemtest.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
 	cfg, kc, man := w.Config, w.KC, w.Manufacturer
 	ctx := context.Background()
 	kubeconfig, tokenDir, policyFile := w.Admin, w.TokenDir, w.PolicyFile

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -22,7 +22,7 @@ import (
 )
 
 // examplesScript is the integrators' example this test runs as it ships.
-const examplesScript = "../../deploy/examples/tpm2-tools-attest.sh"
+const examplesScript = "../deploy/examples/tpm2-tools-attest.sh"
 
 // toolsMachine is a swtpm with the vendor's EK certificate whose PCRs hold
 // a real firmware log, free for tpm2-tools (swtpm serves one client).

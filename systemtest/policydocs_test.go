@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -32,7 +32,7 @@ import (
 // TPM NodeNameNotEstablished, naming that setting on the machine's
 // console.
 func TestPolicyReferenceTPMExample(t *testing.T) {
-	const doc = "../../docs/policy.md"
+	const doc = "../docs/policy.md"
 	example, err := doctest.Named(doc, "tpm")
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -24,11 +24,11 @@ import (
 	"github.com/nodeproof/nodeproof/identity/gcp/gcptest"
 	"github.com/nodeproof/nodeproof/internal/faultproxy"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
-	"github.com/nodeproof/nodeproof/internal/system"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
 	"github.com/nodeproof/nodeproof/mcs/render"
 	"github.com/nodeproof/nodeproof/mcs/serve"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 // server is `nodeproof serve` running in-process on loopback.
@@ -43,8 +43,8 @@ type server struct {
 }
 
 func e2ePolicy(roots string) *policytest.Builder {
-	return policytest.New().EKRoot(system.VendorRoot, roots).
-		Pool("worker", policytest.TPM("ca:"+system.VendorRoot).SecureBoot().GCP().MaxInstanceAge(time.Hour).AWS().Requested()).
+	return policytest.New().EKRoot(systemtest.VendorRoot, roots).
+		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().GCP().MaxInstanceAge(time.Hour).AWS().Requested()).
 		Pool("master", policytest.Public().Private().Token())
 }
 
@@ -59,8 +59,8 @@ func startServer(t *testing.T, before func(stateDir string)) *server {
 // (when set) before Serve starts.
 func startServerWith(t *testing.T, before func(stateDir string), edit func(*serve.Config)) *server {
 	t.Helper()
-	w := system.New(t, "../..", system.Options{TPM: true, Cloud: true,
-		Policy: func(w *system.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
+	w := systemtest.New(t, "..", systemtest.Options{TPM: true, Cloud: true,
+		Policy: func(w *systemtest.World) *policytest.Builder { return e2ePolicy(w.EKRoots) }})
 	s := &server{stateDir: filepath.Join(t.TempDir(), "state"), log: new(testenv.LockedBuffer),
 		man: w.Manufacturer, gce: w.GCE, awsRegion: w.Region}
 	if before != nil {
@@ -138,7 +138,7 @@ func ignitionFetch(t *testing.T, pointer string) (cached []byte, output string, 
 // cachedFiles maps the cached config's file paths to their sources.
 func cachedFiles(t *testing.T, cached []byte) map[string]string {
 	t.Helper()
-	files, err := system.ConfigFiles(cached)
+	files, err := systemtest.ConfigFiles(cached)
 	if err != nil {
 		t.Fatalf("cached config: %v", err)
 	}
@@ -149,11 +149,11 @@ func cachedFiles(t *testing.T, cached []byte) map[string]string {
 // spec 3.5 (what Ignition v2.24 asks for), as path → source.
 func expectedFiles(t *testing.T, pool string, tier render.Tier, caBundle []byte) map[string]string {
 	t.Helper()
-	in, err := render.LoadBootstrapDir("../../deploy/examples/bootstrap")
+	in, err := render.LoadBootstrapDir("../deploy/examples/bootstrap")
 	if err != nil {
 		t.Fatal(err)
 	}
-	kc, _ := os.ReadFile("../../deploy/examples/bootstrap-kubeconfig")
+	kc, _ := os.ReadFile("../deploy/examples/bootstrap-kubeconfig")
 	extra, err := render.CABundleExtra(caBundle)
 	if err != nil {
 		t.Fatal(err)

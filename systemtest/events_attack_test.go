@@ -1,4 +1,4 @@
-package system_test
+package systemtest_test
 
 import (
 	"bytes"
@@ -105,7 +105,7 @@ func hidesText(s string) bool {
 func TestEventRecordAttacks(t *testing.T) {
 	e := newEnrolEnv(t, "--limit-unauthenticated-reports", "0", "--limit-unauthenticated-report-bytes", "0")
 	// Reports name a pool the server serves: the example MCO objects.
-	clustertest.LoadExamples(t, "../../deploy/examples/bootstrap").Create(context.Background(), t, e.cluster)
+	clustertest.LoadExamples(t, "../deploy/examples/bootstrap").Create(context.Background(), t, e.cluster)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		got := e.report(t, api.ReportRequest{Pool: "worker", NodeName: "pool-ready", Stage: "agent", Reason: "Error"})
 		if got == "200 none" {
