@@ -28,6 +28,24 @@ var (
 	bucketHistory = []byte("history")    // nodeName -> NameHistory JSON
 )
 
+// buckets are the buckets Open makes; bucketLineages is made by its first
+// write.
+var buckets = [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory}
+
+// makeBuckets returns tx's buckets named names, in order, making those
+// missing: the one place a bucket is made.
+func makeBuckets(tx *bolt.Tx, names ...[]byte) ([]*bolt.Bucket, error) {
+	out := make([]*bolt.Bucket, len(names))
+	for i, name := range names {
+		b, err := tx.CreateBucketIfNotExists(name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", name, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
 // Store is a bbolt-backed store.Store.
 type Store struct {
 	db    *guardedDB // no panic of bbolt's escapes it (integrity.go)
@@ -50,12 +68,8 @@ func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, e
 		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := makeBuckets(tx, buckets...)
+		return err
 	})
 	if err != nil {
 		db.Close()
