@@ -7,6 +7,7 @@ package boltstore
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -133,7 +134,8 @@ func (s *Store) createRecord(tx *bolt.Tx, r *store.Record, data []byte, once []s
 }
 
 // Enrol implements store.Store: the binding, its identity index, the
-// record and its markers in one transaction.
+// record and its markers in one transaction, which also reads what a
+// refusal reports (*store.EnrolConflict).
 func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -144,33 +146,52 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		bb, ib := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs)
+		// conflict reports reason with binding and the record already
+		// stored under r.ID, if any.
+		conflict := func(reason store.Conflict, binding *store.Binding, detail string, args ...any) error {
+			prev, err := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
+			if err != nil {
+				return fmt.Errorf("record %s: %w", r.ID, err)
+			}
+			return store.NewConflict(reason, binding, prev, detail, args...)
+		}
 		if tx.Bucket(bucketBans).Get([]byte(r.Identity)) != nil {
-			return store.ErrRevoked
+			return conflict(store.ConflictBanned, nil, "%s is banned", r.Identity)
 		}
 		b, err := getBinding(bb, r.NodeName)
 		if err != nil {
 			return err
 		}
+		// seen is the binding as this call found it, for a refusal.
+		var seen *store.Binding
+		if b != nil {
+			c := *b
+			seen = &c
+		}
 		switch {
 		case b != nil && b.Identity != r.Identity:
-			return store.ErrNameTaken
+			return conflict(store.ConflictNameBound, b, "node %s is bound to %s", r.NodeName, b.Identity)
 		case b != nil && b.Revoked != nil:
-			return store.ErrRevoked
+			return conflict(store.ConflictRevoked, b, "the binding of %s is revoked", r.NodeName)
 		case b != nil && b.RecordID == r.ID:
 			// The same enrolment again: the record decides (ErrExists).
-			return s.createRecord(tx, r, data, once)
+			return s.enrolRecord(tx, r, data, once, seen)
 		case b == nil:
-			if ib.Get([]byte(r.Identity)) != nil {
-				return store.ErrIdentityEnrolled
+			if name := ib.Get([]byte(r.Identity)); name != nil {
+				held, err := getBinding(bb, string(name))
+				if err != nil {
+					return err
+				}
+				return conflict(store.ConflictIdentityBound, held, "%s is enrolled as %s", r.Identity, name)
 			}
 			b = &store.Binding{NodeName: r.NodeName, Pool: r.Pool, Kind: r.Kind, Identity: r.Identity,
 				KubeletKeySHA256: r.KubeletKeySHA256, CreatedAt: r.CreatedAt}
 		case !o.Again:
-			return store.ErrIdentityEnrolled
+			return conflict(store.ConflictIdentityBound, b, "%s is enrolled as %s", r.Identity, r.NodeName)
 		case !o.ReplaceKey && !bytes.Equal(b.KubeletKeySHA256, r.KubeletKeySHA256):
-			return store.ErrIdentityEnrolled
+			return conflict(store.ConflictIdentityBound, b, "%s is enrolled as %s with another kubelet key", r.Identity, r.NodeName)
 		case b.Pool != r.Pool:
-			return store.ErrPoolFixed
+			return conflict(store.ConflictPoolFixed, b, "node %s is enrolled in pool %s", r.NodeName, b.Pool)
 		default:
 			b.KubeletKeySHA256 = r.KubeletKeySHA256
 		}
@@ -185,8 +206,29 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		if err := ib.Put([]byte(r.Identity), []byte(r.NodeName)); err != nil {
 			return err
 		}
-		return s.createRecord(tx, r, data, once)
+		return s.enrolRecord(tx, r, data, once, seen)
 	})
+}
+
+// enrolRecord is createRecord for Enrol, whose refusals are conflicts
+// reporting b (the binding as Enrol found it, nil when there was none) and
+// the record already stored under r.ID.
+func (s *Store) enrolRecord(tx *bolt.Tx, r *store.Record, data []byte, once []store.Once, b *store.Binding) error {
+	err := s.createRecord(tx, r, data, once)
+	var reason store.Conflict
+	switch {
+	case errors.Is(err, store.ErrUsed):
+		reason = store.ConflictMarkerSpent
+	case errors.Is(err, store.ErrExists):
+		reason = store.ConflictRecordExists
+	default:
+		return err
+	}
+	prev, gerr := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
+	if gerr != nil {
+		return fmt.Errorf("record %s: %w", r.ID, gerr)
+	}
+	return store.NewConflict(reason, b, prev, "record %s", r.ID)
 }
 
 func getBinding(bb *bolt.Bucket, nodeName string) (*store.Binding, error) {
