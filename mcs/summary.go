@@ -1,0 +1,39 @@
+package mcs
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// summarize describes claims in one line for records and logs (no
+// secrets: claims hold none): the instance a cloud names, then the boot a
+// TPM's quote and log tell (a cloud vTPM has both).
+func summarize(c *attest.Claims) string {
+	var parts []string
+	switch {
+	case c.GCP != nil:
+		parts = append(parts, fmt.Sprintf("%s project=%s zone=%s instance=%s (%s)", c.Kind, c.GCP.ProjectID, c.GCP.Zone, c.GCP.InstanceName, c.GCP.InstanceID))
+	case c.AWS != nil:
+		parts = append(parts, fmt.Sprintf("%s account=%s region=%s instance=%s live=%v", c.Kind, c.AWS.AccountID, c.AWS.Region, c.AWS.InstanceID, c.AWS.LiveChecked))
+	case c.TPM == nil:
+		return string(c.Kind) + " " + c.Identity
+	}
+	if c.TPM != nil {
+		b := c.TPM.Boot
+		sb := "unknown"
+		if b.SecureBootKnown {
+			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+		}
+		if c.GCP == nil && c.AWS == nil {
+			parts = append(parts, fmt.Sprintf("%s ek=%.16s… (%s)", c.Kind, c.TPM.EKSHA256, c.TPM.EKKind))
+		}
+		kernel := ""
+		if k := b.Kernels(); len(k) > 0 {
+			kernel = k[0]
+		}
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s pcr8=%.16s pcr9=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel, c.TPM.PCRs[8], c.TPM.PCRs[9]))
+	}
+	return strings.Join(parts, " ")
+}
