@@ -31,9 +31,11 @@ import (
 //     bootstrap token Issue drew for rec exists only in rec until a config
 //     is delivered (Activate), so a refusal has none to undo.
 func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, proven bool) (*store.Record, error) {
+	// One write decides: a refusal (*store.EnrolConflict) carries what
+	// conflicts as the store saw it, so nothing is read again to learn why.
 	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{})
-	if errors.Is(err, store.ErrUsed) || errors.Is(err, store.ErrExists) || errors.Is(err, store.ErrIdentityEnrolled) {
-		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID)
+	if c := conflictOf(err); c != nil && (c.Reason == store.ConflictMarkerSpent || c.Reason == store.ConflictRecordExists || c.Reason == store.ConflictIdentityBound) {
+		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID, c.Record)
 		switch {
 		case perr != nil:
 			err = perr
@@ -42,8 +44,8 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 			// that record; this try's token was only drawn.
 			s.o.Log.Info("verify answered again for the same session (the first answer was lost)", "node", rec.NodeName, "record", prev.ID)
 			return prev, nil
-		case errors.Is(err, store.ErrIdentityEnrolled):
-			err = s.enrolAgain(ctx, rec, proven)
+		case c.Reason == store.ConflictIdentityBound:
+			err = s.enrolAgain(ctx, rec, c.Binding, proven)
 		}
 	}
 	if err == nil {
@@ -52,7 +54,8 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 	switch {
 	case errors.Is(err, store.ErrNameTaken):
 		owner := "another identity"
-		if b, berr := s.o.Store.Binding(ctx, rec.NodeName); berr == nil {
+		if c := conflictOf(err); c != nil && c.Binding != nil {
+			b := c.Binding
 			owner = fmt.Sprintf("%s (%s evidence, enrolled %s)", b.Identity, b.Kind, b.CreatedAt.UTC().Format(time.RFC3339))
 		}
 		s.eventAbout(rec.Identity, rec.NodeName, true, attest.ReasonNodeNameTaken, fmt.Sprintf("%s asked for node %s, which is bound to %s; refused. Release the name to give it to another machine: nodeproof release %s",
@@ -69,7 +72,17 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 	return nil, err
 }
 
-// enrolAgain decides whether rec's identity, already enrolled, may enrol
+// conflictOf is err's *store.EnrolConflict, nil when it is none.
+func conflictOf(err error) *store.EnrolConflict {
+	var c *store.EnrolConflict
+	if errors.As(err, &c) {
+		return c
+	}
+	return nil
+}
+
+// enrolAgain decides whether rec's identity, already enrolled (its binding
+// b, as the refused first write saw it; nil when it held none), may enrol
 // again (see enrol) and, if so, writes it. A refusal is a Denial; it
 // writes nothing but an Event. Beyond the enrolment rules:
 //   - the binding is not revoked (Revoked);
@@ -85,13 +98,10 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 //     (EnrolmentCapReached, final, saying when the oldest expires and
 //     what an operator can do): each enrolment mints a bootstrap token,
 //     and a machine must not mint them without bound.
-func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, proven bool) error {
-	b, err := s.o.Store.BindingOf(ctx, rec.Identity)
-	if errors.Is(err, store.ErrNotFound) {
+func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, b *store.Binding, proven bool) error {
+	if b == nil {
 		// Released, or an enrolment still completing: the machine retries.
 		return later(time.Second, deny(attest.ReasonUnavailable, "this identity's enrolment changed meanwhile; retry"))
-	} else if err != nil {
-		return err
 	}
 	if b.Revoked != nil {
 		s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonRevoked, fmt.Sprintf("%s, enrolled as node %s and revoked at %s (%s), attested again for node %s; refused",
@@ -206,18 +216,16 @@ func (s *Server) eventAbout(identity, nodeName string, warning bool, reason atte
 	}
 }
 
-// answeredBefore returns the record an earlier answer to the same session
-// wrote, if the config that answer's token could fetch was never
+// answeredBefore returns prev, the record an earlier answer to the same
+// session wrote (as the refused write saw it; nil when there is none), if the config that answer's token could fetch was never
 // delivered, and the record is for the same node, pool, evidence and
 // kubelet key as rec (the only way it can be: the session fixes pool and
 // key, the evidence the node). An error is the store's.
-func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID string) (*store.Record, bool, error) {
-	prev, err := s.o.Store.GetRecord(ctx, rec.ID)
-	if errors.Is(err, store.ErrNotFound) {
+func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID string, prev *store.Record) (*store.Record, bool, error) {
+	if prev == nil {
 		return nil, false, nil
-	} else if err != nil {
-		return nil, false, err
 	}
+	var err error
 	same := prev.NodeName == rec.NodeName && prev.Pool == rec.Pool && prev.Kind == rec.Kind &&
 		prev.Identity == rec.Identity && attest.Equal(prev.KubeletKeySHA256, rec.KubeletKeySHA256)
 	if !same {

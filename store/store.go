@@ -271,8 +271,34 @@ type Once struct {
 	Expires time.Time
 }
 
-// Store is the shared state. Implementations are safe for concurrent use.
-type Store interface {
+// Records are the NodeAttestation records: written by the server
+// (CreateRecord, or Enrol), consumed by the approver. Implementations are
+// safe for concurrent use.
+type Records interface {
+	// CreateRecord stores r and, in the same atomic and durable write, sets
+	// every marker in once (a session answered; an instance enrolled). If
+	// any is already set it returns ErrUsed and stores nothing; an existing
+	// ID gives ErrExists. Calling it again for a record it already stored
+	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
+	// calling it again with the same record completes it.
+	CreateRecord(ctx context.Context, r *Record, once ...Once) error
+	// GetRecord returns a record by ID (ErrNotFound).
+	GetRecord(ctx context.Context, id string) (*Record, error)
+	// RecordsForNode returns the records for a node name, newest first,
+	// expired ones included (callers decide). It reads an index, page by
+	// page, with no upper bound: only the identity that owns the name can
+	// add records for it (Enrol), so no third party can grow the list.
+	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
+	// ConsumeRecord marks a record as having approved the CSR by;
+	// ErrConsumed if it already did, ErrNotFound if there is none,
+	// ErrRevoked if its identity is banned.
+	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
+}
+
+// Bindings are the node names' owners: enrolment (Enrol, which also writes
+// the record and its markers), their reads, their status, their release.
+// Implementations are safe for concurrent use.
+type Bindings interface {
 	// Enrol stores r as an enrolment of r.Identity under r.NodeName,
 	// with its markers, and binds the name to the identity. A banned
 	// identity is ErrRevoked, whatever the name and options. Then:
@@ -285,6 +311,10 @@ type Store interface {
 	//     o.ReplaceKey (ErrIdentityEnrolled), in the binding's pool
 	//     (ErrPoolFixed), and not revoked (ErrRevoked); the binding is
 	//     updated.
+	// A refusal is a *EnrolConflict (its Reason, the binding and the
+	// record stored under r.ID, as the refusing write saw them), which
+	// unwraps to the error named above (ErrUsed, ErrExists when a marker
+	// is set or the record exists).
 	// Completing a call that was cut off (a crash) with the same record
 	// succeeds. On any error nothing this call wrote is kept, except where
 	// the outcome of a write is unknown; then, as with CreateRecord, the
@@ -309,6 +339,11 @@ type Store interface {
 	// one (fn may run again on a fresh read). It returns the binding as
 	// written.
 	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
+}
+
+// Bans are the operators' refusals of identities. Implementations are safe
+// for concurrent use.
+type Bans interface {
 	// Revoke bans the identity bound to nodeName (ErrNotFound when none;
 	// Ban with that name, reason and time) and returns its binding, now
 	// revoked.
@@ -325,6 +360,11 @@ type Store interface {
 	BanOf(ctx context.Context, identity string) (*Ban, error)
 	// Bans lists every ban.
 	Bans(ctx context.Context) ([]*Ban, error)
+}
+
+// Names are the node names' histories: releases and adoptions.
+// Implementations are safe for concurrent use.
+type Names interface {
 	// Adopt records an operator's adoption of a node name (see
 	// NameHistory.Adopted) and returns the name's history; adopting again
 	// keeps the first adoption.
@@ -334,24 +374,11 @@ type Store interface {
 	History(ctx context.Context, nodeName string) (*NameHistory, error)
 	// Histories lists every name's history.
 	Histories(ctx context.Context) ([]*NameHistory, error)
-	// CreateRecord stores r and, in the same atomic and durable write, sets
-	// every marker in once (a session answered; an instance enrolled). If
-	// any is already set it returns ErrUsed and stores nothing; an existing
-	// ID gives ErrExists. Calling it again for a record it already stored
-	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
-	// calling it again with the same record completes it.
-	CreateRecord(ctx context.Context, r *Record, once ...Once) error
-	// GetRecord returns a record by ID (ErrNotFound).
-	GetRecord(ctx context.Context, id string) (*Record, error)
-	// RecordsForNode returns the records for a node name, newest first,
-	// expired ones included (callers decide). It reads an index, page by
-	// page, with no upper bound: only the identity that owns the name can
-	// add records for it (Enrol), so no third party can grow the list.
-	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
-	// ConsumeRecord marks a record as having approved the CSR by;
-	// ErrConsumed if it already did, ErrNotFound if there is none,
-	// ErrRevoked if its identity is banned.
-	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
+}
+
+// Markers are the single-use markers (a session answered, a token spent).
+// Implementations are safe for concurrent use.
+type Markers interface {
 	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
 	UseOnce(ctx context.Context, key string, expires time.Time) error
 	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
@@ -360,6 +387,18 @@ type Store interface {
 	// IsUsed reports whether an unexpired marker is set for key, without
 	// setting it.
 	IsUsed(ctx context.Context, key string) (bool, error)
+}
+
+// Store is the whole shared state: every role, garbage collection and
+// closing. A consumer names the roles it uses (Records, Bindings, Bans,
+// Names, Markers; Lineages and TokenIndex beside them), not Store.
+// Implementations are safe for concurrent use.
+type Store interface {
+	Records
+	Bindings
+	Bans
+	Names
+	Markers
 	// GC deletes records and markers that expired before now and returns how
 	// many it deleted.
 	GC(ctx context.Context, now time.Time) (int, error)
