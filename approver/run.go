@@ -115,15 +115,15 @@ func Run(ctx context.Context, o RunOptions) error {
 	}
 	// newController makes a controller for one term: nothing of a previous
 	// term's caches or queue is carried over.
-	newController := func(reads, fresh store.Store, lineages store.Lineages) (*Controller, error) {
+	newController := func(reads, fresh Store, lineages, freshLineages store.Lineages, tokens store.TokenIndex) (*Controller, error) {
 		return New(Options{
-			Client: kc, EventClient: events, Decider: &Decider{Store: reads, Fresh: fresh, Lineages: lineages,
-				Clock: o.Clock, DenyUnattested: o.DenyUnattested, StaleAfter: staleAfter},
+			Client: kc, EventClient: events, Decider: &Decider{Store: reads, Fresh: fresh, Lineages: lineages, FreshLineages: freshLineages,
+				Tokens: tokens, Clock: o.Clock, DenyUnattested: o.DenyUnattested, StaleAfter: staleAfter},
 			Workers: o.Workers, PerNodeRate: o.PerNodeRate, PerNodeBurst: o.PerNodeBurst,
 			Metrics: o.Metrics, Clock: o.Clock, Log: o.Log,
 		})
 	}
-	if _, err := newController(st, nil, nil); err != nil { // check the options before campaigning
+	if _, err := newController(st, nil, st, nil, nil); err != nil { // check the options before campaigning
 		return err
 	}
 	// term runs the CSR controller and, with Nodes, the node controller,
@@ -150,7 +150,7 @@ func Run(ctx context.Context, o RunOptions) error {
 		if err != nil {
 			return err
 		}
-		ctl, err := newController(cached, st, lineages)
+		ctl, err := newController(cached, st, lineages, st, cached)
 		if err != nil {
 			return err
 		}

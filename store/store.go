@@ -271,17 +271,8 @@ type Once struct {
 	Expires time.Time
 }
 
-// Records are the NodeAttestation records: written by the server
-// (CreateRecord, or Enrol), consumed by the approver. Implementations are
-// safe for concurrent use.
-type Records interface {
-	// CreateRecord stores r and, in the same atomic and durable write, sets
-	// every marker in once (a session answered; an instance enrolled). If
-	// any is already set it returns ErrUsed and stores nothing; an existing
-	// ID gives ErrExists. Calling it again for a record it already stored
-	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
-	// calling it again with the same record completes it.
-	CreateRecord(ctx context.Context, r *Record, once ...Once) error
+// RecordReader reads the NodeAttestation records.
+type RecordReader interface {
 	// GetRecord returns a record by ID (ErrNotFound).
 	GetRecord(ctx context.Context, id string) (*Record, error)
 	// RecordsForNode returns the records for a node name, newest first,
@@ -289,16 +280,40 @@ type Records interface {
 	// page, with no upper bound: only the identity that owns the name can
 	// add records for it (Enrol), so no third party can grow the list.
 	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
+}
+
+// Records are the NodeAttestation records: written by the server
+// (CreateRecord, or Bindings.Enrol), consumed by the approver.
+type Records interface {
+	RecordReader
+	// CreateRecord stores r and, in the same atomic and durable write, sets
+	// every marker in once (a session answered; an instance enrolled). If
+	// any is already set it returns ErrUsed and stores nothing; an existing
+	// ID gives ErrExists. Calling it again for a record it already stored
+	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
+	// calling it again with the same record completes it.
+	CreateRecord(ctx context.Context, r *Record, once ...Once) error
 	// ConsumeRecord marks a record as having approved the CSR by;
 	// ErrConsumed if it already did, ErrNotFound if there is none,
 	// ErrRevoked if its identity is banned.
 	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
 }
 
-// Bindings are the node names' owners: enrolment (Enrol, which also writes
-// the record and its markers), their reads, their status, their release.
-// Implementations are safe for concurrent use.
+// BindingReader reads the node names' owners.
+type BindingReader interface {
+	// Binding returns the binding of a node name (ErrNotFound).
+	Binding(ctx context.Context, nodeName string) (*Binding, error)
+	// BindingOf returns the binding an identity holds (ErrNotFound).
+	BindingOf(ctx context.Context, identity string) (*Binding, error)
+	// Bindings lists every binding, page by page.
+	Bindings(ctx context.Context) ([]*Binding, error)
+}
+
+// Bindings are the node names' owners as the server writes them:
+// enrolment (Enrol, which also writes the record and its markers) and
+// the status of the attestations after it.
 type Bindings interface {
+	BindingReader
 	// Enrol stores r as an enrolment of r.Identity under r.NodeName,
 	// with its markers, and binds the name to the identity. A banned
 	// identity is ErrRevoked, whatever the name and options. Then:
@@ -320,19 +335,6 @@ type Bindings interface {
 	// the outcome of a write is unknown; then, as with CreateRecord, the
 	// markers stay (the safe direction).
 	Enrol(ctx context.Context, r *Record, o EnrolOptions, once ...Once) error
-	// Binding returns the binding of a node name (ErrNotFound).
-	Binding(ctx context.Context, nodeName string) (*Binding, error)
-	// BindingOf returns the binding an identity holds (ErrNotFound).
-	BindingOf(ctx context.Context, identity string) (*Binding, error)
-	// Release deletes the binding of a node name and returns it, so the
-	// name may be taken and the identity — unless banned — enrol again
-	// (ErrNotFound). The binding goes to the name's history (with how,
-	// when given: who and why); a revoked binding's revocation becomes
-	// the identity's ban if it had none (a hand-set revocation survives
-	// the release too).
-	Release(ctx context.Context, nodeName string, how ...Act) (*Binding, error)
-	// Bindings lists every binding, page by page.
-	Bindings(ctx context.Context) ([]*Binding, error)
 	// UpdateStatus changes the attestation status of nodeName's binding,
 	// which must be identity's (ErrNameTaken otherwise, ErrNotFound when
 	// there is none), with fn, in one write that cannot lose a concurrent
@@ -341,8 +343,7 @@ type Bindings interface {
 	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
 }
 
-// Bans are the operators' refusals of identities. Implementations are safe
-// for concurrent use.
+// Bans are the operators' refusals of identities.
 type Bans interface {
 	// Revoke bans the identity bound to nodeName (ErrNotFound when none;
 	// Ban with that name, reason and time) and returns its binding, now
@@ -362,9 +363,16 @@ type Bans interface {
 	Bans(ctx context.Context) ([]*Ban, error)
 }
 
-// Names are the node names' histories: releases and adoptions.
-// Implementations are safe for concurrent use.
+// Names are what frees and claims a node name, and the history it
+// leaves: releases and adoptions.
 type Names interface {
+	// Release deletes the binding of a node name and returns it, so the
+	// name may be taken and the identity — unless banned — enrol again
+	// (ErrNotFound). The binding goes to the name's history (with how,
+	// when given: who and why); a revoked binding's revocation becomes
+	// the identity's ban if it had none (a hand-set revocation survives
+	// the release too).
+	Release(ctx context.Context, nodeName string, how ...Act) (*Binding, error)
 	// Adopt records an operator's adoption of a node name (see
 	// NameHistory.Adopted) and returns the name's history; adopting again
 	// keeps the first adoption.
@@ -376,23 +384,44 @@ type Names interface {
 	Histories(ctx context.Context) ([]*NameHistory, error)
 }
 
-// Markers are the single-use markers (a session answered, a token spent).
-// Implementations are safe for concurrent use.
-type Markers interface {
-	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
-	UseOnce(ctx context.Context, key string, expires time.Time) error
-	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
-	// did not happen (a response that could not be delivered).
-	ReleaseOnce(ctx context.Context, key string) error
+// MarkerReader reads the single-use markers.
+type MarkerReader interface {
 	// IsUsed reports whether an unexpired marker is set for key, without
 	// setting it.
 	IsUsed(ctx context.Context, key string) (bool, error)
 }
 
+// Markers are the single-use markers (a session answered, a token
+// spent).
+type Markers interface {
+	MarkerReader
+	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
+	UseOnce(ctx context.Context, key string, expires time.Time) error
+	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
+	// did not happen (a response that could not be delivered).
+	ReleaseOnce(ctx context.Context, key string) error
+}
+
+// Operator is what an operator's command does with the store (and what
+// store/adminsock serves of a running server's): every read, bans, names,
+// and clearing a marker whose use did not happen (enroll --reset); never
+// an enrolment, a record, a status or a marker set.
+type Operator interface {
+	RecordReader
+	BindingReader
+	Bans
+	Names
+	MarkerReader
+	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
+	// did not happen (a response that could not be delivered).
+	ReleaseOnce(ctx context.Context, key string) error
+	Close() error
+}
+
 // Store is the whole shared state: every role, garbage collection and
 // closing. A consumer names the roles it uses (Records, Bindings, Bans,
-// Names, Markers; Lineages and TokenIndex beside them), not Store.
-// Implementations are safe for concurrent use.
+// Names, Markers, their readers, Operator; Lineages and TokenIndex beside
+// them), not Store. Implementations are safe for concurrent use.
 type Store interface {
 	Records
 	Bindings

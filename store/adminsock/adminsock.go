@@ -4,7 +4,7 @@
 // serves the store's operator operations on a unix socket in its state
 // directory (Serve), and the commands — revoke, unban, release, adopt,
 // enroll --reset, inspect, policy check --against-records — reach it there
-// (Dial: a store.Store) when the server runs, and open the file when it
+// (Dial: a store.Operator) when the server runs, and open the file when it
 // does not. The operation then happens in the server's own store, at once:
 // a revocation refuses the next fetch, re-attestation or CSR, with no
 // restart.
@@ -20,7 +20,8 @@
 // Release, Adopt and ReleaseOnce, and for the embedded store a backup and
 // a check of it (Keeper: `nodeproof store backup` and `store check`); what only the server does — enrol, create
 // or consume records, set markers, write attestation status, collect
-// garbage — is refused (ErrNotServed), so the socket adds no way to forge
+// garbage — is no method of the Client (a store.Operator) and refused by
+// the socket (ErrNotServed), so the socket adds no way to forge
 // an enrolment. Requests are bounded (MaxRequest bytes, RequestTimeout).
 //
 // The protocol is HTTP/1.1 over the socket: POST /v1/<operation> with a
@@ -88,48 +89,50 @@ type answer struct {
 }
 
 // ops are the operations served, by name.
-var ops = map[string]func(ctx context.Context, st store.Store, a args) (any, error){
-	"Binding":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.Binding(ctx, a.NodeName) },
-	"BindingOf": func(ctx context.Context, st store.Store, a args) (any, error) { return st.BindingOf(ctx, a.Identity) },
-	"Bindings":  func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bindings(ctx) },
-	"GetRecord": func(ctx context.Context, st store.Store, a args) (any, error) { return st.GetRecord(ctx, a.ID) },
-	"RecordsForNode": func(ctx context.Context, st store.Store, a args) (any, error) {
+var ops = map[string]func(ctx context.Context, st store.Operator, a args) (any, error){
+	"Binding": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Binding(ctx, a.NodeName) },
+	"BindingOf": func(ctx context.Context, st store.Operator, a args) (any, error) {
+		return st.BindingOf(ctx, a.Identity)
+	},
+	"Bindings":  func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Bindings(ctx) },
+	"GetRecord": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.GetRecord(ctx, a.ID) },
+	"RecordsForNode": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		return st.RecordsForNode(ctx, a.NodeName)
 	},
-	"IsUsed":    func(ctx context.Context, st store.Store, a args) (any, error) { return st.IsUsed(ctx, a.Key) },
-	"BanOf":     func(ctx context.Context, st store.Store, a args) (any, error) { return st.BanOf(ctx, a.Identity) },
-	"Bans":      func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bans(ctx) },
-	"History":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.History(ctx, a.NodeName) },
-	"Histories": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Histories(ctx) },
-	"Revoke": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"IsUsed":    func(ctx context.Context, st store.Operator, a args) (any, error) { return st.IsUsed(ctx, a.Key) },
+	"BanOf":     func(ctx context.Context, st store.Operator, a args) (any, error) { return st.BanOf(ctx, a.Identity) },
+	"Bans":      func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Bans(ctx) },
+	"History":   func(ctx context.Context, st store.Operator, a args) (any, error) { return st.History(ctx, a.NodeName) },
+	"Histories": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Histories(ctx) },
+	"Revoke": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		return st.Revoke(ctx, a.NodeName, a.Reason, a.At)
 	},
-	"Ban": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"Ban": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Ban == nil {
 			return nil, errors.New("adminsock: Ban needs a ban")
 		}
 		return st.Ban(ctx, *a.Ban)
 	},
-	"Unban": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Unban(ctx, a.Identity) },
-	"Release": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"Unban": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Unban(ctx, a.Identity) },
+	"Release": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Act == nil {
 			return st.Release(ctx, a.NodeName)
 		}
 		return st.Release(ctx, a.NodeName, *a.Act)
 	},
-	"Adopt": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"Adopt": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Act == nil {
 			return nil, errors.New("adminsock: Adopt needs an act")
 		}
 		return st.Adopt(ctx, a.NodeName, *a.Act)
 	},
-	"ReleaseOnce": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"ReleaseOnce": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		return struct{}{}, st.ReleaseOnce(ctx, a.Key)
 	},
 }
 
 // Handler serves st's operator operations.
-func Handler(st store.Store, log *slog.Logger) http.Handler {
+func Handler(st store.Operator, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{op}", func(w http.ResponseWriter, r *http.Request) {
 		op, ok := ops[r.PathValue("op")]
@@ -196,7 +199,7 @@ func (s *Server) ServeStatus(f func() any) { s.status = f }
 // Listen creates the socket at path, 0600 (a socket left by a server that
 // died is replaced: the caller holds the store's lock, so no other server
 // uses it), and returns the Server; Serve it.
-func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
+func Listen(path string, st store.Operator, log *slog.Logger) (*Server, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("adminsock: %s exists and is not a socket", path)
@@ -282,14 +285,15 @@ func peerString(c net.Conn) string {
 	return "unknown"
 }
 
-// Client is a store.Store on a running server's admin socket: the
-// operators' operations; the server's own are ErrNotServed.
+// Client is a store.Operator on a running server's admin socket: the
+// operators' operations, and only those (the server's own are not
+// served).
 type Client struct {
 	path string
 	http *http.Client
 }
 
-var _ store.Store = (*Client)(nil)
+var _ store.Operator = (*Client)(nil)
 
 // Dial connects to the socket at path: an error when no server answers
 // there (no socket, or one a dead server left).
@@ -414,72 +418,72 @@ func get[T any](ctx context.Context, c *Client, op string, a args) (T, error) {
 	return out, err
 }
 
-// Binding implements store.Store.
+// Binding implements store.Operator.
 func (c *Client) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
 	return get[*store.Binding](ctx, c, "Binding", args{NodeName: nodeName})
 }
 
-// BindingOf implements store.Store.
+// BindingOf implements store.Operator.
 func (c *Client) BindingOf(ctx context.Context, identity string) (*store.Binding, error) {
 	return get[*store.Binding](ctx, c, "BindingOf", args{Identity: identity})
 }
 
-// Bindings implements store.Store.
+// Bindings implements store.Operator.
 func (c *Client) Bindings(ctx context.Context) ([]*store.Binding, error) {
 	return get[[]*store.Binding](ctx, c, "Bindings", args{})
 }
 
-// GetRecord implements store.Store.
+// GetRecord implements store.Operator.
 func (c *Client) GetRecord(ctx context.Context, id string) (*store.Record, error) {
 	return get[*store.Record](ctx, c, "GetRecord", args{ID: id})
 }
 
-// RecordsForNode implements store.Store.
+// RecordsForNode implements store.Operator.
 func (c *Client) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
 	return get[[]*store.Record](ctx, c, "RecordsForNode", args{NodeName: nodeName})
 }
 
-// IsUsed implements store.Store.
+// IsUsed implements store.Operator.
 func (c *Client) IsUsed(ctx context.Context, key string) (bool, error) {
 	return get[bool](ctx, c, "IsUsed", args{Key: key})
 }
 
-// BanOf implements store.Store.
+// BanOf implements store.Operator.
 func (c *Client) BanOf(ctx context.Context, identity string) (*store.Ban, error) {
 	return get[*store.Ban](ctx, c, "BanOf", args{Identity: identity})
 }
 
-// Bans implements store.Store.
+// Bans implements store.Operator.
 func (c *Client) Bans(ctx context.Context) ([]*store.Ban, error) {
 	return get[[]*store.Ban](ctx, c, "Bans", args{})
 }
 
-// History implements store.Store.
+// History implements store.Operator.
 func (c *Client) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
 	return get[*store.NameHistory](ctx, c, "History", args{NodeName: nodeName})
 }
 
-// Histories implements store.Store.
+// Histories implements store.Operator.
 func (c *Client) Histories(ctx context.Context) ([]*store.NameHistory, error) {
 	return get[[]*store.NameHistory](ctx, c, "Histories", args{})
 }
 
-// Revoke implements store.Store.
+// Revoke implements store.Operator.
 func (c *Client) Revoke(ctx context.Context, nodeName, reason string, at time.Time) (*store.Binding, error) {
 	return get[*store.Binding](ctx, c, "Revoke", args{NodeName: nodeName, Reason: reason, At: at})
 }
 
-// Ban implements store.Store.
+// Ban implements store.Operator.
 func (c *Client) Ban(ctx context.Context, b store.Ban) (*store.Ban, error) {
 	return get[*store.Ban](ctx, c, "Ban", args{Ban: &b, NodeName: b.NodeName, Identity: b.Identity})
 }
 
-// Unban implements store.Store.
+// Unban implements store.Operator.
 func (c *Client) Unban(ctx context.Context, identity string) (*store.Ban, error) {
 	return get[*store.Ban](ctx, c, "Unban", args{Identity: identity})
 }
 
-// Release implements store.Store.
+// Release implements store.Operator.
 func (c *Client) Release(ctx context.Context, nodeName string, how ...store.Act) (*store.Binding, error) {
 	a := args{NodeName: nodeName}
 	if len(how) > 0 {
@@ -488,41 +492,17 @@ func (c *Client) Release(ctx context.Context, nodeName string, how ...store.Act)
 	return get[*store.Binding](ctx, c, "Release", a)
 }
 
-// Adopt implements store.Store.
+// Adopt implements store.Operator.
 func (c *Client) Adopt(ctx context.Context, nodeName string, how store.Act) (*store.NameHistory, error) {
 	return get[*store.NameHistory](ctx, c, "Adopt", args{NodeName: nodeName, Act: &how})
 }
 
-// ReleaseOnce implements store.Store.
+// ReleaseOnce implements store.Operator.
 func (c *Client) ReleaseOnce(ctx context.Context, key string) error {
 	return c.call(ctx, "ReleaseOnce", args{Key: key}, nil)
 }
 
-// Enrol is the server's own: ErrNotServed.
-func (c *Client) Enrol(context.Context, *store.Record, store.EnrolOptions, ...store.Once) error {
-	return ErrNotServed
-}
-
-// UpdateStatus is the server's own: ErrNotServed.
-func (c *Client) UpdateStatus(context.Context, string, string, func(*store.Binding) error) (*store.Binding, error) {
-	return nil, ErrNotServed
-}
-
-// CreateRecord is the server's own: ErrNotServed.
-func (c *Client) CreateRecord(context.Context, *store.Record, ...store.Once) error {
-	return ErrNotServed
-}
-
-// ConsumeRecord is the approver's own: ErrNotServed.
-func (c *Client) ConsumeRecord(context.Context, string, string, time.Time) error { return ErrNotServed }
-
-// UseOnce is the server's own: ErrNotServed.
-func (c *Client) UseOnce(context.Context, string, time.Time) error { return ErrNotServed }
-
-// GC is the server's own: ErrNotServed.
-func (c *Client) GC(context.Context, time.Time) (int, error) { return 0, ErrNotServed }
-
-// Close implements store.Store.
+// Close implements store.Operator.
 func (c *Client) Close() error {
 	c.http.CloseIdleConnections()
 	return nil

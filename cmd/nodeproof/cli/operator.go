@@ -31,7 +31,7 @@ import (
 // embedded store, the running server's admin socket when it answers (bbolt
 // locks the file while the server runs), else the file itself; with the
 // kubernetes store, the API server.
-func openOperatorStore(ctx context.Context, c serve.Config) (store.Store, error) {
+func openOperatorStore(ctx context.Context, c serve.Config) (store.Operator, error) {
 	if c.StoreKind(adminCluster(c)) == "embedded" {
 		cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
 		if err != nil {
@@ -129,7 +129,7 @@ type opCmd struct {
 	identity    string
 	reason, who string
 	notEnrolled bool // --not-enrolled: revoke an identity nodeproof has never seen
-	st          store.Store
+	st          store.Operator
 }
 
 // startOp parses an operator's command: the store flags, --reason and
@@ -231,7 +231,7 @@ func release(ctx context.Context, c serve.Config, node string, act store.Act, st
 // bindingEvent writes ev with the kubernetes store (nothing otherwise),
 // naming the binding's uid (so kubectl describe nodebinding lists it) when
 // ev does not and st has the binding.
-func bindingEvent(ctx context.Context, c serve.Config, st store.Store, component string, ev kubestore.BindingEvent) error {
+func bindingEvent(ctx context.Context, c serve.Config, st store.Operator, component string, ev kubestore.BindingEvent) error {
 	kc, err := c.KubeClient(adminCluster(c))
 	if err != nil || kc == nil {
 		return err
@@ -383,7 +383,7 @@ func cmdUnban(ctx context.Context, in *invocation) error {
 
 // identitySeen says whether this store knows identity: enrolled, banned,
 // or released from a name.
-func identitySeen(ctx context.Context, st store.Store, identity string) (bool, error) {
+func identitySeen(ctx context.Context, st store.Operator, identity string) (bool, error) {
 	if _, err := st.BindingOf(ctx, identity); !errors.Is(err, store.ErrNotFound) {
 		return err == nil, err
 	}
@@ -406,7 +406,7 @@ func identitySeen(ctx context.Context, st store.Store, identity string) (bool, e
 
 // bannedAt is the banned identity that holds node, or that held it when
 // it was banned (exactly one).
-func bannedAt(ctx context.Context, st store.Store, node string) (string, error) {
+func bannedAt(ctx context.Context, st store.Operator, node string) (string, error) {
 	if b, err := st.Binding(ctx, node); err == nil {
 		return b.Identity, nil
 	} else if !errors.Is(err, store.ErrNotFound) {
@@ -462,7 +462,7 @@ func dash(s string) string {
 
 // bindingUID is the uid of node's NodeBinding with the kubernetes store
 // (so `kubectl describe nodebinding` shows the Event), else "".
-func bindingUID(ctx context.Context, st store.Store, node string) types.UID {
+func bindingUID(ctx context.Context, st store.Operator, node string) types.UID {
 	if ks, ok := st.(*kubestore.Store); ok {
 		if uid, err := ks.BindingUID(ctx, node); err == nil {
 			return uid

@@ -69,7 +69,7 @@ func cmdStatus(ctx context.Context, in *invocation) error {
 		return errFailed
 	}
 	fmt.Fprintf(w, "store:       ok: %s\n", describe(rep))
-	var st store.Store = cl
+	var st store.Operator = cl
 	if cl == nil {
 		if st, err = openOperatorStore(ctx, c); err != nil {
 			return err
@@ -128,7 +128,7 @@ func left(t, now time.Time) string {
 
 // printCounts prints the store's bindings (and how many are revoked),
 // bans and names' histories.
-func printCounts(ctx context.Context, w io.Writer, st store.Store) error {
+func printCounts(ctx context.Context, w io.Writer, st store.Operator) error {
 	bs, err := st.Bindings(ctx)
 	if err != nil {
 		return err

@@ -53,10 +53,22 @@ const (
 	StateReleased = "Released"
 )
 
+// Store is what inspect reads of the store: records, bindings, bans and
+// names' histories.
+type Store interface {
+	store.RecordReader
+	store.BindingReader
+	BanOf(ctx context.Context, identity string) (*store.Ban, error)
+	Bans(ctx context.Context) ([]*store.Ban, error)
+	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
+	Histories(ctx context.Context) ([]*store.NameHistory, error)
+}
+
 // Sources are where inspect reads.
 type Sources struct {
-	// Store is the server's store (embedded or Kubernetes).
-	Store store.Store
+	// Store is the server's store (embedded or Kubernetes), or a running
+	// server's admin socket.
+	Store Store
 	// Kube, when set, is the cluster: Nodes, CSRs and Events are read
 	// from it. With the embedded store and no cluster it is nil.
 	Kube kubernetes.Interface
