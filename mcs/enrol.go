@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -33,9 +32,15 @@ import (
 func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, proven bool) (*store.Record, error) {
 	// One write decides: a refusal (*store.EnrolConflict) carries what
 	// conflicts as the store saw it, so nothing is read again to learn why.
-	err := s.o.Store.Enrol(ctx, rec, store.EnrolOptions{})
-	if c := conflictOf(err); c != nil && (c.Reason == store.ConflictMarkerSpent || c.Reason == store.ConflictRecordExists || c.Reason == store.ConflictIdentityBound) {
-		prev, ok, perr := s.answeredBefore(ctx, rec, tokenID, c.Record)
+	var o store.EnrolOptions
+	if s.o.Bootstrap == nil {
+		// Without bootstrap tokens a config is delivered when its token's
+		// marker is spent: a refusal says whether it is.
+		o.Delivered = configTokenOnce(tokenID)
+	}
+	err := s.o.Store.Enrol(ctx, rec, o)
+	if c := conflictOf(err); c != nil && c.Answerable() {
+		prev, ok, perr := s.answeredBefore(ctx, rec, c)
 		switch {
 		case perr != nil:
 			err = perr
@@ -97,7 +102,8 @@ func conflictOf(err error) *store.EnrolConflict {
 //     pool's serve.maxLiveEnrolments, else MaxLiveEnrolments
 //     (EnrolmentCapReached, final, saying when the oldest expires and
 //     what an operator can do): each enrolment mints a bootstrap token,
-//     and a machine must not mint them without bound.
+//     and a machine must not mint them without bound. The store counts
+//     them in the write that enrols (EnrolOptions.MaxLive).
 func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, b *store.Binding, proven bool) error {
 	if b == nil {
 		// Released, or an enrolment still completing: the machine retries.
@@ -144,10 +150,11 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, b *store.Bin
 			rec.Identity, b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason))
 		return deny(attest.ReasonAttestationFailed, "node %s's latest attestation (%s) was refused: %s; only a passing re-attestation replaces it", b.NodeName, at.UTC().Format(time.RFC3339), b.Status.Reason)
 	}
-	if err := s.liveEnrolments(ctx, b, rec); err != nil {
-		return err
-	}
+	o.MaxLive = s.maxLive(rec.Pool)
 	if err := s.o.Store.Enrol(ctx, rec, o); err != nil {
+		if c := conflictOf(err); c != nil && c.Reason == store.ConflictLiveCap {
+			return s.liveCap(b, rec, o.MaxLive, c.Live)
+		}
 		return err
 	}
 	msg := fmt.Sprintf("%s enrolled again as node %s with the kubelet key its enrolment bound (possession proven), record %s", rec.Identity, rec.NodeName, rec.ID)
@@ -159,32 +166,25 @@ func (s *Server) enrolAgain(ctx context.Context, rec *store.Record, b *store.Bin
 	return nil
 }
 
-// liveEnrolments refuses rec (EnrolmentCapReached) when its identity
-// already holds its pool's cap of unexpired records for its node name. A
-// store read of the name's records, on this path only. The refusal is
-// final, not a 503: the agent's retries could only spend its time until
-// the oldest record expires (an hour), so it stops at once and says why
-// and what an operator can do.
-func (s *Server) liveEnrolments(ctx context.Context, b *store.Binding, rec *store.Record) error {
-	limit := s.o.MaxLiveEnrolments
-	if pp, ok := s.pol().Pools[rec.Pool]; ok && pp.Serve.MaxLiveEnrolments > 0 {
-		limit = pp.Serve.MaxLiveEnrolments
+// maxLive is the cap of unexpired records an identity holds for its node
+// name in pool (the store refuses enrolling again at it:
+// EnrolOptions.MaxLive): the pool's serve.maxLiveEnrolments, else
+// MaxLiveEnrolments.
+func (s *Server) maxLive(pool string) int {
+	if pp, ok := s.pol().Pools[pool]; ok && pp.Serve.MaxLiveEnrolments > 0 {
+		return pp.Serve.MaxLiveEnrolments
 	}
-	recs, err := s.o.Store.RecordsForNode(ctx, b.NodeName)
-	if err != nil {
-		return err
-	}
+	return s.o.MaxLiveEnrolments
+}
+
+// liveCap is the refusal of rec (EnrolmentCapReached) when its identity
+// already holds its pool's cap (limit) of unexpired records for its node
+// name, whose expiries are live (soonest first), as the store's refusing
+// write saw them. The refusal is final, not a 503: the agent's retries
+// could only spend its time until the oldest record expires (an hour), so
+// it stops at once and says why and what an operator can do.
+func (s *Server) liveCap(b *store.Binding, rec *store.Record, limit int, live []time.Time) error {
 	now := s.o.Clock()
-	var live []time.Time
-	for _, r := range recs {
-		if r.Identity == rec.Identity && r.Expires.After(now) {
-			live = append(live, r.Expires)
-		}
-	}
-	if len(live) < limit {
-		return nil
-	}
-	slices.SortFunc(live, func(a, b time.Time) int { return a.Compare(b) })
 	free := live[len(live)-limit]
 	s.eventAbout(rec.Identity, b.NodeName, true, attest.ReasonEnrolmentCap, fmt.Sprintf("%s, node %s, enrolled again past its pool's cap of %d unexpired enrolments (each with its own bootstrap token); refused until %s. A machine rebooting through provisioning: nodeproof release %s, or raise pools.%s.serve.maxLiveEnrolments",
 		rec.Identity, b.NodeName, limit, free.UTC().Format(time.RFC3339), b.NodeName, rec.Pool))
@@ -216,29 +216,28 @@ func (s *Server) eventAbout(identity, nodeName string, warning bool, reason atte
 	}
 }
 
-// answeredBefore returns prev, the record an earlier answer to the same
-// session wrote (as the refused write saw it; nil when there is none), if the config that answer's token could fetch was never
-// delivered, and the record is for the same node, pool, evidence and
-// kubelet key as rec (the only way it can be: the session fixes pool and
-// key, the evidence the node). An error is the store's.
-func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, tokenID string, prev *store.Record) (*store.Record, bool, error) {
+// answeredBefore returns the record an earlier answer to the same session
+// wrote, as the refusal c saw it, if the config that answer's token could
+// fetch was never delivered (c.Delivered; in cluster mode, the record's
+// bootstrap token says), and the record is for the same node, pool,
+// evidence and kubelet key as rec (the only way it can be: the session
+// fixes pool and key, the evidence the node). An error is the store's.
+func (s *Server) answeredBefore(ctx context.Context, rec *store.Record, c *store.EnrolConflict) (*store.Record, bool, error) {
+	prev := c.Record
 	if prev == nil {
 		return nil, false, nil
 	}
-	var err error
 	same := prev.NodeName == rec.NodeName && prev.Pool == rec.Pool && prev.Kind == rec.Kind &&
 		prev.Identity == rec.Identity && attest.Equal(prev.KubeletKeySHA256, rec.KubeletKeySHA256)
 	if !same {
 		return nil, false, nil
 	}
-	var delivered bool
+	delivered := c.Delivered
 	if s.o.Bootstrap != nil && prev.BootstrapTokenID != "" {
-		delivered, err = s.o.Bootstrap.Delivered(ctx, prev)
-	} else {
-		delivered, err = s.o.Store.IsUsed(ctx, configTokenOnce(tokenID))
-	}
-	if err != nil {
-		return nil, false, err
+		var err error
+		if delivered, err = s.o.Bootstrap.Delivered(ctx, prev); err != nil {
+			return nil, false, err
+		}
 	}
 	return prev, !delivered, nil
 }

@@ -1,6 +1,10 @@
 package store
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"time"
+)
 
 // Conflict says why Enrol refused an enrolment.
 type Conflict string
@@ -30,6 +34,11 @@ const (
 	// ConflictMarkerSpent: a single-use marker of the enrolment was set
 	// (ErrUsed).
 	ConflictMarkerSpent Conflict = "MarkerSpent"
+	// ConflictLiveCap: enrolling again, the identity already holds
+	// EnrolOptions.MaxLive unexpired records for the name
+	// (ErrEnrolmentCap); Live lists their expiries, Binding is the
+	// name's.
+	ConflictLiveCap Conflict = "LiveCap"
 )
 
 // EnrolConflict is Enrol's refusal: what conflicts, as the store saw it in
@@ -43,8 +52,37 @@ type EnrolConflict struct {
 	// Record is the record stored under the enrolment's record ID, when
 	// there is one: an earlier answer to the same session wrote it.
 	Record *Record
+	// Live, of ConflictLiveCap, are the expiries of the identity's
+	// unexpired records for the name, soonest first.
+	Live []time.Time
+	// Delivered, when EnrolOptions.Delivered named a marker, reports
+	// whether it is set (of ConflictRecordExists, ConflictMarkerSpent and
+	// ConflictIdentityBound: the refusals an earlier answer to the same
+	// session may explain).
+	Delivered bool
 	// Detail says more, for the message (e.g. which name, which identity).
 	Detail string
+}
+
+// Answerable reports whether c is a refusal an earlier answer to the same
+// session may explain: the record exists, a marker is set, or the
+// identity is enrolled (under that record, before it enrolled again).
+func (c *EnrolConflict) Answerable() bool {
+	return c.Reason == ConflictRecordExists || c.Reason == ConflictMarkerSpent || c.Reason == ConflictIdentityBound
+}
+
+// LiveOf returns the expiries of r.Identity's records in recs (a node
+// name's) that are unexpired when r is created, soonest first: what
+// EnrolOptions.MaxLive caps.
+func LiveOf(recs []*Record, r *Record) []time.Time {
+	var live []time.Time
+	for _, x := range recs {
+		if x.Identity == r.Identity && x.Expires.After(r.CreatedAt) {
+			live = append(live, x.Expires)
+		}
+	}
+	slices.SortFunc(live, func(a, b time.Time) int { return a.Compare(b) })
+	return live
 }
 
 // NewConflict returns the conflict reason with its binding and the record
@@ -80,6 +118,8 @@ func (c *EnrolConflict) Unwrap() error {
 		return ErrExists
 	case ConflictMarkerSpent:
 		return ErrUsed
+	case ConflictLiveCap:
+		return ErrEnrolmentCap
 	}
 	return fmt.Errorf("enrol conflict %q", string(c.Reason))
 }

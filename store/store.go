@@ -47,6 +47,9 @@ var (
 	// ErrPoolFixed: enrolling again named another pool than the
 	// binding's; a node's pool is fixed by its enrolment.
 	ErrPoolFixed = errors.New("node enrolled in another pool")
+	// ErrEnrolmentCap: enrolling again, the identity holds its cap of
+	// unexpired records for the name (EnrolOptions.MaxLive).
+	ErrEnrolmentCap = errors.New("identity holds its cap of unexpired enrolments")
 )
 
 // MaxReleased is how many released bindings a node name's history keeps
@@ -263,6 +266,16 @@ type EnrolOptions struct {
 	// ReplaceKey, with Again, binds the record's kubelet key in place of
 	// the binding's (a pool that re-enrols reinstalled machines always).
 	ReplaceKey bool
+	// MaxLive, when above 0, with Again, caps the identity's unexpired
+	// records for the name (those whose Expires is after the record's
+	// CreatedAt): holding that many already is ErrEnrolmentCap
+	// (ConflictLiveCap, their expiries in Live). Each enrolment mints a
+	// bootstrap token: a machine must not mint them without bound.
+	MaxLive int
+	// Delivered, when set, names the single-use marker a delivered config
+	// sets: a refusal an earlier answer to the same session may explain
+	// reports whether it is set (EnrolConflict.Delivered).
+	Delivered string
 }
 
 // Once is a single-use marker: Key may be set once until Expires.
@@ -324,8 +337,9 @@ type Bindings interface {
 	//     (ErrNameTaken if to another; a binding released meanwhile is
 	//     enrolled as a first one) with r's kubelet key unless
 	//     o.ReplaceKey (ErrIdentityEnrolled), in the binding's pool
-	//     (ErrPoolFixed), and not revoked (ErrRevoked); the binding is
-	//     updated.
+	//     (ErrPoolFixed), not revoked (ErrRevoked), and, with o.MaxLive,
+	//     below its cap of unexpired records for the name
+	//     (ErrEnrolmentCap); the binding is updated.
 	// A refusal is a *EnrolConflict (its Reason, the binding and the
 	// record stored under r.ID, as the refusing write saw them), which
 	// unwraps to the error named above (ErrUsed, ErrExists when a marker

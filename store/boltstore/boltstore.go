@@ -146,14 +146,8 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		bb, ib := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs)
-		// conflict reports reason with binding and the record already
-		// stored under r.ID, if any.
 		conflict := func(reason store.Conflict, binding *store.Binding, detail string, args ...any) error {
-			prev, err := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
-			if err != nil {
-				return fmt.Errorf("record %s: %w", r.ID, err)
-			}
-			return store.NewConflict(reason, binding, prev, detail, args...)
+			return s.conflict(tx, r, o, store.NewConflict(reason, binding, nil, detail, args...))
 		}
 		if tx.Bucket(bucketBans).Get([]byte(r.Identity)) != nil {
 			return conflict(store.ConflictBanned, nil, "%s is banned", r.Identity)
@@ -175,7 +169,7 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 			return conflict(store.ConflictRevoked, b, "the binding of %s is revoked", r.NodeName)
 		case b != nil && b.RecordID == r.ID:
 			// The same enrolment again: the record decides (ErrExists).
-			return s.enrolRecord(tx, r, data, once, seen)
+			return s.enrolRecord(tx, r, o, data, once, seen)
 		case b == nil:
 			if name := ib.Get([]byte(r.Identity)); name != nil {
 				held, err := getBinding(bb, string(name))
@@ -193,6 +187,17 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		case b.Pool != r.Pool:
 			return conflict(store.ConflictPoolFixed, b, "node %s is enrolled in pool %s", r.NodeName, b.Pool)
 		default:
+			if o.MaxLive > 0 {
+				recs, err := recordsForNode(tx, r.NodeName)
+				if err != nil {
+					return err
+				}
+				if live := store.LiveOf(recs, r); len(live) >= o.MaxLive {
+					c := store.NewConflict(store.ConflictLiveCap, seen, nil, "%s holds %d unexpired enrolments as %s", r.Identity, len(live), r.NodeName)
+					c.Live = live
+					return c
+				}
+			}
 			b.KubeletKeySHA256 = r.KubeletKeySHA256
 		}
 		b.RecordID, b.EnrolledAt = r.ID, r.CreatedAt
@@ -206,29 +211,36 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		if err := ib.Put([]byte(r.Identity), []byte(r.NodeName)); err != nil {
 			return err
 		}
-		return s.enrolRecord(tx, r, data, once, seen)
+		return s.enrolRecord(tx, r, o, data, once, seen)
 	})
 }
 
+// conflict completes c, Enrol's refusal of r, inside its transaction: the
+// record already stored under r.ID, and for a refusal an earlier answer
+// may explain, whether the marker o.Delivered names is set.
+func (s *Store) conflict(tx *bolt.Tx, r *store.Record, o store.EnrolOptions, c *store.EnrolConflict) error {
+	prev, err := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
+	if err != nil {
+		return fmt.Errorf("record %s: %w", r.ID, err)
+	}
+	c.Record = prev
+	if o.Delivered != "" && c.Answerable() {
+		c.Delivered = onceSet(tx.Bucket(bucketOnce), o.Delivered, s.clock())
+	}
+	return c
+}
+
 // enrolRecord is createRecord for Enrol, whose refusals are conflicts
-// reporting b (the binding as Enrol found it, nil when there was none) and
-// the record already stored under r.ID.
-func (s *Store) enrolRecord(tx *bolt.Tx, r *store.Record, data []byte, once []store.Once, b *store.Binding) error {
+// reporting b (the binding as Enrol found it, nil when there was none).
+func (s *Store) enrolRecord(tx *bolt.Tx, r *store.Record, o store.EnrolOptions, data []byte, once []store.Once, b *store.Binding) error {
 	err := s.createRecord(tx, r, data, once)
-	var reason store.Conflict
 	switch {
 	case errors.Is(err, store.ErrUsed):
-		reason = store.ConflictMarkerSpent
+		return s.conflict(tx, r, o, store.NewConflict(store.ConflictMarkerSpent, b, nil, "record %s", r.ID))
 	case errors.Is(err, store.ErrExists):
-		reason = store.ConflictRecordExists
-	default:
-		return err
+		return s.conflict(tx, r, o, store.NewConflict(store.ConflictRecordExists, b, nil, "record %s", r.ID))
 	}
-	prev, gerr := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
-	if gerr != nil {
-		return fmt.Errorf("record %s: %w", r.ID, gerr)
-	}
-	return store.NewConflict(reason, b, prev, "record %s", r.ID)
+	return err
 }
 
 func getBinding(bb *bolt.Bucket, nodeName string) (*store.Binding, error) {
@@ -568,24 +580,32 @@ func (s *Store) GetRecord(ctx context.Context, id string) (*store.Record, error)
 func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
 	var out []*store.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
-		rb := tx.Bucket(bucketRecords)
-		c := tx.Bucket(bucketNodes).Cursor()
-		prefix := []byte(nodeName + "\x00")
-		for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
-			v := rb.Get(k[len(prefix):])
-			if v == nil {
-				continue
-			}
-			r := new(store.Record)
-			if err := json.Unmarshal(v, r); err != nil {
-				return err
-			}
-			out = append(out, r)
-		}
-		return nil
+		var err error
+		out, err = recordsForNode(tx, nodeName)
+		return err
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
 	return out, err
+}
+
+// recordsForNode is RecordsForNode inside tx, unsorted.
+func recordsForNode(tx *bolt.Tx, nodeName string) ([]*store.Record, error) {
+	var out []*store.Record
+	rb := tx.Bucket(bucketRecords)
+	c := tx.Bucket(bucketNodes).Cursor()
+	prefix := []byte(nodeName + "\x00")
+	for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
+		v := rb.Get(k[len(prefix):])
+		if v == nil {
+			continue
+		}
+		r := new(store.Record)
+		if err := json.Unmarshal(v, r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // ConsumeRecord implements store.Store.

@@ -47,10 +47,26 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		case err != nil:
 			return err
 		default:
-			return s.enrolAgain(ctx, b, r, o, once)
+			return s.delivered(ctx, s.enrolAgain(ctx, b, r, o, once), o)
 		}
 	}
-	return s.enrolFirst(ctx, r, once)
+	return s.delivered(ctx, s.enrolFirst(ctx, r, once), o)
+}
+
+// delivered completes err, when it is a refusal an earlier answer may
+// explain, with whether the marker o.Delivered names is set (a read, on
+// that path only, when o names one).
+func (s *Store) delivered(ctx context.Context, err error, o store.EnrolOptions) error {
+	var c *store.EnrolConflict
+	if o.Delivered == "" || !errors.As(err, &c) || !c.Answerable() {
+		return err
+	}
+	used, uerr := s.IsUsed(ctx, o.Delivered)
+	if uerr != nil {
+		return fmt.Errorf("%w (and reading marker %s: %w)", err, o.Delivered, uerr)
+	}
+	c.Delivered = used
+	return err
 }
 
 func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.Once) error {
@@ -153,6 +169,7 @@ func (s *Store) setIdentityMarker(ctx context.Context, r *store.Record) (*v1alph
 
 // enrolAgain writes the record, then points the binding b at it (and at
 // its key, with o.ReplaceKey), updating with the resourceVersion it read.
+// With o.MaxLive it first reads the name's records (the cap).
 func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *store.Record, o store.EnrolOptions, once []store.Once) error {
 	key := hex.EncodeToString(r.KubeletKeySHA256)
 	check := func(b *v1alpha1.NodeBinding) error {
@@ -170,6 +187,17 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 	}
 	if err := check(b); err != nil {
 		return err
+	}
+	if o.MaxLive > 0 {
+		recs, err := s.RecordsForNode(ctx, r.NodeName)
+		if err != nil {
+			return err
+		}
+		if live := store.LiveOf(recs, r); len(live) >= o.MaxLive {
+			c := store.NewConflict(store.ConflictLiveCap, bindingOrNil(b), nil, "kubestore: %s holds %d unexpired enrolments as %s", r.Identity, len(live), r.NodeName)
+			c.Live = live
+			return c
+		}
 	}
 	if err := s.CreateRecord(ctx, r, once...); err != nil {
 		return s.recordConflict(ctx, err, bindingOrNil(b), r)

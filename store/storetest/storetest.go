@@ -671,6 +671,37 @@ var cases = []struct {
 			}
 		}
 		e.bound(t, again)
+
+		// LiveCap: at MaxLive unexpired records of the identity for the
+		// name (an expired one does not count), enrolling again is
+		// refused, with their expiries; below it, it goes through.
+		old := enrolment(5, "worker-1", a.Identity, "key-a")
+		old.CreatedAt, old.Expires = T0.Add(-2*time.Hour), T0.Add(-time.Hour)
+		e.create(t, old)
+		capped := enrolment(15, "worker-1", a.Identity, "key-a")
+		err := e.s.Enrol(e.ctx, capped, store.EnrolOptions{Again: true, MaxLive: 2})
+		is(t, "LiveCap", err, store.ErrEnrolmentCap)
+		var c *store.EnrolConflict
+		if !errors.As(err, &c) || c.Reason != store.ConflictLiveCap || len(c.Live) != 2 || !c.Live[0].Equal(a.Expires) ||
+			c.Binding == nil || c.Binding.RecordID != again.ID {
+			t.Fatalf("LiveCap: %v (%+v), want the two unexpired records' expiries and the binding", err, c)
+		}
+		e.absent(t, capped.ID)
+
+		// Delivered: whether the named marker is set, for a refusal an
+		// earlier answer to the same session may explain.
+		for _, set := range []bool{false, true} {
+			if set {
+				is(t, "UseOnce", e.s.UseOnce(e.ctx, "config/1", T0.Add(time.Minute)), nil)
+			}
+			err := e.s.Enrol(e.ctx, enrolment(1, "worker-1", a.Identity, "key-a"), store.EnrolOptions{Delivered: "config/1"})
+			if c = nil; !errors.As(err, &c) || c.Reason != store.ConflictIdentityBound || c.Delivered != set || c.Record == nil || c.Record.ID != a.ID {
+				t.Fatalf("Delivered (marker set %v): %v (%+v)", set, err, c)
+			}
+		}
+
+		e.enrol(t, capped, store.EnrolOptions{Again: true, MaxLive: 3})
+		e.bound(t, capped)
 	}},
 	{"bindings outlive GC", func(t *testing.T, e *env) {
 		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
