@@ -35,7 +35,8 @@ func (s *Server) enrol(ctx context.Context, rec *store.Record, tokenID string, p
 	var o store.EnrolOptions
 	if s.o.Bootstrap == nil {
 		// Without bootstrap tokens a config is delivered when its token's
-		// marker is spent: a refusal says whether it is.
+		// marker is spent: a refusal says whether it is. With them, every
+		// record carries its token (Issue), whose Secret says.
 		o.Delivered = configTokenOnce(tokenID)
 	}
 	err := s.o.Store.Enrol(ctx, rec, o)
