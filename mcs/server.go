@@ -105,13 +105,13 @@ var (
 
 // Store is what the server uses of the store: enrolment and the
 // bindings' status, the records it reads back, the single-use markers, and
-// an identity's ban and a name's history (read).
+// the bans and names' histories (read).
 type Store interface {
 	store.Bindings
 	store.RecordReader
 	store.Markers
-	BanOf(ctx context.Context, identity string) (*store.Ban, error)
-	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
+	store.BanReader
+	store.NameReader
 }
 
 // Options configure a Server. Each field says what it changes.

@@ -357,8 +357,17 @@ type Bindings interface {
 	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
 }
 
+// BanReader reads the bans.
+type BanReader interface {
+	// BanOf returns an identity's ban (ErrNotFound).
+	BanOf(ctx context.Context, identity string) (*Ban, error)
+	// Bans lists every ban.
+	Bans(ctx context.Context) ([]*Ban, error)
+}
+
 // Bans are the operators' refusals of identities.
 type Bans interface {
+	BanReader
 	// Revoke bans the identity bound to nodeName (ErrNotFound when none;
 	// Ban with that name, reason and time) and returns its binding, now
 	// revoked.
@@ -371,15 +380,21 @@ type Bans interface {
 	// Unban lifts an identity's ban and clears its binding's revocation
 	// (ErrNotFound when it is not banned), and returns the ban lifted.
 	Unban(ctx context.Context, identity string) (*Ban, error)
-	// BanOf returns an identity's ban (ErrNotFound).
-	BanOf(ctx context.Context, identity string) (*Ban, error)
-	// Bans lists every ban.
-	Bans(ctx context.Context) ([]*Ban, error)
+}
+
+// NameReader reads the node names' histories.
+type NameReader interface {
+	// History returns a node name's history (ErrNotFound when it has
+	// none: never released, never adopted).
+	History(ctx context.Context, nodeName string) (*NameHistory, error)
+	// Histories lists every name's history.
+	Histories(ctx context.Context) ([]*NameHistory, error)
 }
 
 // Names are what frees and claims a node name, and the history it
 // leaves: releases and adoptions.
 type Names interface {
+	NameReader
 	// Release deletes the binding of a node name and returns it, so the
 	// name may be taken and the identity — unless banned — enrol again
 	// (ErrNotFound). The binding goes to the name's history (with how,
@@ -391,11 +406,6 @@ type Names interface {
 	// NameHistory.Adopted) and returns the name's history; adopting again
 	// keeps the first adoption.
 	Adopt(ctx context.Context, nodeName string, how Act) (*NameHistory, error)
-	// History returns a node name's history (ErrNotFound when it has
-	// none: never released, never adopted).
-	History(ctx context.Context, nodeName string) (*NameHistory, error)
-	// Histories lists every name's history.
-	Histories(ctx context.Context) ([]*NameHistory, error)
 }
 
 // MarkerReader reads the single-use markers.

@@ -58,10 +58,8 @@ const (
 type Store interface {
 	store.RecordReader
 	store.BindingReader
-	BanOf(ctx context.Context, identity string) (*store.Ban, error)
-	Bans(ctx context.Context) ([]*store.Ban, error)
-	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
-	Histories(ctx context.Context) ([]*store.NameHistory, error)
+	store.BanReader
+	store.NameReader
 }
 
 // Sources are where inspect reads.
