@@ -31,14 +31,14 @@ import (
 // embedded store, the running server's admin socket when it answers (bbolt
 // locks the file while the server runs), else the file itself; with the
 // kubernetes store, the API server.
-func openOperatorStore(ctx context.Context, c serve.Config) (store.Operator, error) {
+func openOperatorStore(ctx context.Context, c serve.Config) (*operatorStore, error) {
 	if c.StoreKind(adminCluster(c)) == "embedded" {
 		cl, err := dialServer(ctx, adminsock.Path(c.StateDir))
 		if err != nil {
 			return nil, err
 		}
 		if cl != nil {
-			return cl, nil
+			return &operatorStore{Operator: cl}, nil
 		}
 		// An operator's command never makes a store: a mistyped
 		// --state-dir would otherwise show an empty one, or ban into a
@@ -58,7 +58,30 @@ func openOperatorStore(ctx context.Context, c serve.Config) (store.Operator, err
 		}
 		return nil, fmt.Errorf("open the store (no server answers on %s; is --state-dir %s right?): %w", adminsock.Path(c.StateDir), c.StateDir, err)
 	}
-	return st, nil
+	ks, _ := st.(*kubestore.Store) // the kubernetes store: its NodeBindings' UIDs
+	return &operatorStore{Operator: st, kube: ks}, nil
+}
+
+// operatorStore is the store an operator's command opened: what it may do
+// with it (store.Operator: a running server's admin socket, or the store
+// itself) and, with the kubernetes store, the NodeBindings' UIDs its
+// Events name.
+type operatorStore struct {
+	store.Operator
+	kube *kubestore.Store // nil but with the kubernetes store
+}
+
+// bindingUID is the uid of node's NodeBinding with the kubernetes store
+// (so `kubectl describe nodebinding` shows the Event), else "".
+func (s *operatorStore) bindingUID(ctx context.Context, node string) types.UID {
+	if s.kube == nil {
+		return ""
+	}
+	uid, err := s.kube.BindingUID(ctx, node)
+	if err != nil {
+		return ""
+	}
+	return uid
 }
 
 // dialServer connects to the running server's admin socket: nil and no
@@ -129,7 +152,7 @@ type opCmd struct {
 	identity    string
 	reason, who string
 	notEnrolled bool // --not-enrolled: revoke an identity nodeproof has never seen
-	st          store.Operator
+	st          *operatorStore
 }
 
 // startOp parses an operator's command: the store flags, --reason and
@@ -209,7 +232,7 @@ func release(ctx context.Context, c serve.Config, node string, act store.Act, st
 		return err
 	}
 	defer st.Close()
-	uid := bindingUID(ctx, st, node) // the Event names the binding released
+	uid := st.bindingUID(ctx, node) // the Event names the binding released
 	b, err := st.Release(ctx, node, act)
 	if errors.Is(err, store.ErrNotFound) {
 		return fmt.Errorf("node %s is not bound to any machine", node)
@@ -231,13 +254,13 @@ func release(ctx context.Context, c serve.Config, node string, act store.Act, st
 // bindingEvent writes ev with the kubernetes store (nothing otherwise),
 // naming the binding's uid (so kubectl describe nodebinding lists it) when
 // ev does not and st has the binding.
-func bindingEvent(ctx context.Context, c serve.Config, st store.Operator, component string, ev kubestore.BindingEvent) error {
+func bindingEvent(ctx context.Context, c serve.Config, st *operatorStore, component string, ev kubestore.BindingEvent) error {
 	kc, err := c.KubeClient(adminCluster(c))
 	if err != nil || kc == nil {
 		return err
 	}
 	if ev.UID == "" {
-		ev.UID = bindingUID(ctx, st, ev.NodeName)
+		ev.UID = st.bindingUID(ctx, ev.NodeName)
 	}
 	return kubestore.WriteEvent(ctx, kc, c.StoreNamespace, component, ev)
 }
@@ -343,7 +366,7 @@ func cmdRevoke(ctx context.Context, in *invocation) error {
 		return derr
 	}
 	return errors.Join(derr, kubestore.WriteEvent(ctx, kc, c.StoreNamespace, "nodeproof-revoke",
-		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: bindingUID(ctx, st, ban.NodeName)}))
+		kubestore.BindingEvent{NodeName: ban.NodeName, Reason: "Revoked", Message: msg, Warning: true, Time: c.Clock(), UID: st.bindingUID(ctx, ban.NodeName)}))
 }
 
 // cmdUnban lifts a ban: the identity that holds NODE, or was banned while
@@ -458,15 +481,4 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// bindingUID is the uid of node's NodeBinding with the kubernetes store
-// (so `kubectl describe nodebinding` shows the Event), else "".
-func bindingUID(ctx context.Context, st store.Operator, node string) types.UID {
-	if ks, ok := st.(*kubestore.Store); ok {
-		if uid, err := ks.BindingUID(ctx, node); err == nil {
-			return uid
-		}
-	}
-	return ""
 }
