@@ -216,7 +216,7 @@ func (w *apiWorld) term(ctx context.Context, o Options) error {
 		return err
 	}
 	o.Client, o.Clock = w.sa, time.Now
-	o.Decider = &Decider{Store: cached, Fresh: w.approverStore, Lineages: lineages, Clock: time.Now}
+	o.Decider = &Decider{Store: cached, Fresh: w.approverStore, Lineages: lineages, FreshLineages: w.approverStore, Tokens: cached, Clock: time.Now}
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewJSONHandler(new(testenv.LockedBuffer), nil))
 	}

@@ -25,7 +25,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -114,11 +113,11 @@ func New(o Options) (*Controller, error) {
 	case o.Clock == nil || o.Log == nil:
 		return nil, errors.New("approver: Clock and Log are required")
 	}
-	if _, ok := o.Decider.Store.(store.Lineages); !ok && o.Decider.Lineages == nil {
-		return nil, errors.New("approver: the Decider's Store keeps no certificate lineages (store.Lineages), and no Lineages is set")
+	if o.Decider.Lineages == nil {
+		return nil, errors.New("approver: the Decider's Lineages (the certificate lineages) are required")
 	}
-	if _, ok := o.Decider.Fresh.(store.Lineages); o.Decider.Fresh != nil && !ok {
-		return nil, errors.New("approver: the Decider's Fresh store keeps no certificate lineages (store.Lineages)")
+	if o.Decider.Fresh != nil && o.Decider.FreshLineages == nil {
+		return nil, errors.New("approver: with the Decider's Fresh store, its FreshLineages are required")
 	}
 	if o.Workers <= 0 {
 		o.Workers = DefaultWorkers

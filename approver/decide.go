@@ -40,16 +40,23 @@ type Decision struct {
 	Rule string
 }
 
+// Store is what decisions read and write of the store: the records (one
+// is consumed by an approval) and the bindings (read).
+type Store interface {
+	store.Records
+	store.BindingReader
+}
+
 // Decider decides CSRs from the store's NodeAttestation records.
 type Decider struct {
 	// Store holds the records the server wrote. It may answer from a
 	// watch (kubestore.Cached) when Fresh is set.
-	Store store.Store
+	Store Store
 	// Fresh, when set, is Store without a cache: a denial is final, so a
 	// decision to deny made on Store is made again on Fresh, and only a
 	// denial there is written (a watch a moment behind, e.g. a re-enrolment
 	// with a new kubelet key, must not deny a machine for good).
-	Fresh store.Store
+	Fresh Store
 	// Clock tells the time (required).
 	Clock func() time.Time
 	// DenyUnattested denies kubelet CSRs without evidence (no record for
@@ -61,25 +68,34 @@ type Decider struct {
 	// in its pool (policy lifetime.staleAfter); nil means
 	// DefaultStaleAfter for every pool.
 	StaleAfter func(pool string) time.Duration
-	// Lineages, if set, keeps the certificate lineages that decisions on
-	// Store read and RecordIssued writes, in place of Store's own
-	// (store.Lineages): e.g. kubestore.Cached.LineagesWith, whose writes go
-	// through a client of their own, so recording a machine's certificate
-	// does not spend the rate limit its approval needs. Fresh's own are
-	// used on Fresh.
+	// Lineages keeps the certificate lineages that decisions on Store
+	// read and RecordIssued writes (required): the store's own, or e.g.
+	// kubestore.Cached.LineagesWith, whose writes go through a client of
+	// their own, so recording a machine's certificate does not spend the
+	// rate limit its approval needs.
 	Lineages store.Lineages
+	// FreshLineages are the lineages read and written on Fresh (required
+	// with Fresh): Fresh's own.
+	FreshLineages store.Lineages
+	// Tokens, when set, finds the records naming a bootstrap token
+	// (kubestore.Cached, boltstore.Store): a CSR made with a token issued
+	// for another node is denied, and a token's CSRs spend its node's
+	// budget. Without it bootstrap tokens are not checked against nodes.
+	// Decisions made again on Fresh do not read it.
+	Tokens store.TokenIndex
 }
 
 // lineages is where decisions on st read lineages, and RecordIssued writes
 // them.
-func (d *Decider) lineages(st store.Store) (store.Lineages, error) {
-	if st == d.Store && d.Lineages != nil {
-		return d.Lineages, nil
+func (d *Decider) lineages(st Store) (store.Lineages, error) {
+	l := d.Lineages
+	if d.Fresh != nil && st == d.Fresh && st != d.Store {
+		l = d.FreshLineages
 	}
-	if l, ok := st.(store.Lineages); ok {
-		return l, nil
+	if l == nil {
+		return nil, errors.New("approver: no certificate lineages (Decider.Lineages, and FreshLineages with Fresh)")
 	}
-	return nil, errors.New("approver: the store keeps no certificate lineages (store.Lineages)")
+	return l, nil
 }
 
 // DefaultStaleAfter is the freshness window when no policy says: three
@@ -111,11 +127,9 @@ func csrRef(csr *certv1.CertificateSigningRequest) string {
 // (except BootstrapTokenOtherNode, which rests on records, whose spec
 // never changes: a cache that holds one is not behind on it).
 //
-// Store (or Lineages) and Fresh must implement store.Lineages
-// (kubestore.Store, kubestore.Cached and boltstore.Store do): without it
-// no CSR the node makes itself is decided (an error). When it also
-// implements store.TokenIndex (kubestore.Cached, boltstore.Store),
-// bootstrap tokens are checked against the node their records name.
+// Lineages (and FreshLineages, with Fresh) are required: without them no
+// CSR the node makes itself is decided (an error). With Tokens, bootstrap
+// tokens are checked against the node their records name.
 //
 // Records are garbage-collected once they expire (the store's GC, in the
 // server): a serving-certificate renewal after that finds no record and
@@ -127,7 +141,7 @@ func (d *Decider) Decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 		return dec, err
 	}
 	fresh := *d
-	fresh.Store, fresh.Fresh, fresh.Lineages = d.Fresh, nil, nil
+	fresh.Store, fresh.Fresh, fresh.Lineages, fresh.FreshLineages, fresh.Tokens = d.Fresh, nil, d.FreshLineages, nil, nil
 	return fresh.decide(ctx, csr)
 }
 
@@ -156,15 +170,14 @@ func (d *Decider) decide(ctx context.Context, csr *certv1.CertificateSigningRequ
 
 // tokenForOtherNode denies a CSR made with a bootstrap token that
 // nodeproof issued for another node: the token's unexpired records
-// (store.TokenIndex) all name other nodes. A token the index does not
+// (Tokens) all name other nodes. A token the index does not
 // know (none, or a shared token no record names) is not judged here.
 func (d *Decider) tokenForOtherNode(ctx context.Context, k *kubeletCSR) (Decision, bool, error) {
 	id, ok := strings.CutPrefix(k.requester, BootstrapUserPrefix)
-	idx, indexed := d.Store.(store.TokenIndex)
-	if !ok || !indexed {
+	if !ok || d.Tokens == nil {
 		return Decision{}, false, nil
 	}
-	nodes, err := tokenNodes(ctx, idx, id, d.Clock())
+	nodes, err := tokenNodes(ctx, d.Tokens, id, d.Clock())
 	if err != nil || len(nodes) == 0 || slices.Contains(nodes, k.nodeName) {
 		return Decision{}, false, err
 	}

@@ -101,7 +101,7 @@ func servingCSR(t testing.TB, name, node string, dns []string, ips []net.IP) csr
 	}
 }
 
-func openStore(t testing.TB) store.Store {
+func openStore(t testing.TB) *boltstore.Store {
 	t.Helper()
 	st, err := boltstore.Open(filepath.Join(t.TempDir(), "state.db"), time.Second, clock)
 	if err != nil {
@@ -114,7 +114,7 @@ func openStore(t testing.TB) store.Store {
 func TestDecide(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
-	d := &Decider{Store: st, Clock: clock}
+	d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}
 	// creds holds the credential (the SHA-256 of a client certificate) of
 	// each node's kubelet, as the approver recorded it in the node's
 	// lineage when it saw the certificate issued for the first CSR, the
@@ -492,7 +492,7 @@ func TestDecideRace(t *testing.T) {
 		CreatedAt: now, Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d := &Decider{Store: st, Clock: clock}
+	d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}
 	const n = 16
 	var wg sync.WaitGroup
 	results := make([]Decision, n)
@@ -542,16 +542,16 @@ func TestDecideFresh(t *testing.T) {
 	enrol(fresh, "rec-new", newKey) // what the API server holds now
 	csr := makeCSR(t, clientCSR(t, "csr-new", "n", newKey, "u"))
 
-	if dec, err := (&Decider{Store: stale, Clock: clock}).Decide(ctx, csr); err != nil || dec.Action != Deny {
+	if dec, err := (&Decider{Store: stale, Lineages: stale, Tokens: stale, Clock: clock}).Decide(ctx, csr); err != nil || dec.Action != Deny {
 		t.Fatalf("on the stale state alone: %s %s, %v; want a denial (else this test shows nothing)", dec.Action, dec.Reason, err)
 	}
-	dec, err := (&Decider{Store: stale, Fresh: fresh, Clock: clock}).Decide(ctx, csr)
+	dec, err := (&Decider{Store: stale, Lineages: stale, Tokens: stale, Fresh: fresh, FreshLineages: fresh, Clock: clock}).Decide(ctx, csr)
 	if err != nil || dec.Action != Approve || dec.Record != "rec-new" {
 		t.Fatalf("with Fresh: %s %s (record %s), %v; want approved with rec-new", dec.Action, dec.Reason, dec.Record, err)
 	}
 	// Now consumed on both: a second CSR with that key is denied, on Fresh too.
 	again := makeCSR(t, clientCSR(t, "csr-again", "n", newKey, "u"))
-	dec, err = (&Decider{Store: fresh, Fresh: fresh, Clock: clock}).Decide(ctx, again)
+	dec, err = (&Decider{Store: fresh, Lineages: fresh, Tokens: fresh, Fresh: fresh, FreshLineages: fresh, Clock: clock}).Decide(ctx, again)
 	if err != nil || dec.Action != Deny || dec.Reason != attest.ReasonRecordConsumed {
 		t.Fatalf("a second CSR: %s %s, %v; want denied as consumed", dec.Action, dec.Reason, err)
 	}
@@ -623,7 +623,7 @@ func TestAttackBanNotYetInBinding(t *testing.T) {
 	if _, err := st.Ban(ctx, store.Ban{Identity: "tpm-ek:banned", Kind: attest.KindTPM, NodeName: "banned-0", At: now, By: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	d := &Decider{Store: &bindingsBehind{Store: st, bindings: map[string]*store.Binding{"banned-0": before}}, Lineages: st.(store.Lineages), Clock: clock}
+	d := &Decider{Store: &bindingsBehind{Store: st, bindings: map[string]*store.Binding{"banned-0": before}}, Lineages: st, Clock: clock}
 	dec, err := d.Decide(ctx, makeCSR(t, clientCSR(t, "csr-banned", "banned-0", k, "system:serviceaccount:x:node-bootstrapper")))
 	if err != nil {
 		t.Fatal(err)
@@ -640,7 +640,8 @@ func TestAttackBanNotYetInBinding(t *testing.T) {
 // shape rule.
 func TestDecideMalformedRequest(t *testing.T) {
 	for _, deny := range []bool{false, true} {
-		d := &Decider{Store: openStore(t), Clock: clock, DenyUnattested: deny}
+		st := openStore(t)
+		d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock, DenyUnattested: deny}
 		csr := makeCSR(t, clientCSR(t, "csr-junk", "worker-1", mustKey(t), "u"))
 		csr.Spec.Request = []byte("-----BEGIN CERTIFICATE REQUEST-----\nnot base64\n-----END CERTIFICATE REQUEST-----\n")
 		dec, err := d.Decide(context.Background(), csr)

@@ -64,7 +64,7 @@ func mustDER(t *testing.T, v any) []byte {
 func TestAttackCSRExtensions(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
-	d := &Decider{Store: st, Clock: clock}
+	d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}
 	ips := []net.IP{net.ParseIP("10.0.0.1")}
 	dns := []string{"worker-1.example.com"}
 	enrol := func(node string, key crypto.Signer, token string) {

@@ -194,7 +194,7 @@ func FuzzIssued(f *testing.F) {
 		KubeletKeySHA256: keyHash(f, key), CreatedAt: now, Expires: now.Add(time.Hour)}, store.EnrolOptions{}); err != nil {
 		f.Fatal(err)
 	}
-	lins := st.(store.Lineages)
+	lins := st
 	f.Fuzz(func(t *testing.T, cred string, certPEM []byte) {
 		// Each input starts from another enrolment's lineage.
 		if _, err := lins.UpdateLineage(context.Background(), "n", func(*store.Lineage) (*store.Lineage, error) {
@@ -210,7 +210,7 @@ func FuzzIssued(f *testing.F) {
 			t.Fatal("a refused credential ID without a why")
 		}
 		c.Status.Certificate = certPEM
-		ok, err := (&Decider{Store: st, Clock: clock}).RecordIssued(context.Background(), c)
+		ok, err := (&Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}).RecordIssued(context.Background(), c)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,14 +5,12 @@ import (
 	"strings"
 
 	certv1 "k8s.io/api/certificates/v1"
-
-	"github.com/nodeproof/nodeproof/store"
 )
 
 // LimitKey is whose budget csr spends in the controller's limits: its
 // requester when the requester is one machine's — a node's own
 // credentials (system:node:NAME), or a bootstrap token nodeproof issued
-// for one node (a record names it: store.TokenIndex) — so a flood from
+// for one node (a record names it: Decider.Tokens) — so a flood from
 // one machine, whatever names it asks for, delays only that machine. A
 // requester many machines may share (a bootstrap token no record names, a
 // service account such as OpenShift's node-bootstrapper) cannot tell the
@@ -24,8 +22,8 @@ func (d *Decider) LimitKey(ctx context.Context, csr *certv1.CertificateSigningRe
 		return req
 	}
 	if id, ok := strings.CutPrefix(req, BootstrapUserPrefix); ok {
-		if idx, indexed := d.Store.(store.TokenIndex); indexed {
-			if nodes, err := tokenNodes(ctx, idx, id, d.Clock()); err == nil && len(nodes) > 0 {
+		if d.Tokens != nil {
+			if nodes, err := tokenNodes(ctx, d.Tokens, id, d.Clock()); err == nil && len(nodes) > 0 {
 				return req
 			}
 		}

@@ -119,7 +119,7 @@ func (d *Decider) RecordIssued(ctx context.Context, csr *certv1.CertificateSigni
 // recordIssued is RecordIssued on st; unowned reports that it wrote
 // nothing because neither the lineage nor the CSR's key was the
 // binding's enrolment's, which a stale read can cause.
-func (d *Decider) recordIssued(ctx context.Context, csr *certv1.CertificateSigningRequest, st store.Store) (recorded, unowned bool, err error) {
+func (d *Decider) recordIssued(ctx context.Context, csr *certv1.CertificateSigningRequest, st Store) (recorded, unowned bool, err error) {
 	if csr.Spec.SignerName != SignerKubeletClient {
 		return false, false, nil
 	}

@@ -115,7 +115,7 @@ func TestRequesterCertificate(t *testing.T) {
 func TestLineageAttacks(t *testing.T) {
 	ctx := context.Background()
 	st := openStore(t)
-	d := &Decider{Store: st, Clock: clock}
+	d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}
 	ca := newTestSigner(t)
 	enrol := func(id, node, identity string, key *ecdsa.PrivateKey, o store.EnrolOptions) {
 		t.Helper()
@@ -125,7 +125,7 @@ func TestLineageAttacks(t *testing.T) {
 		}
 	}
 	lineage := func(node string) *store.Lineage {
-		l, err := st.(store.Lineages).Lineage(ctx, node)
+		l, err := st.Lineage(ctx, node)
 		if err != nil {
 			t.Fatalf("lineage of %s: %v", node, err)
 		}
@@ -235,7 +235,7 @@ func TestLimitKey(t *testing.T) {
 		KubeletKeySHA256: keyHash(t, mustKey(t)), BootstrapTokenID: "old123", CreatedAt: now.Add(-2 * time.Hour), Expires: now.Add(-time.Hour)}, store.EnrolOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	d := &Decider{Store: st, Clock: clock}
+	d := &Decider{Store: st, Lineages: st, Tokens: st, Clock: clock}
 	key := func(node, requester string) string {
 		return d.LimitKey(ctx, makeCSR(t, clientCSR(t, "c", node, mustKey(t), requester)))
 	}

@@ -113,7 +113,7 @@ func (r Runner) Run(ctx context.Context) error {
 		return err
 	}
 	run := &running{r: r, kc: kc, events: events, st: st, lineageStore: lineageStore}
-	if _, err := run.newController(st, nil, nil); err != nil { // check the options before campaigning
+	if _, err := run.newController(st, nil, st, nil, nil); err != nil { // check the options before campaigning
 		return err
 	}
 	if !r.LeaderElect {
@@ -160,11 +160,11 @@ func (run *running) lifetime() func(string) (time.Duration, corev1.TaintEffect) 
 
 // newController makes a controller for one term: nothing of a previous
 // term's caches or queue is carried over.
-func (run *running) newController(reads, fresh store.Store, lineages store.Lineages) (*Controller, error) {
+func (run *running) newController(reads, fresh Store, lineages, freshLineages store.Lineages, tokens store.TokenIndex) (*Controller, error) {
 	r := run.r
 	return New(Options{
-		Client: run.kc, EventClient: run.events, Decider: &Decider{Store: reads, Fresh: fresh, Lineages: lineages,
-			Clock: r.Clock, DenyUnattested: r.DenyUnattested, StaleAfter: run.staleAfter()},
+		Client: run.kc, EventClient: run.events, Decider: &Decider{Store: reads, Fresh: fresh, Lineages: lineages, FreshLineages: freshLineages,
+			Tokens: tokens, Clock: r.Clock, DenyUnattested: r.DenyUnattested, StaleAfter: run.staleAfter()},
 		Workers: r.Workers, PerNodeRate: r.PerNodeRate, PerNodeBurst: r.PerNodeBurst,
 		Metrics: r.Metrics, Clock: r.Clock, Log: r.Log,
 	})
@@ -194,7 +194,7 @@ func (run *running) term(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ctl, err := run.newController(cached, run.st, lineages)
+	ctl, err := run.newController(cached, run.st, lineages, run.st, cached)
 	if err != nil {
 		return err
 	}

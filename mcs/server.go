@@ -103,14 +103,25 @@ var (
 	ErrNotReady = errors.New("config not ready yet")
 )
 
+// Store is what the server uses of the store: enrolment and the
+// bindings' status, the records it reads back, the single-use markers, and
+// the bans and names' histories (read).
+type Store interface {
+	store.Bindings
+	store.RecordReader
+	store.Markers
+	store.BanReader
+	store.NameReader
+}
+
 // Options configure a Server. Each field says what it changes.
 type Options struct {
 	// Policy decides, per pool, what evidence is enough and what is served.
 	Policy *policy.Policy
 	// Configs supplies the bytes. Swappable at run time with SetConfigs.
 	Configs Configs
-	// Store keeps records and single-use markers.
-	Store store.Store
+	// Store keeps records, bindings and single-use markers.
+	Store Store
 	// Keys seal sessions and config tokens.
 	Keys *seal.Keyring
 	// Provisioning are the token-tier tokens; nil disables the token tier

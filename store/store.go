@@ -47,6 +47,9 @@ var (
 	// ErrPoolFixed: enrolling again named another pool than the
 	// binding's; a node's pool is fixed by its enrolment.
 	ErrPoolFixed = errors.New("node enrolled in another pool")
+	// ErrEnrolmentCap: enrolling again, the identity holds its cap of
+	// unexpired records for the name (EnrolOptions.MaxLive).
+	ErrEnrolmentCap = errors.New("identity holds its cap of unexpired enrolments")
 )
 
 // MaxReleased is how many released bindings a node name's history keeps
@@ -267,6 +270,16 @@ type EnrolOptions struct {
 	// ReplaceKey, with Again, binds the record's kubelet key in place of
 	// the binding's (a pool that re-enrols reinstalled machines always).
 	ReplaceKey bool
+	// MaxLive, when above 0, with Again, caps the identity's unexpired
+	// records for the name (those whose Expires is after the record's
+	// CreatedAt): holding that many already is ErrEnrolmentCap
+	// (ConflictLiveCap, their expiries in Live). Each enrolment mints a
+	// bootstrap token: a machine must not mint them without bound.
+	MaxLive int
+	// Delivered, when set, names the single-use marker a delivered config
+	// sets: a refusal an earlier answer to the same session may explain
+	// reports whether it is set (EnrolConflict.Delivered).
+	Delivered string
 }
 
 // Once is a single-use marker: Key may be set once until Expires.
@@ -275,8 +288,49 @@ type Once struct {
 	Expires time.Time
 }
 
-// Store is the shared state. Implementations are safe for concurrent use.
-type Store interface {
+// RecordReader reads the NodeAttestation records.
+type RecordReader interface {
+	// GetRecord returns a record by ID (ErrNotFound).
+	GetRecord(ctx context.Context, id string) (*Record, error)
+	// RecordsForNode returns the records for a node name, newest first,
+	// expired ones included (callers decide). It reads an index, page by
+	// page, with no upper bound: only the identity that owns the name can
+	// add records for it (Enrol), so no third party can grow the list.
+	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
+}
+
+// Records are the NodeAttestation records: written by the server
+// (CreateRecord, or Bindings.Enrol), consumed by the approver.
+type Records interface {
+	RecordReader
+	// CreateRecord stores r and, in the same atomic and durable write, sets
+	// every marker in once (a session answered; an instance enrolled). If
+	// any is already set it returns ErrUsed and stores nothing; an existing
+	// ID gives ErrExists. Calling it again for a record it already stored
+	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
+	// calling it again with the same record completes it.
+	CreateRecord(ctx context.Context, r *Record, once ...Once) error
+	// ConsumeRecord marks a record as having approved the CSR by;
+	// ErrConsumed if it already did, ErrNotFound if there is none,
+	// ErrRevoked if its identity is banned.
+	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
+}
+
+// BindingReader reads the node names' owners.
+type BindingReader interface {
+	// Binding returns the binding of a node name (ErrNotFound).
+	Binding(ctx context.Context, nodeName string) (*Binding, error)
+	// BindingOf returns the binding an identity holds (ErrNotFound).
+	BindingOf(ctx context.Context, identity string) (*Binding, error)
+	// Bindings lists every binding, page by page.
+	Bindings(ctx context.Context) ([]*Binding, error)
+}
+
+// Bindings are the node names' owners as the server writes them:
+// enrolment (Enrol, which also writes the record and its markers) and
+// the status of the attestations after it.
+type Bindings interface {
+	BindingReader
 	// Enrol stores r as an enrolment of r.Identity under r.NodeName,
 	// with its markers, and binds the name to the identity. A banned
 	// identity is ErrRevoked, whatever the name and options. Then:
@@ -287,32 +341,37 @@ type Store interface {
 	//     (ErrNameTaken if to another; a binding released meanwhile is
 	//     enrolled as a first one) with r's kubelet key unless
 	//     o.ReplaceKey (ErrIdentityEnrolled), in the binding's pool
-	//     (ErrPoolFixed), and not revoked (ErrRevoked); the binding is
-	//     updated.
+	//     (ErrPoolFixed), not revoked (ErrRevoked), and, with o.MaxLive,
+	//     below its cap of unexpired records for the name
+	//     (ErrEnrolmentCap); the binding is updated.
+	// A refusal is a *EnrolConflict (its Reason, the binding and the
+	// record stored under r.ID, as the refusing write saw them), which
+	// unwraps to the error named above (ErrUsed, ErrExists when a marker
+	// is set or the record exists).
 	// Completing a call that was cut off (a crash) with the same record
 	// succeeds. On any error nothing this call wrote is kept, except where
 	// the outcome of a write is unknown; then, as with CreateRecord, the
 	// markers stay (the safe direction).
 	Enrol(ctx context.Context, r *Record, o EnrolOptions, once ...Once) error
-	// Binding returns the binding of a node name (ErrNotFound).
-	Binding(ctx context.Context, nodeName string) (*Binding, error)
-	// BindingOf returns the binding an identity holds (ErrNotFound).
-	BindingOf(ctx context.Context, identity string) (*Binding, error)
-	// Release deletes the binding of a node name and returns it, so the
-	// name may be taken and the identity — unless banned — enrol again
-	// (ErrNotFound). The binding goes to the name's history (with how,
-	// when given: who and why); a revoked binding's revocation becomes
-	// the identity's ban if it had none (a hand-set revocation survives
-	// the release too).
-	Release(ctx context.Context, nodeName string, how ...Act) (*Binding, error)
-	// Bindings lists every binding, page by page.
-	Bindings(ctx context.Context) ([]*Binding, error)
 	// UpdateStatus changes the attestation status of nodeName's binding,
 	// which must be identity's (ErrNameTaken otherwise, ErrNotFound when
 	// there is none), with fn, in one write that cannot lose a concurrent
 	// one (fn may run again on a fresh read). It returns the binding as
 	// written.
 	UpdateStatus(ctx context.Context, nodeName, identity string, fn func(*Binding) error) (*Binding, error)
+}
+
+// BanReader reads the bans.
+type BanReader interface {
+	// BanOf returns an identity's ban (ErrNotFound).
+	BanOf(ctx context.Context, identity string) (*Ban, error)
+	// Bans lists every ban.
+	Bans(ctx context.Context) ([]*Ban, error)
+}
+
+// Bans are the operators' refusals of identities.
+type Bans interface {
+	BanReader
 	// Revoke bans the identity bound to nodeName (ErrNotFound when none;
 	// Ban with that name, reason and time) and returns its binding, now
 	// revoked.
@@ -325,45 +384,78 @@ type Store interface {
 	// Unban lifts an identity's ban and clears its binding's revocation
 	// (ErrNotFound when it is not banned), and returns the ban lifted.
 	Unban(ctx context.Context, identity string) (*Ban, error)
-	// BanOf returns an identity's ban (ErrNotFound).
-	BanOf(ctx context.Context, identity string) (*Ban, error)
-	// Bans lists every ban.
-	Bans(ctx context.Context) ([]*Ban, error)
-	// Adopt records an operator's adoption of a node name (see
-	// NameHistory.Adopted) and returns the name's history; adopting again
-	// keeps the first adoption.
-	Adopt(ctx context.Context, nodeName string, how Act) (*NameHistory, error)
+}
+
+// NameReader reads the node names' histories.
+type NameReader interface {
 	// History returns a node name's history (ErrNotFound when it has
 	// none: never released, never adopted).
 	History(ctx context.Context, nodeName string) (*NameHistory, error)
 	// Histories lists every name's history.
 	Histories(ctx context.Context) ([]*NameHistory, error)
-	// CreateRecord stores r and, in the same atomic and durable write, sets
-	// every marker in once (a session answered; an instance enrolled). If
-	// any is already set it returns ErrUsed and stores nothing; an existing
-	// ID gives ErrExists. Calling it again for a record it already stored
-	// gives ErrUsed or ErrExists; after a call that was cut off (a crash),
-	// calling it again with the same record completes it.
-	CreateRecord(ctx context.Context, r *Record, once ...Once) error
-	// GetRecord returns a record by ID (ErrNotFound).
-	GetRecord(ctx context.Context, id string) (*Record, error)
-	// RecordsForNode returns the records for a node name, newest first,
-	// expired ones included (callers decide). It reads an index, page by
-	// page, with no upper bound: only the identity that owns the name can
-	// add records for it (Enrol), so no third party can grow the list.
-	RecordsForNode(ctx context.Context, nodeName string) ([]*Record, error)
-	// ConsumeRecord marks a record as having approved the CSR by;
-	// ErrConsumed if it already did, ErrNotFound if there is none,
-	// ErrRevoked if its identity is banned.
-	ConsumeRecord(ctx context.Context, id, by string, at time.Time) error
+}
+
+// Names are what frees and claims a node name, and the history it
+// leaves: releases and adoptions.
+type Names interface {
+	NameReader
+	// Release deletes the binding of a node name and returns it, so the
+	// name may be taken and the identity — unless banned — enrol again
+	// (ErrNotFound). The binding goes to the name's history (with how,
+	// when given: who and why); a revoked binding's revocation becomes
+	// the identity's ban if it had none (a hand-set revocation survives
+	// the release too).
+	Release(ctx context.Context, nodeName string, how ...Act) (*Binding, error)
+	// Adopt records an operator's adoption of a node name (see
+	// NameHistory.Adopted) and returns the name's history; adopting again
+	// keeps the first adoption.
+	Adopt(ctx context.Context, nodeName string, how Act) (*NameHistory, error)
+}
+
+// MarkerReader reads the single-use markers.
+type MarkerReader interface {
+	// IsUsed reports whether an unexpired marker is set for key, without
+	// setting it.
+	IsUsed(ctx context.Context, key string) (bool, error)
+}
+
+// Markers are the single-use markers (a session answered, a token
+// spent).
+type Markers interface {
+	MarkerReader
 	// UseOnce sets a single-use marker valid until expires; ErrUsed if set.
 	UseOnce(ctx context.Context, key string, expires time.Time) error
 	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
 	// did not happen (a response that could not be delivered).
 	ReleaseOnce(ctx context.Context, key string) error
-	// IsUsed reports whether an unexpired marker is set for key, without
-	// setting it.
-	IsUsed(ctx context.Context, key string) (bool, error)
+}
+
+// Operator is what an operator's command does with the store (and what
+// store/adminsock serves of a running server's): every read, bans, names,
+// and clearing a marker whose use did not happen (enroll --reset); never
+// an enrolment, a record, a status or a marker set.
+type Operator interface {
+	RecordReader
+	BindingReader
+	Bans
+	Names
+	MarkerReader
+	// ReleaseOnce clears a marker that UseOnce set, when the use it guarded
+	// did not happen (a response that could not be delivered).
+	ReleaseOnce(ctx context.Context, key string) error
+	Close() error
+}
+
+// Store is the whole shared state: every role, garbage collection and
+// closing. A consumer names the roles it uses (Records, Bindings, Bans,
+// Names, Markers, their readers, Operator; Lineages and TokenIndex beside
+// them), not Store. Implementations are safe for concurrent use.
+type Store interface {
+	Records
+	Bindings
+	Bans
+	Names
+	Markers
 	// GC deletes records and markers that expired before now and returns how
 	// many it deleted.
 	GC(ctx context.Context, now time.Time) (int, error)

@@ -120,7 +120,7 @@ func runChild(kind, kubeconfig, namespace string, qps float64, burst, workers in
 		}
 		h := &watchHandler{Handler: slog.NewJSONHandler(os.Stderr, nil), ready: ready, errors: new(atomic.Int64)}
 		ctl, err := approver.New(approver.Options{
-			Client: kc, Decider: &approver.Decider{Store: cached, Fresh: st, Lineages: lineages, Clock: time.Now},
+			Client: kc, Decider: &approver.Decider{Store: cached, Fresh: st, Lineages: lineages, FreshLineages: st, Tokens: cached, Clock: time.Now},
 			Workers: workers, Metrics: m, Clock: time.Now, Log: slog.New(h),
 		})
 		if err != nil {

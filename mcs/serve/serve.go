@@ -74,7 +74,7 @@ func Run(ctx context.Context, c Config) error {
 	if keeper.KeepsCertificates() {
 		c.bundleFrom = keeper.CABundle
 	}
-	opts, conns, closeAll, version, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
+	opts, st, conns, closeAll, version, err := c.serverOptions(ctx, clusterMode, keeper.Provisioning())
 	if err != nil {
 		return err
 	}
@@ -175,7 +175,7 @@ func Run(ctx context.Context, c Config) error {
 			go c.publishStatus(ctx, kc, statusFn)
 		}
 	}
-	go c.maintain(ctx, clusterMode, opts.Store, opts.Keys, prov, servedCerts, reloader)
+	go c.maintain(ctx, clusterMode, st, opts.Keys, prov, servedCerts, reloader)
 	ports.serve(ctx, c.Log)
 	return nil
 }
@@ -219,8 +219,9 @@ func (c Config) judge(ctx context.Context) (mcs.Judge, string, error) {
 // the policy (its insecure choices logged), the verifiers of the evidence
 // kinds the policy takes, the store, Events, sealing keys, provisioning
 // tokens and admission limits (and those of the listeners, returned
-// apart). closeAll releases what was opened.
-func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, conns limit.ListenerOptions, closeAll func(), version string, err error) {
+// apart), and the store itself (its garbage collection). closeAll
+// releases what was opened.
+func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *tokens.Provisioning) (o mcs.Options, st store.Store, conns limit.ListenerOptions, closeAll func(), version string, err error) {
 	var closers []func()
 	release := func() {
 		for i := len(closers) - 1; i >= 0; i-- {
@@ -235,23 +236,24 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 	o = mcs.Options{ConfigTokenTTL: c.TokenTTL, Clock: c.Clock, Log: c.Log}
 	j, version, err := c.judge(ctx)
 	if err != nil {
-		return o, conns, nil, "", err
+		return o, nil, conns, nil, "", err
 	}
 	for _, w := range j.Policy.Warnings() {
 		c.Log.Warn("policy: " + w)
 	}
 	c.Log.Info("policy in force", "file", orDefault(c.Policy, "(none: the public tier only)"), "version", version, "pools", len(j.Policy.Pools))
 	o.Policy, o.Verifiers = j.Policy, j.Verifiers
-	if o.Store, err = c.OpenStore(clusterMode); err != nil {
-		return o, conns, nil, "", err
+	if st, err = c.OpenStore(clusterMode); err != nil {
+		return o, nil, conns, nil, "", err
 	}
-	closers = append(closers, func() { o.Store.Close() })
-	if bs, ok := o.Store.(*boltstore.Store); ok {
+	o.Store = st
+	closers = append(closers, func() { st.Close() })
+	if bs, ok := st.(*boltstore.Store); ok {
 		// Operators act on the running server's store through its admin
 		// socket (bbolt locks the file): revoke, release, unban, adopt.
 		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
 		if err != nil {
-			return o, conns, nil, "", err
+			return o, nil, conns, nil, "", err
 		}
 		if box := c.statusNow; box != nil {
 			as.ServeStatus(func() any {
@@ -274,29 +276,29 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		// enrolment.
 		stop, err := c.watchNodes(ctx, &o)
 		if err != nil {
-			return o, conns, nil, "", err
+			return o, nil, conns, nil, "", err
 		}
 		closers = append(closers, stop)
 	}
-	if ks, ok := o.Store.(*kubestore.Store); ok {
+	if ks, ok := st.(*kubestore.Store); ok {
 		// A fetch reads the node's binding from a watch, not a GET.
 		w, stop, err := c.watchBindings(ctx, ks)
 		if err != nil {
-			return o, conns, nil, "", err
+			return o, nil, conns, nil, "", err
 		}
 		closers = append(closers, stop)
 		o.Store = w
 	}
 	kc, err := c.KubeClient(clusterMode)
 	if err != nil {
-		return o, conns, nil, "", err
+		return o, nil, conns, nil, "", err
 	}
 	if kc != nil {
 		// Reports go through a client of their own: their writes cannot
 		// hold up the decisions' behind one rate limiter.
 		reports, err := c.KubeClient(clusterMode)
 		if err != nil {
-			return o, conns, nil, "", err
+			return o, nil, conns, nil, "", err
 		}
 		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
 		if w, ok := o.Store.(*kubestore.Watched); ok {
@@ -306,18 +308,18 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		o.Events = be
 	}
 	if o.Keys, err = seal.LoadOrCreate(orDefault(c.KeysFile, filepath.Join(c.StateDir, "keys.json")), c.Clock); err != nil {
-		return o, conns, nil, "", err
+		return o, nil, conns, nil, "", err
 	}
 	o.Keys.SetMaxLife(c.sealedLife())
 	if o.Provisioning = prov; prov == nil {
 		if o.Provisioning, err = tokens.LoadProvisioning(orDefault(c.TokensFile, filepath.Join(c.StateDir, "tokens.json")), c.Grace, c.Clock); err != nil {
-			return o, conns, nil, "", err
+			return o, nil, conns, nil, "", err
 		}
 	}
 	if o.Limits, conns, err = c.Limits.limits(c.Clock); err != nil {
-		return o, conns, nil, "", err
+		return o, nil, conns, nil, "", err
 	}
-	return o, conns, release, version, nil
+	return o, st, conns, release, version, nil
 }
 
 // sealedLife is how long anything the server seals can stay valid: the

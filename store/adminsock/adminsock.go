@@ -89,52 +89,54 @@ type answer struct {
 }
 
 // ops are the operations served, by name.
-var ops = map[string]func(ctx context.Context, st store.Store, a args) (any, error){
-	"Binding":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.Binding(ctx, a.NodeName) },
-	"BindingOf": func(ctx context.Context, st store.Store, a args) (any, error) { return st.BindingOf(ctx, a.Identity) },
-	"Bindings":  func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bindings(ctx) },
-	"GetRecord": func(ctx context.Context, st store.Store, a args) (any, error) { return st.GetRecord(ctx, a.ID) },
-	"RecordsForNode": func(ctx context.Context, st store.Store, a args) (any, error) {
+var ops = map[string]func(ctx context.Context, st store.Operator, a args) (any, error){
+	"Binding": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Binding(ctx, a.NodeName) },
+	"BindingOf": func(ctx context.Context, st store.Operator, a args) (any, error) {
+		return st.BindingOf(ctx, a.Identity)
+	},
+	"Bindings":  func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Bindings(ctx) },
+	"GetRecord": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.GetRecord(ctx, a.ID) },
+	"RecordsForNode": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		return st.RecordsForNode(ctx, a.NodeName)
 	},
-	"IsUsed":    func(ctx context.Context, st store.Store, a args) (any, error) { return st.IsUsed(ctx, a.Key) },
-	"BanOf":     func(ctx context.Context, st store.Store, a args) (any, error) { return st.BanOf(ctx, a.Identity) },
-	"Bans":      func(ctx context.Context, st store.Store, a args) (any, error) { return st.Bans(ctx) },
-	"History":   func(ctx context.Context, st store.Store, a args) (any, error) { return st.History(ctx, a.NodeName) },
-	"Histories": func(ctx context.Context, st store.Store, a args) (any, error) { return st.Histories(ctx) },
+	"IsUsed":    func(ctx context.Context, st store.Operator, a args) (any, error) { return st.IsUsed(ctx, a.Key) },
+	"BanOf":     func(ctx context.Context, st store.Operator, a args) (any, error) { return st.BanOf(ctx, a.Identity) },
+	"Bans":      func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Bans(ctx) },
+	"History":   func(ctx context.Context, st store.Operator, a args) (any, error) { return st.History(ctx, a.NodeName) },
+	"Histories": func(ctx context.Context, st store.Operator, a args) (any, error) { return st.Histories(ctx) },
 	// The operator's workflows, run on the server's own store exactly as
 	// the command line runs them on a store it opened (package operate).
-	"revoke": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"revoke": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Revocation == nil {
 			return nil, errors.New("adminsock: revoke needs a revocation")
 		}
 		return operate.Revoke(ctx, st, *a.Revocation)
 	},
-	"unban": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"unban": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Lift == nil {
 			return nil, errors.New("adminsock: unban needs a lift")
 		}
 		return operate.Unban(ctx, st, *a.Lift)
 	},
-	"release": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"release": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Naming == nil {
 			return nil, errors.New("adminsock: release needs a naming")
 		}
 		return operate.Release(ctx, st, *a.Naming)
 	},
-	"adopt": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"adopt": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		if a.Naming == nil {
 			return nil, errors.New("adminsock: adopt needs a naming")
 		}
 		return operate.Adopt(ctx, st, *a.Naming)
 	},
-	"clearMarker": func(ctx context.Context, st store.Store, a args) (any, error) {
+	"clearMarker": func(ctx context.Context, st store.Operator, a args) (any, error) {
 		return operate.ClearMarker(ctx, st, a.Key)
 	},
 }
 
 // Handler serves st's operator operations.
-func Handler(st store.Store, log *slog.Logger) http.Handler {
+func Handler(st store.Operator, log *slog.Logger) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/{op}", func(w http.ResponseWriter, r *http.Request) {
 		op, ok := ops[r.PathValue("op")]
@@ -224,7 +226,7 @@ func (s *Server) ServeStatus(f func() any) { s.status = f }
 // Listen creates the socket at path, 0600 (a socket left by a server that
 // died is replaced: the caller holds the store's lock, so no other server
 // uses it), and returns the Server; Serve it.
-func Listen(path string, st store.Store, log *slog.Logger) (*Server, error) {
+func Listen(path string, st store.Operator, log *slog.Logger) (*Server, error) {
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("adminsock: %s exists and is not a socket", path)
@@ -319,7 +321,14 @@ type Client struct {
 	http *http.Client
 }
 
-var _ operate.Operations = (*Client)(nil)
+var (
+	_ operate.Operations  = (*Client)(nil)
+	_ store.RecordReader  = (*Client)(nil)
+	_ store.BindingReader = (*Client)(nil)
+	_ store.BanReader     = (*Client)(nil)
+	_ store.NameReader    = (*Client)(nil)
+	_ store.MarkerReader  = (*Client)(nil)
+)
 
 // Dial connects to the socket at path: an error when no server answers
 // there (no socket, or one a dead server left).
@@ -444,52 +453,52 @@ func get[T any](ctx context.Context, c *Client, op string, a args) (T, error) {
 	return out, err
 }
 
-// Binding implements store.Store.
+// Binding reads the server's store.
 func (c *Client) Binding(ctx context.Context, nodeName string) (*store.Binding, error) {
 	return get[*store.Binding](ctx, c, "Binding", args{NodeName: nodeName})
 }
 
-// BindingOf implements store.Store.
+// BindingOf reads the server's store.
 func (c *Client) BindingOf(ctx context.Context, identity string) (*store.Binding, error) {
 	return get[*store.Binding](ctx, c, "BindingOf", args{Identity: identity})
 }
 
-// Bindings implements store.Store.
+// Bindings reads the server's store.
 func (c *Client) Bindings(ctx context.Context) ([]*store.Binding, error) {
 	return get[[]*store.Binding](ctx, c, "Bindings", args{})
 }
 
-// GetRecord implements store.Store.
+// GetRecord reads the server's store.
 func (c *Client) GetRecord(ctx context.Context, id string) (*store.Record, error) {
 	return get[*store.Record](ctx, c, "GetRecord", args{ID: id})
 }
 
-// RecordsForNode implements store.Store.
+// RecordsForNode reads the server's store.
 func (c *Client) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
 	return get[[]*store.Record](ctx, c, "RecordsForNode", args{NodeName: nodeName})
 }
 
-// IsUsed implements store.Store.
+// IsUsed reads the server's store.
 func (c *Client) IsUsed(ctx context.Context, key string) (bool, error) {
 	return get[bool](ctx, c, "IsUsed", args{Key: key})
 }
 
-// BanOf implements store.Store.
+// BanOf reads the server's store.
 func (c *Client) BanOf(ctx context.Context, identity string) (*store.Ban, error) {
 	return get[*store.Ban](ctx, c, "BanOf", args{Identity: identity})
 }
 
-// Bans implements store.Store.
+// Bans reads the server's store.
 func (c *Client) Bans(ctx context.Context) ([]*store.Ban, error) {
 	return get[[]*store.Ban](ctx, c, "Bans", args{})
 }
 
-// History implements store.Store.
+// History reads the server's store.
 func (c *Client) History(ctx context.Context, nodeName string) (*store.NameHistory, error) {
 	return get[*store.NameHistory](ctx, c, "History", args{NodeName: nodeName})
 }
 
-// Histories implements store.Store.
+// Histories reads the server's store.
 func (c *Client) Histories(ctx context.Context) ([]*store.NameHistory, error) {
 	return get[[]*store.NameHistory](ctx, c, "Histories", args{})
 }

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -27,6 +28,24 @@ var (
 	bucketBans    = []byte("bans")       // identity -> Ban JSON
 	bucketHistory = []byte("history")    // nodeName -> NameHistory JSON
 )
+
+// buckets are the buckets Open makes; bucketLineages is made by its first
+// write.
+var buckets = [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory}
+
+// makeBuckets returns tx's buckets named names, in order, making those
+// missing: the one place a bucket is made.
+func makeBuckets(tx *bolt.Tx, names ...[]byte) ([]*bolt.Bucket, error) {
+	out := make([]*bolt.Bucket, len(names))
+	for i, name := range names {
+		b, err := tx.CreateBucketIfNotExists(name)
+		if err != nil {
+			return nil, fmt.Errorf("bucket %s: %w", name, err)
+		}
+		out[i] = b
+	}
+	return out, nil
+}
 
 // Store is a bbolt-backed store.Store.
 type Store struct {
@@ -50,12 +69,8 @@ func Open(path string, timeout time.Duration, clock func() time.Time) (*Store, e
 		return nil, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketRecords, bucketNodes, bucketOnce, bucketBinds, bucketIDs, bucketBans, bucketHistory} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
+		_, err := makeBuckets(tx, buckets...)
+		return err
 	})
 	if err != nil {
 		db.Close()
@@ -119,7 +134,8 @@ func (s *Store) createRecord(tx *bolt.Tx, r *store.Record, data []byte, once []s
 }
 
 // Enrol implements store.Store: the binding, its identity index, the
-// record and its markers in one transaction.
+// record and its markers in one transaction, which also reads what a
+// refusal reports (*store.EnrolConflict).
 func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -130,34 +146,58 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		bb, ib := tx.Bucket(bucketBinds), tx.Bucket(bucketIDs)
+		conflict := func(reason store.Conflict, binding *store.Binding, detail string, args ...any) error {
+			return s.conflict(tx, r, o, store.NewConflict(reason, binding, nil, detail, args...))
+		}
 		if tx.Bucket(bucketBans).Get([]byte(r.Identity)) != nil {
-			return store.ErrRevoked
+			return conflict(store.ConflictBanned, nil, "%s is banned", r.Identity)
 		}
 		b, err := getBinding(bb, r.NodeName)
 		if err != nil {
 			return err
 		}
+		// seen is the binding as this call found it, for a refusal.
+		var seen *store.Binding
+		if b != nil {
+			c := *b
+			seen = &c
+		}
 		switch {
 		case b != nil && b.Identity != r.Identity:
-			return store.ErrNameTaken
+			return conflict(store.ConflictNameBound, b, "node %s is bound to %s", r.NodeName, b.Identity)
 		case b != nil && b.Revoked != nil:
-			return store.ErrRevoked
+			return conflict(store.ConflictRevoked, b, "the binding of %s is revoked", r.NodeName)
 		case b != nil && b.RecordID == r.ID:
 			// The same enrolment again: the record decides (ErrExists).
-			return s.createRecord(tx, r, data, once)
+			return s.enrolRecord(tx, r, o, data, once, seen)
 		case b == nil:
-			if ib.Get([]byte(r.Identity)) != nil {
-				return store.ErrIdentityEnrolled
+			if name := ib.Get([]byte(r.Identity)); name != nil {
+				held, err := getBinding(bb, string(name))
+				if err != nil {
+					return err
+				}
+				return conflict(store.ConflictIdentityBound, held, "%s is enrolled as %s", r.Identity, name)
 			}
 			b = &store.Binding{NodeName: r.NodeName, Pool: r.Pool, Kind: r.Kind, Identity: r.Identity,
 				KubeletKeySHA256: r.KubeletKeySHA256, CreatedAt: r.CreatedAt}
 		case !o.Again:
-			return store.ErrIdentityEnrolled
+			return conflict(store.ConflictIdentityBound, b, "%s is enrolled as %s", r.Identity, r.NodeName)
 		case !o.ReplaceKey && !bytes.Equal(b.KubeletKeySHA256, r.KubeletKeySHA256):
-			return store.ErrIdentityEnrolled
+			return conflict(store.ConflictIdentityBound, b, "%s is enrolled as %s with another kubelet key", r.Identity, r.NodeName)
 		case b.Pool != r.Pool:
-			return store.ErrPoolFixed
+			return conflict(store.ConflictPoolFixed, b, "node %s is enrolled in pool %s", r.NodeName, b.Pool)
 		default:
+			if o.MaxLive > 0 {
+				recs, err := recordsForNode(tx, r.NodeName)
+				if err != nil {
+					return err
+				}
+				if live := store.LiveOf(recs, r); len(live) >= o.MaxLive {
+					c := store.NewConflict(store.ConflictLiveCap, seen, nil, "%s holds %d unexpired enrolments as %s", r.Identity, len(live), r.NodeName)
+					c.Live = live
+					return c
+				}
+			}
 			b.KubeletKeySHA256 = r.KubeletKeySHA256
 		}
 		b.RecordID, b.EnrolledAt = r.ID, r.CreatedAt
@@ -171,8 +211,36 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		if err := ib.Put([]byte(r.Identity), []byte(r.NodeName)); err != nil {
 			return err
 		}
-		return s.createRecord(tx, r, data, once)
+		return s.enrolRecord(tx, r, o, data, once, seen)
 	})
+}
+
+// conflict completes c, Enrol's refusal of r, inside its transaction: the
+// record already stored under r.ID, and for a refusal an earlier answer
+// may explain, whether the marker o.Delivered names is set.
+func (s *Store) conflict(tx *bolt.Tx, r *store.Record, o store.EnrolOptions, c *store.EnrolConflict) error {
+	prev, err := getJSON[store.Record](tx.Bucket(bucketRecords), r.ID)
+	if err != nil {
+		return fmt.Errorf("record %s: %w", r.ID, err)
+	}
+	c.Record = prev
+	if o.Delivered != "" && c.Answerable() {
+		c.Delivered = onceSet(tx.Bucket(bucketOnce), o.Delivered, s.clock())
+	}
+	return c
+}
+
+// enrolRecord is createRecord for Enrol, whose refusals are conflicts
+// reporting b (the binding as Enrol found it, nil when there was none).
+func (s *Store) enrolRecord(tx *bolt.Tx, r *store.Record, o store.EnrolOptions, data []byte, once []store.Once, b *store.Binding) error {
+	err := s.createRecord(tx, r, data, once)
+	switch {
+	case errors.Is(err, store.ErrUsed):
+		return s.conflict(tx, r, o, store.NewConflict(store.ConflictMarkerSpent, b, nil, "record %s", r.ID))
+	case errors.Is(err, store.ErrExists):
+		return s.conflict(tx, r, o, store.NewConflict(store.ConflictRecordExists, b, nil, "record %s", r.ID))
+	}
+	return err
 }
 
 func getBinding(bb *bolt.Bucket, nodeName string) (*store.Binding, error) {
@@ -512,24 +580,32 @@ func (s *Store) GetRecord(ctx context.Context, id string) (*store.Record, error)
 func (s *Store) RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error) {
 	var out []*store.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
-		rb := tx.Bucket(bucketRecords)
-		c := tx.Bucket(bucketNodes).Cursor()
-		prefix := []byte(nodeName + "\x00")
-		for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
-			v := rb.Get(k[len(prefix):])
-			if v == nil {
-				continue
-			}
-			r := new(store.Record)
-			if err := json.Unmarshal(v, r); err != nil {
-				return err
-			}
-			out = append(out, r)
-		}
-		return nil
+		var err error
+		out, err = recordsForNode(tx, nodeName)
+		return err
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].CreatedAt.After(out[j].CreatedAt) })
 	return out, err
+}
+
+// recordsForNode is RecordsForNode inside tx, unsorted.
+func recordsForNode(tx *bolt.Tx, nodeName string) ([]*store.Record, error) {
+	var out []*store.Record
+	rb := tx.Bucket(bucketRecords)
+	c := tx.Bucket(bucketNodes).Cursor()
+	prefix := []byte(nodeName + "\x00")
+	for k, _ := c.Seek(prefix); k != nil && len(k) >= len(prefix) && string(k[:len(prefix)]) == string(prefix); k, _ = c.Next() {
+		v := rb.Get(k[len(prefix):])
+		if v == nil {
+			continue
+		}
+		r := new(store.Record)
+		if err := json.Unmarshal(v, r); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // ConsumeRecord implements store.Store.

@@ -104,16 +104,13 @@ func carryOver(cur, dst *bolt.Tx, now time.Time) (Carried, error) {
 		}
 		return b.ForEach(fn)
 	}
-	var d [6]*bolt.Bucket
-	for i, name := range [][]byte{bucketBans, bucketBinds, bucketIDs, bucketOnce, bucketRecords, bucketHistory} {
-		var err error
-		if d[i], err = dst.CreateBucketIfNotExists(name); err != nil {
-			return c, err
-		}
+	d, err := makeBuckets(dst, bucketBans, bucketBinds, bucketIDs, bucketOnce, bucketRecords, bucketHistory)
+	if err != nil {
+		return c, err
 	}
 	dbans, dbinds, dids, donce, drecs, dhist := d[0], d[1], d[2], d[3], d[4], d[5]
 	// Bans: never lifted by a restore.
-	err := each(cur.Bucket(bucketBans), func(k, v []byte) error {
+	err = each(cur.Bucket(bucketBans), func(k, v []byte) error {
 		if dbans.Get(k) != nil {
 			return nil
 		}

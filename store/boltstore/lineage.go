@@ -71,12 +71,12 @@ func (s *Store) UpdateLineage(ctx context.Context, nodeName string, fn func(*sto
 		if err != nil {
 			return err
 		}
-		b, err := tx.CreateBucketIfNotExists(bucketLineages)
+		b, err := makeBuckets(tx, bucketLineages)
 		if err != nil {
 			return err
 		}
 		out = next
-		return b.Put([]byte(nodeName), data)
+		return b[0].Put([]byte(nodeName), data)
 	})
 	return out, err
 }

@@ -46,10 +46,26 @@ func (s *Store) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions
 		case err != nil:
 			return err
 		default:
-			return s.enrolAgain(ctx, b, r, o, once)
+			return s.delivered(ctx, s.enrolAgain(ctx, b, r, o, once), o)
 		}
 	}
-	return s.enrolFirst(ctx, r, once)
+	return s.delivered(ctx, s.enrolFirst(ctx, r, once), o)
+}
+
+// delivered completes err, when it is a refusal an earlier answer may
+// explain, with whether the marker o.Delivered names is set (a read, on
+// that path only, when o names one).
+func (s *Store) delivered(ctx context.Context, err error, o store.EnrolOptions) error {
+	var c *store.EnrolConflict
+	if o.Delivered == "" || !errors.As(err, &c) || !c.Answerable() {
+		return err
+	}
+	used, uerr := s.IsUsed(ctx, o.Delivered)
+	if uerr != nil {
+		return fmt.Errorf("%w (and reading marker %s: %w)", err, o.Delivered, uerr)
+	}
+	c.Delivered = used
+	return err
 }
 
 func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.Once) error {
@@ -78,6 +94,7 @@ func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.On
 		undo = append(undo, m)
 	}
 	b := s.bindingObject(r)
+	var seen *store.Binding // the binding found, for a refusal
 	err = s.c.Create(ctx, b)
 	switch {
 	case err == nil:
@@ -88,15 +105,16 @@ func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.On
 		case errors.Is(gerr, store.ErrNotFound):
 			// Released between our create and our read: let the caller
 			// try again.
-			return undoAll(fmt.Errorf("kubestore: binding of %s: changed while enrolling: %w", r.NodeName, store.ErrIdentityEnrolled))
+			return undoAll(s.conflict(ctx, store.ConflictIdentityBound, nil, r, "binding of %s: changed while enrolling", r.NodeName))
 		case gerr != nil:
 			return undoAll(gerr)
 		case old.Spec.Identity != r.Identity:
-			return undoAll(fmt.Errorf("kubestore: node %s is bound to %s: %w", r.NodeName, old.Spec.Identity, store.ErrNameTaken))
+			return undoAll(s.conflict(ctx, store.ConflictNameBound, bindingOrNil(old), r, "node %s is bound to %s", r.NodeName, old.Spec.Identity))
 		case old.Spec.RecordID != r.ID:
-			return undoAll(fmt.Errorf("kubestore: %s is enrolled as %s: %w", r.Identity, r.NodeName, store.ErrIdentityEnrolled))
+			return undoAll(s.conflict(ctx, store.ConflictIdentityBound, bindingOrNil(old), r, "%s is enrolled as %s", r.Identity, r.NodeName))
 		}
 		// The binding of this same enrolment, by a call that was cut off.
+		seen = bindingOrNil(old)
 	default:
 		if !definite(err) {
 			return fmt.Errorf("kubestore: create binding %s: %w", r.NodeName, err)
@@ -109,7 +127,7 @@ func (s *Store) enrolFirst(ctx context.Context, r *store.Record, once []store.On
 		}
 		// Refused (a replayed session; the same enrolment, completed
 		// before, when undo is empty): undo what this call created.
-		return undoAll(err)
+		return undoAll(s.recordConflict(ctx, err, seen, r))
 	}
 	return nil
 }
@@ -128,48 +146,60 @@ func (s *Store) setIdentityMarker(ctx context.Context, r *store.Record) (*v1alph
 	}
 	var old v1alpha1.AttestationMarker
 	if gerr := s.c.Get(ctx, client.ObjectKey{Namespace: s.ns, Name: v1alpha1.MarkerName(key)}, &old); gerr != nil {
-		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+		return nil, false, s.conflict(ctx, store.ConflictIdentityBound, nil, r, "%s", r.Identity)
 	}
 	if banned, berr := s.banned(ctx, r.Identity); berr != nil {
 		return nil, false, berr
 	} else if banned {
-		return nil, false, fmt.Errorf("kubestore: %s is banned: %w", r.Identity, store.ErrRevoked)
+		return nil, false, s.conflict(ctx, store.ConflictBanned, nil, r, "%s is banned", r.Identity)
 	}
-	if _, berr := s.BindingOf(ctx, r.Identity); !errors.Is(berr, store.ErrNotFound) || s.clock().Sub(old.CreationTimestamp.Time) < OrphanAge {
-		return nil, false, fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+	if held, berr := s.BindingOf(ctx, r.Identity); !errors.Is(berr, store.ErrNotFound) || s.clock().Sub(old.CreationTimestamp.Time) < OrphanAge {
+		return nil, false, s.conflict(ctx, store.ConflictIdentityBound, held, r, "%s", r.Identity)
 	}
 	if err := s.deleteMarker(ctx, &old); err != nil && !apierrors.IsConflict(err) {
 		return nil, false, fmt.Errorf("kubestore: replace orphaned marker of %s: %w", r.Identity, err)
 	}
 	m, isNew, err = s.setMarker(ctx, key, store.Never, r.ID)
 	if errors.Is(err, store.ErrUsed) {
-		err = fmt.Errorf("kubestore: %s: %w", r.Identity, store.ErrIdentityEnrolled)
+		err = s.conflict(ctx, store.ConflictIdentityBound, nil, r, "%s", r.Identity)
 	}
 	return m, isNew, err
 }
 
 // enrolAgain writes the record, then points the binding b at it (and at
 // its key, with o.ReplaceKey), updating with the resourceVersion it read.
+// With o.MaxLive it first reads the name's records (the cap).
 func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *store.Record, o store.EnrolOptions, once []store.Once) error {
 	key := hex.EncodeToString(r.KubeletKeySHA256)
 	check := func(b *v1alpha1.NodeBinding) error {
 		switch {
 		case b.Spec.Identity != r.Identity:
-			return fmt.Errorf("kubestore: node %s is bound to %s: %w", r.NodeName, b.Spec.Identity, store.ErrNameTaken)
+			return s.conflict(ctx, store.ConflictNameBound, bindingOrNil(b), r, "node %s is bound to %s", r.NodeName, b.Spec.Identity)
 		case b.Spec.Revoked != nil:
-			return fmt.Errorf("kubestore: node %s is revoked: %w", r.NodeName, store.ErrRevoked)
+			return s.conflict(ctx, store.ConflictRevoked, bindingOrNil(b), r, "node %s is revoked", r.NodeName)
 		case !o.ReplaceKey && b.Spec.KubeletKeySHA256 != key:
-			return fmt.Errorf("kubestore: %s enrolled %s with another kubelet key: %w", r.Identity, r.NodeName, store.ErrIdentityEnrolled)
+			return s.conflict(ctx, store.ConflictIdentityBound, bindingOrNil(b), r, "%s enrolled %s with another kubelet key", r.Identity, r.NodeName)
 		case b.Spec.Pool != r.Pool:
-			return fmt.Errorf("kubestore: %s enrolled %s in pool %s, not %s: %w", r.Identity, r.NodeName, b.Spec.Pool, r.Pool, store.ErrPoolFixed)
+			return s.conflict(ctx, store.ConflictPoolFixed, bindingOrNil(b), r, "%s enrolled %s in pool %s, not %s", r.Identity, r.NodeName, b.Spec.Pool, r.Pool)
 		}
 		return nil
 	}
 	if err := check(b); err != nil {
 		return err
 	}
+	if o.MaxLive > 0 {
+		recs, err := s.RecordsForNode(ctx, r.NodeName)
+		if err != nil {
+			return err
+		}
+		if live := store.LiveOf(recs, r); len(live) >= o.MaxLive {
+			c := store.NewConflict(store.ConflictLiveCap, bindingOrNil(b), nil, "kubestore: %s holds %d unexpired enrolments as %s", r.Identity, len(live), r.NodeName)
+			c.Live = live
+			return c
+		}
+	}
 	if err := s.CreateRecord(ctx, r, once...); err != nil {
-		return err
+		return s.recordConflict(ctx, err, bindingOrNil(b), r)
 	}
 	for attempt := 0; attempt < maxAttempts; attempt++ {
 		if b.Spec.RecordID == r.ID && b.Spec.KubeletKeySHA256 == key && b.Spec.EnrolledAt != nil {
@@ -193,6 +223,48 @@ func (s *Store) enrolAgain(ctx context.Context, b *v1alpha1.NodeBinding, r *stor
 		}
 	}
 	return fmt.Errorf("kubestore: update binding %s: still contended after %d attempts", r.NodeName, maxAttempts)
+}
+
+// conflict is Enrol's refusal for reason (*store.EnrolConflict), with the
+// binding b this call saw (or nil) and, for the refusals an earlier answer
+// to the same session may explain (ConflictRecordExists,
+// ConflictMarkerSpent, ConflictIdentityBound), the record stored under
+// r.ID: one read, on that path only. A failed read is returned instead.
+func (s *Store) conflict(ctx context.Context, reason store.Conflict, b *store.Binding, r *store.Record, detail string, args ...any) error {
+	var prev *store.Record
+	switch reason {
+	case store.ConflictRecordExists, store.ConflictMarkerSpent, store.ConflictIdentityBound:
+		p, err := s.GetRecord(ctx, r.ID)
+		switch {
+		case err == nil:
+			prev = p
+		case !errors.Is(err, store.ErrNotFound):
+			return fmt.Errorf("kubestore: %s (and reading record %s: %w)", fmt.Sprintf(detail, args...), r.ID, err)
+		}
+	}
+	return store.NewConflict(reason, b, prev, "kubestore: "+detail, args...)
+}
+
+// recordConflict is CreateRecord's refusal err (ErrUsed, ErrExists) as
+// Enrol's conflict, with the binding b; any other error as it is.
+func (s *Store) recordConflict(ctx context.Context, err error, b *store.Binding, r *store.Record) error {
+	switch {
+	case errors.Is(err, store.ErrUsed):
+		return s.conflict(ctx, store.ConflictMarkerSpent, b, r, "record %s", r.ID)
+	case errors.Is(err, store.ErrExists):
+		return s.conflict(ctx, store.ConflictRecordExists, b, r, "record %s", r.ID)
+	}
+	return err
+}
+
+// bindingOrNil is b as a store.Binding, nil when it does not decode (a
+// conflict's binding is what the caller may say about it).
+func bindingOrNil(b *v1alpha1.NodeBinding) *store.Binding {
+	out, err := fromBinding(b)
+	if err != nil {
+		return nil
+	}
+	return out
 }
 
 func (s *Store) bindingObject(r *store.Record) *v1alpha1.NodeBinding {

@@ -176,12 +176,12 @@ func (w *Watched) banned(ctx context.Context, b *store.Binding) {
 	}
 }
 
-// Enrol implements store.Store: ErrRevoked when the watch holds a ban of
-// r's identity, else the Store's Enrol (which finds the bans `nodeproof
+// Enrol implements store.Store: ErrRevoked (ConflictBanned) when the
+// watch holds a ban of r's identity, else the Store's Enrol (which finds the bans `nodeproof
 // revoke` made through the identity's enrolment marker).
 func (w *Watched) Enrol(ctx context.Context, r *store.Record, o store.EnrolOptions, once ...store.Once) error {
 	if w.cachedBan(ctx, r.Identity) {
-		return fmt.Errorf("kubestore: %s is banned: %w", r.Identity, store.ErrRevoked)
+		return store.NewConflict(store.ConflictBanned, nil, nil, "kubestore: %s is banned", r.Identity)
 	}
 	return w.Store.Enrol(ctx, r, o, once...)
 }

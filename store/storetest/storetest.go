@@ -604,6 +604,105 @@ var cases = []struct {
 		e.unbound(t, "worker-1", a.Identity)
 		e.enrol(t, enrolment(2, "worker-1", a.Identity, "key-a"), store.EnrolOptions{}) // nothing left in the way
 	}},
+	{"a refused enrolment is a typed conflict carrying what conflicts", func(t *testing.T, e *env) {
+		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
+		e.enrol(t, a, store.EnrolOptions{})
+		again := enrolment(2, "worker-1", a.Identity, "key-a")
+		e.enrol(t, again, store.EnrolOptions{Again: true}) // the binding now names record 2
+		is(t, "UseOnce", e.s.UseOnce(e.ctx, "session/spent", T0.Add(time.Minute)), nil)
+		banned := enrolment(3, "worker-9", "gcp:1/us-a/9", "key-9")
+		if _, err := e.s.Ban(e.ctx, store.Ban{Identity: banned.Identity, Kind: attest.KindGCP, At: T0}); err != nil {
+			t.Fatal(err)
+		}
+		otherPool := enrolment(4, "worker-1", a.Identity, "key-a")
+		otherPool.Pool = "master"
+		for _, tc := range []struct {
+			name    string
+			r       *store.Record
+			o       store.EnrolOptions
+			once    []store.Once
+			reason  store.Conflict
+			want    error
+			binding string // the conflict's binding's record ID ("" for none)
+			record  string // the conflict's record's ID ("" for none)
+		}{
+			{"NameBound: the name is another identity's", enrolment(10, "worker-1", "tpm-ek:bbb", "key-b"), store.EnrolOptions{},
+				nil, store.ConflictNameBound, store.ErrNameTaken, again.ID, ""},
+			{"IdentityBound: under another name", enrolment(11, "worker-2", a.Identity, "key-a"), store.EnrolOptions{},
+				nil, store.ConflictIdentityBound, store.ErrIdentityEnrolled, again.ID, ""},
+			{"IdentityBound: the same name, not again", enrolment(12, "worker-1", a.Identity, "key-a"), store.EnrolOptions{},
+				nil, store.ConflictIdentityBound, store.ErrIdentityEnrolled, again.ID, ""},
+			{"IdentityBound: again with another key", enrolment(13, "worker-1", a.Identity, "key-x"), store.EnrolOptions{Again: true},
+				nil, store.ConflictIdentityBound, store.ErrIdentityEnrolled, again.ID, ""},
+			{"IdentityBound: an earlier session's record is reported", enrolment(1, "worker-1", a.Identity, "key-a"), store.EnrolOptions{},
+				nil, store.ConflictIdentityBound, store.ErrIdentityEnrolled, again.ID, a.ID},
+			{"RecordExists: the same enrolment again", enrolment(2, "worker-1", a.Identity, "key-a"), store.EnrolOptions{Again: true},
+				nil, store.ConflictRecordExists, store.ErrExists, "", again.ID},
+			{"PoolFixed: again in another pool", otherPool, store.EnrolOptions{Again: true},
+				nil, store.ConflictPoolFixed, store.ErrPoolFixed, again.ID, ""},
+			{"MarkerSpent: a marker is set", enrolment(14, "worker-5", "tpm-ek:ccc", "key-c"), store.EnrolOptions{},
+				[]store.Once{once("session/spent", T0.Add(time.Minute))}, store.ConflictMarkerSpent, store.ErrUsed, "", ""},
+			{"Banned: the identity is banned", banned, store.EnrolOptions{},
+				nil, store.ConflictBanned, store.ErrRevoked, "", ""},
+		} {
+			err := e.s.Enrol(e.ctx, tc.r, tc.o, tc.once...)
+			is(t, tc.name, err, tc.want)
+			var c *store.EnrolConflict
+			if !errors.As(err, &c) {
+				t.Fatalf("%s: %v (%T) is no *store.EnrolConflict", tc.name, err, err)
+			}
+			if c.Reason != tc.reason {
+				t.Fatalf("%s: reason %s, want %s", tc.name, c.Reason, tc.reason)
+			}
+			if tc.binding != "" && (c.Binding == nil || c.Binding.RecordID != tc.binding || c.Binding.Identity != a.Identity ||
+				c.Binding.NodeName != "worker-1" || c.Binding.Pool != a.Pool) {
+				t.Fatalf("%s: binding %+v, want worker-1's, naming record %s", tc.name, c.Binding, tc.binding)
+			}
+			if tc.record == "" && c.Record != nil && c.Record.ID == tc.r.ID {
+				t.Fatalf("%s: record %s reported, which was never written", tc.name, c.Record.ID)
+			}
+			if tc.record != "" {
+				if c.Record == nil {
+					t.Fatalf("%s: no record reported, want %s", tc.name, tc.record)
+				}
+				if d := Equal(c.Record, e.get(t, tc.record)); d != "" {
+					t.Fatalf("%s: the reported record: %s", tc.name, d)
+				}
+			}
+		}
+		e.bound(t, again)
+
+		// LiveCap: at MaxLive unexpired records of the identity for the
+		// name (an expired one does not count), enrolling again is
+		// refused, with their expiries; below it, it goes through.
+		old := enrolment(5, "worker-1", a.Identity, "key-a")
+		old.CreatedAt, old.Expires = T0.Add(-2*time.Hour), T0.Add(-time.Hour)
+		e.create(t, old)
+		capped := enrolment(15, "worker-1", a.Identity, "key-a")
+		err := e.s.Enrol(e.ctx, capped, store.EnrolOptions{Again: true, MaxLive: 2})
+		is(t, "LiveCap", err, store.ErrEnrolmentCap)
+		var c *store.EnrolConflict
+		if !errors.As(err, &c) || c.Reason != store.ConflictLiveCap || len(c.Live) != 2 || !c.Live[0].Equal(a.Expires) ||
+			c.Binding == nil || c.Binding.RecordID != again.ID {
+			t.Fatalf("LiveCap: %v (%+v), want the two unexpired records' expiries and the binding", err, c)
+		}
+		e.absent(t, capped.ID)
+
+		// Delivered: whether the named marker is set, for a refusal an
+		// earlier answer to the same session may explain.
+		for _, set := range []bool{false, true} {
+			if set {
+				is(t, "UseOnce", e.s.UseOnce(e.ctx, "config/1", T0.Add(time.Minute)), nil)
+			}
+			err := e.s.Enrol(e.ctx, enrolment(1, "worker-1", a.Identity, "key-a"), store.EnrolOptions{Delivered: "config/1"})
+			if c = nil; !errors.As(err, &c) || c.Reason != store.ConflictIdentityBound || c.Delivered != set || c.Record == nil || c.Record.ID != a.ID {
+				t.Fatalf("Delivered (marker set %v): %v (%+v)", set, err, c)
+			}
+		}
+
+		e.enrol(t, capped, store.EnrolOptions{Again: true, MaxLive: 3})
+		e.bound(t, capped)
+	}},
 	{"bindings outlive GC", func(t *testing.T, e *env) {
 		a := enrolment(1, "worker-1", "tpm-ek:aaa", "key-a")
 		e.enrol(t, a, store.EnrolOptions{})

@@ -65,7 +65,9 @@ func TestInspectAttacks(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.Kube = kc
-	st := src.Store.(store.Store) // the test writes what inspect only reads
+	// The world's store is a whole one (boltstore): the attacker's
+	// enrolments are written to it.
+	full := src.Store.(store.Store)
 
 	enrol := func(n int, node, summary string) {
 		t.Helper()
@@ -73,13 +75,13 @@ func TestInspectAttacks(t *testing.T) {
 		if summary != "" {
 			r.Summary = summary
 		}
-		if err := st.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
+		if err := full.Enrol(ctx, r, store.EnrolOptions{}); err != nil {
 			t.Fatalf("enrol %s: %v", node, err)
 		}
 	}
 	// The failure message a node's report left in its binding's status.
 	enrol(20, "mallory-status", "")
-	if _, err := st.UpdateStatus(ctx, "mallory-status", "ek:"+storetest.ID(20), func(b *store.Binding) error {
+	if _, err := full.UpdateStatus(ctx, "mallory-status", "ek:"+storetest.ID(20), func(b *store.Binding) error {
 		b.Status = store.AttestationStatus{LastAttempt: clock.Now(), Reason: string(attest.ReasonPolicySecureBootOff), Message: evil, Summary: evil}
 		return nil
 	}); err != nil {

@@ -53,20 +53,19 @@ const (
 	StateReleased = "Released"
 )
 
-// Store is what inspect reads from the store.
+// Store is what inspect reads of the store: records, bindings, bans and
+// names' histories.
 type Store interface {
-	Binding(ctx context.Context, nodeName string) (*store.Binding, error)
-	Bindings(ctx context.Context) ([]*store.Binding, error)
-	RecordsForNode(ctx context.Context, nodeName string) ([]*store.Record, error)
-	History(ctx context.Context, nodeName string) (*store.NameHistory, error)
-	Histories(ctx context.Context) ([]*store.NameHistory, error)
-	Bans(ctx context.Context) ([]*store.Ban, error)
+	store.RecordReader
+	store.BindingReader
+	store.BanReader
+	store.NameReader
 }
 
 // Sources are where inspect reads.
 type Sources struct {
-	// Store is the server's store (embedded or Kubernetes), or the
-	// running server's admin socket.
+	// Store is the server's store (embedded or Kubernetes), or a running
+	// server's admin socket.
 	Store Store
 	// Kube, when set, is the cluster: Nodes, CSRs and Events are read
 	// from it. With the embedded store and no cluster it is nil.

@@ -1,0 +1,44 @@
+package mcs
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/nodeproof/nodeproof/attest"
+)
+
+// summarize describes claims in one line for records and logs (no
+// secrets: claims hold none): the instance a cloud names, then the boot a
+// TPM's quote and log tell (a cloud vTPM has both).
+func summarize(c *attest.Claims) string {
+	var parts []string
+	switch i := c.Instance; {
+	case i != nil:
+		in := fmt.Sprintf("%s %s account=%s location=%s instance=%s", c.Kind, i.Cloud, i.Account, i.Location, i.ID)
+		if i.Name != "" {
+			in += " (" + i.Name + ")"
+		}
+		if i.LiveChecked {
+			in += " live"
+		}
+		parts = append(parts, in)
+	case c.TPM == nil:
+		return string(c.Kind) + " " + c.Identity
+	}
+	if c.TPM != nil {
+		b := c.TPM.Boot
+		sb := "unknown"
+		if b.SecureBootKnown {
+			sb = map[bool]string{true: "on", false: "off"}[b.SecureBoot]
+		}
+		if c.Instance == nil {
+			parts = append(parts, fmt.Sprintf("%s ek=%.16s… (%s)", c.Kind, c.TPM.EKSHA256, c.TPM.EKKind))
+		}
+		kernel := ""
+		if k := b.Kernels(); len(k) > 0 {
+			kernel = k[0]
+		}
+		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s pcr8=%.16s pcr9=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel, c.TPM.PCRs[8], c.TPM.PCRs[9]))
+	}
+	return strings.Join(parts, " ")
+}
