@@ -430,10 +430,11 @@ type Markers interface {
 	ReleaseOnce(ctx context.Context, key string) error
 }
 
-// Operator is what an operator's command does with the store (and what
-// store/adminsock serves of a running server's): every read, bans, names,
-// and clearing a marker whose use did not happen (enroll --reset); never
-// an enrolment, a record, a status or a marker set.
+// Operator is what the operators' views and workflows (package operate)
+// use of the store — every read, bans, names, and clearing a marker whose
+// use did not happen (enroll --reset); never an enrolment, a record, a
+// status or a marker set — and so what store/adminsock hands its
+// workflows of a running server's store.
 type Operator interface {
 	RecordReader
 	BindingReader
