@@ -17,10 +17,11 @@ import (
 // package of its own verifier: the one package that may name it besides
 // the tables docs/architecture.md's recipe lists. A new kind adds its row.
 var kindPackages = map[string]string{
-	"KindGCP":      "identity/gcp",
-	"KindAWS":      "identity/aws",
-	"KindGCEVTPM":  "identity/gcevtpm",
-	"KindNitroTPM": "identity/nitrotpm",
+	"KindGCP":       "identity/gcp",
+	"KindAWS":       "identity/aws",
+	"KindGCEVTPM":   "identity/gcevtpm",
+	"KindNitroTPM":  "identity/nitrotpm",
+	"KindAzureVTPM": "identity/azuretpm",
 }
 
 // TestKindPackages holds docs/architecture.md's recipe for a new evidence
