@@ -270,8 +270,8 @@ func probe(ctx context.Context, hc *http.Client, timeout time.Duration, method, 
 // says why).
 func isGCEVTPM(path string) bool { return probeTPM(path, gcevtpm.Detect) }
 
-// probeTPM reports what is says of the TPM at path; false when the TPM
-// does not open.
+// probeTPM reports what the detection is finds on the TPM at path; false
+// when the TPM does not open.
 func probeTPM(path string, is func(io.ReadWriter) bool) bool {
 	ch, err := openChannel(SourceOptions{TPMPath: path})
 	if err != nil {
