@@ -3,13 +3,24 @@ package system_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	certv1 "k8s.io/api/certificates/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
 
 	"github.com/nodeproof/nodeproof/agent"
 	"github.com/nodeproof/nodeproof/attest"
@@ -21,7 +32,10 @@ import (
 	"github.com/nodeproof/nodeproof/identity/azuretpm/azuretpmtest"
 	"github.com/nodeproof/nodeproof/internal/attacktable"
 	"github.com/nodeproof/nodeproof/internal/swtpm"
+	"github.com/nodeproof/nodeproof/internal/system"
+	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/api"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 )
 
 // azureSetup is `nodeproof serve` taking Azure vTPM evidence from the lab
@@ -41,7 +55,7 @@ type azureSetup struct {
 	vms  int
 }
 
-func newAzureSetup(t *testing.T) *azureSetup {
+func newAzureSetup(t *testing.T, mode []string) *azureSetup {
 	t.Helper()
 	if err := swtpm.Check(); err != nil {
 		t.Fatalf("Azure vTPM tests need swtpm (%s): %v", swtpm.InstallHint, err)
@@ -74,7 +88,7 @@ func newAzureSetup(t *testing.T) *azureSetup {
 	}
 	writePEM(t, filepath.Join(akInter, "intermediate.pem"), s.ca.Intermediate.Raw)
 	writePEM(t, filepath.Join(imdsInter, "intermediate.pem"), imdsCA.Intermediate.Raw)
-	s.srv = s.serve(t, directoryMode, "--azure-vtpm-roots", akRoot, "--azure-vtpm-intermediates-dir", akInter,
+	s.srv = s.serve(t, mode, "--azure-vtpm-roots", akRoot, "--azure-vtpm-intermediates-dir", akInter,
 		"--azure-imds-roots", imdsRoot, "--azure-imds-intermediates-dir", imdsInter)
 	return s
 }
@@ -142,7 +156,7 @@ func (s *azureSetup) attest(t *testing.T, path, nodeName string) (*api.VerifyRes
 // certified one, the VM enrolling again with a new key, and the VM once
 // revoked; the agent refuses a TPM without Azure's AK certificate.
 func TestAzureVTPMAttacksEndToEnd(t *testing.T) {
-	s := newAzureSetup(t)
+	s := newAzureSetup(t, directoryMode)
 	ctx := context.Background()
 	path, vmID, vm := s.vm(t, s.ca, azuretpmtest.VMID, azuretpmtest.VMOptions{})
 	s.document(vmID, nil)
@@ -304,4 +318,106 @@ func mustDialAzure(t *testing.T, vm *azuretpmtest.VM) *tpm.SocketChannel {
 		t.Fatal(err)
 	}
 	return ch
+}
+
+// TestAzureVTPMKubeletCSR: on a deployed cluster (a real API server, the
+// example pools, deploy/'s RBAC), an Azure VM's vTPM enrols through the
+// agent against nodeproof serve in cluster mode, fetches its config, and
+// the kubelet's client CSR, made with the attested key through the
+// config's bootstrap kubeconfig, is approved by nodeproof approve with the
+// kind's reason, naming the record.
+func TestAzureVTPMKubeletCSR(t *testing.T) {
+	w := system.New(t, "../..", system.Options{Cluster: true})
+	s := newAzureSetup(t, []string{"--kubeconfig", w.Admin, "--apiserver-url", w.Config.Host, "--bootstrap-token-dir", w.TokenDir,
+		"--cert-store=state-dir", "--token-store=file", "--store", "kubernetes", "--store-namespace", "nodeproof"})
+	ctx := context.Background()
+
+	logs := new(testenv.LockedBuffer)
+	actx, acancel := context.WithCancel(ctx)
+	adone := make(chan error, 1)
+	go func() {
+		adone <- cli.Approve(actx, cli.ApproveConfig{
+			Kubeconfig: w.Approver, StoreNamespace: "nodeproof",
+			LeaderElect: true, LeaseNamespace: "nodeproof", Identity: "approver-0",
+			QPS: 50, Burst: 100, Clock: time.Now, Log: slog.New(slog.NewJSONHandler(logs, nil)),
+		})
+	}()
+	t.Cleanup(func() {
+		acancel()
+		if err := <-adone; err != nil {
+			t.Errorf("approve: %v", err)
+		}
+	})
+
+	c, der := s.client(t)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, err := c.HTTP.Get(s.srv.url + "/config/worker")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the server does not serve the worker pool: %v\n%s", err, s.srv.log)
+		}
+	}
+
+	path, vmID, _ := s.vm(t, s.ca, azuretpmtest.VMID, azuretpmtest.VMOptions{})
+	s.document(vmID, nil)
+	actx2, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	logFile := filepath.Join(t.TempDir(), "binary_bios_measurements")
+	if err := os.WriteFile(logFile, s.log, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ev, closer, err := agent.Sources()[attest.KindAzureVTPM](actx2, agent.SourceOptions{TPMPath: path, EventLog: logFile, AzureIMDS: s.imds.Client()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Close()
+	vr, err := ev.Attest(actx2, c, "worker", "azure-worker-0", der)
+	if err != nil {
+		t.Fatalf("the Azure VM's enrolment: %v\n%s", err, s.srv.log)
+	}
+	served, err := c.FetchConfig(actx2, "worker", vr.ConfigToken)
+	if err != nil {
+		t.Fatalf("the enrolled VM's fetch: %v", err)
+	}
+
+	rc := servedKubeconfig(t, served)
+	if _, err := clustertest.WaitWhoAmI(ctx, rc, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	nkc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := c.KubeletKey.(*ecdsa.PrivateKey)
+	data, err := cert.MakeCSR(key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + vr.NodeName}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, _, err := csr.RequestCertificate(nkc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
+		[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := string(attest.ReasonAttested(attest.KindAzureVTPM))
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		got, err := w.KC.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Status.Conditions) > 0 {
+			cond := got.Status.Conditions[0]
+			if cond.Type != certv1.CertificateApproved || cond.Reason != want || !strings.Contains(cond.Message, vr.Record) {
+				t.Fatalf("CSR decided %s %s: %s; want approved %s naming record %s", cond.Type, cond.Reason, cond.Message, want, vr.Record)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CSR %s not decided\n%s", name, logs)
+		}
+	}
 }
