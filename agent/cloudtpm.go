@@ -8,6 +8,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/aws"
+	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
 	"github.com/nodeproof/nodeproof/mcs/api"
@@ -40,6 +41,39 @@ func (e GCEVTPMEvidence) Attest(ctx context.Context, c *Client, pool, nodeName s
 			return nil, fmt.Errorf("answer the challenge with the GCE vTPM: %w", err)
 		}
 		return verifyRequest(attest.KindGCEVTPM, ch, ev), nil
+	})
+}
+
+// AzureVTPMEvidence is an Azure Trusted Launch VM's vTPM: the AK Azure
+// provisioned (persistent handle 0x81000003) and its certificate (NV
+// 0x01C101D0), a quote over the server's nonce and the kubelet key, the
+// event log, and IMDS's attested document asked for with a nonce of the
+// same two (it names the VM's subscription, which the certificate does
+// not). azuretpm.NewCollector refuses a TPM without the certificate
+// (ErrNotAzure) or the AK (ErrNoAK).
+type AzureVTPMEvidence struct{ Collector *azuretpm.Collector }
+
+// Kind implements Evidence.
+func (AzureVTPMEvidence) Kind() attest.Kind { return attest.KindAzureVTPM }
+
+// Attest implements Evidence.
+func (e AzureVTPMEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	keySHA, err := attest.KeySHA256(kubeletPKIX)
+	if err != nil {
+		return nil, err
+	}
+	return c.attest(ctx, func() (*api.ChallengeRequest, error) {
+		return challengeRequest(attest.KindAzureVTPM, pool, nodeName, kubeletPKIX, e.Collector.Request()), nil
+	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
+		ac, err := challengeOf[azuretpm.Challenge](ch, attest.KindAzureVTPM)
+		if err != nil {
+			return nil, err
+		}
+		ev, err := e.Collector.Answer(ac, keySHA)
+		if err != nil {
+			return nil, fmt.Errorf("answer the challenge with the Azure vTPM: %w", err)
+		}
+		return verifyRequest(attest.KindAzureVTPM, ch, ev), nil
 	})
 }
 

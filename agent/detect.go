@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 )
 
@@ -55,7 +56,9 @@ func (e *NoEvidenceError) Error() string {
 // DetectEvidence picks the evidence this machine can present: the first
 // row of SourceTable whose detection finds it, strongest first. A TPM
 // (the TPM device exists, or --tpm names swtpm) holding Google's AK
-// template in NV → attest.KindGCEVTPM; a TPM device on a machine whose
+// template in NV → attest.KindGCEVTPM; a TPM with Azure's AK certificate
+// NV index (0x01C101D0) defined → attest.KindAzureVTPM; a TPM device on a
+// machine whose
 // IMDSv2 answers → attest.KindNitroTPM; another TPM → attest.KindTPM;
 // else the GCE metadata server answers as GCE's does (Metadata-Flavor:
 // Google, the check cloud.google.com/go/compute/metadata's OnGCE makes,
@@ -103,6 +106,7 @@ type detecting struct {
 	tpm       string // where the TPM is, "" when none
 	tpmNamed  bool   // --tpm names swtpm (tcp:HOST:PORT)
 	vtpm      *bool  // the TPM holds Google's AK template
+	azure     *bool  // the TPM holds Azure's AK certificate
 
 	imdsProbed bool
 	imdsErr    error
@@ -164,6 +168,26 @@ func detectGCEVTPM(d *detecting) (string, bool) {
 		return "a GCE vTPM (Google's AK template in NV) at " + at + " (named by --tpm)", true
 	}
 	return "a GCE vTPM (Google's AK template in NV) at " + at, true
+}
+
+// detectAzureVTPM: a TPM with Azure's AK certificate NV index defined
+// (azuretpm.Detect).
+func detectAzureVTPM(d *detecting) (string, bool) {
+	at, named := d.theTPM()
+	if at == "" {
+		return "", false
+	}
+	if d.azure == nil {
+		is := probeTPM(d.o.TPMPath, azuretpm.Detect)
+		d.azure = &is
+	}
+	if !*d.azure {
+		return "", false
+	}
+	if named {
+		return "an Azure vTPM (its AK certificate in NV 0x01C101D0) at " + at + " (named by --tpm)", true
+	}
+	return "an Azure vTPM (its AK certificate in NV 0x01C101D0) at " + at, true
 }
 
 // detectNitroTPM: a TPM device on a machine whose IMDSv2 answers is an
@@ -244,7 +268,11 @@ func probe(ctx context.Context, hc *http.Client, timeout time.Duration, method, 
 // isGCEVTPM reports whether the TPM at path holds Google's AK template in
 // NV (gcevtpm.Detect); a TPM that does not open is not one (its collector
 // says why).
-func isGCEVTPM(path string) bool {
+func isGCEVTPM(path string) bool { return probeTPM(path, gcevtpm.Detect) }
+
+// probeTPM reports what the detection is finds on the TPM at path; false
+// when the TPM does not open.
+func probeTPM(path string, is func(io.ReadWriter) bool) bool {
 	ch, err := openChannel(SourceOptions{TPMPath: path})
 	if err != nil {
 		return false
@@ -255,8 +283,8 @@ func isGCEVTPM(path string) bool {
 			return false
 		}
 		defer rw.Close()
-		return gcevtpm.Detect(rw)
+		return is(rw)
 	}
 	defer ch.Close()
-	return gcevtpm.Detect(ch)
+	return is(ch)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/identity/aws"
+	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
 )
@@ -27,6 +28,9 @@ type SourceOptions struct {
 	// NSM is the Nitro Secure Module (nil: the NitroTPM's own vendor
 	// command; a fake in tests).
 	NSM nitrotpm.NSM
+	// AzureIMDS is Azure's Instance Metadata Service, which signs the
+	// attested document (nil: Azure's, at its address; a fake in tests).
+	AzureIMDS *azuretpm.IMDS
 	// Timing, when set, counts the time spent in the TPM.
 	Timing *Timing
 	// EKKind is the kind of endorsement key a TPM attests with
@@ -62,6 +66,9 @@ func SourceTable() []SourceRow {
 		{Kind: attest.KindGCEVTPM, Open: openGCEVTPM, detect: detectGCEVTPM,
 			Help: "a Shielded VM's vTPM: Google's AK and its certificate from NV, refused without the certificate",
 			Auto: "Google's AK template is in the TPM's NV"},
+		{Kind: attest.KindAzureVTPM, Open: openAzureVTPM, detect: detectAzureVTPM,
+			Help: "an Azure Trusted Launch VM's vTPM: Azure's AK and its certificate from NV, and IMDS's attested document naming the VM",
+			Auto: "the TPM's NV holds Azure's AK certificate index (0x01C101D0)"},
 		{Kind: attest.KindNitroTPM, Open: openNitroTPM, detect: detectNitroTPM,
 			Help: "an EC2 NitroTPM: a Nitro attestation document over the AK and the instance identity document",
 			Auto: "a TPM device exists and IMDSv2 answers (an EC2 instance)"},
@@ -127,6 +134,18 @@ func openGCEVTPM(ctx context.Context, o SourceOptions) (Evidence, io.Closer, err
 		return nil, nil, err
 	}
 	return GCEVTPMEvidence{Collector: coll}, coll, nil
+}
+
+func openAzureVTPM(ctx context.Context, o SourceOptions) (Evidence, io.Closer, error) {
+	ch, err := openChannel(o)
+	if err != nil {
+		return nil, nil, err
+	}
+	coll, err := azuretpm.NewCollector(ctx, ch, azuretpm.CollectorOptions{IMDS: o.AzureIMDS})
+	if err != nil {
+		return nil, nil, err
+	}
+	return AzureVTPMEvidence{Collector: coll}, coll, nil
 }
 
 func openNitroTPM(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {

@@ -29,3 +29,9 @@ const (
 	// (identity/azuretpm).
 	KindAzureVTPM Kind = "azure-vtpm"
 )
+
+// AllKinds returns every kind of evidence nodeproof understands, in the
+// order they are declared above (a fresh slice each call).
+func AllKinds() []Kind {
+	return []Kind{KindTPM, KindGCP, KindAWS, KindGCEVTPM, KindNitroTPM, KindAzureVTPM}
+}

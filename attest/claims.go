@@ -12,7 +12,8 @@ type Claims struct {
 	// Identity is a stable, globally unique identifier of the machine for
 	// this kind of evidence: "tpm-ek:<sha256 of EK PKIX DER>",
 	// "gcp:<project number>/<zone>/<instance id>" or
-	// "aws:<account>/<region>/<instance id>". A node name is bound to the
+	// "aws:<account>/<region>/<instance id>" or
+	// "azure:<subscription id>/<vm id>". A node name is bound to the
 	// first identity that enrolled with it (store.Binding).
 	Identity string `json:"identity"`
 	// NodeName is the node name the evidence itself establishes (TPM
@@ -37,8 +38,9 @@ type Claims struct {
 
 // Clouds an instance can run in (InstanceClaims.Cloud).
 const (
-	CloudGCP = "gcp"
-	CloudAWS = "aws"
+	CloudGCP   = "gcp"
+	CloudAWS   = "aws"
+	CloudAzure = "azure"
 )
 
 // InstanceClaims describe the cloud instance a verified cloud document
@@ -48,22 +50,24 @@ const (
 // A field a cloud does not have stays empty.
 type InstanceClaims struct {
 	// Cloud is the cloud that vouches for the instance: CloudGCP,
-	// CloudAWS.
+	// CloudAWS, CloudAzure.
 	Cloud string `json:"cloud"`
 	// Account is what owns the instance and what the policy's account
-	// list allows: the GCP project ID, the AWS account ID.
+	// list allows: the GCP project ID, the AWS account ID, the Azure
+	// subscription ID.
 	Account string `json:"account"`
 	// AccountNumber is the account's number where it has one beside its ID
 	// (the GCP project number, which the machine's identity names).
 	AccountNumber string `json:"accountNumber,omitempty"`
 	// Location is where the instance runs, as the policy's location list
-	// allows it: the GCP zone, the AWS region.
+	// allows it: the GCP zone, the AWS region; empty for Azure, whose
+	// attested document names no location.
 	Location string `json:"location"`
 	// AvailabilityZone is the zone within Location, where the cloud names
 	// one apart (AWS); empty where Location is the zone (GCP).
 	AvailabilityZone string `json:"availabilityZone,omitempty"`
 	// ID is the instance's ID within its account and location (GCP's
-	// numeric instance ID, AWS's i-…).
+	// numeric instance ID, AWS's i-…, Azure's VM ID).
 	ID string `json:"id"`
 	// Name is the instance's name, when the cloud gives it one (GCP).
 	Name string `json:"name,omitempty"`

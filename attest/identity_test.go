@@ -10,6 +10,7 @@ import (
 // refused, saying the form (and the canonical spelling when there is one).
 func TestParseIdentity(t *testing.T) {
 	ek := strings.Repeat("ab", 32)
+	sub, vm := "1c6b0b2e-7e1a-4c0e-9d1f-3a2b4c5d6e7f", "8f2e7c1a-0b3d-4e5f-a6b7-c8d9e0f1a2b3"
 	cases := []struct {
 		name string
 		in   string
@@ -20,6 +21,12 @@ func TestParseIdentity(t *testing.T) {
 		{"gcp", "gcp:123456789012/us-central1-a/4567890123456789", KindGCP, ""},
 		{"aws", "aws:123456789012/us-east-1/i-0123456789abcdef0", KindAWS, ""},
 		{"aws gov region", "aws:123456789012/us-gov-west-1/i-01234567", KindAWS, ""},
+		{"azure", "azure:" + sub + "/" + vm, KindAzureVTPM, ""},
+		{"azure upper-case", "azure:" + strings.ToUpper(sub) + "/" + vm, "", "azure:" + sub + "/" + vm},
+		{"azure upper-case prefix", "Azure:" + sub + "/" + vm + " ", "", "azure:" + sub + "/" + vm},
+		{"azure braces", "azure:{" + sub + "}/" + vm, "", "azure:<subscription id>/<vm id>"},
+		{"azure one part", "azure:" + vm, "", "azure:<subscription id>/<vm id>"},
+		{"azure VM name", "azure:" + sub + "/worker-1", "", "lower-case UUIDs"},
 		{"upper-case hash", "tpm-ek:" + strings.ToUpper(ek), "", "tpm-ek:" + ek},
 		{"surrounding space", " tpm-ek:" + ek + "\n", "", "tpm-ek:" + ek},
 		{"upper-case prefix", "TPM-EK:" + ek, "", "tpm-ek:" + ek},

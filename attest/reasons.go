@@ -220,6 +220,9 @@ const (
 	ReasonPolicyAccount     Reason = "AccountNotAllowed"
 	ReasonPolicyRegion      Reason = "RegionNotAllowed"
 	ReasonPolicyLiveCheck   Reason = "LiveCheckRequired"
+	// ReasonPolicySubscription: the Azure VM's subscription is not in
+	// azure.subscriptions.
+	ReasonPolicySubscription Reason = "SubscriptionNotAllowed"
 
 	ReasonPolicyUnknownPool     Reason = "PoolNotInPolicy"
 	ReasonPolicyKindNotAllowed  Reason = "EvidenceKindNotAllowed"

@@ -82,7 +82,7 @@ func TestReasonsDocumented(t *testing.T) {
 			t.Errorf("%s has a row for %q, which reasons.go does not declare", reasonsDoc, val)
 		}
 	}
-	for _, k := range []Kind{KindTPM, KindGCP, KindAWS, KindGCEVTPM, KindNitroTPM} {
+	for _, k := range AllKinds() {
 		if !strings.Contains(string(b), "`"+string(ReasonAttested(k))+"`") {
 			t.Errorf("%s does not name %s, the approval of %s evidence", reasonsDoc, ReasonAttested(k), k)
 		}

@@ -7,8 +7,10 @@
 #   gce-vtpm      Verify / (2 RSA-2048 of the AK certificate's chain + 1 P-256 quote)
 #   aws-nitrotpm  Verify / (5 P-384: the COSE document and its 4-certificate chain
 #                 + 1 P-256 quote + 1 RSA-2048 identity document)
+#   azure-vtpm    Verify / 6 RSA-2048 (the AK certificate's chain, the attested
+#                 document's signature and its signer's chain, the quote)
 # The benchmarks are the packages' own (identity/*/bench_test.go; gce-vtpm's
-# needs swtpm: make deps). The machine is shared and its load drifts, so a
+# and azure-vtpm's need swtpm: make deps). The machine is shared and its load drifts, so a
 # verification and its floor are measured in the same process one after the
 # other, in ROUNDS rounds (default 5) of every package in turn; each round
 # gives a ratio, and the median ratio (and the range) is the figure.
@@ -18,7 +20,7 @@ rounds=${ROUNDS:-5}
 benchtime=${BENCHTIME:-1s}
 bin=$(mktemp -d)
 trap 'rm -rf "$bin"' EXIT
-pkgs="gcp aws gcevtpm nitrotpm"
+pkgs="gcp aws gcevtpm nitrotpm azuretpm"
 for p in $pkgs; do
   go test -c -o "$bin/$p.test" "./identity/$p"
 done
@@ -53,10 +55,12 @@ echo "$out" | awk -v rounds="$rounds" '
       floor["gce-vtpm", r] = get(r, "gcevtpm BenchmarkRSAVerifyFloor") + get(r, "gcevtpm BenchmarkECDSAP256VerifyFloor")
       full["aws-nitrotpm", r] = get(r, "nitrotpm BenchmarkVerify")
       floor["aws-nitrotpm", r] = 5 * get(r, "nitrotpm BenchmarkECDSAP384VerifyFloor") + get(r, "nitrotpm BenchmarkECDSAP256VerifyFloor") + get(r, "nitrotpm BenchmarkRSAVerifyFloor")
+      full["azure-vtpm", r] = get(r, "azuretpm BenchmarkVerify"); floor["azure-vtpm", r] = get(r, "azuretpm BenchmarkRSAVerifyFloor")
     }
     report("gcp", "1 RSA-2048")
     report("aws", "1 RSA-2048")
     report("gce-vtpm", "2 RSA-2048 + 1 P-256")
     report("aws-nitrotpm", "5 P-384 + 1 P-256 + 1 RSA-2048")
+    report("azure-vtpm", "6 RSA-2048")
     exit bad
   }'

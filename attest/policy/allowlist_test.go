@@ -12,7 +12,7 @@ import (
 // its any refuses; a listed value is allowed and another is not; with the
 // any, everything is allowed and the server warns, naming the any.
 func TestAllowLists(t *testing.T) {
-	all := Pool{Evidence: []attest.Kind{attest.KindTPM, attest.KindGCP, attest.KindAWS}}
+	all := Pool{Evidence: []attest.Kind{attest.KindTPM, attest.KindGCP, attest.KindAWS, attest.KindAzureVTPM}}
 	for i := range all.AllowLists() {
 		field := all.AllowLists()[i].Field
 		t.Run(field, func(t *testing.T) {
@@ -22,10 +22,10 @@ func TestAllowLists(t *testing.T) {
 				pp.TPM.KernelCmdline, pp.TPM.Grub = &KernelCmdline{}, &GrubRules{}
 				lists := []*[]string{&pp.TPM.EKTrust, &pp.TPM.BootComponents.Shim.Allow, &pp.TPM.BootComponents.Bootloader.Allow,
 					&pp.TPM.BootComponents.Kernel.Allow, &pp.TPM.KernelCmdline.Exact, &pp.TPM.Grub.Commands,
-					&pp.GCP.Projects, &pp.GCP.Zones, &pp.AWS.Accounts, &pp.AWS.Regions}
+					&pp.GCP.Projects, &pp.GCP.Zones, &pp.AWS.Accounts, &pp.AWS.Regions, &pp.Azure.Subscriptions}
 				anys := []*bool{&pp.TPM.AnyEKTrust, &pp.TPM.BootComponents.Shim.Any, &pp.TPM.BootComponents.Bootloader.Any,
 					&pp.TPM.BootComponents.Kernel.Any, &pp.TPM.KernelCmdline.Any, &pp.TPM.Grub.Any,
-					&pp.GCP.AnyProject, &pp.GCP.AnyZone, &pp.AWS.AnyAccount, &pp.AWS.AnyRegion}
+					&pp.GCP.AnyProject, &pp.GCP.AnyZone, &pp.AWS.AnyAccount, &pp.AWS.AnyRegion, &pp.Azure.AnySubscription}
 				for j := range lists {
 					*anys[j] = true // the others open, so only the i-th is judged
 				}

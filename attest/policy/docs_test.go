@@ -126,6 +126,18 @@ func TestReferenceExamples(t *testing.T) {
 			t.Errorf("a VM in another zone: %v; want a refusal naming pools.worker.gcp.zones", err)
 		}
 	})
+	t.Run("azure-vtpm", func(t *testing.T) {
+		p := example(t, "azure-vtpm")
+		c := &attest.Claims{Kind: attest.KindAzureVTPM, VerifiedAt: now, Instance: &attest.InstanceClaims{Cloud: attest.CloudAzure, Account: "8d2e6c4b-1a3f-4e5d-b7c9-2f0a1e3d5b6c", ID: "5f3c8a1e-2b7d-4c9a-9e61-0d8b4a7f2c13"},
+			TPM: &attest.TPMClaims{EKTrust: "azure-ak-certificate", PCRBank: "sha256", Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true}}}
+		if err := p.Evaluate("worker", c); err != nil {
+			t.Errorf("a Trusted Launch VM the example describes is refused: %v", err)
+		}
+		c.Instance.Account = "0e4f1c2d-3b5a-4e6f-8a9b-0c1d2e3f4a5b"
+		if err := p.Evaluate("worker", c); attest.SettingOf(err) != "pools.worker.azure.subscriptions" {
+			t.Errorf("a VM of another subscription: %v; want a refusal naming pools.worker.azure.subscriptions", err)
+		}
+	})
 	t.Run("aws", func(t *testing.T) {
 		p := example(t, "aws")
 		c := &attest.Claims{Kind: attest.KindAWS, Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "123456789012", Location: "us-east-1", LiveChecked: true}}

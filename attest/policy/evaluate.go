@@ -18,7 +18,7 @@ import (
 //   - then the kind's evaluation in the table of kinds (kinds.go): for
 //     TPM claims, evaluateBareMetal (evaluateTPM); for a cloud identity
 //     (gcp, aws), evaluateInstance (evaluateGCP, evaluateAWS); for a
-//     cloud vTPM (gce-vtpm, aws-nitrotpm), evaluateVTPM.
+//     cloud vTPM (gce-vtpm, aws-nitrotpm, azure-vtpm), evaluateVTPM.
 func (p *Policy) Evaluate(pool string, c *attest.Claims) error {
 	_, err := p.Decide(pool, c, Options{})
 	return err

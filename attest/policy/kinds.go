@@ -15,7 +15,7 @@ import (
 type kindRow struct {
 	kind attest.Kind
 	// cloud is the pool's block that judges the instance the evidence
-	// names (gcp, aws); nil for evidence that names none (a bare-metal
+	// names (gcp, aws, azure); nil for evidence that names none (a bare-metal
 	// TPM).
 	cloud *cloudBlock
 	// ekTrust: tpm.ekTrust judges the TPM's EK (bare metal: the pool
@@ -34,7 +34,7 @@ type kindRow struct {
 }
 
 // cloudBlock is a pool's block of rules for one cloud's instances
-// (GCPPolicy, AWSPolicy).
+// (GCPPolicy, AWSPolicy, AzurePolicy).
 type cloudBlock struct {
 	// cloud is the instances' attest.InstanceClaims.Cloud; block the
 	// block's name in a pool ("gcp"), and the prefix of its allow-lists'
@@ -71,10 +71,16 @@ var (
 			}
 			return ""
 		}}
+	azureBlock = &cloudBlock{cloud: attest.CloudAzure, block: "azure", name: "Azure",
+		lists: func(pp *Pool) []AllowList { return []AllowList{pp.Azure.SubscriptionList()} },
+		evaluate: func(in string, pp *Pool, inst *attest.InstanceClaims, _ time.Time, _ bool) error {
+			return evaluateAzure(in, &pp.Azure, inst)
+		},
+		nodeName: func(*Pool, *attest.InstanceClaims) string { return "" }}
 )
 
 // clouds are the cloud blocks, in the order their lists are checked.
-var clouds = []*cloudBlock{gcpBlock, awsBlock}
+var clouds = []*cloudBlock{gcpBlock, awsBlock, azureBlock}
 
 // kinds is every kind of evidence a pool may take (pools.*.evidence), in
 // the order messages list them.
@@ -84,6 +90,7 @@ var kinds = []kindRow{
 	{kind: attest.KindAWS, cloud: awsBlock, evaluate: evaluateInstance},
 	{kind: attest.KindGCEVTPM, cloud: gcpBlock, boot: true, bank: "sha256", evaluate: evaluateVTPM},
 	{kind: attest.KindNitroTPM, cloud: awsBlock, boot: true, bank: "sha384", evaluate: evaluateVTPM},
+	{kind: attest.KindAzureVTPM, cloud: azureBlock, boot: true, bank: "sha256", evaluate: evaluateVTPM},
 }
 
 // kindOf is kind k's row; nil for a kind the policy does not know.
@@ -142,7 +149,7 @@ func (l AllowList) judges(k attest.Kind) bool {
 }
 
 // bootKinds lists the kinds whose boot the TPM rules judge, for messages
-// ("tpm, gce-vtpm, aws-nitrotpm").
+// ("tpm, gce-vtpm, aws-nitrotpm, azure-vtpm").
 func bootKinds() string {
 	var out []string
 	for _, r := range kinds {

@@ -43,6 +43,9 @@ func TestKindsTable(t *testing.T) {
 			}
 		})
 	}
+	if !slices.Equal(Kinds(), attest.AllKinds()) {
+		t.Errorf("the table's kinds %v are not attest's %v", Kinds(), attest.AllKinds())
+	}
 	if kindOf("azure-tdx") != nil {
 		t.Error("kindOf found a kind the table does not have")
 	}

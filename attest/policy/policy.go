@@ -33,6 +33,7 @@
 //	      kernelCmdline: {require: [...], forbid: [...]}
 //	    gcp: {projects: [my-project], zones: [us-central1-a], maxInstanceAge: 1h}
 //	    aws: {accounts: ["123456789012"], regions: [us-east-1], requireLiveCheck: false}
+//	    azure: {subscriptions: [<subscription id>]}
 //	    serve:
 //	      public: true               # the public tier without credentials
 //	      token: false               # provisioning tokens (the token tier)
@@ -45,9 +46,9 @@
 //
 // An allow-list never means "any" when empty: in a pool that takes its
 // kind of evidence, tpm.ekTrust, each tpm.bootComponents stage, gcp.projects,
-// gcp.zones, aws.accounts and aws.regions must list what is allowed or set
-// their explicit any (anyEKTrust, any, anyProject, anyZone, anyAccount,
-// anyRegion), which the server logs at start; a policy with an empty one
+// gcp.zones, aws.accounts, aws.regions and azure.subscriptions must list
+// what is allowed or set their explicit any (anyEKTrust, any, anyProject,
+// anyZone, anyAccount, anyRegion, anySubscription), which the server logs at start; a policy with an empty one
 // does not load, and Evaluate refuses on one too (a Policy built in code).
 //
 // docs/policy.md is the reference for operators: every field, its default
@@ -113,6 +114,8 @@ type Pool struct {
 	GCP GCPPolicy `yaml:"gcp"`
 	// AWS requirements, for AWS instance identity documents.
 	AWS AWSPolicy `yaml:"aws"`
+	// Azure requirements, for Azure Trusted Launch vTPM evidence.
+	Azure AzurePolicy `yaml:"azure"`
 	// Serve says what the Machine Config Server releases for this pool and
 	// on what credentials.
 	Serve Serve `yaml:"serve"`

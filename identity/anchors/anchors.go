@@ -7,6 +7,10 @@
 //     intermediates (identity/gcevtpm/certs; refreshed by
 //     hack/gcevtpm-intermediates);
 //   - aws-nitrotpm: the AWS Nitro Enclaves Root G1 (identity/nitrotpm);
+//   - azure-vtpm: Azure's pinned vTPM root and the shipped vTPM
+//     intermediates (roles root, intermediate), and the pinned roots and
+//     shipped intermediates the IMDS attested document's signer chains to
+//     (document-root, document-intermediate; identity/azuretpm/certs);
 //   - aws: the per-Region certificates of the instance identity
 //     document's rsa2048 signature (identity/aws/certs, or the server's
 //     --aws-certs-dir), which aws-nitrotpm reads too.
@@ -23,6 +27,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/aws"
+	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
 )
@@ -32,6 +37,11 @@ import (
 const (
 	RoleRoot         = "root"
 	RoleIntermediate = "intermediate"
+	// RoleDocumentRoot and RoleDocumentIntermediate are what a kind's
+	// signed document chains to beside its AK certificate's (azure-vtpm:
+	// the IMDS attested document's signer).
+	RoleDocumentRoot         = "document-root"
+	RoleDocumentIntermediate = "document-intermediate"
 )
 
 // Anchor is one certificate an evidence kind's verification trusts.
@@ -44,7 +54,8 @@ type Anchor struct {
 }
 
 // Cloud lists the anchors of the cloud kinds: the shipped GCE vTPM roots
-// and intermediates, the Nitro root, and the AWS Region certificates
+// and intermediates, the Nitro root, Azure's vTPM and IMDS roots and
+// intermediates, and the AWS Region certificates
 // regions holds (aws.DefaultRegionCerts, or those of --aws-certs-dir).
 // Nothing is checked against a time: an anchor that has expired is listed
 // (and exported) as one that has not.
@@ -65,6 +76,16 @@ func Cloud(regions *aws.RegionCerts) ([]Anchor, error) {
 		return nil, fmt.Errorf("anchors: %w", err)
 	}
 	out = append(out, Anchor{Kind: attest.KindNitroTPM, Role: RoleRoot, Cert: g1})
+	az, err := azuretpm.Shipped()
+	if err != nil {
+		return nil, fmt.Errorf("anchors: %w", err)
+	}
+	for _, r := range []struct {
+		role  string
+		certs []*x509.Certificate
+	}{{RoleRoot, az.AKRoots}, {RoleIntermediate, az.AKIntermediates}, {RoleDocumentRoot, az.DocumentRoots}, {RoleDocumentIntermediate, az.DocumentIntermediates}} {
+		out = Append(out, attest.KindAzureVTPM, r.role, r.certs)
+	}
 	if regions != nil {
 		for _, r := range regions.Regions() {
 			for _, c := range regions.Certificates(r) {
@@ -77,7 +98,7 @@ func Cloud(regions *aws.RegionCerts) ([]Anchor, error) {
 
 // Replace returns as with kind's anchors of role replaced by certs: an
 // operator's roots in place of the pinned ones (--gce-vtpm-roots,
-// --nitrotpm-roots), so the gauge shows what the server trusts.
+// --nitrotpm-roots, --azure-vtpm-roots, --azure-imds-roots), so the gauge shows what the server trusts.
 func Replace(as []Anchor, kind attest.Kind, role string, certs []*x509.Certificate) []Anchor {
 	out := make([]Anchor, 0, len(as)+len(certs))
 	for _, a := range as {
@@ -90,7 +111,8 @@ func Replace(as []Anchor, kind attest.Kind, role string, certs []*x509.Certifica
 
 // Append returns as with certs added as kind's anchors of role: an
 // operator's intermediates beside the shipped ones
-// (--gce-vtpm-intermediates-dir).
+// (--gce-vtpm-intermediates-dir, --azure-vtpm-intermediates-dir,
+// --azure-imds-intermediates-dir).
 func Append(as []Anchor, kind attest.Kind, role string, certs []*x509.Certificate) []Anchor {
 	for _, c := range certs {
 		as = append(as, Anchor{Kind: kind, Role: role, Cert: c})
@@ -108,7 +130,7 @@ const MetricName = "nodeproof_trust_anchor_expiry_timestamp_seconds"
 func Register(reg prometheus.Registerer, anchors []Anchor) error {
 	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: MetricName,
-		Help: "When a certificate a cloud evidence kind trusts expires (Unix seconds): gce-vtpm's pinned roots and shipped intermediates, aws-nitrotpm's Nitro root G1, the AWS identity document's Region certificates (role: the Region).",
+		Help: "When a certificate a cloud evidence kind trusts expires (Unix seconds): gce-vtpm's pinned roots and shipped intermediates, aws-nitrotpm's Nitro root G1, azure-vtpm's vTPM and IMDS document roots and intermediates, the AWS identity document's Region certificates (role: the Region).",
 	}, []string{"kind", "role", "subject", "serial"})
 	for _, a := range anchors {
 		g.WithLabelValues(string(a.Kind), a.Role, a.Cert.Subject.String(), fmt.Sprintf("%x", a.Cert.SerialNumber)).Set(float64(a.Cert.NotAfter.Unix()))

@@ -84,6 +84,10 @@ func TestShipped(t *testing.T) {
 		{"gce-vtpm root", 2},
 		{"gce-vtpm intermediate", 3},
 		{"aws-nitrotpm root", 1},
+		{"azure-vtpm root", 1},
+		{"azure-vtpm intermediate", 1},
+		{"azure-vtpm document-root", 3},
+		{"azure-vtpm document-intermediate", 6},
 		{"aws region", len(regions.Regions())},
 	} {
 		if count[c.name] != c.want {
@@ -99,6 +103,7 @@ func TestShipped(t *testing.T) {
 	}{
 		{"Nitro root G1", attest.KindNitroTPM, "aws.nitro-enclaves", "2049-10-28T14:28:05Z"},
 		{"CAS EK/AK CA Root", attest.KindGCEVTPM, "EK/AK CA Root", "2122-07-08T05:57:23Z"},
+		{"Azure vTPM root 2023", attest.KindAzureVTPM, "Azure Virtual TPM Root Certificate Authority 2023", "2048-06-01T18:15:41Z"},
 	} {
 		found := false
 		for _, a := range as {
@@ -160,7 +165,7 @@ func TestOperatorRegionCerts(t *testing.T) {
 			t.Errorf("%s: %s = %v, want %d", c.name, k, got[k], c.cert.NotAfter.Unix())
 		}
 	}
-	if n := len(got); n != 2+3+1+3 {
-		t.Errorf("%d series, want the 6 shipped GCE and Nitro anchors and 3 Region certificates", n)
+	if n := len(got); n != 2+3+1+1+1+3+6+3 {
+		t.Errorf("%d series, want the 6 shipped GCE and Nitro anchors, the 11 Azure ones and 3 Region certificates", n)
 	}
 }

@@ -37,6 +37,5 @@
 //   - The VM's name: neither the certificate nor the document carries it
 //     (Claims.NodeName is empty; the node's requested name is policy's).
 //
-// Azure's instance facts (subscription, VM ID) are returned by InstanceOf
-// until attest.Claims has one shared instance description.
+// The VM's subscription and ID are the claims' Instance (attest.CloudAzure).
 package azuretpm

@@ -148,6 +148,15 @@ func (t *Trust) WithIntermediates(akDir, documentDir string, now time.Time) (*Tr
 	return NewTrust(s, now)
 }
 
+// ReadIntermediates parses every .pem file in dir, in name order, as
+// --azure-vtpm-intermediates-dir and --azure-imds-intermediates-dir hold
+// them, without checking them against a time (WithIntermediates does):
+// what an expiry metric reads, so an expired certificate is still
+// reported.
+func ReadIntermediates(dir string) ([]*x509.Certificate, error) {
+	return readDir(os.DirFS(dir), ".")
+}
+
 // AKRoots, AKIntermediates, DocumentRoots and DocumentIntermediates are
 // the trust's certificates; the caller must not modify them. Their
 // NotAfter dates are what an expiry metric reports.

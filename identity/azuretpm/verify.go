@@ -159,9 +159,11 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //     *attest.Identified naming it.
 //
 // Claims: Kind azure-vtpm; Identity "azure:<subscription id>/<vm id>"
-// (InstanceOf reads both back); no NodeName (Azure signs none); TPM the
-// quote and boot, with EKTrust "azure-ak-certificate" and the AK
-// certificate's issuer and serial.
+// (Identity); no NodeName (Azure signs none); Instance the VM (Cloud
+// azure, Account the subscription, ID the VM ID, Image the document's
+// SKU; no Location: the document names none); TPM the quote and boot,
+// with EKTrust "azure-ak-certificate" and the AK certificate's issuer and
+// serial.
 func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now := v.clock()
 	if err := attest.CheckSession(sess, attest.KindAzureVTPM, now); err != nil {
@@ -190,7 +192,7 @@ func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence)
 	if err != nil || !attest.Equal(akDER, certDER) {
 		return nil, attest.Deny(attest.ReasonAKCertKeyMismatch, "the AK certificate certifies another key than the AK the quote is verified with")
 	}
-	inst, err := v.checkDocument(ev.Document, sess, vmID, now)
+	doc, err := v.checkDocument(ev.Document, sess, vmID, now)
 	if err != nil {
 		return nil, err
 	}
@@ -198,7 +200,7 @@ func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence)
 	if err != nil {
 		return nil, err
 	}
-	identity := inst.Identity()
+	identity := Identity(doc.SubscriptionID, vmID)
 	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
 	if err != nil {
 		return nil, &attest.Identified{Identity: identity, Err: err}
@@ -212,28 +214,31 @@ func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence)
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
 		VerifiedAt:       v.clock(),
 		TPM:              tc,
+		Instance: &attest.InstanceClaims{
+			Cloud: attest.CloudAzure, Account: doc.SubscriptionID, ID: vmID, Image: doc.SKU,
+		},
 	}, nil
 }
 
 // checkDocument is Verify's step 6.
-func (v *Verifier) checkDocument(sig string, sess *attest.Session, vmID string, now time.Time) (Instance, error) {
+func (v *Verifier) checkDocument(sig string, sess *attest.Session, vmID string, now time.Time) (*Document, error) {
 	d, err := ParseDocument(sig)
 	if err != nil {
-		return Instance{}, err
+		return nil, err
 	}
 	if err := v.verifyDocument(d, now); err != nil {
-		return Instance{}, err
+		return nil, err
 	}
 	if !attest.Equal([]byte(d.Nonce), []byte(IMDSNonce(sess.Nonce, sess.KubeletKeySHA256))) {
-		return Instance{}, attest.Deny(attest.ReasonAzureDocNonce, "the attested document's nonce is not this session's")
+		return nil, attest.Deny(attest.ReasonAzureDocNonce, "the attested document's nonce is not this session's")
 	}
 	if d.VMID != vmID {
-		return Instance{}, attest.Deny(attest.ReasonAzureDocVM, "the attested document names VM %s, the AK certificate VM %s", d.VMID, vmID)
+		return nil, attest.Deny(attest.ReasonAzureDocVM, "the attested document names VM %s, the AK certificate VM %s", d.VMID, vmID)
 	}
 	if now.Before(d.Created.Add(-DocumentClockSkew)) || !now.Before(d.Expires) {
-		return Instance{}, attest.Deny(attest.ReasonAzureDocExpired, "the attested document is valid from %s to %s", d.Created.UTC().Format(time.RFC3339), d.Expires.UTC().Format(time.RFC3339))
+		return nil, attest.Deny(attest.ReasonAzureDocExpired, "the attested document is valid from %s to %s", d.Created.UTC().Format(time.RFC3339), d.Expires.UTC().Format(time.RFC3339))
 	}
-	return Instance{SubscriptionID: d.SubscriptionID, VMID: vmID}, nil
+	return d, nil
 }
 
 // Certificate runs Verify's checks 3 and 4 on an AK certificate alone:

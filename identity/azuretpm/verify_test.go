@@ -143,12 +143,11 @@ func TestVerify(t *testing.T) {
 	if len(c.TPM.PCRs) != 24 {
 		t.Errorf("%d PCRs", len(c.TPM.PCRs))
 	}
-	inst, ok := azuretpm.InstanceOf(c)
-	if !ok || inst != (azuretpm.Instance{SubscriptionID: azuretpmtest.SubscriptionID, VMID: azuretpmtest.VMID}) {
-		t.Errorf("InstanceOf: %+v %v", inst, ok)
+	if i := c.Instance; i == nil || i.Cloud != attest.CloudAzure || i.Account != azuretpmtest.SubscriptionID || i.ID != azuretpmtest.VMID || i.Location != "" {
+		t.Errorf("Instance %+v, want azure %s/%s", i, azuretpmtest.SubscriptionID, azuretpmtest.VMID)
 	}
-	if _, ok := azuretpm.InstanceOf(&attest.Claims{Kind: attest.KindGCEVTPM, Identity: want}); ok {
-		t.Error("InstanceOf read an instance from GCE claims")
+	if kinds, err := attest.ParseIdentity(c.Identity); err != nil || len(kinds) != 1 || kinds[0] != attest.KindAzureVTPM {
+		t.Errorf("ParseIdentity(%q) = %v, %v", c.Identity, kinds, err)
 	}
 }
 

@@ -11,16 +11,19 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/nodeproof/nodeproof/attest"
 )
 
 // kindPackages is, for each kind of evidence but the bare-metal TPM's, the
 // package of its own verifier: the one package that may name it besides
 // the tables docs/architecture.md's recipe lists. A new kind adds its row.
 var kindPackages = map[string]string{
-	"KindGCP":      "identity/gcp",
-	"KindAWS":      "identity/aws",
-	"KindGCEVTPM":  "identity/gcevtpm",
-	"KindNitroTPM": "identity/nitrotpm",
+	"KindGCP":       "identity/gcp",
+	"KindAWS":       "identity/aws",
+	"KindGCEVTPM":   "identity/gcevtpm",
+	"KindNitroTPM":  "identity/nitrotpm",
+	"KindAzureVTPM": "identity/azuretpm",
 }
 
 // TestKindPackages holds docs/architecture.md's recipe for a new evidence
@@ -166,4 +169,53 @@ func recipePackages(t *testing.T) []string {
 		t.Fatal("docs/architecture.md: the recipe's list names no package")
 	}
 	return out
+}
+
+// TestStoreKindEnums: the store's CRDs validate a record's, a binding's, a
+// ban's and a released name's kind against an enum
+// (store/kubestore/v1alpha1's markers, deploy/crds generated from them by
+// make generate); each enum is exactly attest.AllKinds, so a new kind is
+// not refused by the API server in cluster mode.
+func TestStoreKindEnums(t *testing.T) {
+	want := make([]string, 0, len(attest.AllKinds()))
+	for _, k := range attest.AllKinds() {
+		want = append(want, string(k))
+	}
+	src, err := os.ReadFile("../../store/kubestore/v1alpha1/types.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	enums := regexp.MustCompile(`\+kubebuilder:validation:Enum=(\S+)`).FindAllSubmatch(src, -1)
+	n := 0
+	for _, m := range enums {
+		vals := strings.Split(string(m[1]), ";")
+		if !slices.Contains(vals, string(attest.KindTPM)) {
+			continue
+		}
+		n++
+		if !slices.Equal(vals, want) {
+			t.Errorf("store/kubestore/v1alpha1: kind enum %v, want attest.AllKinds %v", vals, want)
+		}
+	}
+	if n == 0 {
+		t.Fatal("store/kubestore/v1alpha1 has no kind enum: this test reads nothing")
+	}
+	crds, err := filepath.Glob("../../deploy/crds/nodeproof.io_*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range crds {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^\s+- tpm$`).Match(b) {
+			continue
+		}
+		for _, k := range want {
+			if !regexp.MustCompile(`(?m)^\s+- ` + regexp.QuoteMeta(k) + `$`).Match(b) {
+				t.Errorf("%s: the kind enum lacks %s (make generate)", filepath.Base(f), k)
+			}
+		}
+	}
 }

@@ -74,6 +74,17 @@ type Config struct {
 	// NitroTPMRoots is a PEM file of roots that replace the AWS Nitro root
 	// G1 for NitroTPM documents (a test's PKI; empty: AWS's).
 	NitroTPMRoots string
+	// Azure vTPM evidence: AzureVTPMRoots and AzureIMDSRoots, PEM files
+	// of roots that replace the pinned Azure vTPM root (for AK
+	// certificates) and the pinned IMDS roots (for the attested
+	// document's signer) (a test's PKI; empty: Microsoft's, shipped);
+	// AzureVTPMIntermediatesDir and AzureIMDSIntermediatesDir, .pem files
+	// of intermediates added to the shipped ones (an intermediate Azure
+	// started using before a release ships it).
+	AzureVTPMRoots            string
+	AzureVTPMIntermediatesDir string
+	AzureIMDSRoots            string
+	AzureIMDSIntermediatesDir string
 	// Store is "embedded" (bbolt in StateDir; the directory mode's
 	// default) or "kubernetes" (CRDs in StoreNamespace; the cluster
 	// mode's default, which lets replicas share state).

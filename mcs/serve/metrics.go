@@ -99,7 +99,8 @@ func certMetrics(reg prometheus.Registerer, r certs.Served, bundle func() ([]byt
 // anchorMetrics registers the expiry of the certificates the cloud
 // evidence kinds trust: the GCE vTPM roots (pinned, or --gce-vtpm-roots')
 // and intermediates (shipped, and --gce-vtpm-intermediates-dir's), the
-// Nitro root (or --nitrotpm-roots'), and the AWS Region certificates of
+// Nitro root (or --nitrotpm-roots'), Azure's vTPM and IMDS roots and
+// intermediates (pinned and shipped, or the --azure-* flags'), and the AWS Region certificates of
 // --aws-certs-dir (else the shipped ones). They are exported whatever the
 // policy takes, since a reload may start taking a kind.
 func (c Config) anchorMetrics(reg prometheus.Registerer) error {

@@ -78,6 +78,11 @@ func TestTrustAnchors(t *testing.T) {
 		{"GCE roots file without a certificate", Config{GCEVTPMRoots: empty}, "", "", 0, true},
 		{"Nitro roots file without a certificate", Config{NitroTPMRoots: empty}, "", "", 0, true},
 		{"intermediates directory not there", Config{GCEVTPMIntermediatesDir: filepath.Join(dir, "nope")}, "", "", 0, true},
+		{"Azure AK intermediates added", Config{AzureVTPMIntermediatesDir: filepath.Join(dir, "inter")}, attest.KindAzureVTPM, anchors.RoleIntermediate, count(shipped, attest.KindAzureVTPM, anchors.RoleIntermediate) + 2, false},
+		{"Azure IMDS intermediates added", Config{AzureIMDSIntermediatesDir: filepath.Join(dir, "inter")}, attest.KindAzureVTPM, anchors.RoleDocumentIntermediate, count(shipped, attest.KindAzureVTPM, anchors.RoleDocumentIntermediate) + 2, false},
+		{"Azure vTPM roots file without a certificate", Config{AzureVTPMRoots: empty}, "", "", 0, true},
+		{"Azure IMDS roots file without a certificate", Config{AzureIMDSRoots: empty}, "", "", 0, true},
+		{"Azure IMDS intermediates directory not there", Config{AzureIMDSIntermediatesDir: filepath.Join(dir, "nope")}, "", "", 0, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -98,6 +103,29 @@ func TestTrustAnchors(t *testing.T) {
 				t.Errorf("other anchors changed: %d in all", len(as))
 			}
 		})
+	}
+	// An Azure roots file replaces the pinned roots and the shipped
+	// intermediates under them (they lead to Microsoft's root), each
+	// chain apart.
+	if n := count(shipped, attest.KindAzureVTPM, anchors.RoleRoot); n != 1 {
+		t.Errorf("shipped: %d Azure vTPM roots, want the 1 pinned", n)
+	}
+	lab, err := Config{AzureVTPMRoots: roots}.trustAnchors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		role string
+		want int
+	}{
+		{anchors.RoleRoot, 1},
+		{anchors.RoleIntermediate, 0},
+		{anchors.RoleDocumentRoot, count(shipped, attest.KindAzureVTPM, anchors.RoleDocumentRoot)},
+		{anchors.RoleDocumentIntermediate, count(shipped, attest.KindAzureVTPM, anchors.RoleDocumentIntermediate)},
+	} {
+		if n := count(lab, attest.KindAzureVTPM, c.role); n != c.want {
+			t.Errorf("--azure-vtpm-roots: %d %s anchors, want %d", n, c.role, c.want)
+		}
 	}
 	as, err := Config{GCEVTPMIntermediatesDir: filepath.Join(dir, "inter")}.trustAnchors()
 	if err != nil {

@@ -101,6 +101,10 @@ func (c Config) trustVersion(doc []byte, pol *policy.Policy) string {
 	file(c.GCEVTPMRoots)
 	dir(c.GCEVTPMIntermediatesDir)
 	file(c.NitroTPMRoots)
+	file(c.AzureVTPMRoots)
+	dir(c.AzureVTPMIntermediatesDir)
+	file(c.AzureIMDSRoots)
+	dir(c.AzureIMDSIntermediatesDir)
 	dir(c.AWSCertsDir)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }

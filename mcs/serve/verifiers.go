@@ -17,6 +17,7 @@ import (
 	"github.com/nodeproof/nodeproof/identity/anchors"
 	"github.com/nodeproof/nodeproof/identity/aws"
 	"github.com/nodeproof/nodeproof/identity/aws/ec2live"
+	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcp"
 	"github.com/nodeproof/nodeproof/identity/nitrotpm"
@@ -114,6 +115,13 @@ var builders = []builder{
 		}
 		return v.Seam(), nil
 	}, anchors: Config.nitroTPMAnchors},
+	{kind: attest.KindAzureVTPM, build: func(c Config, _ *building, _ *policy.Policy) (attest.Verifier, error) {
+		v, err := c.azureVTPMVerifier()
+		if err != nil {
+			return nil, err
+		}
+		return v.Seam(), nil
+	}, anchors: Config.azureVTPMAnchors},
 }
 
 // building is what the builders of one policy share: the AWS identity
@@ -300,6 +308,83 @@ func (c Config) nitroTPMAnchors(as []anchors.Anchor) ([]anchors.Anchor, error) {
 		return nil, fmt.Errorf("--nitrotpm-roots: %w", err)
 	}
 	return anchors.Replace(as, attest.KindNitroTPM, anchors.RoleRoot, roots), nil
+}
+
+// azureVTPMVerifier builds the Azure vTPM verifier: Azure's pinned vTPM
+// root (or AzureVTPMRoots') and the pinned IMDS roots (or
+// AzureIMDSRoots'), the shipped intermediates (none when the roots are
+// replaced: they lead to Microsoft's) and those of
+// AzureVTPMIntermediatesDir and AzureIMDSIntermediatesDir.
+func (c Config) azureVTPMVerifier() (*azuretpm.Verifier, error) {
+	now := c.Clock()
+	set, err := azuretpm.Shipped()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range []struct {
+		flag, path    string
+		roots, shipIn *[]*x509.Certificate
+	}{
+		{"--azure-vtpm-roots", c.AzureVTPMRoots, &set.AKRoots, &set.AKIntermediates},
+		{"--azure-imds-roots", c.AzureIMDSRoots, &set.DocumentRoots, &set.DocumentIntermediates},
+	} {
+		if r.path == "" {
+			continue
+		}
+		roots, err := readPEMFile(r.path)
+		if err != nil {
+			return nil, fmt.Errorf("serve: %s: %w", r.flag, err)
+		}
+		*r.roots, *r.shipIn = roots, nil
+	}
+	trust, err := azuretpm.NewTrust(set, now)
+	if err != nil {
+		return nil, fmt.Errorf("serve: Azure vTPM trust: %w", err)
+	}
+	if c.AzureVTPMIntermediatesDir != "" || c.AzureIMDSIntermediatesDir != "" {
+		if trust, err = trust.WithIntermediates(c.AzureVTPMIntermediatesDir, c.AzureIMDSIntermediatesDir, now); err != nil {
+			return nil, fmt.Errorf("serve: --azure-vtpm-intermediates-dir, --azure-imds-intermediates-dir: %w", err)
+		}
+	}
+	return azuretpm.NewVerifier(azuretpm.Options{Trust: trust, Clock: c.Clock})
+}
+
+// azureVTPMAnchors applies --azure-vtpm-roots and --azure-imds-roots
+// (replacing the pinned roots, and the shipped intermediates under them)
+// and --azure-vtpm-intermediates-dir and --azure-imds-intermediates-dir
+// (beside the shipped intermediates) to the anchors the server exports.
+func (c Config) azureVTPMAnchors(as []anchors.Anchor) ([]anchors.Anchor, error) {
+	for _, r := range []struct {
+		flag, path, role, under string
+	}{
+		{"--azure-vtpm-roots", c.AzureVTPMRoots, anchors.RoleRoot, anchors.RoleIntermediate},
+		{"--azure-imds-roots", c.AzureIMDSRoots, anchors.RoleDocumentRoot, anchors.RoleDocumentIntermediate},
+	} {
+		if r.path == "" {
+			continue
+		}
+		roots, err := readPEMFile(r.path)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", r.flag, err)
+		}
+		as = anchors.Replace(anchors.Replace(as, attest.KindAzureVTPM, r.under, nil), attest.KindAzureVTPM, r.role, roots)
+	}
+	for _, d := range []struct {
+		flag, dir, role string
+	}{
+		{"--azure-vtpm-intermediates-dir", c.AzureVTPMIntermediatesDir, anchors.RoleIntermediate},
+		{"--azure-imds-intermediates-dir", c.AzureIMDSIntermediatesDir, anchors.RoleDocumentIntermediate},
+	} {
+		if d.dir == "" {
+			continue
+		}
+		more, err := azuretpm.ReadIntermediates(d.dir)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", d.flag, err)
+		}
+		as = anchors.Append(as, attest.KindAzureVTPM, d.role, more)
+	}
+	return as, nil
 }
 
 // readPEMFile reads a strict PEM bundle of certificates (pemcert).

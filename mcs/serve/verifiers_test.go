@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"encoding/pem"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/identity/azuretpm/azuretpmtest"
 )
 
 // TestVerifiers: the registry holds the kinds the policy takes (TPM's
@@ -25,6 +27,7 @@ pools:
     evidence: ` + kinds + `
     gcp: {projects: [p], zones: [z]}
     aws: {accounts: ["123456789012"], regions: [us-east-1]}
+    azure: {subscriptions: ["8d2e6c4b-1a3f-4e5d-b7c9-2f0a1e3d5b6c"]}
     tpm:
       anyEKTrust: true
       bootComponents: {shim: {any: true}, bootloader: {any: true}, kernel: {any: true}}
@@ -42,6 +45,33 @@ pools:
 		t.Fatal(err)
 	}
 	c := Config{Clock: time.Now}
+	// A lab Azure PKI: its roots in files, its intermediates in
+	// directories.
+	azCA, err := azuretpmtest.NewCA(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	azIMDS, err := azuretpmtest.NewIMDSCA(time.Now(), "metadata.azure.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemFile := func(name string, der []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	azRoot, imdsRoot := pemFile("az-root.pem", azCA.Root.Raw), pemFile("imds-root.pem", azIMDS.Root.Raw)
+	pemFile("az-inter/i.pem", azCA.Intermediate.Raw)
+	pemFile("imds-inter/i.pem", azIMDS.Intermediate.Raw)
+	lab := func(c *Config) {
+		c.AzureVTPMRoots, c.AzureIMDSRoots = azRoot, imdsRoot
+		c.AzureVTPMIntermediatesDir, c.AzureIMDSIntermediatesDir = filepath.Join(dir, "az-inter"), filepath.Join(dir, "imds-inter")
+	}
 	cases := []struct {
 		name  string
 		edit  func(*Config)
@@ -55,6 +85,13 @@ pools:
 		{"a GCE roots file without a certificate", func(c *Config) { c.GCEVTPMRoots = empty }, "[gce-vtpm]", nil},
 		{"a Nitro roots file without a certificate", func(c *Config) { c.NitroTPMRoots = empty }, "[aws-nitrotpm]", nil},
 		{"an intermediates directory that is not there", func(c *Config) { c.GCEVTPMIntermediatesDir = filepath.Join(dir, "nope") }, "[gce-vtpm]", nil},
+		{"the Azure vTPM on the shipped roots", nil, "[azure-vtpm]", []attest.Kind{attest.KindAzureVTPM, attest.KindTPM}},
+		{"the Azure vTPM on a lab PKI", lab, "[azure-vtpm, gce-vtpm]", []attest.Kind{attest.KindAzureVTPM, attest.KindGCEVTPM, attest.KindTPM}},
+		{"an Azure vTPM roots file without a certificate", func(c *Config) { c.AzureVTPMRoots = empty }, "[azure-vtpm]", nil},
+		{"an IMDS roots file without a certificate", func(c *Config) { c.AzureIMDSRoots = empty }, "[azure-vtpm]", nil},
+		{"a lab AK intermediate beside the pinned root it does not chain to", func(c *Config) { c.AzureVTPMIntermediatesDir = filepath.Join(dir, "az-inter") }, "[azure-vtpm]", nil},
+		{"an IMDS intermediates directory that is not there", func(c *Config) { c.AzureIMDSIntermediatesDir = filepath.Join(dir, "nope") }, "[azure-vtpm]", nil},
+		{"Azure's roots files, but no pool takes azure-vtpm", func(c *Config) { c.AzureVTPMRoots = empty }, "[tpm]", []attest.Kind{attest.KindTPM}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -26,6 +26,8 @@ const (
 	// identity/aws/awstest) default project and account.
 	GCPProject = "nodeproof-test"
 	AWSAccount = "123456789012"
+	// AzureSubscription is identity/azuretpm/azuretpmtest's subscription.
+	AzureSubscription = "8d2e6c4b-1a3f-4e5d-b7c9-2f0a1e3d5b6c"
 )
 
 // Builder is a policy being built.
@@ -198,6 +200,20 @@ func (p *Pool) NitroTPM(accounts ...string) *Pool {
 		accounts = []string{AWSAccount}
 	}
 	p.p.AWS.Accounts, p.p.AWS.AnyRegion = append(p.p.AWS.Accounts, accounts...), len(p.p.AWS.Regions) == 0
+	p.anyBoot()
+	return p
+}
+
+// AzureVTPM adds Azure Trusted Launch vTPM evidence from subscriptions
+// (none: AzureSubscription), and any shim, boot loader and kernel unless
+// the pool's boot is set already. Azure signs no VM name: such a pool
+// needs Requested for its machines to enrol.
+func (p *Pool) AzureVTPM(subscriptions ...string) *Pool {
+	p.takes(attest.KindAzureVTPM)
+	if len(subscriptions) == 0 {
+		subscriptions = []string{AzureSubscription}
+	}
+	p.p.Azure.Subscriptions = append(p.p.Azure.Subscriptions, subscriptions...)
 	p.anyBoot()
 	return p
 }

@@ -93,7 +93,8 @@ func TestBuilderBootRules(t *testing.T) {
 func TestBuilderCloudVTPM(t *testing.T) {
 	kernel := strings.Repeat("cd", 48)
 	doc, err := New().Pool("gce", Public().GCEVTPM().Zones("us-central1-a")).
-		Pool("ec2", Public().Boot("", "", kernel).NitroTPM().Regions("us-east-1")).YAML()
+		Pool("ec2", Public().Boot("", "", kernel).NitroTPM().Regions("us-east-1")).
+		Pool("azure", Public().AzureVTPM().Requested()).YAML()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,11 +102,13 @@ func TestBuilderCloudVTPM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, e := p.Pools["gce"], p.Pools["ec2"]
+	g, e, a := p.Pools["gce"], p.Pools["ec2"], p.Pools["azure"]
 	switch {
 	case len(g.Evidence) != 1 || g.Evidence[0] != attest.KindGCEVTPM || g.GCP.Projects[0] != GCPProject || g.GCP.AnyZone || g.GCP.Zones[0] != "us-central1-a" || !g.TPM.BootComponents.Kernel.Any:
 		t.Errorf("gce pool %+v", g)
 	case len(e.Evidence) != 1 || e.Evidence[0] != attest.KindNitroTPM || e.AWS.Accounts[0] != AWSAccount || e.AWS.AnyRegion || e.AWS.Regions[0] != "us-east-1" || e.TPM.BootComponents.Kernel.Allow[0] != kernel:
 		t.Errorf("ec2 pool %+v", e)
+	case len(a.Evidence) != 1 || a.Evidence[0] != attest.KindAzureVTPM || len(a.Azure.Subscriptions) != 1 || a.Azure.Subscriptions[0] != AzureSubscription || a.Azure.AnySubscription || !a.TPM.BootComponents.Kernel.Any || a.Serve.NodeNames != "requested":
+		t.Errorf("azure pool %+v", a)
 	}
 }

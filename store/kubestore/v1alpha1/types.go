@@ -59,7 +59,7 @@ type NodeAttestationSpec struct {
 	Pool string `json:"pool"`
 	// Kind is the kind of evidence that made the record (attest.Kind).
 	// +required
-	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	// +kubebuilder:validation:Enum=tpm;gcp;aws;gce-vtpm;aws-nitrotpm;azure-vtpm
 	Kind string `json:"kind"`
 	// Identity is what the evidence identified (an EK, an instance ID).
 	// +optional
@@ -304,7 +304,7 @@ type NodeBindingSpec struct {
 	Pool string `json:"pool"`
 	// Kind is the kind of evidence of the owning identity.
 	// +required
-	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	// +kubebuilder:validation:Enum=tpm;gcp;aws;gce-vtpm;aws-nitrotpm;azure-vtpm
 	Kind string `json:"kind"`
 	// Identity is the owning evidence identity (an EK hash, a cloud
 	// instance).
@@ -379,7 +379,7 @@ type IdentityBanSpec struct {
 	Identity string `json:"identity"`
 	// Kind is its kind of evidence, when known.
 	// +optional
-	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	// +kubebuilder:validation:Enum=tpm;gcp;aws;gce-vtpm;aws-nitrotpm;azure-vtpm
 	Kind string `json:"kind,omitempty"`
 	// NodeName is the name the identity held when banned.
 	// +optional
@@ -461,7 +461,7 @@ type ReleasedBinding struct {
 	// +kubebuilder:validation:MaxLength=1024
 	Identity string `json:"identity"`
 	// +required
-	// +kubebuilder:validation:Enum=tpm;gcp;aws
+	// +kubebuilder:validation:Enum=tpm;gcp;aws;gce-vtpm;aws-nitrotpm;azure-vtpm
 	Kind string `json:"kind"`
 	// +required
 	// +kubebuilder:validation:MaxLength=253
