@@ -14,8 +14,9 @@ import (
 
 // Quotes by an attestation key that something other than credential
 // activation vouches for: a cloud that certifies the AK (GCE's vTPM, whose
-// AK certificate Google issues; identity/gcevtpm) or signs a document
-// naming it (AWS NitroTPM; identity/nitrotpm). Those kinds check the
+// AK certificate Google issues, identity/gcevtpm; Azure's Trusted Launch
+// vTPM, identity/azuretpm) or signs a document naming it (AWS NitroTPM;
+// identity/nitrotpm). Those kinds check the
 // voucher themselves and then verify the quote, the event log and the boot
 // state exactly as Verify does, with the functions below.
 

@@ -12,8 +12,9 @@ import (
 )
 
 // The wire shapes and the node side that the kinds of a vouched-for AK
-// (identity/gcevtpm, identity/nitrotpm) share: the AK travels with the
-// quote, so the first message is empty and the challenge is a nonce; the
+// (identity/gcevtpm, identity/nitrotpm, identity/azuretpm) share: the AK
+// travels with the quote, so the first message is empty and the challenge
+// is a nonce; the
 // collector drives the TPM through go-tpm (go-tpm-tools' keys) and answers
 // with the AK's public area and a quote over the binding (QuoteAll).
 

@@ -12,7 +12,6 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 	"github.com/google/go-tpm/tpmutil"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 )
 
@@ -25,7 +24,6 @@ import (
 const (
 	AKHandle      = 0x81000003
 	AKCertNVIndex = 0x01C101D0
-	systemTPM     = "/dev/tpmrm0"
 )
 
 // ErrNotAzure: the TPM has no AK certificate at NV 0x01C101D0: not an
@@ -61,19 +59,15 @@ type CollectorOptions struct {
 // with the system event log), reads the AK certificate (ErrNotAzure when
 // there is none; at most MaxCertificateSize) and loads the AK (ErrNoAK).
 func NewCollector(ctx context.Context, ch tpm.Channel, o CollectorOptions) (*Collector, error) {
-	c := &Collector{log: tpm.ReadSystemEventLog, imds: o.IMDS}
+	c := &Collector{imds: o.IMDS}
 	if c.imds == nil {
 		c.imds = &IMDS{}
 	}
-	if ch != nil {
-		c.rw, c.log = ch, ch.MeasurementLog
-	} else {
-		rw, err := tpm2.OpenTPM(systemTPM)
-		if err != nil {
-			return nil, fmt.Errorf("open TPM: %w", err)
-		}
-		c.rw = rw
+	rw, log, err := tpm.OpenChannel(ch)
+	if err != nil {
+		return nil, err
 	}
+	c.rw, c.log = rw, log
 	cert, err := readCert(c.rw)
 	if err != nil {
 		c.rw.Close()
@@ -124,14 +118,10 @@ func (c *Collector) Request() *ChallengeRequest { return &ChallengeRequest{} }
 // the attested document with IMDSNonce of the same two, and sends the AK,
 // its certificate, the document, the quote, the PCRs and the event log.
 func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, error) {
-	if ch == nil || len(ch.Nonce) != attest.NonceSize {
-		return nil, fmt.Errorf("azuretpm: the challenge's nonce is not %d bytes", attest.NonceSize)
+	if err := ch.Check("azuretpm"); err != nil {
+		return nil, err
 	}
-	pub, err := c.ak.PublicArea().Encode()
-	if err != nil {
-		return nil, fmt.Errorf("encode AK: %w", err)
-	}
-	q, err := tpm.QuoteAll(c.ak, crypto.SHA256, ch.Nonce, kubeletKeySHA256, c.log)
+	pub, q, err := tpm.QuoteAK(c.ak, crypto.SHA256, ch.Nonce, kubeletKeySHA256, c.log)
 	if err != nil {
 		return nil, err
 	}

@@ -3,10 +3,8 @@ package azuretpm
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"time"
 
@@ -50,28 +48,22 @@ type Verifier struct {
 	akRoots, docRoots *x509.CertPool
 	signers           []string
 	required          []int
-	ttl               time.Duration
-	clock             func() time.Time
-	rand              io.Reader
+	sess              *attest.Sessions
 }
 
 // NewVerifier returns a Verifier. It refuses Options without Trust or
 // Clock, an empty signer list, required PCRs out of 0-23 and a negative
 // SessionTTL.
 func NewVerifier(o Options) (*Verifier, error) {
-	if o.Clock == nil {
-		return nil, errors.New("azuretpm: Options.Clock is required")
+	sessions, err := attest.NewSessions(attest.KindAzureVTPM, "azuretpm", o.SessionTTL, o.Clock, o.Rand)
+	if err != nil {
+		return nil, err
 	}
 	if o.Trust == nil {
 		return nil, errors.New("azuretpm: Options.Trust is required (DefaultTrust)")
 	}
-	if o.SessionTTL < 0 {
-		return nil, fmt.Errorf("azuretpm: Options.SessionTTL %v is negative", o.SessionTTL)
-	}
-	for _, i := range o.RequiredPCRs {
-		if i < 0 || i > 23 {
-			return nil, fmt.Errorf("azuretpm: required PCR %d out of range", i)
-		}
+	if err := tpm.CheckRequiredPCRs("azuretpm", o.RequiredPCRs); err != nil {
+		return nil, err
 	}
 	signers := o.DocumentSigners
 	if signers == nil {
@@ -82,20 +74,13 @@ func NewVerifier(o Options) (*Verifier, error) {
 	}
 	v := &Verifier{
 		trust: o.Trust, akRoots: x509.NewCertPool(), docRoots: x509.NewCertPool(),
-		signers: append([]string(nil), signers...), required: o.RequiredPCRs,
-		ttl: o.SessionTTL, clock: o.Clock, rand: o.Rand,
+		signers: append([]string(nil), signers...), required: o.RequiredPCRs, sess: sessions,
 	}
 	for _, r := range o.Trust.ak.roots {
 		v.akRoots.AddCert(r)
 	}
 	for _, r := range o.Trust.doc.roots {
 		v.docRoots.AddCert(r)
-	}
-	if v.ttl == 0 {
-		v.ttl = attest.DefaultSessionTTL
-	}
-	if v.rand == nil {
-		v.rand = rand.Reader
 	}
 	return v, nil
 }
@@ -104,7 +89,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 // and returns the challenge, a fresh 32-byte nonce, and the session for
 // the caller to seal.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeRequest) (*Challenge, *attest.Session, error) {
-	sess, err := attest.NewSession(attest.KindAzureVTPM, pool, kubeletKeySHA256, v.rand, v.clock(), v.ttl)
+	sess, err := v.sess.Open(pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -165,8 +150,8 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 // with EKTrust "azure-ak-certificate" and the AK certificate's issuer and
 // serial.
 func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
-	now := v.clock()
-	if err := attest.CheckSession(sess, attest.KindAzureVTPM, now); err != nil {
+	now, err := v.sess.Check(sess)
+	if err != nil {
 		return nil, err
 	}
 	if ev == nil {
@@ -201,18 +186,16 @@ func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence)
 		return nil, err
 	}
 	identity := Identity(doc.SubscriptionID, vmID)
-	boot, err := qr.ReplayBoot(ev.Quote.EventLog)
+	tc, err := qr.IdentifiedClaims(ak, ev.Quote.EventLog, identity, "azure-ak-certificate")
 	if err != nil {
-		return nil, &attest.Identified{Identity: identity, Err: err}
+		return nil, err
 	}
-	tc := qr.Claims(ak, boot)
-	tc.EKTrust = "azure-ak-certificate"
 	tc.AKCertIssuer, tc.AKCertSerial = cert.Issuer.String(), cert.SerialNumber.Text(16)
 	return &attest.Claims{
 		Kind:             attest.KindAzureVTPM,
 		Identity:         identity,
 		KubeletKeySHA256: bytes.Clone(sess.KubeletKeySHA256),
-		VerifiedAt:       v.clock(),
+		VerifiedAt:       v.sess.Now(),
 		TPM:              tc,
 		Instance: &attest.InstanceClaims{
 			Cloud: attest.CloudAzure, Account: doc.SubscriptionID, ID: vmID, Image: doc.SKU,
@@ -246,7 +229,7 @@ func (v *Verifier) checkDocument(sig string, sess *attest.Session, vmID string, 
 // For tools that show what a certificate says; it proves nothing about
 // who holds the key.
 func (v *Verifier) Certificate(certDER []byte, intermediatesDER [][]byte) (*x509.Certificate, string, error) {
-	cert, err := v.verifyCert(certDER, intermediatesDER, v.clock())
+	cert, err := v.verifyCert(certDER, intermediatesDER, v.sess.Now())
 	if err != nil {
 		return nil, "", err
 	}
@@ -261,7 +244,7 @@ func (v *Verifier) Certificate(certDER []byte, intermediatesDER [][]byte) (*x509
 // document is well-formed, signed by an allowed IMDS signer chaining to a
 // pinned root, and within its validity at the verifier's clock.
 func (v *Verifier) Document(sig string) (*Document, error) {
-	now := v.clock()
+	now := v.sess.Now()
 	d, err := ParseDocument(sig)
 	if err != nil {
 		return nil, err

@@ -10,14 +10,12 @@ import "github.com/nodeproof/nodeproof/attest/tpm"
 
 // ChallengeRequest is the node's first message. It is empty: the AK, its
 // certificate and the document travel with the quote, and the nonce must
-// exist before both.
-type ChallengeRequest struct{}
+// exist before both (the shape every vouched-for AK's kind shares).
+type ChallengeRequest = tpm.EmptyRequest
 
 // Challenge is the server's answer: the nonce the quote and the document
 // bind.
-type Challenge struct {
-	Nonce []byte `json:"nonce"`
-}
+type Challenge = tpm.NonceChallenge
 
 // Evidence is the node's second message.
 type Evidence struct {
