@@ -22,6 +22,8 @@ func TestSummarize(t *testing.T) {
 			"aws aws account=123456789012 location=us-east-1 instance=i-0abc live"},
 		{"a NitroTPM", &attest.Claims{Kind: attest.KindNitroTPM, TPM: tpmFacts, Instance: &attest.InstanceClaims{Cloud: attest.CloudAWS, Account: "123456789012", Location: "us-east-1", ID: "i-0abc"}},
 			"aws-nitrotpm aws account=123456789012 location=us-east-1 instance=i-0abc trust=ca:vendor bank=sha256 secureBoot=on kernel=k pcr8=88 pcr9=99"},
+		{"an Azure vTPM (no location)", &attest.Claims{Kind: attest.KindAzureVTPM, TPM: tpmFacts, Instance: &attest.InstanceClaims{Cloud: attest.CloudAzure, Account: "8d10da13-8125-4ba9-a717-bf7490507b3d", ID: "5c6f1a2e-0d4b-4a39-9b6e-2c4f0e7d9a11"}},
+			"azure-vtpm azure account=8d10da13-8125-4ba9-a717-bf7490507b3d instance=5c6f1a2e-0d4b-4a39-9b6e-2c4f0e7d9a11 trust=ca:vendor bank=sha256 secureBoot=on kernel=k pcr8=88 pcr9=99"},
 		{"bare metal", &attest.Claims{Kind: attest.KindTPM, TPM: tpmFacts},
 			"tpm ek=0123456789abcdef… (rsa-2048) trust=ca:vendor bank=sha256 secureBoot=on kernel=k pcr8=88 pcr9=99"},
 		{"neither", &attest.Claims{Kind: attest.KindTPM, Identity: "tpm-ek:ab"}, "tpm tpm-ek:ab"},

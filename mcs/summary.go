@@ -14,7 +14,11 @@ func summarize(c *attest.Claims) string {
 	var parts []string
 	switch i := c.Instance; {
 	case i != nil:
-		in := fmt.Sprintf("%s %s account=%s location=%s instance=%s", c.Kind, i.Cloud, i.Account, i.Location, i.ID)
+		in := fmt.Sprintf("%s %s account=%s", c.Kind, i.Cloud, i.Account)
+		if i.Location != "" {
+			in += " location=" + i.Location
+		}
+		in += " instance=" + i.ID
 		if i.Name != "" {
 			in += " (" + i.Name + ")"
 		}
