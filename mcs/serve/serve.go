@@ -35,7 +35,6 @@ import (
 	"github.com/nodeproof/nodeproof/reload"
 	"github.com/nodeproof/nodeproof/store"
 	"github.com/nodeproof/nodeproof/store/adminsock"
-	"github.com/nodeproof/nodeproof/store/boltstore"
 	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
@@ -243,12 +242,14 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 	}
 	c.Log.Info("policy in force", "file", orDefault(c.Policy, "(none: the public tier only)"), "version", version, "pools", len(j.Policy.Pools))
 	o.Policy, o.Verifiers = j.Policy, j.Verifiers
-	if st, err = c.OpenStore(clusterMode); err != nil {
+	opened, err := c.OpenStore(clusterMode)
+	if err != nil {
 		return o, nil, conns, nil, "", err
 	}
+	st = opened.Store
 	o.Store = st
 	closers = append(closers, func() { st.Close() })
-	if bs, ok := st.(*boltstore.Store); ok {
+	if bs := opened.Embedded; bs != nil {
 		// Operators act on the running server's store through its admin
 		// socket (bbolt locks the file): revoke, release, unban, adopt.
 		as, err := adminsock.Listen(adminsock.Path(c.StateDir), bs, c.Log)
@@ -280,14 +281,15 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 		}
 		closers = append(closers, stop)
 	}
-	if ks, ok := st.(*kubestore.Store); ok {
+	var watched *kubestore.Watched
+	if ks := opened.Kubernetes; ks != nil {
 		// A fetch reads the node's binding from a watch, not a GET.
 		w, stop, err := c.watchBindings(ctx, ks)
 		if err != nil {
 			return o, nil, conns, nil, "", err
 		}
 		closers = append(closers, stop)
-		o.Store = w
+		o.Store, watched = w, w
 	}
 	kc, err := c.KubeClient(clusterMode)
 	if err != nil {
@@ -301,8 +303,8 @@ func (c Config) serverOptions(ctx context.Context, clusterMode bool, prov *token
 			return o, nil, conns, nil, "", err
 		}
 		be := kubestore.NewBindingEvents(kc, reports, c.storeNamespace(), "nodeproof-server")
-		if w, ok := o.Store.(*kubestore.Watched); ok {
-			be.UIDs(w.UID) // kubectl describe nodebinding shows them
+		if watched != nil {
+			be.UIDs(watched.UID) // kubectl describe nodebinding shows them
 		}
 		closers = append(closers, be.Close)
 		o.Events = be

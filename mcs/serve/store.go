@@ -19,7 +19,7 @@ import (
 // openStore opens the store --store names: embedded (bbolt in the state
 // directory) or kubernetes (CRDs, through the cluster mode's API server
 // connection, or the in-cluster/kubeconfig one).
-func (c Config) OpenStore(clusterMode bool) (store.Store, error) {
+func (c Config) OpenStore(clusterMode bool) (*Opened, error) {
 	return c.OpenStoreTimeout(clusterMode, 10*time.Second)
 }
 
@@ -59,9 +59,20 @@ func (c Config) KubeClient(clusterMode bool) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
-// openStoreTimeout is openStore waiting at most lock for the embedded
+// Opened is the store --store names, opened: the whole store, and which
+// of the two it is (exactly one of Embedded and Kubernetes is set), for
+// what only that one has (the embedded store's admin socket, the
+// kubernetes store's watches) — chosen where it is opened, not found by
+// a type assertion later.
+type Opened struct {
+	store.Store
+	Embedded   *boltstore.Store
+	Kubernetes *kubestore.Store
+}
+
+// OpenStoreTimeout is OpenStore waiting at most lock for the embedded
 // store's file lock.
-func (c Config) OpenStoreTimeout(clusterMode bool, lock time.Duration) (store.Store, error) {
+func (c Config) OpenStoreTimeout(clusterMode bool, lock time.Duration) (*Opened, error) {
 	kind := c.StoreKind(clusterMode)
 	switch kind {
 	case "embedded":
@@ -71,7 +82,7 @@ func (c Config) OpenStoreTimeout(clusterMode bool, lock time.Duration) (store.St
 		} else if err != nil {
 			return nil, err
 		}
-		return st, nil
+		return &Opened{Store: st, Embedded: st}, nil
 	case "kubernetes":
 		ns := c.storeNamespace()
 		cfg, err := RESTConfig(c.Kubeconfig)
@@ -83,7 +94,11 @@ func (c Config) OpenStoreTimeout(clusterMode bool, lock time.Duration) (store.St
 		if err != nil {
 			return nil, err
 		}
-		return kubestore.New(cl, ns, c.Clock)
+		st, err := kubestore.New(cl, ns, c.Clock)
+		if err != nil {
+			return nil, err
+		}
+		return &Opened{Store: st, Kubernetes: st}, nil
 	}
 	return nil, fmt.Errorf("serve: --store %q is not embedded or kubernetes", kind)
 }
