@@ -45,7 +45,7 @@ func (v *Verifier) verifyCert(certDER []byte, intermediatesDER [][]byte, now tim
 		MaxCertificateSize: MaxCertificateSize,
 		MaxIntermediates:   MaxIntermediates,
 		Roots:              v.akRoots,
-		Intermediates:      v.trust.ak.intermediates,
+		Intermediates:      v.trust.ak.Intermediates(),
 		RootName:           "Azure vTPM",
 	})
 }

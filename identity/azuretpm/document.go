@@ -192,7 +192,7 @@ func (v *Verifier) verifyDocument(d *Document, now time.Time) error {
 	if now.Before(cert.NotBefore) || now.After(cert.NotAfter) {
 		return attest.Deny(attest.ReasonAzureDocExpired, "the document signer's certificate is valid from %s to %s", cert.NotBefore.UTC().Format(time.RFC3339), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
-	known := append([]*x509.Certificate(nil), v.trust.doc.intermediates...)
+	known := append([]*x509.Certificate(nil), v.trust.doc.Intermediates()...)
 	for _, c := range p7.Certificates {
 		if c != cert {
 			known = append(known, c)

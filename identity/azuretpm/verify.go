@@ -72,17 +72,10 @@ func NewVerifier(o Options) (*Verifier, error) {
 	if len(signers) == 0 {
 		return nil, errors.New("azuretpm: Options.DocumentSigners is empty: no document would be accepted")
 	}
-	v := &Verifier{
-		trust: o.Trust, akRoots: x509.NewCertPool(), docRoots: x509.NewCertPool(),
+	return &Verifier{
+		trust: o.Trust, akRoots: o.Trust.ak.RootPool(), docRoots: o.Trust.doc.RootPool(),
 		signers: append([]string(nil), signers...), required: o.RequiredPCRs, sess: sessions,
-	}
-	for _, r := range o.Trust.ak.roots {
-		v.akRoots.AddCert(r)
-	}
-	for _, r := range o.Trust.doc.roots {
-		v.docRoots.AddCert(r)
-	}
-	return v, nil
+	}, nil
 }
 
 // Challenge is step one. It checks the kubelet key hash (MalformedEvidence)

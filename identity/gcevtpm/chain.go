@@ -32,12 +32,12 @@ func (v *Verifier) verifyCert(ctx context.Context, certDER []byte, intermediates
 		MaxIntermediates:        MaxIntermediates,
 		RequireDigitalSignature: true,
 		Roots:                   v.roots,
-		Intermediates:           v.trust.intermediates,
+		Intermediates:           v.trust.Intermediates(),
 		RootName:                "Google",
 	}
 	if v.aia != nil {
 		o.Fetch = func(cert *x509.Certificate, known []*x509.Certificate) ([]*x509.Certificate, error) {
-			return v.aia.Issuers(ctx, cert, append(known, v.trust.roots...))
+			return v.aia.Issuers(ctx, cert, append(known, v.trust.Roots()...))
 		}
 	}
 	return tpm.VerifyAKCert(certDER, intermediatesDER, now, o)

@@ -1,18 +1,11 @@
 package gcevtpm
 
 import (
-	"bytes"
 	"crypto/x509"
 	"embed"
-	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"sort"
-	"strings"
 	"time"
 
-	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/identity/pinned"
 )
 
 // shipped are Google's vTPM certificate authorities: the two pinned roots
@@ -23,41 +16,26 @@ import (
 var shipped embed.FS
 
 // Trust is what an AK certificate may chain to: pinned roots and the
-// intermediates known to lead to them. It is immutable once made and safe
-// for concurrent use.
+// intermediates known to lead to them (a pinned.Set). It is immutable once
+// made and safe for concurrent use.
 type Trust struct {
-	roots         []*x509.Certificate
-	intermediates []*x509.Certificate
+	set *pinned.Set
 }
 
-// NewTrust returns a Trust of roots and intermediates. Each root must be a
-// self-signed CA certificate; each intermediate a CA certificate that
-// chains to one of the roots (through the others) at now: an intermediate
-// that leads nowhere is a mistake better reported at start than met as a
-// refusal.
+// pkg begins the trust's errors.
+const pkg = "gcevtpm"
+
+// NewTrust returns a Trust of roots and intermediates, checked as
+// pinned.New checks them: each root must be a self-signed CA certificate;
+// each intermediate a CA certificate that chains to one of the roots
+// (through the others) at now: an intermediate that leads nowhere is a
+// mistake better reported at start than met as a refusal.
 func NewTrust(roots, intermediates []*x509.Certificate, now time.Time) (*Trust, error) {
-	if len(roots) == 0 {
-		return nil, fmt.Errorf("gcevtpm: no roots: an empty root set would trust nothing")
+	set, err := pinned.New(pinned.Label{Pkg: pkg}, roots, intermediates, now)
+	if err != nil {
+		return nil, err
 	}
-	rp, ip := x509.NewCertPool(), x509.NewCertPool()
-	for _, r := range roots {
-		if !r.IsCA || !bytes.Equal(r.RawSubject, r.RawIssuer) || r.CheckSignatureFrom(r) != nil {
-			return nil, fmt.Errorf("gcevtpm: root %q is not a self-signed CA certificate", r.Subject)
-		}
-		rp.AddCert(r)
-	}
-	for _, c := range intermediates {
-		ip.AddCert(c)
-	}
-	for _, c := range intermediates {
-		if !c.IsCA {
-			return nil, fmt.Errorf("gcevtpm: intermediate %q is not a CA certificate", c.Subject)
-		}
-		if _, err := c.Verify(x509.VerifyOptions{Roots: rp, Intermediates: ip, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-			return nil, fmt.Errorf("gcevtpm: intermediate %q does not chain to a pinned root: %w", c.Subject, err)
-		}
-	}
-	return &Trust{roots: append([]*x509.Certificate(nil), roots...), intermediates: append([]*x509.Certificate(nil), intermediates...)}, nil
+	return &Trust{set: set}, nil
 }
 
 // DefaultTrust returns the shipped trust: Google's two vTPM roots,
@@ -78,10 +56,10 @@ func DefaultTrust(now time.Time) (*Trust, error) {
 // reports, which must still report an intermediate that has expired
 // (DefaultTrust refuses it).
 func Shipped() (roots, intermediates []*x509.Certificate, err error) {
-	if roots, err = readDir(shipped, "certs/roots"); err != nil {
+	if roots, err = pinned.ReadDir(pkg, shipped, "certs/roots"); err != nil {
 		return nil, nil, err
 	}
-	if intermediates, err = readDir(shipped, "certs/intermediates"); err != nil {
+	if intermediates, err = pinned.ReadDir(pkg, shipped, "certs/intermediates"); err != nil {
 		return nil, nil, err
 	}
 	return roots, intermediates, nil
@@ -92,11 +70,15 @@ func Shipped() (roots, intermediates []*x509.Certificate, err error) {
 // bundle): how an operator adds an intermediate Google started using
 // before a release ships it (docs/cloud-tpm.md).
 func (t *Trust) WithIntermediates(dir string, now time.Time) (*Trust, error) {
-	more, err := readDir(os.DirFS(dir), ".")
+	more, err := pinned.ReadOSDir(pkg, dir)
 	if err != nil {
 		return nil, err
 	}
-	return NewTrust(t.roots, append(append([]*x509.Certificate(nil), t.intermediates...), more...), now)
+	set, err := t.set.With(more, now)
+	if err != nil {
+		return nil, err
+	}
+	return &Trust{set: set}, nil
 }
 
 // ReadIntermediates parses every .pem file in dir, in name order, as
@@ -104,36 +86,11 @@ func (t *Trust) WithIntermediates(dir string, now time.Time) (*Trust, error) {
 // time (WithIntermediates does): what an expiry metric reads, so an expired
 // certificate is still reported.
 func ReadIntermediates(dir string) ([]*x509.Certificate, error) {
-	return readDir(os.DirFS(dir), ".")
+	return pinned.ReadOSDir(pkg, dir)
 }
 
 // Roots are the pinned roots; Intermediates the known intermediates. The
 // caller must not modify them. Their NotAfter dates are what an expiry
 // metric reports.
-func (t *Trust) Roots() []*x509.Certificate         { return t.roots }
-func (t *Trust) Intermediates() []*x509.Certificate { return t.intermediates }
-
-// readDir parses every .pem file in dir of fsys, in name order.
-func readDir(fsys fs.FS, dir string) ([]*x509.Certificate, error) {
-	entries, err := fs.ReadDir(fsys, dir)
-	if err != nil {
-		return nil, fmt.Errorf("gcevtpm: %w", err)
-	}
-	sort.Slice(entries, func(i, j int) bool { return entries[i].Name() < entries[j].Name() })
-	var out []*x509.Certificate
-	for _, e := range entries {
-		if e.IsDir() || !strings.HasSuffix(e.Name(), ".pem") {
-			continue
-		}
-		b, err := fs.ReadFile(fsys, filepath.ToSlash(filepath.Join(dir, e.Name())))
-		if err != nil {
-			return nil, fmt.Errorf("gcevtpm: %w", err)
-		}
-		certs, err := pemcert.Parse(b)
-		if err != nil {
-			return nil, fmt.Errorf("gcevtpm: %s: %w", e.Name(), err)
-		}
-		out = append(out, certs...)
-	}
-	return out, nil
-}
+func (t *Trust) Roots() []*x509.Certificate         { return t.set.Roots() }
+func (t *Trust) Intermediates() []*x509.Certificate { return t.set.Intermediates() }

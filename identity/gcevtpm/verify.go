@@ -69,11 +69,7 @@ func NewVerifier(o Options) (*Verifier, error) {
 	if err := tpm.CheckRequiredPCRs("gcevtpm", o.RequiredPCRs); err != nil {
 		return nil, err
 	}
-	v := &Verifier{trust: o.Trust, roots: x509.NewCertPool(), aia: o.AIA, required: o.RequiredPCRs, sess: sessions}
-	for _, r := range o.Trust.roots {
-		v.roots.AddCert(r)
-	}
-	return v, nil
+	return &Verifier{trust: o.Trust, roots: o.Trust.set.RootPool(), aia: o.AIA, required: o.RequiredPCRs, sess: sessions}, nil
 }
 
 // Challenge is step one. It checks the kubelet key hash (MalformedEvidence)
