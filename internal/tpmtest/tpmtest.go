@@ -156,6 +156,26 @@ func ProvisionEKCertAt(rw io.ReadWriter, index tpmutil.Handle, certDER []byte) e
 	return nil
 }
 
+// WriteNV defines idx (owner-written, readable with the owner's empty
+// auth, as the clouds' vTPMs keep their AK templates and certificates),
+// replacing what is there, and writes data in chunks small enough for any
+// TPM.
+func WriteNV(rw io.ReadWriter, idx uint32, data []byte) error {
+	h := tpmutil.Handle(idx)
+	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, h)
+	attrs := tpm2.AttrOwnerWrite | tpm2.AttrOwnerRead | tpm2.AttrAuthRead | tpm2.AttrNoDA
+	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, h, "", "", nil, attrs, uint16(len(data))); err != nil {
+		return err
+	}
+	for off := 0; off < len(data); off += 512 {
+		end := min(off+512, len(data))
+		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, h, "", data[off:end], uint16(off)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // LocalCA is the swtpm manufacturer in dir (attest/tpm/swtpm's
 // swtpm_localca: its root, its issuing certificate and key) as a
 // VendorCA, to issue more EK certificates as that vendor.

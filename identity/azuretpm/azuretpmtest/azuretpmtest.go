@@ -55,43 +55,17 @@ const (
 	SubscriptionID = "8d2e6c4b-1a3f-4e5d-b7c9-2f0a1e3d5b6c"
 )
 
-// hierarchy is a root and an intermediate under it, RSA-2048.
-type hierarchy struct {
-	Root, Intermediate       *x509.Certificate
-	rootKey, intermediateKey *rsa.PrivateKey
-}
-
-func newHierarchy(root, inter pkix.Name, now time.Time) (*hierarchy, error) {
-	h := &hierarchy{}
-	var err error
-	if h.rootKey, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
-		return nil, err
-	}
-	if h.intermediateKey, err = rsa.GenerateKey(rand.Reader, 2048); err != nil {
-		return nil, err
-	}
-	rt := &x509.Certificate{
+// hierarchy is a root and an intermediate under it, RSA-2048: a
+// tpmtest.LabCA with Azure's shape (the root for 25 years, the
+// intermediate for 2, at path length zero).
+func newHierarchy(root, inter pkix.Name, now time.Time) (*tpmtest.LabCA, error) {
+	return tpmtest.NewLabCA(&x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: root, NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(25, 0, 0),
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, rt, rt, h.rootKey.Public(), h.rootKey)
-	if err != nil {
-		return nil, err
-	}
-	if h.Root, err = x509.ParseCertificate(der); err != nil {
-		return nil, err
-	}
-	it := &x509.Certificate{
+	}, &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: inter, NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(2, 0, 0),
 		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true, MaxPathLenZero: true,
-	}
-	if der, err = x509.CreateCertificate(rand.Reader, it, h.Root, h.intermediateKey.Public(), h.rootKey); err != nil {
-		return nil, err
-	}
-	if h.Intermediate, err = x509.ParseCertificate(der); err != nil {
-		return nil, err
-	}
-	return h, nil
+	})
 }
 
 func serial() (*big.Int, error) {
@@ -99,7 +73,7 @@ func serial() (*big.Int, error) {
 }
 
 // CA is a stand-in for Azure's vTPM hierarchy.
-type CA struct{ *hierarchy }
+type CA struct{ *tpmtest.LabCA }
 
 // NewCA makes a root and an intermediate valid around now, with Azure's
 // names.
@@ -148,13 +122,13 @@ func (ca *CA) IssueAK(pub crypto.PublicKey, vmID string, now time.Time, c Cert) 
 	if c.KeyUsage != 0 {
 		tmpl.KeyUsage = c.KeyUsage
 	}
-	return x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, pub, ca.intermediateKey)
+	return ca.Issue(tmpl, pub)
 }
 
 // IMDSCA is a stand-in for the TLS hierarchy IMDS's signer is under, with
 // the signer's certificate.
 type IMDSCA struct {
-	*hierarchy
+	*tpmtest.LabCA
 	Signer    *x509.Certificate
 	signerKey *rsa.PrivateKey
 }
@@ -169,7 +143,7 @@ func NewIMDSCA(now time.Time, name string) (*IMDSCA, error) {
 	if err != nil {
 		return nil, err
 	}
-	ca := &IMDSCA{hierarchy: h}
+	ca := &IMDSCA{LabCA: h}
 	if ca.Signer, ca.signerKey, err = ca.IssueSigner(name, now.Add(-time.Hour), now.AddDate(0, 6, 0)); err != nil {
 		return nil, err
 	}
@@ -192,7 +166,7 @@ func (ca *IMDSCA) IssueSigner(name string, notBefore, notAfter time.Time) (*x509
 		DNSNames: []string{name}, NotBefore: notBefore, NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, key.Public(), ca.intermediateKey)
+	der, err := ca.Issue(tmpl, key.Public())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -433,25 +407,7 @@ func (ca *CA) Provision(rw io.ReadWriter, vmID string, now time.Time, o VMOption
 	if err != nil {
 		return err
 	}
-	return writeNV(rw, azuretpm.AKCertNVIndex, der)
-}
-
-// writeNV defines idx (owner-written, readable with the owner's empty
-// auth) and writes data.
-func writeNV(rw io.ReadWriter, idx uint32, data []byte) error {
-	h := tpmutil.Handle(idx)
-	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, h)
-	attrs := tpm2.AttrOwnerWrite | tpm2.AttrOwnerRead | tpm2.AttrAuthRead | tpm2.AttrNoDA
-	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, h, "", "", nil, attrs, uint16(len(data))); err != nil {
-		return err
-	}
-	for off := 0; off < len(data); off += 512 {
-		end := min(off+512, len(data))
-		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, h, "", data[off:end], uint16(off)); err != nil {
-			return err
-		}
-	}
-	return nil
+	return tpmtest.WriteNV(rw, azuretpm.AKCertNVIndex, der)
 }
 
 // Dial opens a command channel to the VM's TPM that reports the VM's log.

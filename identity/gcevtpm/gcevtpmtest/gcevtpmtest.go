@@ -15,7 +15,6 @@ import (
 	"context"
 	"crypto"
 	"crypto/rand"
-	"crypto/rsa"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/asn1"
@@ -27,8 +26,6 @@ import (
 	"time"
 
 	"github.com/google/go-tpm-tools/client"
-	"github.com/google/go-tpm/legacy/tpm2"
-	"github.com/google/go-tpm/tpmutil"
 
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
@@ -37,10 +34,7 @@ import (
 )
 
 // CA is a stand-in for Google's EK/AK CA: a root and an intermediate.
-type CA struct {
-	Root, Intermediate       *x509.Certificate
-	rootKey, intermediateKey *rsa.PrivateKey
-}
+type CA struct{ *tpmtest.LabCA }
 
 func googleName(cn string) pkix.Name {
 	return pkix.Name{
@@ -52,41 +46,20 @@ func googleName(cn string) pkix.Name {
 // NewCA makes a root and an intermediate valid around now, with Google's
 // names (so a test CA is told apart from Google's by its key alone).
 func NewCA(now time.Time) (*CA, error) {
-	rootKey, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return nil, err
-	}
-	interKey, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		return nil, err
-	}
-	ca := &CA{rootKey: rootKey, intermediateKey: interKey}
-	root := &x509.Certificate{
+	ca, err := tpmtest.NewLabCA(&x509.Certificate{
 		SerialNumber: big.NewInt(1), Subject: googleName("EK/AK CA Root"),
 		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(100, 0, 0),
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, root, root, rootKey.Public(), rootKey)
-	if err != nil {
-		return nil, err
-	}
-	if ca.Root, err = x509.ParseCertificate(der); err != nil {
-		return nil, err
-	}
-	inter := &x509.Certificate{
+	}, &x509.Certificate{
 		SerialNumber: big.NewInt(2), Subject: googleName("EK/AK CA Intermediate"),
 		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(90, 0, 0),
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign, BasicConstraintsValid: true, IsCA: true,
 		IssuingCertificateURL: []string{"http://privateca-content-00000000-0000-0000-0000-000000000000.storage.googleapis.com/000000000000/ca.crt"},
-	}
-	der, err = x509.CreateCertificate(rand.Reader, inter, ca.Root, interKey.Public(), rootKey)
+	})
 	if err != nil {
 		return nil, err
 	}
-	if ca.Intermediate, err = x509.ParseCertificate(der); err != nil {
-		return nil, err
-	}
-	return ca, nil
+	return &CA{ca}, nil
 }
 
 // Trust is this CA's root pinned and its intermediate shipped, as
@@ -184,7 +157,7 @@ func (ca *CA) IssueAK(pub crypto.PublicKey, inst gcevtpm.InstanceInfo, now time.
 		}
 		tmpl.ExtraExtensions = []pkix.Extension{{Id: gcevtpm.OIDInstanceInfo, Value: ext}}
 	}
-	return x509.CreateCertificate(rand.Reader, tmpl, ca.Intermediate, pub, ca.intermediateKey)
+	return ca.Issue(tmpl, pub)
 }
 
 // Alg is an AK algorithm GCE provisions.
@@ -218,7 +191,7 @@ func (ca *CA) Provision(rw io.ReadWriter, alg Alg, inst gcevtpm.InstanceInfo, no
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := writeNV(rw, tmplIdx, enc); err != nil {
+	if err := tpmtest.WriteNV(rw, tmplIdx, enc); err != nil {
 		return nil, nil, fmt.Errorf("AK template: %w", err)
 	}
 	k, err := client.EndorsementKeyFromNvIndex(rw, tmplIdx)
@@ -234,28 +207,10 @@ func (ca *CA) Provision(rw io.ReadWriter, alg Alg, inst gcevtpm.InstanceInfo, no
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := writeNV(rw, certIdx, der); err != nil {
+	if err := tpmtest.WriteNV(rw, certIdx, der); err != nil {
 		return nil, nil, fmt.Errorf("AK certificate: %w", err)
 	}
 	return pub, der, nil
-}
-
-// writeNV defines idx (owner-written, readable with the owner's empty
-// auth, as GCE's are) and writes data.
-func writeNV(rw io.ReadWriter, idx uint32, data []byte) error {
-	h := tpmutil.Handle(idx)
-	_ = tpm2.NVUndefineSpace(rw, "", tpm2.HandleOwner, h)
-	attrs := tpm2.AttrOwnerWrite | tpm2.AttrOwnerRead | tpm2.AttrAuthRead | tpm2.AttrNoDA
-	if err := tpm2.NVDefineSpace(rw, tpm2.HandleOwner, h, "", "", nil, attrs, uint16(len(data))); err != nil {
-		return err
-	}
-	for off := 0; off < len(data); off += 512 {
-		end := min(off+512, len(data))
-		if err := tpm2.NVWrite(rw, tpm2.HandleOwner, h, "", data[off:end], uint16(off)); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // VM is a swtpm that looks like a GCE Shielded VM's vTPM, its PCRs
