@@ -106,12 +106,12 @@ func VerifyAKCert(certDER []byte, intermediatesDER [][]byte, now time.Time, o AK
 	leaf := *cert
 	leaf.UnhandledCriticalExtensions = nil
 	known := append(append([]*x509.Certificate(nil), o.Intermediates...), extra...)
-	err = chainAK(&leaf, o.Roots, known, now)
+	err = ChainAnyUsage(&leaf, o.Roots, known, now)
 	var unknown x509.UnknownAuthorityError
 	if err != nil && errors.As(err, &unknown) && o.Fetch != nil {
 		fetched, ferr := o.Fetch(cert, known)
 		if len(fetched) > 0 {
-			err = chainAK(&leaf, o.Roots, append(known, fetched...), now)
+			err = ChainAnyUsage(&leaf, o.Roots, append(known, fetched...), now)
 		} else if ferr != nil {
 			return nil, attest.Deny(attest.ReasonAKCertUntrusted, "the AK certificate's issuer is not known and fetching it failed: %v", ferr)
 		}
@@ -126,9 +126,10 @@ func VerifyAKCert(certDER []byte, intermediatesDER [][]byte, now time.Time, o AK
 	return cert, nil
 }
 
-// chainAK verifies leaf to roots through intermediates at now, for any
-// extended key usage.
-func chainAK(leaf *x509.Certificate, roots *x509.CertPool, intermediates []*x509.Certificate, now time.Time) error {
+// ChainAnyUsage verifies leaf to roots through intermediates at now, for
+// any extended key usage: VerifyAKCert's chain, and identity/azuretpm's
+// for its document's signer.
+func ChainAnyUsage(leaf *x509.Certificate, roots *x509.CertPool, intermediates []*x509.Certificate, now time.Time) error {
 	pool := x509.NewCertPool()
 	for _, c := range intermediates {
 		pool.AddCert(c)

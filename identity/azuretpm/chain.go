@@ -49,17 +49,3 @@ func (v *Verifier) verifyCert(certDER []byte, intermediatesDER [][]byte, now tim
 		RootName:           "Azure vTPM",
 	})
 }
-
-// chain verifies leaf to roots through intermediates at now, for any
-// extended key usage.
-func chain(leaf *x509.Certificate, roots *x509.CertPool, intermediates []*x509.Certificate, now time.Time) error {
-	pool := x509.NewCertPool()
-	for _, c := range intermediates {
-		pool.AddCert(c)
-	}
-	_, err := leaf.Verify(x509.VerifyOptions{
-		Roots: roots, Intermediates: pool, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny},
-	})
-	return err
-}

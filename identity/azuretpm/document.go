@@ -16,6 +16,7 @@ import (
 	"github.com/smallstep/pkcs7"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
 )
 
 // TimestampLayout is the layout of the document's timeStamp fields
@@ -198,7 +199,7 @@ func (v *Verifier) verifyDocument(d *Document, now time.Time) error {
 			known = append(known, c)
 		}
 	}
-	if err := chain(cert, v.docRoots, known, now); err != nil {
+	if err := tpm.ChainAnyUsage(cert, v.docRoots, known, now); err != nil {
 		var invalid x509.CertificateInvalidError
 		if errors.As(err, &invalid) && invalid.Reason == x509.Expired {
 			return attest.Deny(attest.ReasonAzureDocExpired, "a certificate of the document signer's chain is outside its validity: %v", err)

@@ -102,12 +102,12 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //     (MalformedEvidence).
 //  2. The AK public area is an attestation key (tpm.ParseAK:
 //     MalformedEvidence, AKAttributes, AKInvalid).
-//  3. The AK certificate (verifyCert): present (AKCertificateMissing),
-//     sizes (MalformedEvidence), parses (AKCertificateInvalid), an
-//     end-entity signing-key certificate with no unknown critical
-//     extension (AKCertificateInvalid), valid now (AKCertificateExpired),
-//     chaining to the pinned Azure vTPM root through shipped or sent
-//     intermediates (AKCertificateUntrusted).
+//  3. The AK certificate (verifyCert, tpm.VerifyAKCert's checks): present
+//     (AKCertificateMissing), sizes (MalformedEvidence), parses
+//     (AKCertificateInvalid), an end-entity signing-key certificate
+//     with no unknown critical extension (AKCertificateInvalid), valid
+//     now (AKCertificateExpired), chaining to the pinned Azure vTPM root
+//     through shipped or sent intermediates (AKCertificateUntrusted).
 //  4. Its subject names a VM: CN=<uuid>.TrustedVM.Azure.windows.net
 //     (VMIDOf: AKCertificateInvalid).
 //  5. The certified key is the AK: the certificate's public key and the

@@ -95,12 +95,13 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //     clock (SessionExpired); there is evidence (MalformedEvidence).
 //  2. The AK public area is an attestation key (tpm.ParseAK:
 //     MalformedEvidence, AKAttributes, AKInvalid).
-//  3. The AK certificate (verifyCert): present (AKCertificateMissing),
-//     sizes (MalformedEvidence), parses (AKCertificateInvalid), an
-//     end-entity signing-key certificate with no unknown critical
-//     extension (AKCertificateInvalid), valid now (AKCertificateExpired),
-//     chaining to one of the pinned Google roots through shipped, sent or
-//     (if allowed) AIA-fetched intermediates (AKCertificateUntrusted).
+//  3. The AK certificate (verifyCert, tpm.VerifyAKCert's checks): present
+//     (AKCertificateMissing), sizes (MalformedEvidence), parses
+//     (AKCertificateInvalid), an end-entity signing-key certificate
+//     with no unknown critical extension (AKCertificateInvalid), valid
+//     now (AKCertificateExpired), chaining to one of the pinned Google
+//     roots through shipped, sent or (if allowed) AIA-fetched
+//     intermediates (AKCertificateUntrusted).
 //  4. The certified key is the AK: the certificate's public key and the
 //     AK public area's, both as PKIX DER, are equal in constant time
 //     (AKCertificateKeyMismatch). The quote is verified with the AK public
