@@ -69,6 +69,35 @@ func (m *Manufacturer) NewMachine(ctx context.Context, dir string, log []byte, b
 	return mc, nil
 }
 
+// Boot provisions a TPM from m in dir (with the given PCR banks, or SHA-1
+// and SHA-256), starts it and "boots" it by extending log into its PCRs,
+// as the clouds' test VMs (gcevtpmtest, azuretpmtest) begin. It returns
+// the TPM and an open channel to it that reports log, for the caller to
+// provision further and close; on an error the TPM is stopped.
+func (m *Manufacturer) Boot(ctx context.Context, dir string, log []byte, banks ...string) (*TPM, *tpm.SocketChannel, error) {
+	state := filepath.Join(dir, "tpm")
+	if err := m.Provision(ctx, state, banks...); err != nil {
+		return nil, nil, err
+	}
+	p, err := Start(ctx, state)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := tpm.DialSocket("tcp", p.Addr, log)
+	if err != nil {
+		p.Stop()
+		return nil, nil, err
+	}
+	if len(log) > 0 {
+		if _, err := sw.ExtendLog(ch, log); err != nil {
+			ch.Close()
+			p.Stop()
+			return nil, nil, err
+		}
+	}
+	return p, ch, nil
+}
+
 // Close closes the collector and stops swtpm.
 func (mc *Machine) Close() error {
 	var err error

@@ -33,7 +33,6 @@ import (
 	"math/big"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"regexp"
 	"sync"
 	"time"
@@ -352,27 +351,12 @@ type VMOptions struct {
 // NewVM provisions a swtpm in dir, starts it, boots it with log and
 // provisions the AK and its certificate naming vmID.
 func (ca *CA) NewVM(ctx context.Context, man *swtpm.Manufacturer, dir string, log []byte, vmID string, now time.Time, o VMOptions) (*VM, error) {
-	state := filepath.Join(dir, "tpm")
-	if err := man.Provision(ctx, state); err != nil {
-		return nil, err
-	}
-	p, err := swtpm.Start(ctx, state)
+	p, ch, err := man.Boot(ctx, dir, log)
 	if err != nil {
-		return nil, err
-	}
-	vm := &VM{TPM: p, Log: log}
-	ch, err := vm.Dial()
-	if err != nil {
-		p.Stop()
 		return nil, err
 	}
 	defer ch.Close()
-	if len(log) > 0 {
-		if _, err := tpmtest.ExtendLog(ch, log); err != nil {
-			p.Stop()
-			return nil, err
-		}
-	}
+	vm := &VM{TPM: p, Log: log}
 	if err := ca.Provision(ch, vmID, now, o, vm); err != nil {
 		p.Stop()
 		return nil, err

@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -236,27 +235,12 @@ type VMOptions struct {
 // has EK certificates too), starts it, boots it with log and provisions
 // the GCE AKs for inst.
 func (ca *CA) NewVM(ctx context.Context, man *swtpm.Manufacturer, dir string, log []byte, inst gcevtpm.InstanceInfo, now time.Time, o VMOptions) (*VM, error) {
-	state := filepath.Join(dir, "tpm")
-	if err := man.Provision(ctx, state); err != nil {
-		return nil, err
-	}
-	p, err := swtpm.Start(ctx, state)
+	p, ch, err := man.Boot(ctx, dir, log)
 	if err != nil {
-		return nil, err
-	}
-	vm := &VM{TPM: p, Log: log, AKs: map[Alg]crypto.PublicKey{}}
-	ch, err := vm.Dial()
-	if err != nil {
-		p.Stop()
 		return nil, err
 	}
 	defer ch.Close()
-	if len(log) > 0 {
-		if _, err := tpmtest.ExtendLog(ch, log); err != nil {
-			p.Stop()
-			return nil, err
-		}
-	}
+	vm := &VM{TPM: p, Log: log, AKs: map[Alg]crypto.PublicKey{}}
 	algs := o.Algs
 	if algs == nil {
 		algs = []Alg{RSA, ECC}
