@@ -2,13 +2,11 @@ package azuretpm_test
 
 import (
 	"context"
-	"crypto"
-	"crypto/rsa"
-	"crypto/sha256"
 	"crypto/x509"
 	"testing"
 
 	"github.com/nodeproof/nodeproof/identity/azuretpm"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // BenchmarkVerify is one whole Azure vTPM verification of evidence a
@@ -50,11 +48,8 @@ func BenchmarkRSAVerifyFloor(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		for _, p := range pairs {
-			h := sha256.Sum256(p[0].RawTBSCertificate)
-			if err := rsa.VerifyPKCS1v15(p[1].PublicKey.(*rsa.PublicKey), crypto.SHA256, h[:], p[0].Signature); err != nil {
-				b.Fatal(err)
-			}
+		if err := tpmtest.VerifyRSASignatures(pairs); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

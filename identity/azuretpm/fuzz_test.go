@@ -10,6 +10,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/azuretpm/azuretpmtest"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 var (
@@ -67,7 +68,7 @@ func FuzzCertificate(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	shipped := readPEM(f, "certs/intermediates/global_virtual_tpm_ca_03.pem")
+	shipped := tpmtest.ReadCert(f, "certs/intermediates/global_virtual_tpm_ca_03.pem")
 	f.Add(leaf, ca.Intermediate.Raw)
 	f.Add(shipped.Raw, []byte(nil))
 	tr, err := azuretpm.DefaultTrust(testNow)

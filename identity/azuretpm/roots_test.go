@@ -13,24 +13,11 @@ import (
 
 	"github.com/nodeproof/nodeproof/identity/azuretpm"
 	"github.com/nodeproof/nodeproof/identity/azuretpm/azuretpmtest"
-	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // testNow is a time within every shipped certificate's validity.
 var testNow = time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
-
-func readPEM(t testing.TB, path string) *x509.Certificate {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := pemcert.Parse(b)
-	if err != nil || len(certs) != 1 {
-		t.Fatalf("%s: %v (%d certificates)", path, err, len(certs))
-	}
-	return certs[0]
-}
 
 // TestShippedCertificates reads every shipped certificate as data and
 // checks it against certs/README.md: subject, validity, SHA-256
@@ -54,7 +41,7 @@ func TestShippedCertificates(t *testing.T) {
 		{"imds-intermediates/microsoft_tls_g2_rsa_ca_ocsp_04.pem", "Microsoft TLS G2 RSA CA OCSP 04", "ac8ea9f2874fd368a3e778b1a0b165ee898db9b9687c17edcdc76908ab58c82c", "2025-08-01T20:02:59Z", "2029-06-03T20:02:59Z"},
 	} {
 		t.Run(c.file, func(t *testing.T) {
-			cert := readPEM(t, filepath.Join("certs", c.file))
+			cert := tpmtest.ReadCert(t, filepath.Join("certs", c.file))
 			if cert.Subject.CommonName != c.cn {
 				t.Errorf("subject %q", cert.Subject)
 			}

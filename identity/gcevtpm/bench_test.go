@@ -3,9 +3,7 @@ package gcevtpm_test
 import (
 	"bytes"
 	"context"
-	"crypto"
 	"crypto/ecdsa"
-	"crypto/rsa"
 	"crypto/sha256"
 	"crypto/x509"
 	"testing"
@@ -13,6 +11,7 @@ import (
 	"github.com/google/go-tpm/legacy/tpm2"
 
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // BenchmarkVerify is one whole GCE vTPM verification of evidence a swtpm
@@ -49,11 +48,8 @@ func BenchmarkRSAVerifyFloor(b *testing.B) {
 	inter, root := w.ca.Intermediate, w.ca.Root
 	b.ReportAllocs()
 	for b.Loop() {
-		for _, p := range [][2]*x509.Certificate{{leaf, inter}, {inter, root}} {
-			h := sha256.Sum256(p[0].RawTBSCertificate)
-			if err := rsa.VerifyPKCS1v15(p[1].PublicKey.(*rsa.PublicKey), crypto.SHA256, h[:], p[0].Signature); err != nil {
-				b.Fatal(err)
-			}
+		if err := tpmtest.VerifyRSASignatures([][2]*x509.Certificate{{leaf, inter}, {inter, root}}); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

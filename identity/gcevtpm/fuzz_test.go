@@ -9,6 +9,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm/gcevtpmtest"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // FuzzParseInstanceInfo: the instance extension parser never panics,
@@ -17,7 +18,7 @@ import (
 // the extensions of Google's real AK certificates and a test one.
 func FuzzParseInstanceInfo(f *testing.F) {
 	for _, file := range []string{"pca_tpm_rsa_sign_cert.pem", "uca_tpm_ecc_sign_cert.pem"} {
-		cert := readPEM(f, filepath.Join("testdata", file))
+		cert := tpmtest.ReadCert(f, filepath.Join("testdata", file))
 		for _, e := range cert.Extensions {
 			if e.Id.Equal(gcevtpm.OIDInstanceInfo) {
 				f.Add(e.Value)
@@ -56,7 +57,7 @@ func FuzzParseInstanceInfo(f *testing.F) {
 // chain to the pinned roots: never a panic, never an untyped error.
 func FuzzCertificate(f *testing.F) {
 	for _, file := range []string{"pca_tpm_rsa_sign_cert.pem", "uca_tpm_ecc_sign_cert.pem", "pca_tpm_rsa_enc_cert.pem"} {
-		f.Add(readPEM(f, filepath.Join("testdata", file)).Raw, []byte(nil))
+		f.Add(tpmtest.ReadCert(f, filepath.Join("testdata", file)).Raw, []byte(nil))
 	}
 	tr, err := gcevtpm.DefaultTrust(testNow)
 	if err != nil {

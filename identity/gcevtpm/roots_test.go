@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -13,24 +12,11 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/identity/gcevtpm"
-	"github.com/nodeproof/nodeproof/pemcert"
+	"github.com/nodeproof/nodeproof/internal/tpmtest"
 )
 
 // testNow is a time within every shipped and real certificate's validity.
 var testNow = time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
-
-func readPEM(t testing.TB, path string) *x509.Certificate {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certs, err := pemcert.Parse(b)
-	if err != nil || len(certs) != 1 {
-		t.Fatalf("%s: %v (%d certificates)", path, err, len(certs))
-	}
-	return certs[0]
-}
 
 // TestShippedRoots reads the two pinned roots and the shipped
 // intermediates as data and checks each against what Google publishes:
@@ -55,7 +41,7 @@ func TestShippedRoots(t *testing.T) {
 			"c84de8116dfaf5a908f21e810487791f5437e206d00ad8025050cca6bd2ff627", "2022-08-23T22:26:29Z", "2122-07-08T05:57:23Z", false},
 	} {
 		t.Run(c.file, func(t *testing.T) {
-			cert := readPEM(t, filepath.Join("certs", c.file))
+			cert := tpmtest.ReadCert(t, filepath.Join("certs", c.file))
 			if cert.Subject.CommonName != c.cn || cert.Subject.Organization[0] != "Google LLC" {
 				t.Errorf("subject %q", cert.Subject)
 			}
@@ -144,7 +130,7 @@ func TestGoogleAKCertificates(t *testing.T) {
 		{"uca_tpm_ecc_sign_cert.pem", "cs-debug", "tpm_ek_v1_cloud_host-signer-0-2021-10-12T04:22:11-07:00 K:1, 3:nbvaGZFLcuc:0:18", 5780156274199835632},
 	} {
 		t.Run(c.file, func(t *testing.T) {
-			cert := readPEM(t, filepath.Join("testdata", c.file))
+			cert := tpmtest.ReadCert(t, filepath.Join("testdata", c.file))
 			got, info, err := verifier(testNow).Certificate(context.Background(), cert.Raw, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -166,7 +152,7 @@ func TestGoogleAKCertificates(t *testing.T) {
 			}
 		})
 	}
-	enc := readPEM(t, "testdata/pca_tpm_rsa_enc_cert.pem")
+	enc := tpmtest.ReadCert(t, "testdata/pca_tpm_rsa_enc_cert.pem")
 	_, _, err = verifier(testNow).Certificate(context.Background(), enc.Raw, nil)
 	if r, _ := attest.ReasonOf(err); r != attest.ReasonAKCertInvalid {
 		t.Errorf("encryption-key certificate: %v, want %s", err, attest.ReasonAKCertInvalid)
