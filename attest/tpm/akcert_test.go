@@ -25,7 +25,7 @@ type akNode struct {
 // akIssue makes a certificate from tmpl's subject, CA flag, key usages,
 // extensions and validity (a year around now when unset), signed by
 // parent (self-signed when nil).
-func akIssue(t *testing.T, now time.Time, tmpl x509.Certificate, parent *akNode) *akNode {
+func akIssue(t testing.TB, now time.Time, tmpl x509.Certificate, parent *akNode) *akNode {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -132,4 +132,42 @@ func TestVerifyAKCert(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzVerifyAKCert: any bytes as an AK certificate and an intermediate
+// beside it are refused with a typed reason, or accepted only as an
+// end-entity certificate valid at now; never a panic, never an untyped
+// error. Seeds: a lab chain's leaf and intermediate.
+func FuzzVerifyAKCert(f *testing.F) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	ca := x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	root := akIssue(f, now, x509.Certificate{Subject: pkix.Name{CommonName: "root"}, IsCA: true, KeyUsage: ca}, nil)
+	inter := akIssue(f, now, x509.Certificate{Subject: pkix.Name{CommonName: "intermediate"}, IsCA: true, KeyUsage: ca}, root)
+	leaf := akIssue(f, now, x509.Certificate{Subject: pkix.Name{CommonName: "ak"}, KeyUsage: x509.KeyUsageDigitalSignature}, inter)
+	f.Add(leaf.cert.Raw, inter.cert.Raw)
+	f.Add(leaf.cert.Raw, []byte(nil))
+	f.Add(inter.cert.Raw, root.cert.Raw)
+	roots := x509.NewCertPool()
+	roots.AddCert(root.cert)
+	f.Fuzz(func(t *testing.T, cert, in []byte) {
+		var inters [][]byte
+		if in != nil {
+			inters = [][]byte{in}
+		}
+		for _, required := range []bool{false, true} {
+			got, err := tpm.VerifyAKCert(cert, inters, now, tpm.AKCertOptions{
+				Missing: "none", MaxCertificateSize: 8 << 10, MaxIntermediates: 4, Roots: roots, RootName: "Lab",
+				RequireDigitalSignature: required,
+			})
+			if err != nil {
+				if _, ok := attest.ReasonOf(err); !ok {
+					t.Fatalf("untyped refusal: %v", err)
+				}
+				continue
+			}
+			if got.IsCA || now.Before(got.NotBefore) || now.After(got.NotAfter) {
+				t.Fatalf("accepted %q: CA %v, valid %s to %s", got.Subject, got.IsCA, got.NotBefore, got.NotAfter)
+			}
+		}
+	})
 }
