@@ -54,6 +54,13 @@ type machine struct {
 // certificate from ca, and opens a collector.
 func newMachine(t testing.TB, ca *tpmtest.VendorCA, log []byte) *machine {
 	t.Helper()
+	return newMachineVia(t, ca, log, nil)
+}
+
+// newMachineVia is newMachine with the collector's commands going through
+// via(the machine's channel) when via is set (a counting channel).
+func newMachineVia(t testing.TB, ca *tpmtest.VendorCA, log []byte, via func(tpm.Channel) tpm.Channel) *machine {
+	t.Helper()
 	sim, err := simulator.Get()
 	if err != nil {
 		t.Fatalf("start the go-tpm-tools simulator (needs cgo, gcc and libssl-dev: apt-get install gcc libssl-dev): %v", err)
@@ -87,7 +94,11 @@ func newMachine(t testing.TB, ca *tpmtest.VendorCA, log []byte) *machine {
 			t.Fatal(err)
 		}
 	}
-	if m.collector, err = tpm.NewCollector(m.ch); err != nil {
+	var ch tpm.Channel = m.ch
+	if via != nil {
+		ch = via(m.ch)
+	}
+	if m.collector, err = tpm.NewCollector(ch); err != nil {
 		t.Fatalf("collector: %v", err)
 	}
 	m.kubelet, m.keyDER, m.keySHA = newKubeletKey(t)
