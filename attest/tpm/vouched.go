@@ -60,6 +60,22 @@ func (a *AK) PKIX() ([]byte, error) {
 // Name is the AK's TPM name, hex.
 func (a *AK) Name() string { return a.k.nameHex }
 
+// CertifiedBy checks that cert certifies this AK: the certificate's
+// public key and the AK public area's, both as PKIX DER, are equal in
+// constant time (AKCertificateKeyMismatch). A quote is then verified with
+// the AK public area, so a quote by any other key fails.
+func (a *AK) CertifiedBy(cert *x509.Certificate) error {
+	akDER, err := a.PKIX()
+	if err != nil {
+		return err
+	}
+	certDER, err := x509.MarshalPKIXPublicKey(cert.PublicKey)
+	if err != nil || !attest.Equal(akDER, certDER) {
+		return attest.Deny(attest.ReasonAKCertKeyMismatch, "the AK certificate certifies another key than the AK the quote is verified with")
+	}
+	return nil
+}
+
 // QuoteEvidence is what a node sends to prove its boot with a vouched-for
 // AK: the quotes, the PCR values and the event log, as in Evidence.
 type QuoteEvidence struct {

@@ -110,8 +110,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //     through shipped or sent intermediates (AKCertificateUntrusted).
 //  4. Its subject names a VM: CN=<uuid>.TrustedVM.Azure.windows.net
 //     (VMIDOf: AKCertificateInvalid).
-//  5. The certified key is the AK: the certificate's public key and the
-//     AK public area's, both as PKIX DER, are equal in constant time
+//  5. The certified key is the AK (tpm.AK.CertifiedBy): the
+//     certificate's public key and the AK public area's, both as PKIX DER,
+//     are equal in constant time
 //     (AKCertificateKeyMismatch). The quote is verified with the AK public
 //     area, so a quote by any other key fails step 7.
 //  6. The attested document: within MaxDocumentSize, base64 of a PKCS#7
@@ -162,13 +163,8 @@ func (v *Verifier) Verify(_ context.Context, sess *attest.Session, ev *Evidence)
 	if err != nil {
 		return nil, err
 	}
-	akDER, err := ak.PKIX()
-	if err != nil {
+	if err := ak.CertifiedBy(cert); err != nil {
 		return nil, err
-	}
-	certDER, err := x509.MarshalPKIXPublicKey(cert.PublicKey)
-	if err != nil || !attest.Equal(akDER, certDER) {
-		return nil, attest.Deny(attest.ReasonAKCertKeyMismatch, "the AK certificate certifies another key than the AK the quote is verified with")
 	}
 	doc, err := v.checkDocument(ev.Document, sess, vmID, now)
 	if err != nil {

@@ -102,8 +102,9 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, _ *ChallengeR
 //     now (AKCertificateExpired), chaining to one of the pinned Google
 //     roots through shipped, sent or (if allowed) AIA-fetched
 //     intermediates (AKCertificateUntrusted).
-//  4. The certified key is the AK: the certificate's public key and the
-//     AK public area's, both as PKIX DER, are equal in constant time
+//  4. The certified key is the AK (tpm.AK.CertifiedBy): the
+//     certificate's public key and the AK public area's, both as PKIX DER,
+//     are equal in constant time
 //     (AKCertificateKeyMismatch). The quote is verified with the AK public
 //     area, so a quote by any other key fails step 6.
 //  5. The instance extension (InstanceFromCertificate): present
@@ -142,13 +143,8 @@ func (v *Verifier) Verify(ctx context.Context, sess *attest.Session, ev *Evidenc
 	if err != nil {
 		return nil, err
 	}
-	akDER, err := ak.PKIX()
-	if err != nil {
+	if err := ak.CertifiedBy(cert); err != nil {
 		return nil, err
-	}
-	certDER, err := x509.MarshalPKIXPublicKey(cert.PublicKey)
-	if err != nil || !attest.Equal(akDER, certDER) {
-		return nil, attest.Deny(attest.ReasonAKCertKeyMismatch, "the AK certificate certifies another key than the AK the quote is verified with")
 	}
 	info, err := InstanceFromCertificate(cert)
 	if err != nil {

@@ -77,7 +77,7 @@ func (o *Outcome) Apply(ctx context.Context, e Effects) (deleted []string, err e
 	if e == nil {
 		return nil, nil
 	}
-	if o.Revoked || len(o.TokenRecords) > 0 {
+	if o.Revoked {
 		var derr error
 		deleted, derr = e.DeleteIdentityTokens(ctx, o.Identity, o.TokenRecords)
 		if derr != nil {
@@ -127,7 +127,7 @@ func Revoke(ctx context.Context, st RevokeStore, r Revocation) (*Outcome, error)
 	}
 	if r.Identity != "" {
 		if _, err := attest.ParseIdentity(r.Identity); err != nil {
-			return nil, fmt.Errorf("identity: %w", err)
+			return nil, fmt.Errorf("--identity: %w", err)
 		}
 		seen, err := Seen(ctx, st, r.Identity)
 		if err != nil {
@@ -196,7 +196,7 @@ func Unban(ctx context.Context, st UnbanStore, l Lift) (*Outcome, error) {
 	id := l.Identity
 	if id != "" {
 		if _, err := attest.ParseIdentity(id); err != nil {
-			return nil, fmt.Errorf("identity: %w", err)
+			return nil, fmt.Errorf("--identity: %w", err)
 		}
 	} else {
 		var err error

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/serve"
@@ -211,13 +210,8 @@ func startOp(ctx context.Context, in *invocation, byIdentity bool) (*opCmd, erro
 	if err != nil {
 		return nil, err
 	}
-	if *identity != "" {
-		// A ban keyed by any other spelling than the server's would
-		// match no machine while saying "revoked".
-		if _, err := attest.ParseIdentity(*identity); err != nil {
-			return nil, fmt.Errorf("--identity: %w", err)
-		}
-	}
+	// The identity's spelling is the workflow's to check (operate), where
+	// the admin socket checks it too.
 	if *notEnrolled && *identity == "" {
 		return nil, in.usageError("--not-enrolled goes with --identity")
 	}
