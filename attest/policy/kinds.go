@@ -103,16 +103,6 @@ func kindOf(k attest.Kind) *kindRow {
 	return nil
 }
 
-// Kinds lists every kind of evidence a pool may take, as the policy's
-// table of kinds holds them.
-func Kinds() []attest.Kind {
-	out := make([]attest.Kind, len(kinds))
-	for i, r := range kinds {
-		out[i] = r.kind
-	}
-	return out
-}
-
 // evaluateBareMetal judges a bare-metal TPM's claims: evaluateTPM.
 // Claims without the TPM facts are MalformedEvidence.
 func evaluateBareMetal(_ *kindRow, at string, pp *Pool, c *attest.Claims, e *evaluation, _ Options) error {

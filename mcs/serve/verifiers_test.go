@@ -127,7 +127,7 @@ func TestBuildersCoverKinds(t *testing.T) {
 	for _, b := range builders {
 		rows[b.kind]++
 	}
-	for _, k := range policy.Kinds() {
+	for _, k := range attest.AllKinds() {
 		if rows[k] != 1 {
 			t.Errorf("kind %s has %d builders, want 1", k, rows[k])
 		}
