@@ -126,6 +126,13 @@ var _ TPM = (*tpm.Collector)(nil)
 // AttestTPM runs both steps with a TPM and returns the server's answer
 // with the config token.
 func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM, kubeletPKIX []byte) (*api.VerifyResponse, error) {
+	return c.AttestTPMTicketed(ctx, pool, nodeName, coll, kubeletPKIX, "")
+}
+
+// AttestTPMTicketed is AttestTPM sending ticket, the server's AK ticket
+// for the collector's kept AK ("" none): when it holds, the server's
+// challenge carries no credential to activate.
+func (c *Client) AttestTPMTicketed(ctx context.Context, pool, nodeName string, coll TPM, kubeletPKIX []byte, ticket string) (*api.VerifyResponse, error) {
 	keySHA, err := attest.KeySHA256(kubeletPKIX)
 	if err != nil {
 		return nil, err
@@ -135,7 +142,9 @@ func (c *Client) AttestTPM(ctx context.Context, pool, nodeName string, coll TPM,
 		if err != nil {
 			return nil, fmt.Errorf("read TPM identity: %w", err)
 		}
-		return challengeRequest(attest.KindTPM, pool, nodeName, kubeletPKIX, req), nil
+		env := challengeRequest(attest.KindTPM, pool, nodeName, kubeletPKIX, req)
+		env.Ticket = ticket
+		return env, nil
 	}, func(ch *api.ChallengeResponse) (*api.VerifyRequest, error) {
 		tc, err := challengeOf[tpm.Challenge](ch, attest.KindTPM)
 		if err != nil {

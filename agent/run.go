@@ -23,14 +23,31 @@ type Evidence interface {
 }
 
 // TPMEvidence is evidence from a TPM (the machine's, or swtpm in tests).
-type TPMEvidence struct{ Collector TPM }
+type TPMEvidence struct {
+	Collector TPM
+	// Ticket is the server's AK ticket for the collector's kept AK, sent
+	// with the challenge ("" none).
+	Ticket string
+	// Keep, when set, is called after the server accepted an attestation,
+	// with the ticket it returned ("" none new): it keeps the AK and its
+	// ticket for the next run (openTPM's, with SourceOptions.AKState).
+	Keep func(ticket string) error
+}
 
 // Kind implements Evidence.
 func (TPMEvidence) Kind() attest.Kind { return attest.KindTPM }
 
-// Attest implements Evidence.
+// Attest implements Evidence. A kept AK that cannot be written is said on
+// the console, not an error: the attestation passed, and the next run
+// makes a new AK.
 func (e TPMEvidence) Attest(ctx context.Context, c *Client, pool, nodeName string, kubeletPKIX []byte) (*api.VerifyResponse, error) {
-	return c.AttestTPM(ctx, pool, nodeName, e.Collector, kubeletPKIX)
+	vr, err := c.AttestTPMTicketed(ctx, pool, nodeName, e.Collector, kubeletPKIX, e.Ticket)
+	if err == nil && e.Keep != nil {
+		if kerr := e.Keep(vr.Ticket); kerr != nil && c.Progress != nil {
+			c.Progress("could not keep the TPM's attestation key for the next run (it will make a new one): %v", kerr)
+		}
+	}
+	return vr, err
 }
 
 // Mode is how the agent delivers the full config.

@@ -36,6 +36,11 @@ type SourceOptions struct {
 	// EKKind is the kind of endorsement key a TPM attests with
 	// (attest.EKKinds; "": attest.EKKindRSA2048): the one its pool accepts.
 	EKKind string
+	// AKState is where a TPM's attestation key is kept between runs
+	// (DefaultAKState; "" keeps none: a new AK each run).
+	AKState string
+	// Console, when set, is told what happened to a kept AK.
+	Console io.Writer
 }
 
 // Source opens one kind of evidence on this machine; the closer releases
@@ -104,16 +109,29 @@ func openTPM(_ context.Context, o SourceOptions) (Evidence, io.Closer, error) {
 	if kind == "" {
 		kind = attest.EKKindRSA2048
 	}
-	coll, err := tpm.NewCollectorEK(ch, kind)
+	var kept *keptAK
+	opts := tpm.CollectorOptions{EKKind: kind}
+	if o.AKState != "" {
+		kept = openKeptAK(o.AKState)
+		opts.AK = kept.st.AK
+	}
+	coll, err := tpm.NewCollectorWith(ch, opts)
 	var c TPM = coll
 	if o.Timing != nil {
-		o.Timing.AddTPM(time.Since(opened)) // opening it, reading the EK, making the AK
+		o.Timing.AddTPM(time.Since(opened)) // opening it, reading the EK, loading or making the AK
 		c = o.Timing.TPM(coll)
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	return TPMEvidence{Collector: c}, coll, nil
+	ev := TPMEvidence{Collector: c}
+	if kept != nil {
+		ev.Ticket, ev.Keep = kept.ticket(coll), kept.keep(coll)
+		if kept.note != "" && o.Console != nil {
+			console(o.Console)("%s", kept.note)
+		}
+	}
+	return ev, coll, nil
 }
 
 func openGCP(context.Context, SourceOptions) (Evidence, io.Closer, error) {

@@ -34,6 +34,14 @@ type Claims struct {
 	// kinds); nil for a bare-metal TPM. Claims recorded by older versions
 	// kept it as "gcp" or "aws": UnmarshalJSON reads those into it.
 	Instance *InstanceClaims `json:"instance,omitempty"`
+
+	// Ticket, when set, is what the verifier hands the node to bring to
+	// its next attestation (ChallengeInput.Ticket), for the server to seal
+	// (a TPM: "this AK is resident in the TPM of this EK", established by
+	// the credential this attestation activated, so the next one can skip
+	// the activation). It is a statement about the machine, not a claim
+	// about its boot: never recorded, never judged.
+	Ticket []byte `json:"-"`
 }
 
 // Clouds an instance can run in (InstanceClaims.Cloud).

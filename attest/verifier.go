@@ -53,6 +53,14 @@ type ChallengeInput struct {
 	// identity the request only claims (a TPM's EK): a kind that reads one
 	// calls it with a key naming that identity and returns its error.
 	Admit func(claimed string) error
+	// Ticket is what this kind's verifier handed the node at an earlier
+	// attestation (Claims.Ticket), brought back by the node and opened by
+	// the server, which sealed it: authentic, but possibly old or another
+	// machine's, so the kind checks it names this request's identity. Nil
+	// when the node sent none or it did not open (sealed by keys the
+	// server no longer has, or forged): a kind then does what it does for
+	// a node that never had one.
+	Ticket []byte
 }
 
 // AdmitClaimed calls in.Admit for claimed, when set.

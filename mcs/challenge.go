@@ -12,6 +12,38 @@ import (
 
 const sessionPurpose = "attest-session"
 
+// ticketPurpose seals what a verifier hands a node to bring back
+// (attest.Claims.Ticket): a box sealed for it opens as nothing else.
+const ticketPurpose = "attest-ticket"
+
+// openTicket opens a ticket the node brought back; nil when there is none
+// or it does not open (sealed by keys this server no longer has, another
+// purpose's box, forged): the kind then treats the node as one without.
+func (s *Server) openTicket(sealed string) []byte {
+	if sealed == "" {
+		return nil
+	}
+	raw, err := s.o.Keys.Open(ticketPurpose, sealed)
+	if err != nil {
+		return nil
+	}
+	return raw
+}
+
+// sealTicket seals the ticket a verifier handed out for claims; "" when it
+// handed out none (or sealing failed: the node then keeps the one it has,
+// and its next attestation is a full one).
+func (s *Server) sealTicket(claims *attest.Claims) string {
+	if claims == nil || len(claims.Ticket) == 0 {
+		return ""
+	}
+	box, err := s.o.Keys.Seal(ticketPurpose, claims.Ticket)
+	if err != nil {
+		return ""
+	}
+	return box
+}
+
 // sealedSession is what the session box holds.
 type sealedSession struct {
 	Session  attest.Session `json:"session"`
@@ -42,7 +74,9 @@ func (s *Server) openSession(sealed string) (*sealedSession, error) {
 // (EvidenceKindNotAllowed), a verifier for the kind is configured, the
 // kubelet key parses, the requested node name (if any) is a DNS name. Then
 // the kind's verifier checks the identity (attest/tpm: EK and AK) and makes
-// the challenge; the session is sealed, so nothing is stored.
+// the challenge; the session is sealed, so nothing is stored. A ticket the
+// node brought back (api.ChallengeRequest.Ticket) is opened and handed to
+// the verifier (attest.ChallengeInput.Ticket), which checks what it says.
 func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) {
 	v := s.verifiers() // one policy's verifiers for the whole request
 	var req api.ChallengeRequest
@@ -86,7 +120,7 @@ func (s *Server) challenge(w http.ResponseWriter, r *http.Request, d *decision) 
 		return
 	}
 	ch, sess, err := kind.Challenge(r.Context(), attest.ChallengeInput{
-		Pool: req.Pool, KubeletKeySHA256: keySHA, Request: req.Request,
+		Pool: req.Pool, KubeletKeySHA256: keySHA, Request: req.Request, Ticket: s.openTicket(req.Ticket),
 		// An identity the request only claims (a TPM's EK), before any
 		// cryptography is spent on it.
 		Admit: func(claimed string) error {

@@ -159,7 +159,7 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		s.event(node, false, "AttestationPassed", fmt.Sprintf("node %s passed its re-attestation again (%s)", node, summary))
 	}
 	life := s.pol().LifetimeOf(b.Pool)
-	writeJSON(w, d, &api.VerifyResponse{NodeName: node, Pool: b.Pool, Reattest: &api.ReattestResult{
+	writeJSON(w, d, &api.VerifyResponse{NodeName: node, Pool: b.Pool, Ticket: s.sealTicket(claims), Reattest: &api.ReattestResult{
 		Boots: b.Status.Boots, IntervalSeconds: int64(life.Interval.Duration / time.Second)}})
 }
 

@@ -14,12 +14,17 @@ import (
 
 // reattestChallenge opens a re-attestation session for node.
 func (e *env) reattestChallenge(m *machine, pool, node string) (*api.ChallengeResponse, result) {
+	return e.reattestChallengeTicket(m, pool, node, "")
+}
+
+// reattestChallengeTicket is reattestChallenge bringing an AK ticket.
+func (e *env) reattestChallengeTicket(m *machine, pool, node, ticket string) (*api.ChallengeResponse, result) {
 	req, err := m.collector.Request()
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	body, _ := json.Marshal(api.ChallengeRequest{Kind: attest.KindTPM, Pool: pool, KubeletPublicKey: m.keyDER, NodeName: node,
-		Purpose: attest.PurposeReattest, Request: api.Message(req)})
+		Purpose: attest.PurposeReattest, Ticket: ticket, Request: api.Message(req)})
 	r := e.do("POST", e.secure.URL+api.PathChallenge, body, map[string]string{"Content-Type": "application/json"})
 	if r.status != 200 {
 		return nil, r

@@ -144,7 +144,7 @@ func (s *Server) verify(w http.ResponseWriter, r *http.Request, d *decision) {
 		s.refuse(w, d, err)
 		return
 	}
-	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id})
+	writeJSON(w, d, &api.VerifyResponse{ConfigToken: tok, Expires: exp, NodeName: node, Pool: sess.Pool, Record: id, Ticket: s.sealTicket(claims)})
 }
 
 // claimable refuses a requested node name that belongs to a Node nodeproof

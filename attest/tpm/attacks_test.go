@@ -291,7 +291,7 @@ func utf16LE(s string) []byte {
 
 // srkHandle is where go-attestation keeps the storage root key it made
 // the AK under.
-const srkHandle = tpmutil.Handle(0x81000001)
+const srkHandle = tpmutil.Handle(0x81000002)
 
 // unrestrictedKey makes a real TPM signing key that is not restricted (it
 // could sign a forged quote) and certifies its creation with itself, the

@@ -35,19 +35,58 @@ type Collector struct {
 	tpm *goattest.TPM
 	ek  goattest.EK
 	ak  *goattest.AK
+	// kept is set when ak is the kept AK (CollectorOptions.AK), loaded;
+	// keptErr says why a kept AK did not load (a new one was made).
+	kept    bool
+	keptErr error
+	// activations counts the credentials Answer activated.
+	activations int
+}
+
+// storageRoot is the parent of the AK: the ECC P-256 storage root key at
+// the handle the TCG's provisioning guidance gives it (0x81000002), made
+// from the owner hierarchy's template the first time and persisted. An
+// ECC key because making one is a scalar multiplication where an RSA
+// 2048 key (go-attestation's default SRK) is a search for primes, the
+// slowest command a TPM runs; the SRK only wraps the AK, so nothing
+// outside the TPM sees which it is.
+var storageRoot = goattest.ParentKeyConfig{Algorithm: goattest.ECDSA, Handle: 0x81000002}
+
+// CollectorOptions say which EK a Collector attests with and whether it
+// reuses an AK it made before.
+type CollectorOptions struct {
+	// EKKind is the kind of EK (attest.EKKinds; "": attest.EKKindRSA2048):
+	// a pool accepts one kind, and a TPM holds one of each kind its vendor
+	// certified.
+	EKKind string
+	// AK is an attestation key this TPM made before (Collector.KeepAK),
+	// loaded instead of making a new one: TPM2_Load under the storage root
+	// key, no key generation. A blob that does not load — another TPM's,
+	// or this TPM's after a TPM2_Clear replaced its storage root — is left
+	// and a new AK made (Collector.KeptAK says so).
+	AK []byte
 }
 
 // NewCollector opens the TPM behind ch (nil: the system TPM, /dev/tpmrm0,
 // with the system event log), picks its RSA 2048 EK and makes an ECDSA
 // P-256 attestation key (an RSA AK takes a software TPM about 100 times
 // longer). NewCollectorEK picks another kind of EK.
-func NewCollector(ch Channel) (*Collector, error) { return NewCollectorEK(ch, attest.EKKindRSA2048) }
+func NewCollector(ch Channel) (*Collector, error) { return NewCollectorWith(ch, CollectorOptions{}) }
 
 // NewCollectorEK is NewCollector with the EK of kind ekKind
-// (attest.EKKinds): a pool accepts one kind, and a TPM holds one of each
-// kind its vendor certified. Of two EKs of the kind, the one with a
-// certificate; none of the kind is an error naming the kinds it has.
+// (attest.EKKinds).
 func NewCollectorEK(ch Channel, ekKind string) (*Collector, error) {
+	return NewCollectorWith(ch, CollectorOptions{EKKind: ekKind})
+}
+
+// NewCollectorWith is NewCollector with o: the EK of kind o.EKKind (of two
+// EKs of the kind, the one with a certificate; none of the kind is an
+// error naming the kinds it has) and the kept AK o.AK when it loads.
+func NewCollectorWith(ch Channel, o CollectorOptions) (*Collector, error) {
+	ekKind := o.EKKind
+	if ekKind == "" {
+		ekKind = attest.EKKindRSA2048
+	}
 	cfg := &goattest.OpenConfig{}
 	if ch != nil {
 		cfg.CommandChannel = ch
@@ -82,13 +121,33 @@ func NewCollectorEK(ch Channel, ekKind string) (*Collector, error) {
 		t.Close()
 		return nil, fmt.Errorf("the TPM has no %s endorsement key (it has %v): the pool's tpm.ek says which to use (--ek)", ekKind, kinds)
 	}
-	c.ak, err = t.NewAK(&goattest.AKConfig{Algorithm: goattest.ECDSA})
+	if len(o.AK) > 0 {
+		if c.ak, c.keptErr = t.LoadAKWithParent(o.AK, storageRoot); c.keptErr == nil {
+			c.kept = true
+			return c, nil
+		}
+	}
+	parent := storageRoot
+	c.ak, err = t.NewAK(&goattest.AKConfig{Algorithm: goattest.ECDSA, Parent: &parent})
 	if err != nil {
 		t.Close()
 		return nil, fmt.Errorf("create attestation key: %w", err)
 	}
 	return c, nil
 }
+
+// KeptAK reports whether the AK is the kept one (CollectorOptions.AK),
+// and when a kept AK was given but did not load, why.
+func (c *Collector) KeptAK() (bool, error) { return c.kept, c.keptErr }
+
+// Activations is how many credentials Answer activated (none for the
+// challenges an AK ticket spared).
+func (c *Collector) Activations() int { return c.activations }
+
+// KeepAK returns the AK as a blob for CollectorOptions.AK: its public
+// area, creation proof and private part wrapped by this TPM's storage
+// root key (go-attestation's AK.Marshal), which only this TPM can load.
+func (c *Collector) KeepAK() ([]byte, error) { return c.ak.Marshal() }
 
 // Close flushes the AK and closes the TPM.
 func (c *Collector) Close() error {
@@ -112,15 +171,20 @@ func (c *Collector) Request() (*ChallengeRequest, error) {
 	return req, nil
 }
 
-// Answer activates the challenge's credential and quotes all PCRs of the
-// SHA-256 bank (SHA-1 only when the TPM has no SHA-256 bank) with
+// Answer activates the challenge's credential (none when the challenge
+// carries none: the server took the AK's ticket) and quotes all PCRs of
+// the SHA-256 bank (SHA-1 only when the TPM has no SHA-256 bank) with
 // qualifying data attest.BindingDigest(challenge nonce, kubeletKeySHA256).
 // The event log comes from the channel.
 func (c *Collector) Answer(ch *Challenge, kubeletKeySHA256 []byte) (*Evidence, error) {
 	binding := attest.BindingDigest(ch.Nonce, kubeletKeySHA256)
-	secret, err := c.ak.ActivateCredentialWithEK(c.tpm, goattest.EncryptedCredential{Credential: ch.Credential, Secret: ch.Secret}, c.ek)
-	if err != nil {
-		return nil, fmt.Errorf("activate credential: %w", err)
+	var secret []byte
+	if len(ch.Credential) > 0 || len(ch.Secret) > 0 {
+		var err error
+		if secret, err = c.ak.ActivateCredentialWithEK(c.tpm, goattest.EncryptedCredential{Credential: ch.Credential, Secret: ch.Secret}, c.ek); err != nil {
+			return nil, fmt.Errorf("activate credential: %w", err)
+		}
+		c.activations++
 	}
 	banks, err := c.tpm.PCRBanks()
 	if err != nil {

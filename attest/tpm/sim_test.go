@@ -192,3 +192,23 @@ func wantReason(t *testing.T, err error, want attest.Reason) {
 		t.Fatalf("refused with %s (%v); want %s", got, err, want)
 	}
 }
+
+// attestTicketed is attestOnce with an opened AK ticket (nil: none),
+// returning the challenge too.
+func attestTicketed(t *testing.T, m *machine, v *tpm.Verifier, ticket []byte) (*attest.Claims, *tpm.Challenge, error) {
+	t.Helper()
+	req, err := m.collector.Request()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, sess, err := v.ChallengeTicketed("worker", m.keySHA, req, ticket)
+	if err != nil {
+		return nil, nil, err
+	}
+	ev, err := m.collector.Answer(ch, m.keySHA)
+	if err != nil {
+		t.Fatalf("answer: %v", err)
+	}
+	claims, err := v.Verify(sess, ev)
+	return claims, ch, err
+}

@@ -42,15 +42,20 @@ type Options struct {
 	// Rand is the randomness for nonces and activation secrets; nil means
 	// crypto/rand.
 	Rand io.Reader
+	// TicketTTL is how long an AK ticket (ticket.go) spares a node the
+	// credential activation. Zero means DefaultTicketTTL; negative takes
+	// no ticket (every attestation activates a credential).
+	TicketTTL time.Duration
 }
 
 // Verifier is the server side of TPM evidence. It is safe for concurrent
 // use and keeps no per-session state: what it needs between the two steps
 // is in the attest.Session it returns, which the caller must seal.
 type Verifier struct {
-	ek       *ekTrust
-	required []int
-	sess     *attest.Sessions
+	ek        *ekTrust
+	required  []int
+	sess      *attest.Sessions
+	ticketTTL time.Duration
 }
 
 // NewVerifier returns a Verifier.
@@ -59,7 +64,10 @@ func NewVerifier(o Options) (*Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := &Verifier{ek: newEKTrust(o.Roots, o.Inventory), required: o.RequiredPCRs, sess: sessions}
+	v := &Verifier{ek: newEKTrust(o.Roots, o.Inventory), required: o.RequiredPCRs, sess: sessions, ticketTTL: o.TicketTTL}
+	if v.ticketTTL == 0 {
+		v.ticketTTL = DefaultTicketTTL
+	}
 	if v.required == nil {
 		v.required = []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
 	}
@@ -71,7 +79,11 @@ func NewVerifier(o Options) (*Verifier, error) {
 
 // sessionState is the TPM part of a sealed attest.Session.
 type sessionState struct {
-	Secret     []byte   `json:"secret"`
+	Secret []byte `json:"secret,omitempty"`
+	// Ticketed is set when the node's AK ticket stood for the activation:
+	// the challenge carried no credential, and the answer carries no
+	// secret.
+	Ticketed   bool     `json:"ticketed,omitempty"`
 	AKPublic   []byte   `json:"akPublic"`
 	AKName     string   `json:"akName"`
 	EKSHA256   []byte   `json:"ekSHA256"`
@@ -112,8 +124,20 @@ type sessionState struct {
 //
 // Then it makes the credential (TPM2_MakeCredential, with go-tpm's
 // credactivation) for the AK's name under the EK, with a fresh 32-byte
-// secret, and a fresh 32-byte nonce.
+// secret, and a fresh 32-byte nonce. Challenge takes no AK ticket:
+// ChallengeTicketed does.
 func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest) (*Challenge, *attest.Session, error) {
+	return v.ChallengeTicketed(pool, kubeletKeySHA256, req, nil)
+}
+
+// ChallengeTicketed is Challenge for a node that brought back an AK
+// ticket, opened (attest.ChallengeInput.Ticket; nil for none). Every
+// check of Challenge is made; then, when the ticket holds (ticketHolds:
+// this EK, this AK's name, issued less than Options.TicketTTL ago), no
+// credential is made: the challenge is the nonce alone, and Verify
+// requires no activation secret. A ticket that does not hold is ignored:
+// the challenge carries a credential, as for a node without one.
+func (v *Verifier) ChallengeTicketed(pool string, kubeletKeySHA256 []byte, req *ChallengeRequest, ticket []byte) (*Challenge, *attest.Session, error) {
 	if err := checkRequestSizes(req); err != nil {
 		return nil, nil, err
 	}
@@ -144,20 +168,24 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 	if err := ak.computeName(); err != nil {
 		return nil, nil, err
 	}
-	secret := make([]byte, activationSecretSize)
-	if _, err := io.ReadFull(v.sess.Rand(), secret); err != nil {
-		return nil, nil, fmt.Errorf("tpm: activation secret: %w", err)
-	}
 	sess, err := v.sess.OpenAt(now, pool, kubeletKeySHA256)
 	if err != nil {
 		return nil, nil, err
 	}
-	cred, encSecret, err := credactivation.Generate(ak.name.Digest, ek.Public, 16, secret)
-	if err != nil {
-		return nil, nil, attest.Deny(attest.ReasonAKInvalid, "cannot make a credential for this AK under this EK")
+	ch := &Challenge{Nonce: sess.Nonce}
+	var secret []byte
+	ticketed := v.ticketTTL > 0 && ticketHolds(ticket, ek.SHA256[:], ak.nameHex, now, v.ticketTTL)
+	if !ticketed {
+		secret = make([]byte, activationSecretSize)
+		if _, err := io.ReadFull(v.sess.Rand(), secret); err != nil {
+			return nil, nil, fmt.Errorf("tpm: activation secret: %w", err)
+		}
+		if ch.Credential, ch.Secret, err = credactivation.Generate(ak.name.Digest, ek.Public, 16, secret); err != nil {
+			return nil, nil, attest.Deny(attest.ReasonAKInvalid, "cannot make a credential for this AK under this EK")
+		}
 	}
 	state, err := json.Marshal(sessionState{
-		Secret: secret, AKPublic: akPublic, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust, EKKind: ek.Kind,
+		Secret: secret, Ticketed: ticketed, AKPublic: akPublic, AKName: ak.nameHex, EKSHA256: ek.SHA256[:], EKTrust: ek.Trust, EKKind: ek.Kind,
 		CertSubj: ek.CertSubj, CertIssuer: ek.CertIssuer, CertSerial: ek.CertSerial,
 		NodeName: ek.NodeName, Addresses: ek.Addresses,
 	})
@@ -165,7 +193,7 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 		return nil, nil, fmt.Errorf("tpm: session state: %w", err)
 	}
 	sess.State = state
-	return &Challenge{Nonce: sess.Nonce, Credential: cred, Secret: encSecret}, sess, nil
+	return ch, sess, nil
 }
 
 // Verify is step two: it checks the node's answer against the session the
@@ -179,7 +207,10 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //  2. Sizes of every field (MalformedEvidence).
 //  3. The activation secret equals the session's, in constant time
 //     (CredentialActivationFailed): the AK lives in the TPM that holds the
-//     EK.
+//     EK. A session whose challenge the node's AK ticket spared the
+//     credential (ChallengeTicketed) takes no secret (MalformedEvidence
+//     when one is sent): the ticket, sealed by the server after an
+//     earlier activation of this AK under this EK, is that proof.
 //  4. A quote whose selection includes the SHA-256 bank (alone, or beside
 //     others as tpm2_quote -l sha1:…+sha256:… makes) is used; otherwise one
 //     of the SHA-1 bank, accepted here and marked pcrBank "sha1" for
@@ -207,7 +238,10 @@ func (v *Verifier) Challenge(pool string, kubeletKeySHA256 []byte, req *Challeng
 //
 // Refusals of checks 7 and 8 come after the identity was proven: they are
 // wrapped in an *attest.Identified naming it (a re-attestation records
-// them as the node's failure).
+// them as the node's failure). Claims of a session that activated a
+// credential carry an AK ticket (Claims.Ticket) for the server to seal
+// and the node to keep with its AK; a ticketed session's carry none (the
+// node keeps the one it has until it expires).
 func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, error) {
 	now, err := v.sess.Check(sess)
 	if err != nil {
@@ -220,7 +254,11 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	if err := checkEvidenceSizes(ev); err != nil {
 		return nil, err
 	}
-	if len(st.Secret) != activationSecretSize || !attest.Equal(ev.ActivationSecret, st.Secret) {
+	switch {
+	case st.Ticketed && len(ev.ActivationSecret) > 0:
+		return nil, attest.Deny(attest.ReasonMalformed, "an activation secret for a challenge that carried no credential (the AK ticket stood for it)")
+	case st.Ticketed:
+	case len(st.Secret) != activationSecretSize || !attest.Equal(ev.ActivationSecret, st.Secret):
 		return nil, attest.Deny(attest.ReasonActivation, "activation secret does not match: the AK is not in the TPM that holds the EK")
 	}
 	ak, err := parseAKPublic(st.AKPublic)
@@ -255,7 +293,12 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	for i, d := range qr.pcrs {
 		pcrs[i] = hex.EncodeToString(d)
 	}
+	var ticket []byte
+	if !st.Ticketed && v.ticketTTL > 0 {
+		ticket = issueTicket(st.EKSHA256, st.AKName, now)
+	}
 	return &attest.Claims{
+		Ticket:           ticket,
 		Kind:             attest.KindTPM,
 		Identity:         "tpm-ek:" + ekHex,
 		NodeName:         st.NodeName,

@@ -33,13 +33,14 @@ type ChallengeRequest struct {
 }
 
 // Challenge is the server's answer: a credential only the TPM holding both
-// the EK and the AK can activate, and the nonce the quote must bind.
+// the EK and the AK can activate, and the nonce the quote must bind. A node
+// whose AK ticket held gets the nonce alone (no credential to activate).
 type Challenge struct {
 	Nonce []byte `json:"nonce"`
 	// Credential is the TPM2B_ID_OBJECT and Secret the
 	// TPM2B_ENCRYPTED_SECRET of TPM2_MakeCredential.
-	Credential []byte `json:"credential"`
-	Secret     []byte `json:"secret"`
+	Credential []byte `json:"credential,omitempty"`
+	Secret     []byte `json:"secret,omitempty"`
 }
 
 // Quote is a TPM2_Quote: the TPMS_ATTEST and the AK's TPMT_SIGNATURE.
@@ -61,8 +62,9 @@ type Evidence struct {
 	// KubeletKeySHA256 is the hash of the kubelet public key the node bound
 	// into the quote (it must be the session's).
 	KubeletKeySHA256 []byte `json:"kubeletKeySHA256"`
-	// ActivationSecret is what TPM2_ActivateCredential returned.
-	ActivationSecret []byte `json:"activationSecret"`
+	// ActivationSecret is what TPM2_ActivateCredential returned; none
+	// when the challenge carried no credential.
+	ActivationSecret []byte `json:"activationSecret,omitempty"`
 	// Quotes are one quote per bank the node quoted.
 	Quotes []Quote `json:"quotes"`
 	PCRs   []PCR   `json:"pcrs"`

@@ -11,9 +11,9 @@
 //   - an RSA-2048 EK whose TPMT_PUBLIC is the TCG default EK template
 //     (the Name a real TPM's EK would have), and an EK certificate for it
 //     issued by an internal/tpmtest.VendorCA;
-//   - an SRK (go-attestation's default RSA storage key at 0x81000001,
-//     which go-attestation creates as a primary of the endorsement
-//     hierarchy), present only as the AK's parent: its Name and Qualified
+//   - an SRK (go-attestation's ECC P-256 storage key at 0x81000002, as
+//     attest/tpm.Collector asks for it, which go-attestation creates as a
+//     primary of the endorsement hierarchy), present only as the AK's parent: its Name and Qualified
 //     Name appear in the AK's creation data and qualified signer;
 //   - SHA-1 and SHA-256 PCR banks extended from a TCG event log exactly as
 //     internal/tpmtest.ExtendLog extends a freshly started TPM (PCRs 0-16
@@ -162,14 +162,12 @@ func NewMachine(vendor *tpmtest.VendorCA, log []byte, rand io.Reader, opts ...Op
 	}
 
 	// The SRK: only its names are ever seen. Its unique field is random
-	// (a real SRK's is a modulus derived from the endorsement seed).
-	srkUnique := make([]byte, 256)
+	// (a real SRK's is a point derived from the endorsement seed).
+	srkUnique := make([]byte, 64)
 	if _, err := io.ReadFull(rand, srkUnique); err != nil {
 		return nil, fmt.Errorf("simtpm: SRK: %w", err)
 	}
-	srkUnique[0] |= 0x80
-	srkUnique[255] |= 1
-	srk := srkTemplate(srkUnique)
+	srk := srkTemplate(srkUnique[:32], srkUnique[32:])
 	m.srkPublic = tpm2.Marshal(srk)
 	srkName, err := objectName(srk)
 	if err != nil {
@@ -261,18 +259,22 @@ func (m *Machine) Request() (*tpm.ChallengeRequest, error) {
 	}, nil
 }
 
-// Answer activates the challenge's credential and quotes PCRs 0-23 of the
-// SHA-256 bank with qualifying data attest.BindingDigest(challenge nonce,
-// kubeletKeySHA256), as attest/tpm.Collector.Answer does. A credential
-// made for another EK or AK fails here, as it fails in a TPM.
+// Answer activates the challenge's credential (none when the challenge
+// carries none: the server took the AK's ticket) and quotes PCRs 0-23 of
+// the SHA-256 bank with qualifying data attest.BindingDigest(challenge
+// nonce, kubeletKeySHA256), as attest/tpm.Collector.Answer does. A
+// credential made for another EK or AK fails here, as it fails in a TPM.
 func (m *Machine) Answer(ch *tpm.Challenge, kubeletKeySHA256 []byte) (*tpm.Evidence, error) {
 	if ch == nil {
 		return nil, errors.New("simtpm: no challenge")
 	}
 	binding := attest.BindingDigest(ch.Nonce, kubeletKeySHA256)
-	secret, err := m.ActivateCredential(ch.Credential, ch.Secret)
-	if err != nil {
-		return nil, fmt.Errorf("activate credential: %w", err)
+	var secret []byte
+	if len(ch.Credential) > 0 || len(ch.Secret) > 0 {
+		var err error
+		if secret, err = m.ActivateCredential(ch.Credential, ch.Secret); err != nil {
+			return nil, fmt.Errorf("activate credential: %w", err)
+		}
 	}
 	q, err := m.Quote(binding)
 	if err != nil {

@@ -29,26 +29,28 @@ func ekTemplate(modulus []byte) tpm2.TPMTPublic {
 	return pub
 }
 
-// srkTemplate is go-attestation's defaultRSASRKTemplate (storage-default
-// attributes plus noDA, AES-128-CFB, RSA-2048) with a unique value.
-func srkTemplate(modulus []byte) tpm2.TPMTPublic {
+// srkTemplate is go-attestation's defaultECCSRKTemplate (storage-default
+// attributes plus noDA, AES-128-CFB, NIST P-256, no scheme or KDF), the
+// parent attest/tpm.Collector makes its AK under, with a unique point.
+func srkTemplate(x, y []byte) tpm2.TPMTPublic {
 	return tpm2.TPMTPublic{
-		Type:    tpm2.TPMAlgRSA,
+		Type:    tpm2.TPMAlgECC,
 		NameAlg: tpm2.TPMAlgSHA256,
 		ObjectAttributes: tpm2.TPMAObject{
 			FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true,
 			UserWithAuth: true, NoDA: true, Restricted: true, Decrypt: true,
 		},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgRSA, &tpm2.TPMSRSAParms{
+		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
 			Symmetric: tpm2.TPMTSymDefObject{
 				Algorithm: tpm2.TPMAlgAES,
 				KeyBits:   tpm2.NewTPMUSymKeyBits(tpm2.TPMAlgAES, tpm2.TPMKeyBits(128)),
 				Mode:      tpm2.NewTPMUSymMode(tpm2.TPMAlgAES, tpm2.TPMAlgCFB),
 			},
-			Scheme:  tpm2.TPMTRSAScheme{Scheme: tpm2.TPMAlgNull},
-			KeyBits: 2048,
+			Scheme:  tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgNull},
+			CurveID: tpm2.TPMECCNistP256,
+			KDF:     tpm2.TPMTKDFScheme{Scheme: tpm2.TPMAlgNull},
 		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgRSA, &tpm2.TPM2BPublicKeyRSA{Buffer: modulus}),
+		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{X: tpm2.TPM2BECCParameter{Buffer: x}, Y: tpm2.TPM2BECCParameter{Buffer: y}}),
 	}
 }
 

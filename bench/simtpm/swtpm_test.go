@@ -270,7 +270,7 @@ func equivalence(t *testing.T, log []byte) {
 		t.Errorf("AK public area (but unique) differs:\nmodel %x\nswtpm %x", a, b)
 	}
 	// The SRK go-attestation made, as the AK's parent.
-	srkReal := real.readPublic(t, 0x81000001)
+	srkReal := real.readPublic(t, 0x81000002)
 	if a, b := withoutUnique(t, model.srkPublic), withoutUnique(t, srkReal.OutPublic.Bytes()); !bytes.Equal(a, b) {
 		t.Errorf("SRK public area (but unique) differs:\nmodel %x\nswtpm %x", a, b)
 	}

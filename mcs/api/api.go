@@ -86,6 +86,11 @@ type ChallengeRequest struct {
 	// or "reattest" (an enrolled node proving itself again: it releases
 	// nothing, and names its node).
 	Purpose attest.Purpose `json:"purpose,omitempty"`
+	// Ticket is what the server's last verify gave this machine
+	// (VerifyResponse.Ticket), brought back unchanged; opaque to the node.
+	// A TPM's spares its next attestations the credential activation while
+	// it keeps the same AK (docs/protocol.md).
+	Ticket string `json:"ticket,omitempty"`
 	// Request is the kind's own request (tpm.ChallengeRequest, …), on the
 	// wire under the kind's name: {"kind":"tpm", …, "tpm":{…}}. The
 	// server hands it to the kind's attest.Verifier unread.
@@ -136,6 +141,12 @@ type VerifyResponse struct {
 	Record string `json:"record,omitempty"`
 	// Reattest is set for a re-attestation that passed.
 	Reattest *ReattestResult `json:"reattest,omitempty"`
+	// Ticket, when set, is for the node to keep and send with its next
+	// challenge (ChallengeRequest.Ticket), sealed by the server: a TPM's
+	// says its AK is its EK's (it comes after a credential activation, and
+	// with the AK kept the next attestations need none). Empty: keep the
+	// one it has.
+	Ticket string `json:"ticket,omitempty"`
 }
 
 // ReattestResult is what a passed re-attestation tells the node.

@@ -51,6 +51,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
 	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition); reattest: prove this enrolled node again (every boot and on a timer; nothing is fetched)")
 	statePath := fs.String("state", agent.DefaultReattestState, "reattest mode: where the last success and the next due time are kept")
+	akState := fs.String("ak-state", agent.DefaultAKState, "reattest mode, tpm evidence: where the TPM's attestation key and the server's ticket for it are kept between runs, so a re-attestation loads the key and quotes (no key generation; no credential activation while the ticket holds); \"none\" makes a new key each run")
 	force := fs.Bool("force", false, "reattest mode: attest now even when not due")
 	ignDir := fs.String("ignition-dir", agent.DefaultIgnitionDir, "pointer mode: Ignition's system config directory")
 	root := fs.String("root", "/", "fetch mode: where the first-boot files are written")
@@ -131,8 +132,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodeproof-agent: unknown --evidence %q\n", *evidence)
 		return 2
 	}
+	kept := ""
+	if agent.Mode(*mode) == agent.ModeReattest && *akState != "none" {
+		kept = *akState
+	}
 	ev, closer, err := source(ctx, agent.SourceOptions{
 		TPMPath: *tpmPath, EventLog: *eventLog, IMDSEndpoint: os.Getenv("AWS_EC2_METADATA_SERVICE_ENDPOINT"), Timing: timing, EKKind: *ekKind,
+		AKState: kept, Console: stdout,
 	})
 	if err != nil {
 		fmt.Fprintf(stderr, "nodeproof-agent: %s: %v\n", evidenceLabel(*evidence), err)
