@@ -59,6 +59,11 @@ func AddRevocations(doc []byte, pool string, r Revocations) ([]byte, []string, e
 			}
 		}
 	}
+	for comp, gen := range r.MinimumSBAT {
+		if comp == "" || strings.ContainsAny(comp, ",\n") || gen < 1 {
+			return nil, nil, fmt.Errorf("policy revoke: tpm.minimumSBAT: %q: %d: want a component name and a generation of at least 1", comp, gen)
+		}
+	}
 	t := &pp.TPM
 	at := "pools." + pool + ".tpm."
 	var notes []string
