@@ -161,6 +161,54 @@ func TestParseUpdate(t *testing.T) {
 	}
 }
 
+// TestRealDatabases: every signature database (PK, KEK, db, dbx) the
+// real firmware logs measured into PCR 7 reads, and each dbx holds the
+// entries firmware-testdata counted by hand.
+func TestRealDatabases(t *testing.T) {
+	logs, err := firmwaretestdata.Logs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read, dbxs := 0, 0
+	for _, l := range logs {
+		el, err := tcg.ParseEventLog(l.Raw, tcg.ParseOpts{AllowPadding: true})
+		if err != nil {
+			continue // a log go-eventlog does not read: its databases are not known here
+		}
+		for _, h := range []register.HashAlg{register.HashSHA256, register.HashSHA1} {
+			for _, ev := range el.Events(h) {
+				if ev.Index != 7 || ev.Type != tcg.EFIVariableDriverConfig {
+					continue
+				}
+				v, err := tcg.ParseUEFIVariableData(bytes.NewReader(ev.Data))
+				name := ""
+				if err == nil {
+					name = string(utf16.Decode(v.UnicodeName))
+				}
+				if (name != "PK" && name != "KEK" && name != "db" && name != "dbx") || len(v.VariableData) == 0 {
+					continue
+				}
+				n, err := uefivar.Walk(v.VariableData, func(uefivar.Entry) error { return nil })
+				if err != nil {
+					t.Errorf("%s: %s: %v", l.Name, name, err)
+					continue
+				}
+				read++
+				if name == "dbx" && h == register.HashSHA256 {
+					dbxs++
+					if n != l.Expected.DBXEntries {
+						t.Errorf("%s: dbx of %d entries; counted by hand %d", l.Name, n, l.Expected.DBXEntries)
+					}
+				}
+			}
+		}
+	}
+	if read < 100 || dbxs < 15 {
+		t.Fatalf("only %d databases (%d SHA-256 dbx) read from %d logs", read, dbxs, len(logs))
+	}
+	t.Logf("%d databases read, %d dbx counts as counted by hand", read, dbxs)
+}
+
 // TestGUID: a GUID written is stored with its first three fields
 // little-endian, and written back the same.
 func TestGUID(t *testing.T) {
