@@ -38,8 +38,9 @@ type Update struct {
 	// Signature is the header's CertData, a PKCS#7 SignedData (DER).
 	Signature []byte
 	// Signer is the certificate of the signature's one signer, when the
-	// PKCS#7 parses and carries it (Microsoft Corporation KEK CA 2011's
-	// on Microsoft's files); SignatureErr says why not. It is read, not
+	// PKCS#7 parses and carries it (on Microsoft's files, its KEK signer:
+	// Microsoft Corporation KEK CA 2011's, or KEK 2K CA 2023's, key);
+	// SignatureErr says why not. It is read, not
 	// verified: which signer to trust is the operator's choice.
 	Signer       *x509.Certificate
 	SignatureErr error
