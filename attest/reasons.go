@@ -240,6 +240,10 @@ const (
 	// ReasonPolicyBootSigner: a boot stage's signer (the Secure Boot
 	// authority that verified it) is not in its signedBy.
 	ReasonPolicyBootSigner Reason = "BootSignerNotAllowed"
+	// ReasonPolicyBootSignerDenied: a Secure Boot authority the boot
+	// measured (a certificate that verified a boot application, a driver
+	// or an option ROM) is in tpm.deniedSigners: a revoked signer.
+	ReasonPolicyBootSignerDenied Reason = "BootSignerDenied"
 	// ReasonPolicySBAT: the SbatLevel the shim measured is below
 	// tpm.minimumSBAT for a component, or was not measured.
 	ReasonPolicySBAT Reason = "SBATLevelOutdated"

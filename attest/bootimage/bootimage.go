@@ -31,6 +31,8 @@ import (
 
 	"github.com/saferwall/pe"
 	"github.com/smallstep/pkcs7"
+
+	"github.com/nodeproof/nodeproof/attest/uefivar"
 )
 
 // MaxSize bounds an image: kernels are ~10 MB and UKIs with an initrd
@@ -518,43 +520,18 @@ func (img *Image) vendorCert(d []byte) error {
 	return nil
 }
 
-// EFI_CERT_X509_GUID and EFI_CERT_SHA256_GUID as stored.
-var (
-	certX509GUID   = []byte{0xa1, 0x59, 0xc0, 0xa5, 0xe4, 0x94, 0xa7, 0x4a, 0x87, 0xb5, 0xab, 0x15, 0x5c, 0x2b, 0xf0, 0x72}
-	certSHA256GUID = []byte{0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0xac, 0xa9, 0x41, 0xf9, 0x36, 0x93, 0x43, 0x28}
-)
-
-// signatureLists reads EFI_SIGNATURE_LISTs: their X.509 certificates,
-// their SHA-256 hashes, and the number of entries of any type.
+// signatureLists reads EFI_SIGNATURE_LISTs (attest/uefivar's checks):
+// their X.509 certificates, their SHA-256 hashes, and the number of
+// entries of any type.
 func signatureLists(b []byte) (certs []*x509.Certificate, hashes [][]byte, entries int, err error) {
-	for len(b) > 0 {
-		if len(b) < 28 {
-			return nil, nil, 0, errors.New("a signature list shorter than its header")
-		}
-		listSize := uint64(binary.LittleEndian.Uint32(b[16:20]))
-		headerSize := uint64(binary.LittleEndian.Uint32(b[20:24]))
-		sigSize := uint64(binary.LittleEndian.Uint32(b[24:28]))
-		if listSize > uint64(len(b)) || listSize < 28+headerSize || sigSize <= 16 || (listSize-28-headerSize)%sigSize != 0 {
-			return nil, nil, 0, fmt.Errorf("signature list sizes %d/%d/%d do not fit", listSize, headerSize, sigSize)
-		}
-		typ := b[:16]
-		for sigs := b[28+headerSize : listSize]; len(sigs) > 0; sigs = sigs[sigSize:] {
-			entries++
-			data := sigs[16:sigSize]
-			switch {
-			case bytes.Equal(typ, certX509GUID):
-				c, err := x509.ParseCertificate(data)
-				if err != nil {
-					return nil, nil, 0, fmt.Errorf("a certificate entry: %w", err)
-				}
-				certs = append(certs, c)
-			case bytes.Equal(typ, certSHA256GUID) && len(data) == sha256.Size:
-				hashes = append(hashes, data)
-			}
-		}
-		b = b[listSize:]
+	l, err := uefivar.ParseLists(b)
+	if err != nil {
+		return nil, nil, 0, err
 	}
-	return certs, hashes, entries, nil
+	for _, h := range l.SHA256 {
+		hashes = append(hashes, h[:])
+	}
+	return l.Certificates, hashes, l.Entries, nil
 }
 
 // sbatLevels reads a shim's .sbatlevel section (sbat_var.S): a UINT32

@@ -18,6 +18,7 @@ import (
 const (
 	RuleSecureBoot       = "requireSecureBoot"
 	RuleDeniedDigests    = "deniedDigests"
+	RuleDeniedSigners    = "deniedSigners"
 	RuleBootComponents   = "bootComponents" // every stage; or one: bootComponents.shim, .bootloader, .kernel
 	RuleMinimumSBAT      = "minimumSBAT"
 	RuleMachineOwnerKeys = "machineOwnerKeys"
@@ -31,7 +32,7 @@ const (
 )
 
 // AuditRules lists every name tpm.audit takes.
-var AuditRules = []string{RuleSecureBoot, RuleDeniedDigests, RuleBootComponents,
+var AuditRules = []string{RuleSecureBoot, RuleDeniedDigests, RuleDeniedSigners, RuleBootComponents,
 	RuleBootComponents + ".shim", RuleBootComponents + ".bootloader", RuleBootComponents + ".kernel",
 	RuleMinimumSBAT, RuleMachineOwnerKeys, RuleMinimumDBX, RulePCRs, RuleKernelCmdline,
 	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel}

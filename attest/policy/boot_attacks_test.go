@@ -85,6 +85,14 @@ func TestBootPolicyAttacks(t *testing.T) {
 					b.AppVerifications[i] = attest.AppVerification{}
 				}
 			}), attest.ReasonBootSignerUnknown},
+		{"boots a GRUB its signer signed but a dbx update revoked, under a signer rule that admits all its signer signed (policy revoke --dbx-update)", rules + "deniedDigests: [" + base.Boot.BootApplications[attest.StageBootloader] + "]\n",
+			base, attest.ReasonPolicyBootDenied},
+		{"boots a chain verified by a CA a dbx update revoked, which the stages' signedBy still lists", rules + "deniedSigners: [" + debianCA + "]\n",
+			base, attest.ReasonPolicyBootSignerDenied},
+		{"hides a revoked signer beside another authority, so the log cannot say which verified the kernel", noKernelSigner + "deniedSigners: [" + ownKey + "]\n",
+			mutate(shimAuthority("db", ownKey, false, false)), attest.ReasonPolicyBootSignerDenied},
+		{"keeps its firmware's dbx without the update, to stay able to boot what it revokes (policy revoke --require-dbx)", rules + "minimumDBX: {contains: [" + otherKey + "]}\n",
+			base, attest.ReasonPolicyDBX},
 		{"boots the previous release after its reference set's notAfter", rollout, base, attest.ReasonPolicyReferenceSetExpired},
 		{"an EK the pool does not trust, in a pool whose boot rules all audit", "ekTrust: [inventory]\n" + rules + "audit: [requireSecureBoot, bootComponents, minimumSBAT, machineOwnerKeys]\n",
 			base, attest.ReasonPolicyEKTrust},

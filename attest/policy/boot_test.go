@@ -113,6 +113,14 @@ func TestBootRules(t *testing.T) {
 		{"SBAT of a component the level does not name", debian, anyChain + "minimumSBAT: {fwupd: 2}\n", attest.ReasonPolicySBAT, nil},
 		{"SBAT not measured (RHEL 8's shim 15)", rhel, anyChain + "minimumSBAT: {shim: 1}\n", attest.ReasonPolicySBAT, nil},
 
+		{"a denied signer verified GRUB and the kernel (Debian's CA)", debian, anyChain + "deniedSigners: [" + debianCA + "]\n", attest.ReasonPolicyBootSignerDenied, nil},
+		{"a denied signer verified the shim (Microsoft's UEFI CA)", debian, anyChain + "deniedSigners: [" + otherKey + ", " + microsoftUEFICA + "]\n", attest.ReasonPolicyBootSignerDenied, nil},
+		{"a denied signer refuses even where signedBy lists it", debian, signers(microsoftUEFICA, debianCA, debianCA) + "deniedSigners: [" + debianCA + "]\n", attest.ReasonPolicyBootSignerDenied, nil},
+		{"a denied signer the shim's built-in certificate (RHEL 8)", rhel, anyChain + "deniedSigners: [" + redHatCA5 + "]\n", attest.ReasonPolicyBootSignerDenied, nil},
+		{"a denied signer this boot did not use", debian, anyChain + "deniedSigners: [" + otherKey + ", " + redHatCA5 + "]\n", "", nil},
+		{"audit: deniedSigners", debian, anyChain + "deniedSigners: [" + debianCA + "]\naudit: [deniedSigners]\n", "",
+			[]audit{{"deniedSigners", attest.ReasonPolicyBootSignerDenied}}},
+
 		{"no MOK: MokList is the vendor certificate alone", debian, anyChain + "machineOwnerKeys: {allow: []}\n", "", nil},
 		{"the shim's built-in certificate is no MOK", rhel, anyChain + "machineOwnerKeys: {allow: []}\n", "", nil},
 		{"a MokList authority with keys enrolled, none listed", mokEnrolled, anyChain + "machineOwnerKeys: {allow: []}\n", attest.ReasonPolicyMOK, nil},

@@ -55,6 +55,12 @@ type TPMPolicy struct {
 	// DeniedDigests are refused wherever they appear among the boot
 	// applications (revoked shims, vulnerable GRUBs).
 	DeniedDigests []string `yaml:"deniedDigests"`
+	// DeniedSigners are certificates (PEM, or SHA-256 fingerprints) that
+	// are refused wherever the log shows one verified something: a
+	// Secure Boot authority (db's, the shim's vendor certificate, a MOK)
+	// the firmware or the shim measured (revoked signers, as a dbx update
+	// revokes them).
+	DeniedSigners []string `yaml:"deniedSigners"`
 	// MinimumDBX requires a dbx at least this current.
 	MinimumDBX *MinimumDBX `yaml:"minimumDBX"`
 	// PCRs are reference values (hex, in the quoted bank) that quoted PCRs
@@ -132,7 +138,8 @@ func (t TPMPolicy) EKKind() string {
 // (EventLogMissing) — these four are never audited — then the boot rules,
 // each of which e may audit (AuditRules): Secure Boot
 // (SecureBootStateUnknown, SecureBootDisabled), denied digests anywhere in
-// the log (BootComponentDenied), the whole boot against the pool's rules
+// the log (BootComponentDenied), denied signers among the authorities it
+// measured (BootSignerDenied), the whole boot against the pool's rules
 // and the reference sets (bootChain: the chain's stages
 // BootComponentDenied, BootComponentNotMeasured, BootComponentNotAllowed,
 // BootSignerUnknown, BootSignerAmbiguous, BootSignerNotAllowed; the
@@ -173,6 +180,9 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 		}
 	}
 	if err := e.rule(RuleDeniedDigests, deniedDigests(in, t, b)); err != nil {
+		return err
+	}
+	if err := e.rule(RuleDeniedSigners, deniedSigners(in, t, b)); err != nil {
 		return err
 	}
 	if err := bootChain(in, t, b, e); err != nil {
@@ -218,6 +228,21 @@ func deniedDigests(in string, t *TPMPolicy, b *attest.BootState) error {
 	for _, d := range images(b) {
 		if containsHex(t.DeniedDigests, d) {
 			return attest.DenySetting(attest.ReasonPolicyBootDenied, in+"deniedDigests", "%s, measured in this boot, is in %sdeniedDigests", d, in)
+		}
+	}
+	return nil
+}
+
+// deniedSigners refuses a boot in which a denied certificate verified
+// something: any Secure Boot authority the log measured (by the firmware
+// or the shim, before the separator or after) whose fingerprint is
+// listed. An authority is measured when it is used, so a listed one
+// verified a boot application, a driver or an option ROM of this boot.
+// Hash entries are deniedDigests' (they name images, not signers).
+func deniedSigners(in string, t *TPMPolicy, b *attest.BootState) error {
+	for _, a := range b.Authorities {
+		if !a.Hash && containsHex(t.DeniedSigners, a.SHA256) {
+			return attest.DenySetting(attest.ReasonPolicyBootSignerDenied, in+"deniedSigners", "%s verified part of this boot (measured by the %s), and %sdeniedSigners lists it", signerName(a, a.SHA256, true), a.By, in)
 		}
 	}
 	return nil

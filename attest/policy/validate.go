@@ -29,6 +29,9 @@ func (p *Policy) normalize() error {
 				return fmt.Errorf("pool %q: %w", name, err)
 			}
 		}
+		if t.DeniedSigners, err = fingerprints("tpm.deniedSigners", t.DeniedSigners); err != nil {
+			return fmt.Errorf("pool %q: %w", name, err)
+		}
 		p.Pools[name] = pool
 	}
 	return nil
@@ -226,6 +229,9 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 		if _, err := fingerprints("tpm.machineOwnerKeys.allow", m.Allow); err != nil {
 			return err
 		}
+	}
+	if _, err := fingerprints("tpm.deniedSigners", t.DeniedSigners); err != nil {
+		return err
 	}
 	for comp, gen := range t.MinimumSBAT {
 		if comp == "" || strings.ContainsAny(comp, ",\n") || gen < 1 {

@@ -7,7 +7,7 @@ import "github.com/nodeproof/nodeproof/attest"
 // cloud's block (kinds.go: gcp.projects and zones; aws.accounts, regions
 // and requireLiveCheck; azure.subscriptions) and the boot with the TPM rules from the event log on
 // (tpm.requireSecureBoot, bootComponents, minimumDBX, pcrs, kernelCmdline,
-// deniedDigests). tpm.ekTrust does not apply: the cloud vouches for the
+// deniedDigests, deniedSigners). tpm.ekTrust does not apply: the cloud vouches for the
 // AK, not an EK chain the pool picks.
 
 // takesList reports whether the pool takes a kind l judges.

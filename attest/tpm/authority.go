@@ -458,13 +458,19 @@ func short(hexDigest string) string {
 const (
 	maxSBATLines     = 256
 	maxSBATComponent = 64
+	maxSBATBytes     = maxSBATLines * (maxSBATComponent + 16)
 )
 
 // ParseSBATLevel reads the shim's SbatLevel (SBAT.md): CSV lines, the
 // first "sbat,<version>,<datestamp>", each other "<component>,<generation>"
-// (the lowest generation of that component the shim still boots); a
-// trailing NUL is allowed. Each component once.
+// (the lowest generation of that component the shim still boots, at
+// least 1); a trailing NUL is allowed. Each component once; at most
+// maxSBATBytes and maxSBATLines. `nodeproof policy revoke --sbat-level`
+// reads the same text (shim's SbatLevel_Variable.txt payloads).
 func ParseSBATLevel(b []byte) (date string, gens map[string]int, err error) {
+	if len(b) > maxSBATBytes {
+		return "", nil, fmt.Errorf("%d bytes (at most %d)", len(b), maxSBATBytes)
+	}
 	s := strings.TrimRight(string(b), "\x00")
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	if len(lines) > maxSBATLines {
@@ -481,7 +487,7 @@ func ParseSBATLevel(b []byte) (date string, gens map[string]int, err error) {
 			return "", nil, fmt.Errorf("line %q is not <component>,<generation>", truncate(l, 40))
 		}
 		g, err := strconv.Atoi(f[1])
-		if err != nil || g > 1<<30 {
+		if err != nil || g < 1 || g > 1<<30 {
 			return "", nil, fmt.Errorf("generation %q", truncate(f[1], 12))
 		}
 		if _, dup := gens[f[0]]; dup {

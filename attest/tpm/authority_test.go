@@ -31,6 +31,7 @@ func TestParseSBATLevel(t *testing.T) {
 		{name: "an SBAT section line (six fields), not a level", in: "sbat,1,2021030218\ngrub,3,Free Software Foundation,grub,2.06,https://www.gnu.org/software/grub/\n", bad: true},
 		{name: "a blank line inside", in: "sbat,1,2021030218\n\ngrub,5\n", bad: true},
 		{name: "a component name with a space", in: "sbat,1,2021030218\ngr ub,5\n", bad: true},
+		{name: "generation 0 (generations start at 1)", in: "sbat,1,2021030218\ngrub,0\n", bad: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			date, gens, err := ParseSBATLevel([]byte(tc.in))
@@ -137,7 +138,7 @@ func FuzzSBATLevel(f *testing.F) {
 			t.Fatalf("date %q, %d components", date, len(gens))
 		}
 		for c, g := range gens {
-			if !componentName(c) || g < 0 {
+			if !componentName(c) || g < 1 {
 				t.Fatalf("component %q generation %d", c, g)
 			}
 		}

@@ -1,11 +1,12 @@
 package tpm
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"unicode/utf16"
+
+	"github.com/nodeproof/nodeproof/attest/uefivar"
 )
 
 // These two parsers read UEFI structures measured into PCR 7. go-eventlog
@@ -15,7 +16,9 @@ import (
 // real log that was a fifth of the whole verification (see
 // BenchmarkTPMAttestation). nodeproof needs only the variable's name and
 // data, and of dbx only its entry count and hash entries, so these read
-// exactly that, with every length checked against what is left.
+// exactly that, with every length checked against what is left (the
+// signature lists with attest/uefivar's walker, which parses no
+// certificate).
 
 // uefiVariable is a UEFI_VARIABLE_DATA: GUID, name length and data length
 // (UINT64 each), the UTF-16 name, the data.
@@ -120,39 +123,24 @@ func imageFileName(b []byte) string {
 }
 
 // efiCertSHA256GUID is EFI_CERT_SHA256_GUID as stored (mixed endian).
-var efiCertSHA256GUID = []byte{0x26, 0x16, 0xc4, 0xc1, 0x4c, 0x50, 0x92, 0x40, 0xac, 0xa9, 0x41, 0xf9, 0x36, 0x93, 0x43, 0x28}
+var efiCertSHA256GUID = uefivar.CertSHA256[:]
 
-// signatureLists walks EFI_SIGNATURE_LISTs (GUID type, UINT32 list size,
-// header size, signature size, header, then signatures of [16-byte owner
-// GUID, data]) and returns the number of entries and the SHA-256 hash
-// entries, concatenated.
+// signatureLists walks EFI_SIGNATURE_LISTs with attest/uefivar (every
+// size checked before it is read, each entry its type's size, nothing
+// after the last list) and returns the number of entries and the SHA-256
+// hash entries, concatenated.
 func signatureLists(b []byte) (entries int, sha256s []byte, err error) {
 	// Hash entries are at most two thirds of the bytes (32 of each 48):
 	// one allocation instead of a doubling slice.
 	sha256s = make([]byte, 0, len(b)*2/3)
-	for len(b) > 0 {
-		if len(b) < 28 {
-			return 0, nil, errors.New("signature list shorter than its header")
+	entries, err = uefivar.Walk(b, func(e uefivar.Entry) error {
+		if e.Type == uefivar.CertSHA256 {
+			sha256s = append(sha256s, e.Data...)
 		}
-		listSize := uint64(binary.LittleEndian.Uint32(b[16:20]))
-		headerSize := uint64(binary.LittleEndian.Uint32(b[20:24]))
-		sigSize := uint64(binary.LittleEndian.Uint32(b[24:28]))
-		if listSize > uint64(len(b)) || listSize < 28+headerSize || sigSize <= 16 {
-			return 0, nil, fmt.Errorf("signature list sizes %d/%d/%d do not fit", listSize, headerSize, sigSize)
-		}
-		body := listSize - 28 - headerSize
-		if body%sigSize != 0 {
-			return 0, nil, errors.New("signature list body is not a whole number of signatures")
-		}
-		isSHA256 := bytes.Equal(b[:16], efiCertSHA256GUID) && sigSize == 16+32
-		sigs := b[28+headerSize : listSize]
-		for off := uint64(0); off < body; off += sigSize {
-			entries++
-			if isSHA256 {
-				sha256s = append(sha256s, sigs[off+16:off+sigSize]...)
-			}
-		}
-		b = b[listSize:]
+		return nil
+	})
+	if err != nil {
+		return 0, nil, err
 	}
 	return entries, sha256s, nil
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/google/go-eventlog/register"
 	"github.com/google/go-eventlog/tcg"
 
+	"github.com/nodeproof/nodeproof/attest/uefivar"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/fsutil"
 )
@@ -510,21 +511,10 @@ func StoreVariable(path, name, guid string) ([]byte, error) {
 	return found, nil
 }
 
-// listEntries counts the entries of EFI_SIGNATURE_LISTs.
+// listEntries counts the entries of EFI_SIGNATURE_LISTs (attest/uefivar's
+// checks).
 func listEntries(b []byte) (int, error) {
-	n := 0
-	for len(b) > 0 {
-		if len(b) < 28 {
-			return 0, errors.New("a signature list shorter than its header")
-		}
-		size, hdr, sig := binary.LittleEndian.Uint32(b[16:]), binary.LittleEndian.Uint32(b[20:]), binary.LittleEndian.Uint32(b[24:])
-		if uint64(size) > uint64(len(b)) || uint64(size) < 28+uint64(hdr) || sig == 0 || (size-28-hdr)%sig != 0 {
-			return 0, errors.New("signature list sizes do not fit")
-		}
-		n += int((size - 28 - hdr) / sig)
-		b = b[size:]
-	}
-	return n, nil
+	return uefivar.Walk(b, func(uefivar.Entry) error { return nil })
 }
 
 // RealDBX is a real machine's dbx: the one firmware-testdata's rhel8-uefi

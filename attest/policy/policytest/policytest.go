@@ -282,6 +282,20 @@ func (p *Pool) SignedBy(stage string, certs ...string) *Pool {
 	return p
 }
 
+// DeniedSigners refuses boots in which one of these certificates (PEM
+// or SHA-256 fingerprints) verified something (tpm.deniedSigners).
+func (p *Pool) DeniedSigners(certs ...string) *Pool {
+	p.p.TPM.DeniedSigners = certs
+	return p
+}
+
+// DeniedDigests refuses boots that measured one of these digests
+// (tpm.deniedDigests).
+func (p *Pool) DeniedDigests(digests ...string) *Pool {
+	p.p.TPM.DeniedDigests = digests
+	return p
+}
+
 // MinimumSBAT requires the shim's SbatLevel at these generations.
 func (p *Pool) MinimumSBAT(gens map[string]int) *Pool { p.p.TPM.MinimumSBAT = gens; return p }
 

@@ -37,11 +37,13 @@ func commands() []command {
 			summary: "what the running server judges by and serves: the policy version in force and a refused reload, certificate names and expiry, the leader, the store's health and counts (a view)"},
 		{name: "inspect", args: "[NODE | pool NAME]", run: cmdInspect,
 			summary: "list nodes (owner, last attestation, state), one node's whole story, or what a pool serves before approval"},
-		{name: "policy", summary: "check a policy, or learn one from a machine you trust", actions: []action{
+		{name: "policy", summary: "check a policy, learn one from a machine you trust, or add published revocations to it", actions: []action{
 			{name: "check", args: "FILE", run: cmdPolicyCheck,
 				summary: "validate a policy; with --against-records, judge every node's last claims by it (exits 1 when any would fail)"},
 			{name: "learn", run: cmdPolicyLearn,
 				summary: "a pool policy from a trusted machine's event log (--event-log, --evidence) or an enrolled node's claims (--node); or reference values (digests, signers, SBAT) from the boot files themselves (--efi)"},
+			{name: "revoke", args: "POLICY", run: cmdPolicyRevoke,
+				summary: "add revocations as published to --pool's rules: a UEFI dbx update (--dbx-update: its hashes denied digests, its certificates denied signers; --require-dbx: the nodes' own dbx must hold it) and shim's SbatLevel (--sbat-level: minimumSBAT raised)"},
 		}},
 		{name: "enroll", run: cmdEnroll,
 			summary: "--reset NODE: the same as release NODE (--reset KEY clears a single-use marker)"},
