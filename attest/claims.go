@@ -181,9 +181,19 @@ type BootState struct {
 	// its entries (a larger dbx revokes more). DBXSHA256s concatenates its
 	// SHA-256 hash entries, 32 bytes each (one slice, not one string per
 	// hash: a current dbx has hundreds).
-	DBXKnown   bool   `json:"dbxKnown"`
-	DBXEntries int    `json:"dbxEntries"`
-	DBXSHA256s []byte `json:"dbxSHA256s,omitempty"`
+	// KEKCerts and DBCerts are the SHA-256 fingerprints (hex, of the
+	// DER) of the certificates in KEK and db as measured into PCR 7, in
+	// their order; the *Known flags are set when the variable was
+	// measured and read as signature lists. They say which CAs a machine's
+	// firmware trusts (the 2011 and 2023 Microsoft CAs:
+	// attest/uefivar/microsoft).
+	KEKCerts      []string `json:"kekCerts,omitempty"`
+	KEKCertsKnown bool     `json:"kekCertsKnown,omitempty"`
+	DBCerts       []string `json:"dbCerts,omitempty"`
+	DBCertsKnown  bool     `json:"dbCertsKnown,omitempty"`
+	DBXKnown      bool     `json:"dbxKnown"`
+	DBXEntries    int      `json:"dbxEntries"`
+	DBXSHA256s    []byte   `json:"dbxSHA256s,omitempty"`
 
 	// BootApplications are the boot chain: the hex digests (in the PCR
 	// bank's hash) of the images measured into PCR 4 after its separator

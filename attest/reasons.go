@@ -247,6 +247,11 @@ const (
 	// ReasonPolicySBAT: the SbatLevel the shim measured is below
 	// tpm.minimumSBAT for a component, or was not measured.
 	ReasonPolicySBAT Reason = "SBATLevelOutdated"
+	// ReasonPolicySecureBootCA: the machine has not moved off Microsoft's
+	// 2011 Secure Boot CAs as tpm.microsoftCA2023 requires: its db or KEK
+	// lacks the 2023 CA, or its firmware verified the boot chain through
+	// a 2011 CA.
+	ReasonPolicySecureBootCA Reason = "SecureBootCAOutdated"
 	// ReasonPolicyMOK: a boot application verified (or possibly verified)
 	// by a machine-owner key tpm.machineOwnerKeys does not list.
 	ReasonPolicyMOK Reason = "MachineOwnerKeyNotAllowed"

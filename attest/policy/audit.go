@@ -29,13 +29,14 @@ const (
 	RuleGrubFiles        = RuleGrub + ".files"
 	RuleGrubCommands     = RuleGrub + ".commands"
 	RuleMinimumKernel    = "minimumKernel"
+	RuleMicrosoftCA2023  = "microsoftCA2023"
 )
 
 // AuditRules lists every name tpm.audit takes.
 var AuditRules = []string{RuleSecureBoot, RuleDeniedDigests, RuleDeniedSigners, RuleBootComponents,
 	RuleBootComponents + ".shim", RuleBootComponents + ".bootloader", RuleBootComponents + ".kernel",
 	RuleMinimumSBAT, RuleMachineOwnerKeys, RuleMinimumDBX, RulePCRs, RuleKernelCmdline,
-	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel}
+	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel, RuleMicrosoftCA2023}
 
 // Audit is a refusal an audited rule would have made of a machine the
 // pool admitted.
@@ -144,6 +145,14 @@ func (e *evaluation) rule(rule string, err error) error {
 		*list = append(*list, a)
 	}
 	return nil
+}
+
+// audit records err, rule's refusal, as an audit whatever the pool
+// audits (a rule not yet in force: tpm.microsoftCA2023.from).
+func (e *evaluation) audit(rule string, err error) {
+	if a := auditOf(rule, err); !slices.Contains(e.audits, a) {
+		e.audits = append(e.audits, a)
+	}
 }
 
 func auditOf(rule string, err error) Audit {

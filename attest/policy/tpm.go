@@ -81,6 +81,10 @@ type TPMPolicy struct {
 	// digests (kernelfloor.go): a rollback under a signer rule that
 	// admits every kernel its signer ever signed.
 	MinimumKernel *MinimumKernel `yaml:"minimumKernel"`
+	// MicrosoftCA2023, when set, requires the machine to have moved off
+	// Microsoft's 2011 Secure Boot CAs, which expired in 2026, as its
+	// PCR 7 shows (cacheck.go).
+	MicrosoftCA2023 *MicrosoftCA2023 `yaml:"microsoftCA2023"`
 }
 
 // BootComponents are the rules of each boot stage.
@@ -119,7 +123,7 @@ type MinimumDBX struct {
 func needsLog(t *TPMPolicy) bool {
 	c := t.BootComponents
 	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
-		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil || t.MinimumKernel != nil ||
+		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil || t.MinimumKernel != nil || t.MicrosoftCA2023 != nil ||
 		t.KernelCmdline == nil || !t.KernelCmdline.Any || t.Grub == nil || !t.Grub.Any
 }
 
@@ -147,7 +151,9 @@ func (t TPMPolicy) EKKind() string {
 // and commands GrubCommandNotAllowed; ReferenceSetExpired), the kernel's
 // version (KernelBelowMinimum), the shim's SBAT level
 // (SBATLevelOutdated), machine-owner keys (MachineOwnerKeyNotAllowed), the
-// dbx (DBXOutdated) and PCR reference values (PCRValueMismatch). Each
+// dbx (DBXOutdated), the move to Microsoft's 2023 Secure Boot CAs
+// (SecureBootCAOutdated; before its from date, reported as an audit
+// whatever the pool audits) and PCR reference values (PCRValueMismatch). Each
 // refusal names the setting (in, e.g. "pools.worker.tpm.").
 func evaluateTPM(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) error {
 	if c.PCRBank != "sha256" && !(c.PCRBank == "sha1" && t.AllowSHA1) {
@@ -205,6 +211,14 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 	}
 	if t.MinimumDBX != nil {
 		if err := e.rule(RuleMinimumDBX, minimumDBX(in, t.MinimumDBX, b)); err != nil {
+			return err
+		}
+	}
+	if m := t.MicrosoftCA2023; m != nil {
+		err := microsoftCA2023(in, m, b)
+		if err != nil && m.From != nil && e.now.Before(*m.From) {
+			e.audit(RuleMicrosoftCA2023, err) // not in force yet: reported
+		} else if err := e.rule(RuleMicrosoftCA2023, err); err != nil {
 			return err
 		}
 	}

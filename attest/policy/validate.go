@@ -154,6 +154,11 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 			return err
 		}
 	}
+	if m := t.MicrosoftCA2023; m != nil {
+		if err := m.check("tpm."); err != nil {
+			return err
+		}
+	}
 	if err := checkAfterKernel("tpm.", t.KernelCmdline, t.Grub); err != nil {
 		return err
 	}

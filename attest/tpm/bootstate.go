@@ -459,8 +459,10 @@ func (r *bootReader) variable(j int, e tcg.Event, v uefiVariable) error {
 		bs.PK, r.pk = digest, len(v.data) > 0
 	case "KEK":
 		bs.KEK, r.kek = digest, len(v.data) > 0
+		bs.KEKCerts, bs.KEKCertsKnown = certificateEntries(v.data)
 	case "db":
 		bs.DB, r.db = digest, len(v.data) > 0
+		bs.DBCerts, bs.DBCertsKnown = certificateEntries(v.data)
 	case "dbx":
 		n, hashes, err := signatureLists(v.data)
 		if err != nil {

@@ -1,7 +1,9 @@
 package tpm
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"unicode/utf16"
@@ -143,4 +145,20 @@ func signatureLists(b []byte) (entries int, sha256s []byte, err error) {
 		return 0, nil, err
 	}
 	return entries, sha256s, nil
+}
+
+// certificateEntries returns the SHA-256 fingerprints (hex, of the DER)
+// of the X.509 entries of b, a variable's signature lists (KEK, db), in
+// order; ok is false when b does not read as signature lists (uefivar.Walk's
+// checks; an empty variable holds none and reads). The certificates are not parsed: a fingerprint
+// names one exactly (the CAs' are data, attest/uefivar/microsoft).
+func certificateEntries(b []byte) (fps []string, ok bool) {
+	_, err := uefivar.Walk(b, func(e uefivar.Entry) error {
+		if e.Type == uefivar.CertX509 {
+			sum := sha256.Sum256(e.Data)
+			fps = append(fps, hex.EncodeToString(sum[:]))
+		}
+		return nil
+	})
+	return fps, err == nil
 }
