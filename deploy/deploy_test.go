@@ -41,7 +41,7 @@ import (
 )
 
 // The kustomizations `make test` renders and applies.
-var kustomizations = []string{"base", "overlays/kubernetes", "overlays/openshift"}
+var kustomizations = []string{"base", "overlays/kubernetes", "overlays/openshift", "overlays/openshift-install"}
 
 // Namespaces OpenShift has, which the OpenShift overlay puts objects in
 // (kube-system exists everywhere; the kubernetes overlay makes its own).
@@ -501,6 +501,10 @@ func expectedWarning(line string) bool {
 		// The OpenShift DaemonSet selects control-plane nodes by the label
 		// OpenShift sets, as the stock machine-config-server does.
 		return true
+	case strings.Contains(line, `matchExpressions[0].key: node-role.kubernetes.io/master is use "node-role.kubernetes.io/control-plane" instead`):
+		// The stock machine-config-server turned off: an affinity against
+		// the label its own nodeSelector names (overlays/openshift-install).
+		return true
 	}
 	return false
 }
@@ -837,9 +841,11 @@ func apply(t *testing.T, kubeconfig string, args ...string) int {
 // CRDs, the base) and then the example MachineConfigPools, MachineConfigs
 // and ControllerConfig, with strict field validation; the base again (it
 // applies on a cluster that has what the overlay added); then, with the
-// namespaces an OpenShift cluster has, the OpenShift overlay. Every object
-// rendered must be applied, without a warning about it (Pod Security
-// restricted in the nodeproof namespace included).
+// namespaces an OpenShift cluster has, the OpenShift overlay; then the
+// install-time files and the day-2 patch of deploy/overlays/openshift/README.md
+// (openshift_test.go). Every object rendered must be applied, without a
+// warning about it (Pod Security restricted in the nodeproof namespace
+// included).
 func TestApply(t *testing.T) {
 	cfg := kubetest.Start(t) // nothing installed: a plain cluster
 	kubeconfig := writeKubeconfig(t, cfg)
@@ -883,6 +889,10 @@ func TestApply(t *testing.T) {
 			t.Fatalf("%d objects applied, %d rendered", got, want)
 		}
 	})
+	// deploy/overlays/openshift/README.md: a new cluster's install files,
+	// then the day-2 patch.
+	t.Run("overlays/openshift-install as cluster-bootstrap creates it", func(t *testing.T) { testOpenShiftInstall(t, kubeconfig, cs) })
+	t.Run("stock-mcs-off.yaml on day 2", func(t *testing.T) { testStockMCSOff(t, kubeconfig, cs) })
 }
 
 // checkPolicyMounted: workload o passes --policy a file of the ConfigMap
