@@ -35,8 +35,8 @@ func commands() []command {
 			summary: "let a pool with requested names bind the name of a Node that existed before nodeproof (cluster: an operator's credentials, deploy/operator)"},
 		{name: "status", run: cmdStatus,
 			summary: "what the running server judges by and serves: the policy version in force and a refused reload, certificate names and expiry, the leader, the store's health and counts (a view)"},
-		{name: "inspect", args: "[NODE | pool NAME]", run: cmdInspect,
-			summary: "list nodes (owner, last attestation, state), one node's whole story, or what a pool serves before approval"},
+		{name: "inspect", args: "[NODE | pool NAME | secureboot-ca]", run: cmdInspect,
+			summary: "list nodes (owner, last attestation, state), one node's whole story, what a pool serves before approval, or the fleet's move to Microsoft's 2023 Secure Boot CAs"},
 		{name: "policy", summary: "check a policy, learn one from a machine you trust, or add published revocations to it", actions: []action{
 			{name: "check", args: "FILE", run: cmdPolicyCheck,
 				summary: "validate a policy; with --against-records, judge every node's last claims by it (exits 1 when any would fail)"},

@@ -17,7 +17,9 @@ import (
 // cmdInspect is `nodeproof inspect [NODE] [-o table|json|yaml]`: every
 // node (its owner, last attestation and state), or one node's story
 // (evidence, claims, records, and with the kubernetes store its Node's
-// condition and taints, CSRs and Events), and the bans and released names.
+// condition and taints, CSRs and Events), and the bans and released names;
+// `inspect secureboot-ca`, where each node stands in the move to
+// Microsoft's 2023 Secure Boot CAs, and how many stand where.
 // It only reads. A running server with the embedded store is read through
 // its admin socket.
 func cmdInspect(ctx context.Context, in *invocation) error {
@@ -33,14 +35,17 @@ func cmdInspect(ctx context.Context, in *invocation) error {
 		return err
 	}
 	var node, pool string
+	caView := false
 	switch {
 	case len(pos) == 0:
+	case len(pos) == 1 && pos[0] == "secureboot-ca":
+		caView = true
 	case len(pos) == 1 && pos[0] != "pool":
 		node = pos[0]
 	case len(pos) == 2 && pos[0] == "pool":
 		pool = pos[1]
 	default:
-		return in.usageError("want at most one NODE, or pool NAME; got %q", pos)
+		return in.usageError("want at most one NODE, pool NAME or secureboot-ca; got %q", pos)
 	}
 	if err := inspect.CheckFormat(*format); err != nil {
 		return err
@@ -72,6 +77,13 @@ func cmdInspect(ctx context.Context, in *invocation) error {
 	}
 	src := inspect.Sources{Store: st, Kube: kc, Clock: c.Clock,
 		Fresh: func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }}
+	if caView {
+		v, err := inspect.ListSecureBootCAs(ctx, src)
+		if err != nil {
+			return err
+		}
+		return inspect.WriteSecureBootCAs(stdout, *format, v)
+	}
 	if node == "" {
 		o, err := inspect.ListAll(ctx, src)
 		if err != nil {
