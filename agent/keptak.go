@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"github.com/nodeproof/nodeproof/attest/tpm"
-	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // DefaultAKState is where a re-attesting agent keeps its TPM's
@@ -58,16 +56,7 @@ func loadAKState(path string) (akState, string) {
 }
 
 // saveAKState writes the kept AK atomically (0600, its directory 0700).
-func saveAKState(path string, st akState) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return err
-	}
-	b, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	return fsutil.WriteFileAtomic(path, b, 0o600)
-}
+func saveAKState(path string, st akState) error { return saveState(path, st) }
 
 // keptAK opens coll's AK state at path: the options that load the kept
 // AK, and, once coll is open, the ticket to send and the Keep that writes

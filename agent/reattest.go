@@ -179,11 +179,15 @@ func LoadReattestState(path string) (ReattestState, error) {
 }
 
 // SaveReattestState writes the state atomically.
-func SaveReattestState(path string, st ReattestState) error {
+func SaveReattestState(path string, st ReattestState) error { return saveState(path, st) }
+
+// saveState writes v as JSON to path atomically, mode 0600, its directory
+// made 0700 when missing: the agent's state files between runs.
+func saveState(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	b, err := json.Marshal(st)
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}

@@ -639,19 +639,9 @@ func AddReferences(doc []byte, pool string, r References) ([]byte, []string, err
 			}
 		}
 	}
-	if len(r.MinimumSBAT) > 0 {
-		if t.MinimumSBAT == nil {
-			t.MinimumSBAT = map[string]int{}
-		}
-		for _, comp := range sortedKeys(r.MinimumSBAT) {
-			gen, cur := r.MinimumSBAT[comp], t.MinimumSBAT[comp]
-			switch {
-			case cur == 0:
-				t.MinimumSBAT[comp] = gen
-			case gen > cur:
-				t.MinimumSBAT[comp] = gen
-				note("tpm.minimumSBAT.%s: raised from %d to %d: machines whose shim enforces less are refused SBATLevelOutdated", comp, cur, gen)
-			}
+	for _, c := range raiseSBAT(t, r.MinimumSBAT) {
+		if c.from > 0 && c.to > c.from {
+			note("tpm.minimumSBAT.%s: raised from %d to %d: machines whose shim enforces less are refused SBATLevelOutdated", c.comp, c.from, c.to)
 		}
 	}
 	if len(r.KernelVersions) > 0 || r.MinimumKernel != "" {

@@ -90,23 +90,16 @@ func AddRevocations(doc []byte, pool string, r Revocations) ([]byte, []string, e
 			note("minimumDBX.contains: %d hash(es) added (%d in all): a node whose firmware dbx (PCR 7) lacks one is refused DBXOutdated until the update is applied to it", n, len(t.MinimumDBX.Contains))
 		}
 	}
-	if len(r.MinimumSBAT) > 0 {
-		if t.MinimumSBAT == nil {
-			t.MinimumSBAT = map[string]int{}
-		}
-		for _, comp := range sortedKeys(r.MinimumSBAT) {
-			gen, cur := r.MinimumSBAT[comp], t.MinimumSBAT[comp]
-			switch {
-			case gen > cur:
-				t.MinimumSBAT[comp] = gen
-				from := "unset"
-				if cur > 0 {
-					from = fmt.Sprint(cur)
-				}
-				note("minimumSBAT.%s: raised from %s to %d: a shim whose SbatLevel revokes less is refused SBATLevelOutdated", comp, from, gen)
-			case gen < cur:
-				note("minimumSBAT.%s: %d kept (not lowered to %d)", comp, cur, gen)
+	for _, c := range raiseSBAT(t, r.MinimumSBAT) {
+		switch {
+		case c.to > c.from:
+			from := "unset"
+			if c.from > 0 {
+				from = fmt.Sprint(c.from)
 			}
+			note("minimumSBAT.%s: raised from %s to %d: a shim whose SbatLevel revokes less is refused SBATLevelOutdated", c.comp, from, c.to)
+		case c.to < c.from:
+			note("minimumSBAT.%s: %d kept (not lowered to %d)", c.comp, c.from, c.to)
 		}
 	}
 	notes = append(notes, stillListed(t, at, r)...)
@@ -162,4 +155,32 @@ func addNew(l *[]string, vals []string) int {
 		}
 	}
 	return n
+}
+
+// sbatChange is what raiseSBAT did with one component: from its
+// generation before (0: unset) to the one asked for (kept when lower).
+type sbatChange struct {
+	comp     string
+	from, to int
+}
+
+// raiseSBAT raises t.MinimumSBAT to min's generations where they are
+// higher, never lowering one, and says what it did with each component of
+// min, in name order.
+func raiseSBAT(t *TPMPolicy, min map[string]int) []sbatChange {
+	if len(min) == 0 {
+		return nil
+	}
+	if t.MinimumSBAT == nil {
+		t.MinimumSBAT = map[string]int{}
+	}
+	var out []sbatChange
+	for _, comp := range sortedKeys(min) {
+		c := sbatChange{comp: comp, from: t.MinimumSBAT[comp], to: min[comp]}
+		if c.to > c.from {
+			t.MinimumSBAT[comp] = c.to
+		}
+		out = append(out, c)
+	}
+	return out
 }

@@ -36,7 +36,7 @@ func TestInspectCommand(t *testing.T) {
 		{"two nodes", []string{"inspect", "a", "b", "--state-dir", dir}, 2, "", "at most one NODE"},
 		{"pool from a bootstrap directory", []string{"inspect", "pool", "worker", "--server-basedir", "../../../deploy/examples/bootstrap"}, 0, "MACHINECONFIG", ""},
 		{"unknown pool", []string{"inspect", "pool", "nope", "--server-basedir", "../../../deploy/examples/bootstrap"}, 1, "", `no MachineConfigPool "nope"`},
-		{"pool and a node", []string{"inspect", "pool", "worker", "extra", "--server-basedir", dir}, 2, "", "at most one NODE, or pool NAME"},
+		{"pool and a node", []string{"inspect", "pool", "worker", "extra", "--server-basedir", dir}, 2, "", "at most one NODE, pool NAME or secureboot-ca"},
 		{"a state directory without a store (a mistyped --state-dir)", []string{"inspect", "--state-dir", empty}, 1, "", "no store in --state-dir " + empty},
 		{"bad policy", []string{"inspect", "--policy", dir + "/none.yaml", "--state-dir", dir}, 1, "", "none.yaml"},
 	}
