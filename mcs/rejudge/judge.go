@@ -86,7 +86,7 @@ func Judge(pol *policy.Policy, b *store.Binding, now time.Time) Verdict {
 	if len(st.Claims) == 0 {
 		return Verdict{Outcome: NotJudged, Why: "no claims recorded yet (enrolled, not re-attested since; the first re-attestation, at its first boot, records them)"}
 	}
-	if !st.LastAttempt.After(b.EnrolledAt) {
+	if st.LastAttempt.Before(b.EnrolledAt) {
 		return Verdict{Outcome: NotJudged, Why: "enrolled again at " + b.EnrolledAt.UTC().Format(time.RFC3339) + ", after the claims recorded; an enrolment's claims are not recorded (its next re-attestation records them)"}
 	}
 	cl := new(attest.Claims)
