@@ -50,6 +50,7 @@ func BenchmarkDecideRecorded(b *testing.B) {
 			b.Fatal(d.Change)
 		}
 	}
+	b.ReportMetric(float64(len(bd.Status.Claims)), "claims-bytes")
 }
 
 // BenchmarkPolicyDecideFresh is one policy Decide on claims already in
