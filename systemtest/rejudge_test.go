@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/nodeproof/nodeproof/approver"
 	"github.com/nodeproof/nodeproof/attest"
@@ -18,8 +21,11 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/cli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/mcs/cluster"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/mcs/rejudge"
 	"github.com/nodeproof/nodeproof/store"
+	"github.com/nodeproof/nodeproof/store/kubestore"
 )
 
 // TestRejudgeTaints: on a real API server with `nodeproof approve`
@@ -138,4 +144,101 @@ func TestRejudgeTaints(t *testing.T) {
 		t.Fatalf("the reverting pass: %+v; want one node cleared, one write", c)
 	}
 	waitFor("cleared by the reverted policy", "worker-a", attested)
+}
+
+// TestServeRejudgesOnPolicyChange: `nodeproof serve` in cluster mode (the
+// Kubernetes store on a real API server) re-judges the fleet when its
+// --policy file changes: a machine that enrolled and re-attested, whose
+// kernel the edit denies, is failed in its NodeBinding's status without
+// re-attesting (the rule's reason, the message saying the policy
+// changed), with a PolicyRejudged Event, and the log's summary line; its
+// next re-attestation with the same boot is refused by the new policy.
+func TestServeRejudgesOnPolicyChange(t *testing.T) {
+	e := newEnrolEnv(t)
+	ctx := context.Background()
+	c, err := client.New(e.cfg, client.Options{Scheme: cluster.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clustertest.LoadExamples(t, "../deploy/examples/bootstrap").Create(ctx, t, c)
+	a, ka := e.tpmMachine(t), newKubelet(t)
+	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if _, _, err := e.client(t, ka).AttestAndFetch(actx, a, "worker", "rj-0", ka.der); err != nil {
+		t.Fatalf("enrolment: %v\n%s", err, e.log)
+	}
+	if got := reattestOutcome(t, e, a, ka, "rj-0"); got != "200" {
+		t.Fatalf("re-attestation: %s\n%s", got, e.log)
+	}
+	st, err := kubestore.New(e.objects, "nodeproof", time.Now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := st.Binding(ctx, "rj-0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cl attest.Claims
+	if err := json.Unmarshal(b.Status.Claims, &cl); err != nil || cl.TPM == nil || len(cl.TPM.Boot.Kernels()) == 0 {
+		t.Fatalf("the recorded claims: %v, %+v", err, cl)
+	}
+
+	// The operator revokes the kernel the machine booted.
+	doc, err := os.ReadFile(e.policyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.ParseFile(doc, e.policyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := pol.Pools["worker"]
+	w.TPM.DeniedDigests = cl.TPM.Boot.Kernels()
+	pol.Pools["worker"] = w
+	out, err := policy.Marshal(pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(e.policyFile, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if b, err = st.Binding(ctx, "rj-0"); err != nil {
+			t.Fatal(err)
+		}
+		if !b.Status.Passed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the node still passes 30 s after the policy change\n%s", e.log)
+		}
+	}
+	if b.Status.Reason != string(attest.ReasonPolicyBootDenied) || b.Status.Rejudged.IsZero() ||
+		!strings.HasPrefix(b.Status.Message, "the policy in force changed (version ") {
+		t.Errorf("the re-judged status: %s %q, rejudged %v", b.Status.Reason, b.Status.Message, b.Status.Rejudged)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !regexp.MustCompile(`"msg":"policy re-judged the fleet".*"failed":1,`).MatchString(e.log.String()); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server's log has no summary line of the pass with the failed node:\n%s", e.log)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		evs, err := e.kc.CoreV1().Events("nodeproof").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, ev := range evs.Items {
+			found = found || (ev.Reason == string(attest.ReasonPolicyRejudged) && ev.InvolvedObject.Name == "rj-0" && ev.Type == corev1.EventTypeWarning)
+		}
+		if found {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no PolicyRejudged warning Event on rj-0's NodeBinding")
+		}
+	}
+	if got := reattestOutcome(t, e, a, ka, "rj-0"); got != "403 "+string(attest.ReasonPolicyBootDenied) {
+		t.Errorf("re-attesting with the revoked kernel: %s; want 403 %s", got, attest.ReasonPolicyBootDenied)
+	}
 }
