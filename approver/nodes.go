@@ -227,6 +227,11 @@ func (c *NodeController) sync(ctx context.Context, name string) (time.Duration, 
 			// its own Node object.
 			j = judgement{reason: string(why), effect: corev1.TaintEffectNoExecute,
 				message: fmt.Sprintf("revoked by an operator at %s (nodeproof inspect %s says why)", b.Revoked.At.UTC().Format(time.RFC3339), name)}
+		case why == attest.ReasonAttestationFailed && !b.Status.Rejudged.IsZero():
+			// A change of the policy refused its last passing attempt's
+			// claims (mcs/rejudge): the status's message says so.
+			j = judgement{reason: string(why), effect: effect,
+				message: fmt.Sprintf("re-judged at %s: %s %s", b.Status.Rejudged.UTC().Format(time.RFC3339), b.Status.Reason, b.Status.Message)}
 		case why == attest.ReasonAttestationFailed:
 			j = judgement{reason: string(why), effect: effect,
 				message: fmt.Sprintf("the re-attestation at %s was refused: %s %s", last.UTC().Format(time.RFC3339), b.Status.Reason, b.Status.Message)}

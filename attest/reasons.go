@@ -326,6 +326,13 @@ const (
 	// refused with an error that carries no reason of its own (the Event
 	// carries the refusal's reason when it has one).
 	ReasonPolicyRefused Reason = "PolicyRefused"
+	// ReasonPolicyRejudged is the Event reason of a node whose last
+	// verified claims a change of the policy in force judged again
+	// (mcs/rejudge): a warning when they now fail (the message names the
+	// policy's version and the refusing rule's reason, which the binding's
+	// status keeps as its reason), normal when a node failed that way
+	// passes again.
+	ReasonPolicyRejudged Reason = "PolicyRejudged"
 )
 
 // Event reasons of a node's failure report (POST /report/v1), and what

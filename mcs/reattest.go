@@ -112,7 +112,9 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 			st.ResetCount, st.RestartCount = int64(claims.TPM.ResetCount), int64(claims.TPM.RestartCount)
 		}
 		st.LastAttempt, st.Summary, st.Claims, st.SessionIssuedAt = now, summary, claimsJSON, sess.IssuedAt
-		st.Passed, st.Reason, st.Message, st.Audit = refusal == nil, "", "", ""
+		// An attempt replaces a re-judge's verdict (mcs/rejudge), whatever
+		// its outcome.
+		st.Passed, st.Reason, st.Message, st.Audit, st.Rejudged = refusal == nil, "", "", "", time.Time{}
 		if refusal == nil {
 			st.LastSuccess, st.Audit = now, policy.FormatAudits(audits, 4096)
 		} else {

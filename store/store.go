@@ -237,6 +237,13 @@ type AttestationStatus struct {
 	// claims as JSON (for `nodeproof policy check --against-records`).
 	Summary string `json:"summary,omitempty"`
 	Claims  []byte `json:"claims,omitempty"`
+	// Rejudged, when set, is when a change of the policy in force failed
+	// the node's last passing attempt's claims without an attempt of the
+	// node (mcs/rejudge): Passed is false, Reason and Message the refusing
+	// rule's, and the attempt's fields (LastAttempt, Claims, Summary) stay
+	// the attempt's. A later re-judge whose policy passes the claims again
+	// clears it (Passed true again); any attempt of the node clears it.
+	Rejudged time.Time `json:"rejudged,omitzero"`
 }
 
 // Attested says whether a binding's node is attested at now, given how

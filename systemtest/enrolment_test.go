@@ -59,6 +59,7 @@ type enrolEnv struct {
 	cluster    client.Client // the admin's, with the MCO types
 	storeFlags []string
 	cfg        *rest.Config
+	policyFile string // the server's --policy, reloaded every second
 }
 
 // newEnrolEnv starts the server with extra flags after its own.
@@ -66,7 +67,7 @@ func newEnrolEnv(t *testing.T, extra ...string) *enrolEnv {
 	t.Helper()
 	w := systemtest.New(t, "..", systemtest.Options{Cluster: true, NoExamples: true, TPM: true, Cloud: true,
 		Policy: func(w *systemtest.World) *policytest.Builder { return enrolPolicy(w.EKRoots) }})
-	e := &enrolEnv{man: w.Manufacturer, gce: w.GCE, region: w.Region, kc: w.KC, cfg: w.Config, cluster: w.Client}
+	e := &enrolEnv{man: w.Manufacturer, gce: w.GCE, region: w.Region, kc: w.KC, cfg: w.Config, cluster: w.Client, policyFile: w.PolicyFile}
 	var err error
 	if e.objects, err = kubestore.NewClient(w.Config); err != nil {
 		t.Fatal(err)

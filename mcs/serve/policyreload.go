@@ -150,6 +150,8 @@ type policyReloader struct {
 
 	mu     sync.Mutex   // guards status, which the admin socket reads
 	status PolicyStatus // what nodeproof status shows
+
+	fleet *fleetJudge // re-judges the fleet by the version in force
 }
 
 // PolicyStatus is the policy a server judges by, as `nodeproof status`
@@ -181,11 +183,11 @@ func (p *policyReloader) Status() PolicyStatus {
 // newPolicyReloader starts from the version the server was made with
 // (applied: what serverOptions built; "" with the default policy: nothing
 // to reload).
-func newPolicyReloader(c Config, srv *mcs.Server, applied string, reg prometheus.Registerer) (*policyReloader, error) {
+func newPolicyReloader(c Config, srv *mcs.Server, applied string, fleet *fleetJudge, reg prometheus.Registerer) (*policyReloader, error) {
 	if c.Policy == "" {
 		return nil, nil
 	}
-	p := &policyReloader{c: c, srv: srv, applied: applied, tried: applied,
+	p := &policyReloader{c: c, srv: srv, applied: applied, tried: applied, fleet: fleet,
 		status: PolicyStatus{File: c.Policy, Version: applied, Since: c.Clock()},
 		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "nodeproof_server_policy_info",
@@ -210,11 +212,20 @@ func newPolicyReloader(c Config, srv *mcs.Server, applied string, reg prometheus
 }
 
 // check reloads the policy if its version changed since it was last
-// tried.
+// tried, then has the fleet re-judged by the version in force when that is
+// due (fleetJudge).
 func (p *policyReloader) check(ctx context.Context) {
 	if p == nil {
 		return
 	}
+	applied := p.applied
+	p.reload(ctx)
+	p.fleet.look(ctx, p.srv.Policy(), p.applied, p.applied != applied)
+}
+
+// reload reloads the policy if its version changed since it was last
+// tried.
+func (p *policyReloader) reload(ctx context.Context) {
 	v, err := p.c.readPolicy()
 	if v == nil {
 		p.refuse("", err) // the file cannot be read at all

@@ -29,6 +29,7 @@ import (
 	"github.com/nodeproof/nodeproof/mcs/cluster"
 	"github.com/nodeproof/nodeproof/mcs/dirsource"
 	"github.com/nodeproof/nodeproof/mcs/limit"
+	"github.com/nodeproof/nodeproof/mcs/rejudge"
 	"github.com/nodeproof/nodeproof/mcs/seal"
 	"github.com/nodeproof/nodeproof/mcs/tokens"
 	"github.com/nodeproof/nodeproof/metrics"
@@ -159,7 +160,16 @@ func Run(ctx context.Context, c Config) error {
 	if keeper.Provisioning() != nil {
 		prov = nil // the keeper keeps it current
 	}
-	reloader, err := newPolicyReloader(c, srv, version, reg)
+	var leading func() bool // nil: this server alone writes (directory mode), or every replica (no keeper)
+	if keeper != nil {
+		leading = keeper.Leading
+	}
+	fleet, err := newFleetJudge(rejudge.Options{Store: st, Events: opts.Events, Clock: c.Clock, Log: c.Log}, leading, c.Settle(), reg)
+	if err != nil {
+		ports.close()
+		return err
+	}
+	reloader, err := newPolicyReloader(c, srv, version, fleet, reg)
 	if err != nil {
 		ports.close()
 		return err

@@ -365,6 +365,9 @@ func fromStatus(st *v1alpha1.NodeBindingStatus) store.AttestationStatus {
 	if st.Claims != nil && len(st.Claims.Raw) > 0 {
 		out.Claims = claimsJSON(st.Claims.Raw)
 	}
+	if st.Rejudged != nil {
+		out.Rejudged = st.Rejudged.UTC()
+	}
 	return out
 }
 
@@ -406,6 +409,10 @@ func toStatus(st store.AttestationStatus) v1alpha1.NodeBindingStatus {
 	if !st.SessionIssuedAt.IsZero() {
 		t := metav1.NewMicroTime(st.SessionIssuedAt.UTC())
 		out.SessionIssuedAt = &t
+	}
+	if !st.Rejudged.IsZero() {
+		t := metav1.NewMicroTime(st.Rejudged.UTC())
+		out.Rejudged = &t
 	}
 	return out
 }

@@ -771,7 +771,8 @@ var cases = []struct {
 		at := T0.Add(time.Hour)
 		got, err := e.s.UpdateStatus(e.ctx, "worker-1", a.Identity, func(b *store.Binding) error {
 			b.Status = store.AttestationStatus{LastAttempt: at, LastSuccess: at, Passed: true, Boots: b.Status.Boots + 1,
-				ResetCount: 7, RestartCount: 2, Summary: "tpm secureBoot=on", Claims: []byte(`{"kind":"tpm"}`), SessionIssuedAt: at.Add(-time.Second)}
+				ResetCount: 7, RestartCount: 2, Summary: "tpm secureBoot=on", Claims: []byte(`{"kind":"tpm"}`), SessionIssuedAt: at.Add(-time.Second),
+				Rejudged: at.Add(time.Minute)}
 			b.Pool = "changed" // not the status: ignored
 			return nil
 		})
@@ -783,7 +784,7 @@ var cases = []struct {
 			st := x.Status
 			if !st.LastAttempt.Equal(at) || !st.LastSuccess.Equal(at) || !st.Passed || st.Boots != 1 || st.ResetCount != 7 ||
 				st.RestartCount != 2 || st.Summary != "tpm secureBoot=on" || string(st.Claims) != `{"kind":"tpm"}` || x.Pool != "worker" ||
-				!st.SessionIssuedAt.Equal(at.Add(-time.Second)) {
+				!st.SessionIssuedAt.Equal(at.Add(-time.Second)) || !st.Rejudged.Equal(at.Add(time.Minute)) {
 				t.Fatalf("status after the update: %+v (pool %s)", st, x.Pool)
 			}
 		}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +18,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/mcs/rejudge"
 	"github.com/nodeproof/nodeproof/mcs/serve"
 	"github.com/nodeproof/nodeproof/safetext"
 	"github.com/nodeproof/nodeproof/store"
@@ -84,14 +84,22 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	sort.Slice(bs, func(i, j int) bool { return bs[i].NodeName < bs[j].NodeName })
 	w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NODE\tPOOL\tKIND\tUNDER THIS POLICY\tDIGEST RULES\tSIGNER RULES\tWHY")
-	failing, unjudged := 0, 0
+	failing, unjudged, tainted, cleared := 0, 0, 0, 0
+	now := c.Clock()
 	for _, b := range bs {
-		v := judge(pol, b, c.Clock())
-		switch {
-		case v.verdict == verdictNotJudged:
+		d := rejudge.Decide(pol, b, now)
+		v := verdictOf(pol, b, d.Verdict, now)
+		switch d.Verdict.Outcome {
+		case rejudge.NotJudged:
 			unjudged++
-		case strings.HasPrefix(v.verdict, "FAIL"):
+		case rejudge.Fail:
 			failing++
+		}
+		switch d.Change {
+		case rejudge.Failed:
+			tainted++
+		case rejudge.Cleared:
+			cleared++
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.NodeName, b.Pool, b.Kind, v.verdict, orDash(v.digests), orDash(v.signers), v.why)
 	}
@@ -101,6 +109,13 @@ func cmdPolicyCheck(ctx context.Context, in *invocation) error {
 	fmt.Fprintf(stdout, "%d of %d nodes would fail at their next re-attestation", failing, len(bs))
 	if unjudged > 0 {
 		fmt.Fprintf(stdout, "; %d could not be judged (see WHY: they pass or fail at their next re-attestation)", unjudged)
+	}
+	fmt.Fprintln(stdout)
+	// What serve's re-judge would write when this policy is applied
+	// (mcs/rejudge.Run: the same Decide).
+	fmt.Fprintf(stdout, "applied, it would taint %d nodes now (passing today, failing under it)", tainted)
+	if cleared > 0 {
+		fmt.Fprintf(stdout, " and clear %d (failed by an earlier policy change, passing under it)", cleared)
 	}
 	fmt.Fprintln(stdout)
 	if failing > 0 {
@@ -203,56 +218,35 @@ func outcome(o policy.ChainOutcome) string {
 	return "FAIL " + string(r)
 }
 
-// judge decides what pol makes of b's last recorded claims at now (the
-// reference sets' dates): pass (with what rules in audit mode would have
-// refused), FAIL with the reason, or not judged when nothing recorded can
-// decide it; and what its digest and signer rules each make of them.
-func judge(pol *policy.Policy, b *store.Binding, now time.Time) verdict {
-	if len(b.Status.Claims) == 0 {
-		return verdict{verdict: verdictNotJudged, why: "no claims recorded yet (enrolled, not re-attested since; the first re-attestation, at its first boot, records them)"}
-	}
-	var cl attest.Claims
-	if err := json.Unmarshal(b.Status.Claims, &cl); err != nil {
-		return verdict{verdict: verdictNotJudged, why: "its recorded claims do not decode"}
-	}
-	if cl.TPM != nil && cl.TPM.EKKind == "" && cl.Kind == attest.KindTPM {
-		return verdict{verdict: verdictNotJudged, why: "its claims were recorded before nodeproof recorded the EK's kind (tpm.ek): judged at its next re-attestation"}
-	}
-	opts := policy.Options{Now: now, Reattestation: true}
-	dg, sg := pol.ChainOutcomes(b.Pool, &cl, opts)
-	v := verdict{digests: outcome(dg), signers: outcome(sg)}
-	dec, err := pol.Decide(b.Pool, &cl, opts)
-	if err == nil {
-		v.verdict, v.why = verdictPass, "last claims from "+b.Status.LastAttempt.UTC().Format(time.RFC3339)
-		if len(dec.Audits) > 0 {
-			v.verdict = verdictPass + " (audit)"
-			v.why += "; in audit mode: " + strings.ReplaceAll(policy.FormatAudits(dec.Audits, 1024), "\n", "; ")
+// verdictOf is v (rejudge.Judge's verdict on b's last verified claims at
+// now) as a line: pass (with what rules in audit mode would have
+// refused), FAIL with the reason, or not judged and why; and what pol's
+// digest and signer rules each make of the claims.
+func verdictOf(pol *policy.Policy, b *store.Binding, v rejudge.Verdict, now time.Time) verdict {
+	switch v.Outcome {
+	case rejudge.NotJudged:
+		out := verdict{verdict: verdictNotJudged, why: v.Why}
+		if v.Claims != nil {
+			out.digests, out.signers = chainOutcomes(pol, b, v, now)
 		}
-		return v
+		return out
+	case rejudge.Fail:
+		out := verdict{verdict: "FAIL " + string(v.Reason()), why: v.Err.Error()}
+		out.digests, out.signers = chainOutcomes(pol, b, v, now)
+		return out
 	}
-	r, _ := attest.ReasonOf(err)
-	if r == attest.ReasonPolicyDBX && withoutDBXContents(pol, b.Pool).EvaluateReattestation(b.Pool, &cl) == nil {
-		// Only minimumDBX.contains failed: a status records the dbx's
-		// entry count, not its entries.
-		v.verdict, v.why = verdictNotJudged, "the dbx's entries are not recorded (only their count): "+err.Error()
-		return v
+	out := verdict{verdict: verdictPass, why: "last claims from " + b.Status.LastAttempt.UTC().Format(time.RFC3339)}
+	out.digests, out.signers = chainOutcomes(pol, b, v, now)
+	if len(v.Audits) > 0 {
+		out.verdict = verdictPass + " (audit)"
+		out.why += "; in audit mode: " + strings.ReplaceAll(policy.FormatAudits(v.Audits, 1024), "\n", "; ")
 	}
-	v.verdict, v.why = "FAIL "+string(r), err.Error()
-	return v
+	return out
 }
 
-// withoutDBXContents is pol with pool's minimumDBX.contains dropped.
-func withoutDBXContents(pol *policy.Policy, pool string) *policy.Policy {
-	cp := *pol
-	cp.Pools = maps.Clone(pol.Pools)
-	pp := cp.Pools[pool]
-	if m := pp.TPM.MinimumDBX; m != nil {
-		mm := *m
-		mm.Contains = nil
-		pp.TPM.MinimumDBX = &mm
-	}
-	cp.Pools[pool] = pp
-	return &cp
+func chainOutcomes(pol *policy.Policy, b *store.Binding, v rejudge.Verdict, now time.Time) (string, string) {
+	dg, sg := pol.ChainOutcomes(b.Pool, v.Claims, policy.Options{Now: now, Reattestation: true})
+	return outcome(dg), outcome(sg)
 }
 
 // cmdPolicyLearn is `nodeproof policy learn`: a pool policy from a machine

@@ -76,6 +76,9 @@ func TestPolicyCheckAgainstRecords(t *testing.T) {
 		"worker-new   worker  tpm   " + verdictNotJudged,
 		"worker-pass  worker  tpm   " + verdictPass,
 		"1 of 3 nodes would fail at their next re-attestation; 1 could not be judged",
+		// worker-fail passes today (its last attempt did): applying the
+		// policy re-judges it (mcs/rejudge), and taints it.
+		"applied, it would taint 1 nodes now",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)

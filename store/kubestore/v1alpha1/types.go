@@ -287,6 +287,11 @@ type NodeBindingStatus struct {
 	// +kubebuilder:validation:Type=object
 	// +kubebuilder:validation:MaxProperties=32
 	Claims *apiextensionsv1.JSON `json:"claims,omitempty"`
+	// Rejudged is when a change of the policy in force failed the last
+	// passing attempt's claims (Passed false, the refusing rule's Reason
+	// and Message) without an attempt of the node.
+	// +optional
+	Rejudged *metav1.MicroTime `json:"rejudged,omitempty"`
 }
 
 // NodeBindingSpec is a store.Binding.
