@@ -41,6 +41,10 @@ type Options struct {
 	Log *slog.Logger
 	// Workers bounds the writes in flight (0: 4).
 	Workers int
+	// Seen, when set, is shown the pass's list of bindings (read only)
+	// before the judging: what else is counted of the whole fleet in the
+	// same list (the Secure Boot CA standings' gauge).
+	Seen func([]*store.Binding)
 }
 
 // Counts are what a pass did.
@@ -99,6 +103,9 @@ func Run(ctx context.Context, o Options) (Counts, error) {
 		return c, fmt.Errorf("rejudge: list bindings: %w", err)
 	}
 	c.Nodes = len(bs)
+	if o.Seen != nil {
+		o.Seen(bs)
+	}
 	var todo []*store.Binding
 	for _, b := range bs {
 		d := Decide(o.Policy, b, now)

@@ -8,7 +8,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nodeproof/nodeproof/attest/policy"
+	"github.com/nodeproof/nodeproof/attest/uefivar/microsoft"
 	"github.com/nodeproof/nodeproof/mcs/rejudge"
+	"github.com/nodeproof/nodeproof/store"
 )
 
 // fleetJudge re-judges every enrolled node's last verified claims when
@@ -22,7 +24,12 @@ import (
 //     while another led, is judged);
 //   - each version applied, at once, and once more settle later, when
 //     every replica judges by it (a re-attestation that another replica
-//     passed by the old policy meanwhile is judged again).
+//     passed by the old policy meanwhile is judged again);
+//   - the version in force again every hour (rejudgeEvery): a rule whose
+//     date has come (tpm.microsoftCA2023.from, a reference set's
+//     notAfter) judges the nodes that have not re-attested since, and the
+//     fleet's gauges (nodeproof_secureboot_ca_nodes) stay current. A pass
+//     that changes nothing writes nothing.
 //
 // A pass runs beside the maintenance (never two at once); a pass that
 // fails (the list) is tried again at the next look.
@@ -32,12 +39,18 @@ type fleetJudge struct {
 	settle  time.Duration
 	nodes   *prometheus.CounterVec
 	passes  prometheus.Counter
+	cas     *prometheus.GaugeVec
 
 	mu      sync.Mutex // guards what follows
 	running bool
 	judged  string    // the version last judged while leading
 	again   time.Time // when to judge judged once more (zero: no)
+	last    time.Time // when the last pass started
 }
+
+// rejudgeEvery is how often the leader judges the fleet by the policy in
+// force when nothing else made it: one list of the bindings an hour.
+const rejudgeEvery = time.Hour
 
 // Results of nodeproof_server_policy_rejudged_nodes_total.
 var rejudgeResults = []string{"judged", "failed", "refailed", "cleared", "audited", "not_judged", "errors"}
@@ -52,14 +65,33 @@ func newFleetJudge(o rejudge.Options, leading func() bool, settle time.Duration,
 			Name: "nodeproof_server_policy_rejudges_total",
 			Help: "Re-judges of the fleet this replica ran (one list of the bindings each).",
 		}),
+		cas: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "nodeproof_secureboot_ca_nodes",
+			Help: "Enrolled nodes by where they stand in the move from Microsoft's 2011 Secure Boot CAs to the 2023 ones, from their last recorded claims (docs/tpm.md, The 2023 Secure Boot CAs): db and kek the generations the variable holds (2011, 2023, 2011+2023, none, unknown), chain the CA's that verified the shim (2011, 2023, 2011+2023, other, unknown). Counted at each re-judge of the fleet, by the replica that runs it.",
+		}, []string{"db", "kek", "chain"}),
 	}
+	f.o.Seen = f.count
 	for _, r := range rejudgeResults {
 		f.nodes.WithLabelValues(r)
 	}
-	if err := reg.Register(f.nodes); err != nil {
-		return nil, err
+	for _, c := range []prometheus.Collector{f.nodes, f.passes, f.cas} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
 	}
-	return f, reg.Register(f.passes)
+	return f, nil
+}
+
+// count sets the Secure Boot CA gauge from a pass's list.
+func (f *fleetJudge) count(bs []*store.Binding) {
+	n := map[microsoft.Transition]int{}
+	for _, b := range bs {
+		n[microsoft.TransitionOfRecorded(b.Status.Claims)]++
+	}
+	f.cas.Reset()
+	for t, c := range n {
+		f.cas.WithLabelValues(t.DB, t.KEK, t.Chain).Set(float64(c))
+	}
 }
 
 // look starts a pass of pol (version) when one is due; applied says the
@@ -81,11 +113,11 @@ func (f *fleetJudge) look(ctx context.Context, pol *policy.Policy, version strin
 		f.again = now.Add(f.settle) // edited back to a version judged: judge it again, settled
 	}
 	first := version != f.judged
-	due := first || (!f.again.IsZero() && !now.Before(f.again))
+	due := first || (!f.again.IsZero() && !now.Before(f.again)) || now.Sub(f.last) >= rejudgeEvery
 	if f.running || !due {
 		return
 	}
-	f.running = true
+	f.running, f.last = true, now
 	go f.pass(ctx, pol, version, first)
 }
 

@@ -114,10 +114,11 @@ func TestFleetJudge(t *testing.T) {
 		{name: "leading: the version in force judged", lead: true, pol: before, version: "v1", lists: 1, passed: true},
 		{name: "the next look, before the settle: nothing", lead: true, pol: before, version: "v1", lists: 1, passed: true},
 		{name: "a settle later: judged once more", lead: true, pol: before, version: "v1", advance: time.Minute, lists: 2, passed: true},
-		{name: "then no more", lead: true, pol: before, version: "v1", advance: time.Hour, lists: 2, passed: true},
-		{name: "a version applied: judged at once, the node fails", lead: true, pol: deny, version: "v2", applied: true, lists: 3, passed: false},
-		{name: "the Lease lost: nothing", lead: false, pol: before, version: "v3", applied: true, advance: time.Hour, lists: 3, passed: false},
-		{name: "the Lease won again: the version in force judged, the node cleared", lead: true, pol: before, version: "v3", lists: 4, passed: true},
+		{name: "then no more within the hour", lead: true, pol: before, version: "v1", advance: 30 * time.Minute, lists: 2, passed: true},
+		{name: "an hour after the last pass: judged again", lead: true, pol: before, version: "v1", advance: 30 * time.Minute, lists: 3, passed: true},
+		{name: "a version applied: judged at once, the node fails", lead: true, pol: deny, version: "v2", applied: true, lists: 4, passed: false},
+		{name: "the Lease lost: nothing", lead: false, pol: before, version: "v3", applied: true, advance: time.Hour, lists: 4, passed: false},
+		{name: "the Lease won again: the version in force judged, the node cleared", lead: true, pol: before, version: "v3", lists: 5, passed: true},
 	}
 	for _, s := range steps {
 		leading.Store(s.lead)
@@ -134,7 +135,12 @@ func TestFleetJudge(t *testing.T) {
 	if got := testutil.ToFloat64(f.nodes.WithLabelValues("cleared")); got != 1 {
 		t.Errorf("cleared nodes counted %v; want 1", got)
 	}
-	if n := strings.Count(log.String(), "policy re-judged the fleet"); n != 4 {
-		t.Errorf("%d summary lines; want one per pass (4):\n%s", n, &log)
+	if n := strings.Count(log.String(), "policy re-judged the fleet"); n != 5 {
+		t.Errorf("%d summary lines; want one per pass (5):\n%s", n, &log)
+	}
+	// The fleet's Secure Boot CA standings, counted in each pass's list:
+	// one node, from its recorded claims.
+	if n := testutil.CollectAndCount(f.cas); n != 1 {
+		t.Errorf("%d Secure Boot CA standings; want the one node's", n)
 	}
 }

@@ -1,6 +1,8 @@
 package microsoft
 
 import (
+	"encoding/json"
+
 	"github.com/nodeproof/nodeproof/attest"
 )
 
@@ -132,4 +134,15 @@ func Holds(fps []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// TransitionOfRecorded is TransitionOf of recorded claims (JSON, as a
+// node's binding status keeps them): unknown throughout when there are
+// none, they do not decode or they are not a TPM's.
+func TransitionOfRecorded(claims []byte) Transition {
+	var c attest.Claims
+	if len(claims) == 0 || json.Unmarshal(claims, &c) != nil || c.TPM == nil {
+		return Transition{DB: Unknown, KEK: Unknown, Chain: Unknown}
+	}
+	return TransitionOf(&c.TPM.Boot)
 }

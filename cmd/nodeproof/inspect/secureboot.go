@@ -2,13 +2,11 @@ package inspect
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"text/tabwriter"
 
-	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/uefivar/microsoft"
 	"github.com/nodeproof/nodeproof/store"
 )
@@ -40,18 +38,9 @@ type SecureBootCACount struct {
 	Nodes int `json:"nodes"`
 }
 
-// CAStanding is one binding's standing: from its recorded claims, when
-// they are a TPM's and decode; unknown otherwise.
+// CAStanding is one binding's standing, from its recorded claims.
 func CAStanding(b *store.Binding) microsoft.Transition {
-	unknown := microsoft.Transition{DB: microsoft.Unknown, KEK: microsoft.Unknown, Chain: microsoft.Unknown}
-	if len(b.Status.Claims) == 0 {
-		return unknown
-	}
-	var c attest.Claims
-	if err := json.Unmarshal(b.Status.Claims, &c); err != nil || c.TPM == nil {
-		return unknown
-	}
-	return microsoft.TransitionOf(&c.TPM.Boot)
+	return microsoft.TransitionOfRecorded(b.Status.Claims)
 }
 
 // CountCAStandings counts bs's nodes by standing, most first (then by
