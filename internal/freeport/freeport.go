@@ -25,8 +25,12 @@ func Listen(host string) (net.Listener, error) {
 	lo, hi := bounds()
 	var err error
 	for range 1000 {
+		p := lo + rand.IntN(hi-lo)
+		if reserved(p) {
+			continue
+		}
 		var ln net.Listener
-		if ln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(lo+rand.IntN(hi-lo)))); err == nil {
+		if ln, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p))); err == nil {
 			return ln, nil
 		}
 	}
@@ -46,6 +50,9 @@ func Pairs(n int) ([]int, error) {
 	}()
 	for attempt := 0; len(out) < n && attempt < 1000*n; attempt++ {
 		p := lo + rand.IntN(hi-lo-1)
+		if reserved(p) || reserved(p+1) {
+			continue
+		}
 		a, err := net.Listen("tcp", ":"+strconv.Itoa(p))
 		if err != nil {
 			continue
@@ -74,6 +81,12 @@ func One() (int, error) {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
+
+// reserved reports the Machine Config Server's own ports (22623 TLS,
+// 22624 plain, 22625 metrics on OpenShift), which nodeproof's commands
+// treat as what they are (a pointer config refuses https on 22624): a
+// test's random port must not be one.
+func reserved(p int) bool { return p >= 22623 && p <= 22625 }
 
 // bounds is [20000, the first ephemeral port), or [1024, it) when that
 // leaves fewer than 1000 ports.
