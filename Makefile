@@ -34,7 +34,7 @@ test: deps tools vet ## everything: vet, gofmt, unit and integration tests on re
 	@$(MAKE) --no-print-directory test-boot-only
 
 .PHONY: test-boot test-boot-only demo-boot bench-boot
-test-boot: deps tools test-boot-only ## a real machine boots (QEMU, OVMF Secure Boot, swtpm, Debian's signed shim, GRUB and kernel; the agent in the initramfs): enrol, reboot, own Secure Boot keys (a test db key, a real dbx, a MOK), kernel B under signer, digest and audit rules, the whole boot (a tampered initramfs, command line and grub.cfg refused, a kernel update learned from its files admitted, a rollback refused), Secure Boot off, no event log (eleven boots, ~6-9 min; consoles kept in $$NODEPROOF_ARTIFACTS on failure)
+test-boot: deps tools test-boot-only ## a real machine boots (QEMU, OVMF Secure Boot, swtpm, Debian's signed shim, GRUB and kernel; the agent in the initramfs): enrol, reboot, a published dbx revocation (the running node tainted, an updated dbx and chain clear it), own Secure Boot keys (a test db key, a real dbx, a MOK), kernel B under signer, digest and audit rules, the whole boot (a tampered initramfs, command line and grub.cfg refused, a kernel update learned from its files admitted, a rollback refused), Secure Boot off, no event log (twelve boots, ~7-10 min; consoles kept in $$NODEPROOF_ARTIFACTS on failure)
 
 test-boot-only:
 	@$(GO) test -count=1 -timeout 15m -v ./internal/liveboot

@@ -71,7 +71,7 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
 }
 
-// TestLiveBoot boots a real machine eleven times (make test-boot; about
+// TestLiveBoot boots a real machine twelve times (make test-boot; about
 // 20-45 s a boot here, one VM at a time; the first run also enrols the
 // test Secure Boot keys, a ~10 s firmware boot, cached after): OVMF with Secure Boot and
 // Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
@@ -87,7 +87,14 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //  2. Reboot (a new swtpm process on the same state): fresh PCRs, the same
 //     EK, a higher reset count; the agent re-attests at boot, the binding
 //     counts the boot, the node stays attested.
-//  3. Own Secure Boot keys (SignerLab: the test PK and KEK; db
+//  3. A revocation as published (revocation): a dbx update revoking
+//     Debian's Secure Boot CA goes into the policy (`policy revoke
+//     --require-dbx`), the dry run says the node would be tainted, and
+//     applied, the running node is tainted without a reboot (the fleet
+//     re-judged); the machine's firmware dbx and its chain (GRUB and the
+//     kernel signed by the replacement key) updated, it boots, re-attests
+//     and is cleared.
+//  4. Own Secure Boot keys (SignerLab: the test PK and KEK; db
 //     Microsoft's and the test db CA; a real 186-entry dbx; the test MOK
 //     CA in MokList; enrolled once by OVMF's shell and cached), the kernel
 //     re-signed by the test db signer (the same code: the digest policy
@@ -96,25 +103,25 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     possible signers (Debian's CA and the test db CA: the shim used
 //     both), the store's PK, KEK, db and dbx, and a MokList that holds
 //     the MOK beside Debian's CA.
-//  4. Kernel B (Debian's previous kernel: another image, the same
+//  5. Kernel B (Debian's previous kernel: another image, the same
 //     signing key), with the same store: the server's policy pins kernel
 //     A's digest with the kernel's rule in audit mode, so it is admitted,
 //     and the binding's status and a PolicyAuditRefusal Event say which
 //     rule would have refused it. The logs already captured are then
 //     judged offline (no boot): a policy learned from boot 1's log
 //     (kernel A; signer rules by default) admits kernel B's boot and
-//     refuses boot 3's (kernel C, signed by another key); the digest
+//     refuses boot 4's (kernel C, signed by another key); the digest
 //     policy without audit refuses kernel B.
-//  5. The whole boot (wholeBoot): the policy `nodeproof policy learn`
-//     writes from boot 4's log refuses a tampered initramfs, a changed
+//  6. The whole boot (wholeBoot): the policy `nodeproof policy learn`
+//     writes from boot 5's log refuses a tampered initramfs, a changed
 //     command line and a changed grub.cfg, each naming what differs; a
 //     kernel update learned from its files alone is admitted, its
 //     prediction what the machine measured; the floor raised, kernel B is
 //     refused as a rollback (five boots).
-//  6. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//  7. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
 //     Event; the node failed and tainted.
-//  7. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//  8. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
 //
@@ -176,8 +183,8 @@ func TestLiveBoot(t *testing.T) {
 	bootWith := func(t *testing.T, name, disk string, secureBoot bool, vars string) *liveboot.Result {
 		t.Helper()
 		n++
-		if n > 11 {
-			t.Fatal("more than eleven boots")
+		if n > 12 {
+			t.Fatal("more than twelve boots")
 		}
 		say("boot %d (%s): Secure Boot %s", n, name, map[bool]string{true: "on", false: "off"}[secureBoot])
 		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Vars: vars, Forward: []int{w.serverPort, w.apiPort},
@@ -272,9 +279,16 @@ func TestLiveBoot(t *testing.T) {
 		return
 	}
 
+	ok = t.Run("a revocation as published: the running node tainted without a reboot; its firmware's dbx and a chain signed by the replacement key clear it", func(t *testing.T) {
+		revocation(t, ctx, w, g, work, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+2)
+	})
+	if !ok {
+		return
+	}
+
 	var testDB *liveboot.Result
 	ok = t.Run("own Secure Boot keys, a real dbx, a MOK, the kernel re-signed by a test db key: re-attested; the claims name each signer", func(t *testing.T) {
-		testDB = ownKeys(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+2)
+		testDB = ownKeys(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3)
 	})
 	if !ok {
 		return
@@ -282,14 +296,14 @@ func TestLiveBoot(t *testing.T) {
 
 	var kernelB *liveboot.Result
 	ok = t.Run("kernel B signed by the same key: admitted by the kernel rule in audit mode, said in the binding and an Event; signer rules learned from kernel A admit B and refuse kernel C, digest rules refuse B", func(t *testing.T) {
-		kernelB = signerRules(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, first, testDB)
+		kernelB = signerRules(t, ctx, w, g, work, dg, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+4, first, testDB)
 	})
 	if !ok {
 		return
 	}
 
 	ok = t.Run("the whole boot, judged by the policy policy learn writes: a tampered initramfs, command line or grub.cfg refused; a kernel update learned from its files admitted; a rollback refused", func(t *testing.T) {
-		wholeBoot(t, ctx, w, g, work, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+3, kernelB)
+		wholeBoot(t, ctx, w, g, work, say, func(name, disk, vars string) *liveboot.Result { return bootWith(t, name, disk, true, vars) }, boots1+4, kernelB)
 	})
 	if !ok {
 		return
