@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/uefivar/microsoft"
 )
 
 // The boot rules a pool may audit (tpm.audit; Pool.Audit audits them
@@ -107,6 +108,7 @@ type Options struct {
 // recorded (refusals) unless the rule audits.
 type evaluation struct {
 	now      time.Time
+	cas      microsoft.Set // the Secure Boot CAs (Policy.SecureBootCAs)
 	all      bool
 	rules    []string
 	audits   []Audit

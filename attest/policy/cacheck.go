@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -33,22 +34,23 @@ type MicrosoftCA2023 struct {
 	From *time.Time `yaml:"from"`
 }
 
-// microsoftCA2023 checks m against b: KEK and db measured and read
+// microsoftCA2023 checks m against b, by cas (Microsoft's CAs and the
+// policy's trust.secureBootCAs): KEK and db measured and read
 // (SecureBootCAOutdated naming what the log lacks), db holding Microsoft
-// UEFI CA 2023 (m.DB), KEK holding Microsoft Corporation KEK 2K CA 2023
-// (m.KEK), no 2011 CA among the firmware's verifications of the boot chain
+// UEFI CA 2023 or an extra 2023 db CA (m.DB), KEK holding Microsoft
+// Corporation KEK 2K CA 2023 or an extra 2023 KEK CA (m.KEK), no 2011 CA among the firmware's verifications of the boot chain
 // (m.Chain; a chain the log shows no firmware verification of is refused:
 // unknown is not 2023).
-func microsoftCA2023(in string, m *MicrosoftCA2023, b *attest.BootState) error {
+func microsoftCA2023(in string, m *MicrosoftCA2023, cas microsoft.Set, b *attest.BootState) error {
 	deny := func(field, format string, args ...any) error {
 		return attest.DenySetting(attest.ReasonPolicySecureBootCA, in+"microsoftCA2023."+field, format, args...)
 	}
-	t := microsoft.TransitionOf(b)
+	t := cas.TransitionOf(b)
 	if m.DB {
 		if !b.DBCertsKnown {
 			return deny("db", "the log does not establish db's certificates, which %smicrosoftCA2023.db needs", in)
 		}
-		if !microsoft.Holds(b.DBCerts, microsoft.UEFICA2023) {
+		if !cas.HoldsShimCA2023(b.DBCerts) {
 			return deny("db", "db (Microsoft CAs: %s) lacks %s, which signs shims from now on", t.DB, microsoft.UEFICA2023)
 		}
 	}
@@ -56,7 +58,7 @@ func microsoftCA2023(in string, m *MicrosoftCA2023, b *attest.BootState) error {
 		if !b.KEKCertsKnown {
 			return deny("kek", "the log does not establish KEK's certificates, which %smicrosoftCA2023.kek needs", in)
 		}
-		if !microsoft.Holds(b.KEKCerts, microsoft.KEKCA2023) {
+		if !cas.HoldsKEKCA2023(b.KEKCerts) {
 			return deny("kek", "KEK (Microsoft CAs: %s) lacks %s, which signs db and dbx updates from now on", t.KEK, microsoft.KEKCA2023)
 		}
 	}
@@ -76,6 +78,43 @@ func microsoftCA2023(in string, m *MicrosoftCA2023, b *attest.BootState) error {
 func (m *MicrosoftCA2023) check(in string) error {
 	if !m.DB && !m.KEK && !m.Chain {
 		return fmt.Errorf("%smicrosoftCA2023 requires nothing: set db, kek or chain (or remove it)", in)
+	}
+	return nil
+}
+
+// SecureBootCAs is the set a node's move to the 2023 CAs is judged by:
+// Microsoft's, and the policy's trust.secureBootCAs.
+func (p *Policy) SecureBootCAs() microsoft.Set {
+	var s microsoft.Set
+	if p == nil {
+		return s
+	}
+	for _, c := range p.Trust.SecureBootCAs {
+		v := microsoft.DB
+		if strings.EqualFold(c.Variable, microsoft.KEK) {
+			v = microsoft.KEK
+		}
+		s.Extra = append(s.Extra, microsoft.Extra{Name: c.Name, Variable: v, Year: c.Year, SHA256: strings.ToLower(c.SHA256)})
+	}
+	return s
+}
+
+// checkSecureBootCAs checks trust.secureBootCAs: each named, in db or
+// KEK, of 2011 or 2023, with a SHA-256 fingerprint.
+func checkSecureBootCAs(cas []SecureBootCA) error {
+	for i, c := range cas {
+		at := fmt.Sprintf("trust.secureBootCAs[%d]", i)
+		switch {
+		case c.Name == "":
+			return fmt.Errorf("%s: a name is required", at)
+		case c.Variable != "db" && c.Variable != "KEK":
+			return fmt.Errorf("%s (%s): variable %q: want db or KEK", at, c.Name, c.Variable)
+		case c.Year != 2011 && c.Year != 2023:
+			return fmt.Errorf("%s (%s): year %d: want 2011 or 2023", at, c.Name, c.Year)
+		}
+		if err := checkHex(c.SHA256); err != nil {
+			return fmt.Errorf("%s (%s): sha256: %w", at, c.Name, err)
+		}
 	}
 	return nil
 }

@@ -75,3 +75,31 @@ func TestMicrosoftCA2023RequiresSomething(t *testing.T) {
 		t.Fatalf("a microsoftCA2023 of no requirement loaded: %v", err)
 	}
 }
+
+// TestSecureBootCAsTrust: trust.secureBootCAs loads only well formed.
+func TestSecureBootCAsTrust(t *testing.T) {
+	fp := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		name, entry, want string
+	}{
+		{"well formed", "{name: lab, variable: db, year: 2023, sha256: " + fp + "}", ""},
+		{"no name", "{variable: db, year: 2023, sha256: " + fp + "}", "a name is required"},
+		{"another variable", "{name: lab, variable: dbx, year: 2023, sha256: " + fp + "}", "want db or KEK"},
+		{"another year", "{name: lab, variable: KEK, year: 2024, sha256: " + fp + "}", "want 2011 or 2023"},
+		{"no fingerprint", "{name: lab, variable: db, year: 2023}", "sha256"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := "apiVersion: nodeproof.io/v1alpha1\nkind: AttestationPolicy\ntrust:\n  ekRoots: [{name: vendor, dir: /x}]\n  secureBootCAs: [" + tc.entry + "]\npools:\n  w:\n    evidence: [tpm]\n    tpm:\n      ekTrust: [ca:vendor]\n" +
+				indent(anyChain+"kernelCmdline: {any: true}\ngrub: {any: true}\n", "      ")
+			p, err := policy.Parse([]byte(doc))
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("loaded or refused otherwise (%v); want %q", err, tc.want)
+			case tc.want == "" && len(p.SecureBootCAs().Extra) != 1:
+				t.Fatal("the CA is not in the policy's set")
+			}
+		})
+	}
+}

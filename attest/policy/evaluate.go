@@ -42,7 +42,7 @@ func (p *Policy) Decide(pool string, c *attest.Claims, o Options) (*Decision, er
 	if !slices.Contains(pp.Evidence, c.Kind) {
 		return nil, attest.DenySetting(attest.ReasonPolicyKindNotAllowed, at+"evidence", "pool %q does not accept %s evidence: %sevidence lists %v", pool, c.Kind, at, pp.Evidence)
 	}
-	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit, explain: o.Explain}
+	e := &evaluation{now: o.Now, all: pp.Audit, rules: pp.TPM.Audit, explain: o.Explain, cas: p.SecureBootCAs()}
 	if e.now.IsZero() {
 		e.now = c.VerifiedAt
 	}

@@ -95,6 +95,22 @@ type Trust struct {
 	// EKInventory is a YAML file of known EK hashes (attest/tpm
 	// LoadInventory); empty for none.
 	EKInventory string `yaml:"ekInventory"`
+	// SecureBootCAs are CAs counted beside Microsoft's own when a node's
+	// move to the 2023 Secure Boot CAs is judged (cacheck.go): one a
+	// release does not carry yet, or a lab's key standing in for one.
+	SecureBootCAs []SecureBootCA `yaml:"secureBootCAs"`
+}
+
+// SecureBootCA is one of trust.secureBootCAs.
+type SecureBootCA struct {
+	// Name names it in messages; required.
+	Name string `yaml:"name"`
+	// Variable is where it is enrolled: db or KEK.
+	Variable string `yaml:"variable"`
+	// Year is the generation it counts as: 2011 or 2023.
+	Year int `yaml:"year"`
+	// SHA256 is its certificate's fingerprint (hex, of the DER).
+	SHA256 string `yaml:"sha256"`
 }
 
 // EKRoot is one named set of vendor CAs.

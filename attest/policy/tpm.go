@@ -215,7 +215,7 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 		}
 	}
 	if m := t.MicrosoftCA2023; m != nil {
-		err := microsoftCA2023(in, m, b)
+		err := microsoftCA2023(in, m, e.cas, b)
 		if err != nil && m.From != nil && e.now.Before(*m.From) {
 			e.audit(RuleMicrosoftCA2023, err) // not in force yet: reported
 		} else if err := e.rule(RuleMicrosoftCA2023, err); err != nil {

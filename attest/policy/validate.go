@@ -74,6 +74,9 @@ func (p *Policy) validate() error {
 		}
 		roots[r.Name] = true
 	}
+	if err := checkSecureBootCAs(p.Trust.SecureBootCAs); err != nil {
+		return err
+	}
 	ekKind, ekPool := "", ""
 	for _, name := range sortedPools(p) {
 		pool := p.Pools[name]

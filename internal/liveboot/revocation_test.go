@@ -3,6 +3,7 @@ package liveboot_test
 import (
 	"context"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,7 +16,9 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/uefivar"
+	"github.com/nodeproof/nodeproof/attest/uefivar/microsoft"
 	"github.com/nodeproof/nodeproof/attest/uefivar/uefivartest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
@@ -37,7 +40,10 @@ import (
 // hashes (liveboot.SignerLab), GRUB and the kernel re-signed by the
 // replacement key (the test db signer: ChainTestDBAll) — and it boots:
 // its re-attestation passes every rule of the new policy and clears it.
-// The policy is then put back, for the boots after.
+// `nodeproof inspect secureboot-ca` shows the node's db moving from
+// Microsoft's 2011 CAs alone to the 2011 and the 2023 ones (the lab's db
+// CA standing in for a 2023 CA: trust.secureBootCAs). The policy is then
+// put back, for the boots after.
 func revocation(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, work string, say func(string, ...any),
 	boot func(name, disk, vars string) *liveboot.Result, bootNumber int64) {
 	t.Helper()
@@ -78,6 +84,41 @@ func revocation(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, 
 	}
 	if out, err := run("policy", "revoke", "--pool", "worker", "--dbx-update", updateFile, "--require-dbx", "-o", revoked, w.policyFile); err != nil {
 		t.Fatalf("policy revoke: %v\n%s", err, out)
+	}
+	// The lab's db CA stands in for a 2023 CA (the lab has no shim
+	// Microsoft's 2023 CA signed): the policy counts it as one.
+	withCA, err := os.ReadFile(revoked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := policy.Parse(withCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.Trust.SecureBootCAs = append(pol.Trust.SecureBootCAs, policy.SecureBootCA{Name: "the lab's db CA, standing in for a 2023 CA", Variable: "db", Year: 2023, SHA256: lab.Keys.DBCA.SHA256()})
+	if withCA, err = policy.Marshal(pol); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(revoked, withCA, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	standing := func() microsoft.Transition {
+		t.Helper()
+		var v inspect.SecureBootCAs
+		if err := json.Unmarshal([]byte(w.nodeproofCmd(t, "inspect", "secureboot-ca", "--policy", revoked, "-o", "json")), &v); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range v.Nodes {
+			if n.Name == node {
+				return n.Transition
+			}
+		}
+		t.Fatalf("inspect secureboot-ca does not list %s", node)
+		return microsoft.Transition{}
+	}
+	before := standing()
+	if before.DB != microsoft.Gen2011 {
+		t.Errorf("before: the node's db stands at %q; want 2011 (OVMF's Microsoft variables)", before.DB)
 	}
 	out, err := run("policy", "check", revoked, "--against-records", "--store", "kubernetes", "--kubeconfig", w.admin, "--store-namespace", "nodeproof")
 	if err == nil || !strings.Contains(out, "it would taint 1 nodes now") {
@@ -138,8 +179,12 @@ func revocation(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, 
 		}
 		return ""
 	})
-	say("revocation: updated firmware dbx (%d entries) and a chain the replacement key signed: re-attested and cleared; the update's first hash %s…",
-		lab.Vars.DBXEntries, hex.EncodeToString(l.SHA256[0][:])[:12])
+	after := standing()
+	if after.DB != microsoft.Both {
+		t.Errorf("after: the node's db stands at %q; want 2011+2023 (Microsoft's and the lab's stand-in)", after.DB)
+	}
+	say("revocation: updated firmware dbx (%d entries) and a chain the replacement key signed: re-attested and cleared; the update's first hash %s…; inspect secureboot-ca: db %s → %s, KEK %s → %s, chain %s → %s",
+		lab.Vars.DBXEntries, hex.EncodeToString(l.SHA256[0][:])[:12], before.DB, after.DB, before.KEK, after.KEK, before.Chain, after.Chain)
 }
 
 // lastLine is s's last non-empty line.

@@ -70,7 +70,7 @@ func newFleetJudge(o rejudge.Options, leading func() bool, settle time.Duration,
 			Help: "Enrolled nodes by where they stand in the move from Microsoft's 2011 Secure Boot CAs to the 2023 ones, from their last recorded claims (docs/tpm.md, The 2023 Secure Boot CAs): db and kek the generations the variable holds (2011, 2023, 2011+2023, none, unknown), chain the CA's that verified the shim (2011, 2023, 2011+2023, other, unknown). Counted at each re-judge of the fleet, by the replica that runs it.",
 		}, []string{"db", "kek", "chain"}),
 	}
-	f.o.Seen = f.count
+	// The gauge is counted by the pass's policy (its trust.secureBootCAs).
 	for _, r := range rejudgeResults {
 		f.nodes.WithLabelValues(r)
 	}
@@ -82,11 +82,11 @@ func newFleetJudge(o rejudge.Options, leading func() bool, settle time.Duration,
 	return f, nil
 }
 
-// count sets the Secure Boot CA gauge from a pass's list.
-func (f *fleetJudge) count(bs []*store.Binding) {
+// count sets the Secure Boot CA gauge from a pass's list, judged by cas.
+func (f *fleetJudge) count(cas microsoft.Set, bs []*store.Binding) {
 	n := map[microsoft.Transition]int{}
 	for _, b := range bs {
-		n[microsoft.TransitionOfRecorded(b.Status.Claims)]++
+		n[cas.TransitionOfRecorded(b.Status.Claims)]++
 	}
 	f.cas.Reset()
 	for t, c := range n {
@@ -125,6 +125,7 @@ func (f *fleetJudge) look(ctx context.Context, pol *policy.Policy, version strin
 func (f *fleetJudge) pass(ctx context.Context, pol *policy.Policy, version string, first bool) {
 	o := f.o
 	o.Policy, o.Version = pol, version
+	o.Seen = func(bs []*store.Binding) { f.count(pol.SecureBootCAs(), bs) }
 	c, err := rejudge.Run(ctx, o)
 	f.passes.Inc()
 	for r, n := range map[string]int{"judged": c.Judged, "failed": c.Failed, "refailed": c.Refailed, "cleared": c.Cleared,

@@ -2,6 +2,7 @@ package microsoft
 
 import (
 	"encoding/json"
+	"slices"
 
 	"github.com/nodeproof/nodeproof/attest"
 )
@@ -42,16 +43,45 @@ type Transition struct {
 	Chain string `json:"chain"`
 }
 
+// Extra is a CA a Set counts beside Microsoft's own: one the table does
+// not hold yet (Microsoft Option ROM UEFI CA 2023), or, in a lab, the
+// lab's own key standing in for a 2023 CA. A db CA of 2023 counts as one
+// that signs boot applications (the rule's db requirement).
+type Extra struct {
+	// Name names it in messages.
+	Name string
+	// Variable is KEK or DB; Year 2011 or 2023.
+	Variable string
+	Year     int
+	// SHA256 is its fingerprint (hex, of the DER).
+	SHA256 string
+}
+
+// Set is the CAs a transition is judged by: Microsoft's (the table) and
+// any extras (a policy's trust.secureBootCAs). The zero Set is
+// Microsoft's alone.
+type Set struct {
+	Extra []Extra
+}
+
 // generation is the generation of the CA with fingerprint fp in variable
-// ("" when fp is none of them).
-func generation(fp, variable string) int {
+// (0 when fp is none of them).
+func (s Set) generation(fp, variable string) int {
 	for _, r := range table {
 		if r.sha256 == fp && r.variable == variable {
 			return r.year
 		}
 	}
+	for _, e := range s.Extra {
+		if e.SHA256 == fp && e.Variable == variable {
+			return e.Year
+		}
+	}
 	return 0
 }
+
+// TransitionOf is Set{}.TransitionOf: Microsoft's CAs alone.
+func TransitionOf(b *attest.BootState) Transition { return Set{}.TransitionOf(b) }
 
 // TransitionOf reads where b's machine stands. It judges only what the
 // boot state established from replayed PCR 7 events: the certificates of
@@ -59,24 +89,24 @@ func generation(fp, variable string) int {
 // the firmware verified, the db authorities that may have verified it
 // (BootState.AppVerifications): a fingerprint is one of the CAs only when
 // it is that CA's exactly and in that CA's variable.
-func TransitionOf(b *attest.BootState) Transition {
+func (s Set) TransitionOf(b *attest.BootState) Transition {
 	t := Transition{DB: Unknown, KEK: Unknown, Chain: Unknown}
 	if b == nil {
 		return t
 	}
 	if b.DBCertsKnown {
-		t.DB = generations(b.DBCerts, DB)
+		t.DB = s.generations(b.DBCerts, DB)
 	}
 	if b.KEKCertsKnown {
-		t.KEK = generations(b.KEKCerts, KEK)
+		t.KEK = s.generations(b.KEKCerts, KEK)
 	}
 	seen := map[int]bool{}
 	for i, v := range b.AppVerifications {
 		if v.Verifier != attest.VerifierFirmware || i >= len(b.BootApplications) {
 			continue
 		}
-		for _, s := range v.Signers {
-			seen[generation(s, DB)] = true
+		for _, fp := range v.Signers {
+			seen[s.generation(fp, DB)] = true
 		}
 	}
 	switch {
@@ -93,10 +123,10 @@ func TransitionOf(b *attest.BootState) Transition {
 }
 
 // generations is which generations fps (a variable's certificates) hold.
-func generations(fps []string, variable string) string {
+func (s Set) generations(fps []string, variable string) string {
 	var old, new bool
 	for _, fp := range fps {
-		switch generation(fp, variable) {
+		switch s.generation(fp, variable) {
 		case 2011:
 			old = true
 		case 2023:
@@ -139,10 +169,39 @@ func Holds(fps []string, name string) bool {
 // TransitionOfRecorded is TransitionOf of recorded claims (JSON, as a
 // node's binding status keeps them): unknown throughout when there are
 // none, they do not decode or they are not a TPM's.
-func TransitionOfRecorded(claims []byte) Transition {
+func (s Set) TransitionOfRecorded(claims []byte) Transition {
 	var c attest.Claims
 	if len(claims) == 0 || json.Unmarshal(claims, &c) != nil || c.TPM == nil {
 		return Transition{DB: Unknown, KEK: Unknown, Chain: Unknown}
 	}
-	return TransitionOf(&c.TPM.Boot)
+	return s.TransitionOf(&c.TPM.Boot)
+}
+
+// HoldsShimCA2023 reports whether db (its certificates, by fingerprint)
+// holds a 2023 CA that signs shims: Microsoft UEFI CA 2023, or an extra
+// db CA of 2023.
+func (s Set) HoldsShimCA2023(db []string) bool {
+	if Holds(db, UEFICA2023) {
+		return true
+	}
+	for _, e := range s.Extra {
+		if e.Variable == DB && e.Year == 2023 && slices.Contains(db, e.SHA256) {
+			return true
+		}
+	}
+	return false
+}
+
+// HoldsKEKCA2023 reports whether KEK holds Microsoft Corporation KEK 2K
+// CA 2023 or an extra KEK CA of 2023.
+func (s Set) HoldsKEKCA2023(kek []string) bool {
+	if Holds(kek, KEKCA2023) {
+		return true
+	}
+	for _, e := range s.Extra {
+		if e.Variable == KEK && e.Year == 2023 && slices.Contains(kek, e.SHA256) {
+			return true
+		}
+	}
+	return false
 }

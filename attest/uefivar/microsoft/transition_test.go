@@ -86,3 +86,27 @@ func TestTransitionOf(t *testing.T) {
 		})
 	}
 }
+
+// TestSetExtra: a CA a Set adds (a lab's key standing in for a 2023 CA)
+// counts as its generation in its own variable only, and a 2023 db CA
+// among them holds the place of Microsoft UEFI CA 2023.
+func TestSetExtra(t *testing.T) {
+	lab := "2222222222222222222222222222222222222222222222222222222222222222"
+	cas, err := microsoft.CAs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	uefi2011 := cas[2].SHA256
+	s := microsoft.Set{Extra: []microsoft.Extra{{Name: "lab db CA", Variable: microsoft.DB, Year: 2023, SHA256: lab}}}
+	b := &attest.BootState{DBCerts: []string{uefi2011, lab}, DBCertsKnown: true, KEKCerts: []string{lab}, KEKCertsKnown: true,
+		BootApplications: []string{"aa"}, AppVerifications: []attest.AppVerification{{Verifier: attest.VerifierFirmware, Signers: []string{lab}}}}
+	if got, want := s.TransitionOf(b), (microsoft.Transition{DB: "2011+2023", KEK: "none", Chain: "2023"}); got != want {
+		t.Errorf("with the lab CA: %+v, want %+v", got, want)
+	}
+	if got, want := microsoft.TransitionOf(b), (microsoft.Transition{DB: "2011", KEK: "none", Chain: "other"}); got != want {
+		t.Errorf("Microsoft's alone: %+v, want %+v", got, want)
+	}
+	if !s.HoldsShimCA2023(b.DBCerts) || (microsoft.Set{}).HoldsShimCA2023(b.DBCerts) || s.HoldsKEKCA2023(b.KEKCerts) {
+		t.Error("HoldsShimCA2023 / HoldsKEKCA2023 do not follow the set")
+	}
+}

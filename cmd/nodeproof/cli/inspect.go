@@ -29,7 +29,7 @@ func cmdInspect(ctx context.Context, in *invocation) error {
 	storeFlags(fs, &c)
 	format := fs.String("o", inspect.FormatTable, "output: table, json or yaml")
 	basedir := fs.String("server-basedir", "", "inspect pool: the MCO bootstrap directory (directory mode); default: the cluster (--kubeconfig)")
-	policyFile := fs.String("policy", "", "the server's policy (serve's --policy): each pool's freshness window (default: the built-in policy's, 3 h)")
+	policyFile := fs.String("policy", "", "the server's policy (serve's --policy): each pool's freshness window (default: the built-in policy's, 3 h); secureboot-ca: its trust.secureBootCAs")
 	pos, err := in.parse()
 	if err != nil {
 		return err
@@ -78,7 +78,7 @@ func cmdInspect(ctx context.Context, in *invocation) error {
 	src := inspect.Sources{Store: st, Kube: kc, Clock: c.Clock,
 		Fresh: func(pool string) time.Duration { return pol.LifetimeOf(pool).StaleAfter.Duration }}
 	if caView {
-		v, err := inspect.ListSecureBootCAs(ctx, src)
+		v, err := inspect.ListSecureBootCAs(ctx, src, pol.SecureBootCAs())
 		if err != nil {
 			return err
 		}

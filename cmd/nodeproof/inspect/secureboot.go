@@ -38,17 +38,12 @@ type SecureBootCACount struct {
 	Nodes int `json:"nodes"`
 }
 
-// CAStanding is one binding's standing, from its recorded claims.
-func CAStanding(b *store.Binding) microsoft.Transition {
-	return microsoft.TransitionOfRecorded(b.Status.Claims)
-}
-
-// CountCAStandings counts bs's nodes by standing, most first (then by
-// standing, for a stable order).
-func CountCAStandings(bs []*store.Binding) []SecureBootCACount {
+// CountCAStandings counts bs's nodes by standing (judged by cas), most
+// first (then by standing, for a stable order).
+func CountCAStandings(cas microsoft.Set, bs []*store.Binding) []SecureBootCACount {
 	n := map[microsoft.Transition]int{}
 	for _, b := range bs {
-		n[CAStanding(b)]++
+		n[cas.TransitionOfRecorded(b.Status.Claims)]++
 	}
 	out := make([]SecureBootCACount, 0, len(n))
 	for t, c := range n {
@@ -64,15 +59,16 @@ func CountCAStandings(bs []*store.Binding) []SecureBootCACount {
 	return out
 }
 
-// ListSecureBootCAs reads every bound node's standing.
-func ListSecureBootCAs(ctx context.Context, s Sources) (*SecureBootCAs, error) {
+// ListSecureBootCAs reads every bound node's standing, judged by cas
+// (the policy's: Microsoft's CAs and its trust.secureBootCAs).
+func ListSecureBootCAs(ctx context.Context, s Sources, cas microsoft.Set) (*SecureBootCAs, error) {
 	bs, err := s.Store.Bindings(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("inspect: bindings: %w", err)
 	}
-	v := &SecureBootCAs{Nodes: make([]SecureBootCANode, 0, len(bs)), Counts: CountCAStandings(bs)}
+	v := &SecureBootCAs{Nodes: make([]SecureBootCANode, 0, len(bs)), Counts: CountCAStandings(cas, bs)}
 	for _, b := range bs {
-		n := SecureBootCANode{Name: b.NodeName, Pool: b.Pool, Transition: CAStanding(b)}
+		n := SecureBootCANode{Name: b.NodeName, Pool: b.Pool, Transition: cas.TransitionOfRecorded(b.Status.Claims)}
 		if len(b.Status.Claims) > 0 {
 			n.Recorded = stamp(b.Status.LastAttempt)
 		}

@@ -53,7 +53,7 @@ func TestSecureBootCAView(t *testing.T) {
 		bindingOf(t, "w-1", "rhel8-uefi"), bindingOf(t, "w-2", "debian-12-ovmf-secure-boot"),
 		bindingOf(t, "w-3", "ubuntu-2404-intel-tdx"), bindingOf(t, "w-4", ""),
 	}
-	v, err := inspect.ListSecureBootCAs(context.Background(), inspect.Sources{Store: bindingsOnly{bs: bs}, Clock: time.Now})
+	v, err := inspect.ListSecureBootCAs(context.Background(), inspect.Sources{Store: bindingsOnly{bs: bs}, Clock: time.Now}, microsoft.Set{})
 	if err != nil {
 		t.Fatal(err)
 	}
