@@ -52,6 +52,8 @@ type hourRound struct {
 	// bindingBytes is what the NodeBindings hold in etcd after the
 	// round (each re-attestation rewrites its node's status).
 	bindingBytes int64
+	// serverHeap is the server's live heap after the round.
+	serverHeap int64
 }
 
 // isWrite says whether an API verb writes.
@@ -74,7 +76,7 @@ func perCluster(verbResource string) bool {
 // writes per node per day (enrolment, from enrolCalls, plus 24 rounds)
 // and the re-attestations' latencies. It reports failed when any
 // re-attestation failed.
-func runDay(ctx context.Context, w *fleet.World, ms []*fleet.Machine, o dayOptions, enrolCalls map[string]float64, enrolWall time.Duration) (string, bool, error) {
+func runDay(ctx context.Context, w *fleet.World, ms []*fleet.Machine, o dayOptions, enrolCalls map[string]float64, enrolWall time.Duration, debugAddr string) (string, bool, error) {
 	if len(ms) == 0 {
 		return "", true, errors.New("day: no machine was provisioned")
 	}
@@ -116,6 +118,9 @@ func runDay(ctx context.Context, w *fleet.World, ms []*fleet.Machine, o dayOptio
 		}
 		r.calls = delta(calls0, calls1)
 		if r.bindingBytes, err = bindingBytes(ctx, w); err != nil {
+			return "", false, err
+		}
+		if r.serverHeap, err = liveHeap(ctx, debugAddr); err != nil {
 			return "", false, err
 		}
 		var ok []time.Duration
@@ -169,7 +174,7 @@ func quantile(d []time.Duration, p float64) string {
 func dayReport(n int, o dayOptions, rounds []hourRound, enrol map[string]float64, enrolWall, dayWall time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nA day: %d nodes, every node re-attesting once an hour for %d hours, each hour compressed into %s (the agent's --mode reattest, a new connection each):\n\n", n, len(rounds), o.hour)
-	fmt.Fprintf(&b, "| hour | re-attestations | round took | p50 / p99 | errors | API writes per node (every writer) | NodeBinding bytes per node in etcd after it |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| hour | re-attestations | round took | p50 / p99 | errors | API writes per node (every writer) | NodeBinding bytes per node in etcd after it | server live heap after it |\n|---|---|---|---|---|---|---|---|\n")
 	var all []time.Duration
 	hourly := map[string]float64{}
 	errs := 0
@@ -187,9 +192,9 @@ func dayReport(n int, o dayOptions, rounds []hourRound, enrol map[string]float64
 		if firstErr == nil {
 			firstErr = r.firstErr
 		}
-		fmt.Fprintf(&b, "| %d | %d | %s | %s / %s | %d | %.3f | %s |\n", i+1, r.count, r.took.Round(time.Millisecond), quantile(r.lat, .5), quantile(r.lat, .99), r.errs, w/float64(n), perNode(r.bindingBytes, n))
+		fmt.Fprintf(&b, "| %d | %d | %s | %s / %s | %d | %.3f | %s | %s |\n", i+1, r.count, r.took.Round(time.Millisecond), quantile(r.lat, .5), quantile(r.lat, .99), r.errs, w/float64(n), perNode(r.bindingBytes, n), mb(r.serverHeap))
 	}
-	fmt.Fprintf(&b, "| all %d hours | %d | | %s / %s | %d | | |\n", len(rounds), len(all)+errs, quantile(all, .5), quantile(all, .99), errs)
+	fmt.Fprintf(&b, "| all %d hours | %d | | %s / %s | %d | | | |\n", len(rounds), len(all)+errs, quantile(all, .5), quantile(all, .99), errs)
 	if firstErr != nil {
 		fmt.Fprintf(&b, "\nfirst error: %v\n", firstErr)
 	}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -218,11 +220,59 @@ type memory struct {
 // metrics: it serves no profiles) RSS and heap.
 func memoryOf(ctx context.Context, w *fleet.World, debugAddr, approverMetrics string) (server, approver memory, err error) {
 	server.rss, approver.rss = proc.RSS(w.Server.PID()), proc.RSS(w.Approver.PID())
-	if server.heap, err = scrape(ctx, "http://"+debugAddr+"/debug/pprof/heap?gc=1&debug=1", `(?m)^# HeapAlloc = (\d+)$`); err != nil {
+	if server.heap, err = liveHeap(ctx, debugAddr); err != nil {
 		return server, approver, err
 	}
 	approver.heap, err = scrape(ctx, "http://"+approverMetrics+"/metrics", `(?m)^go_memstats_heap_alloc_bytes ([0-9.e+]+)$`)
 	return server, approver, err
+}
+
+// liveHeap is the server's live heap: HeapAlloc after a forced
+// collection, from its pprof heap profile.
+func liveHeap(ctx context.Context, debugAddr string) (int64, error) {
+	return scrape(ctx, "http://"+debugAddr+"/debug/pprof/heap?gc=1&debug=1", `(?m)^# HeapAlloc = (\d+)$`)
+}
+
+// heapTop is the top of the server's heap profile (in-use bytes), what
+// holds its live heap.
+func heapTop(debugAddr, bin string) string {
+	file := filepath.Join(os.TempDir(), "nodeproof-scale-heap.pprof")
+	if err := fetchProfile("http://"+debugAddr+"/debug/pprof/heap?gc=1", file); err != nil {
+		return "server heap profile: " + err.Error() + "\n"
+	}
+	b, err := exec.Command("go", "tool", "pprof", "-top", "-nodecount=15", "-sample_index=inuse_space", bin, file).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("server heap profile: %v\n%s", err, b)
+	}
+	return fmt.Sprintf("\nnodeproof serve heap profile after the day, in use (%s):\n%s", file, b)
+}
+
+// compact compacts etcd's history up to its current revision (what the
+// API server does every 5 minutes, to the revision of 5 minutes before),
+// so the database's in-use size shows the live objects, and returns the
+// revision.
+func compact(ctx context.Context, w *fleet.World) (int64, error) {
+	url, err := etcdURL(w)
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Header struct {
+			Revision string `json:"revision"`
+		} `json:"header"`
+	}
+	if err := etcdCall(ctx, url, "/v3/maintenance/status", map[string]any{}, &st); err != nil {
+		return 0, err
+	}
+	rev, err := strconv.ParseInt(st.Header.Revision, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("etcd status: revision %q: %w", st.Header.Revision, err)
+	}
+	var out map[string]any
+	if err := etcdCall(ctx, url, "/v3/kv/compaction", map[string]any{"revision": rev, "physical": true}, &out); err != nil {
+		return 0, err
+	}
+	return rev, nil
 }
 
 // scrape reads one number from a page.
