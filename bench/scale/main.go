@@ -15,8 +15,14 @@
 // time-to-approval, server and approver CPU per machine, peak RSS of each
 // process, errors and lost or duplicated approvals, and the server's CPU
 // per TPM attestation against the crypto floor measured in the same run.
+// With -hours N it then runs a fleet's day instead of the re-attestation
+// runs: every node re-attests once an hour for N compressed hours (-hour),
+// and the report adds the API writes per node per day by verb, the bytes
+// per node in etcd by kind (read from etcd itself) at enrolment and after
+// the day, and the server's and approver's memory (docs/scaling.md).
+//
 // Run from the module root (make does). It exits non-zero when a machine
-// failed or an approval was lost or duplicated.
+// or a re-attestation failed or an approval was lost or duplicated.
 package main
 
 import (
