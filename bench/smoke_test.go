@@ -44,6 +44,13 @@ func TestBenchTargetsSmoke(t *testing.T) {
 		{target: "bench", args: []string{"BENCH_FLAGS=-n 12 -gcp 2 -aws 2 -spread 1s -attest-only 10 -steady-rate 5 -steady-for 2s -o {out}"},
 			report: []string{`\| approved \| 12 of 12 \|`, `\| errors \| 0 \|`, `\| lost / duplicated approvals \| 0 / 0 \|`,
 				`(?m)^\| storm: every node at once \| 12 \|[^|]*\|[^|]*\| 0 \|`, `(?m)^\| steady: 5 a second for 2s \| 10 \|[^|]*\|[^|]*\| 0 \|`}},
+		// A day (-hours): two compressed hours after the burst, with the
+		// writes per node (7 at enrolment, 1 per re-attestation), the
+		// bytes per node in etcd and the processes' memory.
+		{target: "bench", args: []string{"BENCH_FLAGS=-n 6 -gcp 1 -aws 1 -spread 1s -hours 2 -hour 2s -o {out}"},
+			report: []string{`\| approved \| 6 of 6 \|`, `(?m)^\| all 2 hours \| 12 \|[^|]*\|[^|]*\| 0 \|`,
+				`(?m)^\| \*\*all, leases apart\*\* \| 7\.000 \| 1\.000 \| 31\.000 \|$`,
+				`(?m)^\| NodeBinding \|[^|]*\| 6 / `, `(?m)^\| nodeproof approve: Go heap \|`}},
 		{target: "bench-approver", args: []string{"BENCH_APPROVER_FLAGS=-n 8 -limits none -o {out}"},
 			report: []string{`(?m)^\| none[^|]*\| nodeproof \|.*\| 0 \| 0 \| \d+ \|$`, `(?m)^\| none[^|]*\| baseline \|.*\| 0 \| 0 \| \d+ \|$`, `nodeproof / baseline`}},
 	}

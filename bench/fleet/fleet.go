@@ -346,6 +346,14 @@ func (s *spread) RoundTrip(req *http.Request) (*http.Response, error) {
 	return s.base.RoundTrip(req)
 }
 
+// CloseIdleConnections closes the base transport's idle connections
+// (http.Client.CloseIdleConnections reaches them through this).
+func (s *spread) CloseIdleConnections() {
+	if c, ok := s.base.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
+
 // spreadClient makes c send its requests across the world's servers.
 func (w *World) spreadClient(c *http.Client) {
 	c.Transport = &spread{base: c.Transport, urls: w.URLs}

@@ -209,7 +209,8 @@ func short(err error) string {
 // --mode reattest makes it (the same /attest/v1 exchange with purpose
 // reattest, the kubelet key proven): nothing is released; the server
 // records the outcome on the node's binding. It retries 5xx and lost
-// connections until ctx ends, and returns the time it took.
+// connections until ctx ends, and returns the time it took. Its
+// connection is closed when it returns, as the agent's exit closes it.
 func (w *World) Reattest(ctx context.Context, m *Machine, o ProvisionOptions) (time.Duration, error) {
 	if o.MinBackoff == 0 {
 		o.MinBackoff, o.MaxBackoff = 200*time.Millisecond, 2*time.Second
@@ -225,6 +226,10 @@ func (w *World) Reattest(ctx context.Context, m *Machine, o ProvisionOptions) (t
 	c.MinBackoff, c.MaxBackoff = o.MinBackoff, o.MaxBackoff
 	c.KubeletKey = m.Key
 	c.Purpose = attest.PurposeReattest
+	// The agent's reattest mode is a process that exits when done (a
+	// systemd oneshot on a timer), closing its connection: so does this
+	// one, rather than leave it idle on the server until its IdleTimeout.
+	defer c.HTTP.CloseIdleConnections()
 	c.HTTP.Transport.(*http.Transport).DialContext = (&net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext

@@ -15,8 +15,14 @@
 // time-to-approval, server and approver CPU per machine, peak RSS of each
 // process, errors and lost or duplicated approvals, and the server's CPU
 // per TPM attestation against the crypto floor measured in the same run.
+// With -hours N it then runs a fleet's day instead of the re-attestation
+// runs: every node re-attests once an hour for N compressed hours (-hour),
+// and the report adds the API writes per node per day by verb, the bytes
+// per node in etcd by kind (read from etcd itself) at enrolment and after
+// the day, and the server's and approver's memory (docs/scaling.md).
+//
 // Run from the module root (make does). It exits non-zero when a machine
-// failed or an approval was lost or duplicated.
+// or a re-attestation failed or an approval was lost or duplicated.
 package main
 
 import (
@@ -66,12 +72,25 @@ func main() {
 	out := flag.String("o", "", "also write the report (markdown) here")
 	replicas := flag.Int("replicas", 1, "servers (more than one: sharing the keyring and the state kept in the cluster; each request to the next in turn; the re-attestation runs are skipped)")
 	approvers := flag.Int("approvers", 1, "approvers, leader elected")
+	var day dayOptions
+	flag.IntVar(&day.hours, "hours", 0, "a day after the burst: every node re-attests once an hour for this many hours (the attestation-only and re-attestation runs are skipped), and the report adds the bytes per node in etcd and the processes' memory")
+	flag.DurationVar(&day.hour, "hour", time.Minute, "a compressed hour of -hours: each hour's re-attestations start evenly within it")
+	flag.IntVar(&day.policyChangeAt, "policy-change-at", -1, "the hour of -hours before whose round the policy changes and the fleet is re-judged: needs the fleet re-judge, not in this build yet (-1: none)")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	if *replicas > 1 {
 		*steadyRate = 0
 	}
-	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly, *steadyRate, *steadyFor, *replicas, *approvers)
+	if day.policyChangeAt >= 0 {
+		log.Fatal(errNoRejudge)
+	}
+	if day.hours > 0 {
+		if *replicas > 1 {
+			log.Fatal("-hours runs with one server replica")
+		}
+		*attestOnly, *steadyRate = 0, 0
+	}
+	r, failed, err := run(*n, *nGCP, *nAWS, *spread, *timeout, *attestOnly, *steadyRate, *steadyFor, *replicas, *approvers, day)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -108,8 +127,8 @@ type outcome struct {
 	err      error
 }
 
-func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, steadyRate float64, steadyFor time.Duration, replicas, approvers int) (string, bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Minute)
+func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, steadyRate float64, steadyFor time.Duration, replicas, approvers int, day dayOptions) (string, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Minute+time.Duration(day.hours)*(3*day.hour+2*time.Minute))
 	defer cancel()
 	if nGCP+nAWS > n {
 		return "", false, errors.New("-gcp + -aws exceed -n")
@@ -131,12 +150,18 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	if err != nil {
 		return "", false, err
 	}
+	approverMetrics, err := fleet.FreePort()
+	if err != nil {
+		return "", false, err
+	}
+	debugAddr, approverMetricsAddr := fmt.Sprintf("127.0.0.1:%d", debug), fmt.Sprintf("127.0.0.1:%d", approverMetrics)
 	w, err := fleet.Start(ctx, fakes, fleet.Options{
 		Dir: dir, Nodeproof: bin, GrowConfig: true,
 		// As deploy/ runs them: a soft memory limit under the container's
 		// (GOMEMLIMIT), so the garbage collector works before memory grows.
 		Env:            []string{"GOMEMLIMIT=160MiB"},
-		FirstServeArgs: []string{"--debug-addr", fmt.Sprintf("127.0.0.1:%d", debug)},
+		FirstServeArgs: []string{"--debug-addr", debugAddr},
+		ApproveArgs:    []string{"--metrics-addr", approverMetricsAddr},
 		Log:            log.Printf,
 		Replicas:       replicas, Approvers: approvers,
 	})
@@ -151,6 +176,14 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 		return "", false, err
 	}
 	approvals := w.WatchApprovals(ctx)
+	var memS, memA []memory
+	if day.hours > 0 {
+		s, a, err := memoryOf(ctx, w, debugAddr, approverMetricsAddr)
+		if err != nil {
+			return "", false, err
+		}
+		memS, memA = append(memS, s), append(memA, a)
+	}
 
 	// CPU profiles over the burst: the server's, the API server's, and
 	// this load generator's own.
@@ -229,6 +262,17 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 	if err != nil {
 		return "", false, err
 	}
+	var fpEnrol footprint
+	if day.hours > 0 {
+		if fpEnrol, err = measureFootprint(ctx, w); err != nil {
+			return "", false, err
+		}
+		s, a, err := memoryOf(ctx, w, debugAddr, approverMetricsAddr)
+		if err != nil {
+			return "", false, err
+		}
+		memS, memA = append(memS, s), append(memA, a)
+	}
 
 	// Server CPU per TPM attestation, and the floor, in the same run.
 	// The attestation-only run's profile, once the burst's is in (one
@@ -269,6 +313,39 @@ func run(n, nGCP, nAWS int, spread, timeout time.Duration, attestOnly int, stead
 		if re, reFailed, err = reattestRuns(ctx, w, provisioned, server, floor, steadyRate, steadyFor); err != nil {
 			return "", false, err
 		}
+	}
+	if day.hours > 0 {
+		log.Printf("a day: %d nodes re-attest once an hour for %d hours of %s", len(provisioned), day.hours, day.hour)
+		if re, reFailed, err = runDay(ctx, w, provisioned, day, delta(calls0, calls1), all, debugAddr); err != nil {
+			return "", false, err
+		}
+		fpDay, err := measureFootprint(ctx, w)
+		if err != nil {
+			return "", false, err
+		}
+		// The day's hours took minutes: the API server's compaction (every
+		// 5 minutes, of what is older than the last one) has not caught
+		// up. Compacted as it would be, the database's in-use size.
+		rev, err := compact(ctx, w)
+		if err != nil {
+			return "", false, err
+		}
+		time.Sleep(5 * time.Second)
+		fpCompacted, err := measureFootprint(ctx, w)
+		if err != nil {
+			return "", false, err
+		}
+		s, a, err := memoryOf(ctx, w, debugAddr, approverMetricsAddr)
+		if err != nil {
+			return "", false, err
+		}
+		memS, memA = append(memS, s), append(memA, a)
+		after := fmt.Sprintf("%d hours", day.hours)
+		re += footprintReport(len(provisioned), fpEnrol, fpDay, after) +
+			fmt.Sprintf("| etcd, compacted to revision %d (as the API server does every 5 minutes): database size / in use | | | | %s / %s | |\n",
+				rev, mb(fpCompacted.dbSize), mb(fpCompacted.dbSizeInUse)) +
+			memoryReport(len(provisioned), []string{"no node", "at enrolment", "after " + after}, memS, memA) +
+			heapTop(debugAddr, bin)
 	}
 	return r + cpuSplit(all, cpuS, cpuA, others) + callsPerMachine(calls0, calls1, n) + re + "\n" + top, failed || reFailed, nil
 }

@@ -51,13 +51,19 @@ func SumCPU(pids []int) time.Duration {
 }
 
 // PeakRSS is VmHWM of pid in bytes.
-func PeakRSS(pid int) int64 {
+func PeakRSS(pid int) int64 { return status(pid, "VmHWM:") }
+
+// RSS is VmRSS of pid in bytes: its resident set now.
+func RSS(pid int) int64 { return status(pid, "VmRSS:") }
+
+// status is a kB field of pid's /proc status, in bytes (0 if unknown).
+func status(pid int, field string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "VmHWM:") {
+		if strings.HasPrefix(line, field) {
 			kb, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
 			return kb << 10
 		}
