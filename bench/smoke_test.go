@@ -46,9 +46,15 @@ func TestBenchTargetsSmoke(t *testing.T) {
 				`(?m)^\| storm: every node at once \| 12 \|[^|]*\|[^|]*\| 0 \|`, `(?m)^\| steady: 5 a second for 2s \| 10 \|[^|]*\|[^|]*\| 0 \|`}},
 		// A day (-hours): two compressed hours after the burst, with the
 		// writes per node (7 at enrolment, 1 per re-attestation), the
-		// bytes per node in etcd and the processes' memory.
-		{target: "bench", args: []string{"BENCH_FLAGS=-n 6 -gcp 1 -aws 1 -spread 1s -hours 2 -hour 2s -o {out}"},
+		// bytes per node in etcd and the processes' memory; before the
+		// second hour the policy changes three times and the fleet is
+		// re-judged: the TPM nodes' kernel revoked fails the four of
+		// them, the policy put back clears them.
+		{target: "bench", args: []string{"BENCH_FLAGS=-n 6 -gcp 1 -aws 1 -spread 1s -hours 2 -hour 2s -policy-change-at 2 -o {out}"},
 			report: []string{`\| approved \| 6 of 6 \|`, `(?m)^\| all 2 hours \| 12 \|[^|]*\|[^|]*\| 0 \|`,
+				`(?m)^\| a revocation no node booted [^|]*\| 6 / 0 \| 0 / 0 \|`,
+				`(?m)^\| the revocation of the kernel every TPM node booted \| 6 / 0 \| 4 / 0 \|`,
+				`(?m)^\| the policy put back \| 6 / 0 \| 0 / 4 \|`,
 				`(?m)^\| \*\*all, leases apart\*\* \| 7\.000 \| 1\.000 \| 31\.000 \|$`,
 				`(?m)^\| NodeBinding \|[^|]*\| 6 / `, `(?m)^\| nodeproof approve: Go heap \|`}},
 		{target: "bench-approver", args: []string{"BENCH_APPROVER_FLAGS=-n 8 -limits none -o {out}"},

@@ -53,9 +53,14 @@ import (
 // the fleet's vendor CA (roots), GCP machines of the test project, AWS
 // machines of the test account named by instance ID; the provisioning
 // token (the token tier) also fetches the worker config.
-func Policy(roots string) *policytest.Builder {
+func Policy(roots string) *policytest.Builder { return PolicyDenying(roots) }
+
+// PolicyDenying is Policy with denied digests in the worker pool
+// (tpm.deniedDigests): a revocation, for the day's policy change.
+func PolicyDenying(roots string, digests ...string) *policytest.Builder {
 	return policytest.New().EKRoot("fleet-vendor", roots).Pool("worker",
-		policytest.TPM("ca:fleet-vendor").SecureBoot().GCP().AWS().AWSNodeName(policy.AWSNodeNameInstanceID).Requested().Token())
+		policytest.TPM("ca:fleet-vendor").SecureBoot().GCP().AWS().AWSNodeName(policy.AWSNodeNameInstanceID).Requested().Token().
+			Edit(func(p *policy.Pool) { p.TPM.DeniedDigests = digests }))
 }
 
 // TB is what the metadata fakes need of a test (testing.TB fits; a program
@@ -132,6 +137,10 @@ type World struct {
 	// StateDir is the server's --state-dir (certificates, sealing keys,
 	// provisioning tokens).
 	StateDir string
+	// PolicyFile is the servers' --policy, which they reload on change.
+	PolicyFile string
+	// RootsDir is the EK vendor's CA directory the policy names.
+	RootsDir string
 
 	sys *systemtest.World
 	// ekMu guards ekUsed, how many cached EK keys TPMMachines handed out:
@@ -194,6 +203,7 @@ func Start(ctx context.Context, tb TB, o Options) (w *World, err error) {
 		return nil, err
 	}
 	w.sys = sys
+	w.PolicyFile, w.RootsDir = sys.PolicyFile, w.rootsDir
 	cfg := rest.CopyConfig(sys.Config)
 	cfg.QPS, cfg.Burst = o.ClientQPS, o.ClientBurst
 	w.Config = cfg

@@ -52,6 +52,10 @@ type Machine struct {
 	Record       string
 	ConfigToken  string
 	CSRName      string
+	// ticket is the server's AK ticket for a TPM machine's AK (its model
+	// keeps the one AK, as the agent's --ak-state does): sent with each
+	// re-attestation, kept from the one that activated a credential.
+	ticket string
 }
 
 // Machines makes nTPM machines with software TPMs, nGCP with GCE
@@ -234,7 +238,18 @@ func (w *World) Reattest(ctx context.Context, m *Machine, o ProvisionOptions) (t
 		LocalAddr: &net.TCPAddr{IP: net.ParseIP(m.Source)}, Timeout: 10 * time.Second,
 	}).DialContext
 	w.spreadClient(c.HTTP)
-	vr, err := m.Evidence.Attest(ctx, c, "worker", m.NodeName, m.Pub)
+	ev := m.Evidence
+	if te, ok := ev.(agent.TPMEvidence); ok {
+		te.Ticket = m.ticket
+		te.Keep = func(t string) error {
+			if t != "" {
+				m.ticket = t
+			}
+			return nil
+		}
+		ev = te
+	}
+	vr, err := ev.Attest(ctx, c, "worker", m.NodeName, m.Pub)
 	if err != nil {
 		return 0, fmt.Errorf("%s: re-attestation: %w", m.Name, err)
 	}

@@ -2,15 +2,23 @@ package main
 
 import (
 	"context"
+	"crypto"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log"
+	"os"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/bench/fleet"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
+	"github.com/nodeproof/nodeproof/mcs/rejudge"
 )
 
 // dayOptions shape a fleet's day after the enrolment burst (-hours):
@@ -26,20 +34,140 @@ type dayOptions struct {
 	policyChangeAt int
 }
 
-// errNoRejudge is why -policy-change-at cannot run yet.
-var errNoRejudge = errors.New("-policy-change-at needs the fleet re-judge (issue 42, item 4: a policy change re-judging every node), which this build does not have yet")
+// policyChange is the day's policy change re-judging the fleet
+// (mcs/rejudge, the server's pass at each applied version): the worker
+// pool's policy changed three times, each judged before the next — a
+// revocation no node booted (a digest none measured: every node judged,
+// none written), the revocation of the kernel every TPM node booted (each
+// failed: its status written, an Event), the policy put back (those
+// cleared). For each: the pass's counts from the server's log line, the
+// time from the file's write to that line, and the API writes meanwhile.
+// A pass whose counts are not these is an error.
+func policyChange(ctx context.Context, w *fleet.World, ms []*fleet.Machine) (string, error) {
+	bs, err := tpm.LogBootState(firmwaretestdata.MustLog("rhel8-uefi"), crypto.SHA256)
+	if err != nil {
+		return "", err
+	}
+	kernels := bs.Kernels()
+	if len(kernels) == 0 {
+		return "", errors.New("policy change: the TPM machines' log names no kernel")
+	}
+	nTPM := 0
+	for _, m := range ms {
+		if m.Kind == attest.KindTPM && m.NodeName != "" {
+			nTPM++
+		}
+	}
+	steps := []struct {
+		name            string
+		pol             *policytest.Builder
+		failed, cleared int
+	}{
+		{"a revocation no node booted (tpm.deniedDigests: a digest none measured)", fleet.PolicyDenying(w.RootsDir, strings.Repeat("ab", 32)), 0, 0},
+		{"the revocation of the kernel every TPM node booted", fleet.PolicyDenying(w.RootsDir, kernels[len(kernels)-1]), nTPM, 0},
+		{"the policy put back", fleet.Policy(w.RootsDir), 0, nTPM},
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nThe policy changed before hour %%d's round, three times, the fleet re-judged at each (%d nodes, %d with TPM evidence):\n\n", len(ms), nTPM)
+	fmt.Fprintf(&b, "| change | nodes judged / not judged | failed / cleared | the pass took (server) | file written → pass logged | API writes per node meanwhile (every writer) |\n|---|---|---|---|---|---|\n")
+	for _, st := range steps {
+		doc, err := st.pol.YAML()
+		if err != nil {
+			return "", err
+		}
+		calls0, err := apiCalls(ctx, w)
+		if err != nil {
+			return "", err
+		}
+		pass, took, err := applyPolicy(ctx, w, doc)
+		if err != nil {
+			return "", fmt.Errorf("policy change %q: %w", st.name, err)
+		}
+		calls1, err := apiCalls(ctx, w)
+		if err != nil {
+			return "", err
+		}
+		writes := 0.0
+		for k, v := range delta(calls0, calls1) {
+			if isWrite(k) && !perCluster(k) {
+				writes += v
+			}
+		}
+		if pass.Failed != st.failed || pass.Cleared != st.cleared || pass.Errors != 0 {
+			return "", fmt.Errorf("policy change %q: the pass failed %d, cleared %d, %d errors; want %d, %d, 0", st.name, pass.Failed, pass.Cleared, pass.Errors, st.failed, st.cleared)
+		}
+		fmt.Fprintf(&b, "| %s | %d / %d | %d / %d | %s | %s | %.3f |\n", st.name, pass.Judged, pass.NotJudged, pass.Failed, pass.Cleared,
+			pass.Took.Round(time.Millisecond), took.Round(time.Millisecond), writes/float64(len(ms)))
+	}
+	return b.String(), nil
+}
 
-// policyChange is the day's policy change re-judging the fleet: the step
-// -policy-change-at names. It needs the fleet re-judge, built on another
-// branch; until it is merged this step refuses (and main refuses the flag
-// before starting anything), rather than pretend.
-//
-// TODO(fleet re-judge): change the worker pool's policy in the cluster,
-// wait until every node in ms has been re-judged under it, and return a
-// report row: how long the fleet took, p50/p99 per node, errors, and the
-// API writes per node (apiCalls before and after, as an hour's round).
-func policyChange(context.Context, *fleet.World, []*fleet.Machine) (string, error) {
-	return "", errNoRejudge
+// rejudgeLine is the server's log line of a re-judge pass.
+const rejudgeLine = "policy re-judged the fleet"
+
+// applyPolicy writes doc over the servers' policy file (a rename: a
+// reload reads it whole) and waits for the server to apply it and judge
+// the fleet by it: the pass's counts (from its log line, by the version
+// the reload logged) and the time from the write to that line.
+func applyPolicy(ctx context.Context, w *fleet.World, doc []byte) (rejudge.Counts, time.Duration, error) {
+	reloads := len(logLines(w.Server.Log, "policy reloaded"))
+	tmp := w.PolicyFile + ".new"
+	if err := os.WriteFile(tmp, doc, 0o600); err != nil {
+		return rejudge.Counts{}, 0, err
+	}
+	start := time.Now()
+	if err := os.Rename(tmp, w.PolicyFile); err != nil {
+		return rejudge.Counts{}, 0, err
+	}
+	version := ""
+	var err error
+	for deadline := start.Add(10 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err := ctx.Err(); err != nil {
+			return rejudge.Counts{}, 0, err
+		}
+		if version == "" {
+			if rs := logLines(w.Server.Log, "policy reloaded"); len(rs) > reloads {
+				version, _ = rs[reloads]["version"].(string)
+			}
+			continue
+		}
+		for _, l := range logLines(w.Server.Log, rejudgeLine) {
+			if l["version"] != version {
+				continue
+			}
+			var c rejudge.Counts
+			took, _ := l["took"].(string)
+			delete(l, "took")
+			b, _ := json.Marshal(l)
+			if err := json.Unmarshal(b, &c); err != nil {
+				return c, 0, fmt.Errorf("the pass's log line: %w", err)
+			}
+			if c.Took, err = time.ParseDuration(took); err != nil {
+				return c, 0, fmt.Errorf("the pass's log line: took %q: %w", took, err)
+			}
+			return c, time.Since(start), nil
+		}
+	}
+	return rejudge.Counts{}, 0, fmt.Errorf("the server did not apply and judge the policy within 10 minutes (version %q)", version)
+}
+
+// logLines are the JSON lines of a process's log whose msg is msg.
+func logLines(path, msg string) []map[string]any {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []map[string]any
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.Contains(line, msg) {
+			continue
+		}
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // hourRound is one hour of the day: every node re-attests once.
@@ -90,7 +218,7 @@ func runDay(ctx context.Context, w *fleet.World, ms []*fleet.Machine, o dayOptio
 			if err != nil {
 				return "", true, err
 			}
-			extra.WriteString(row)
+			extra.WriteString(fmt.Sprintf(row, h))
 		}
 		calls0, err := apiCalls(ctx, w)
 		if err != nil {

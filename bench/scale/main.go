@@ -75,14 +75,14 @@ func main() {
 	var day dayOptions
 	flag.IntVar(&day.hours, "hours", 0, "a day after the burst: every node re-attests once an hour for this many hours (the attestation-only and re-attestation runs are skipped), and the report adds the bytes per node in etcd and the processes' memory")
 	flag.DurationVar(&day.hour, "hour", time.Minute, "a compressed hour of -hours: each hour's re-attestations start evenly within it")
-	flag.IntVar(&day.policyChangeAt, "policy-change-at", -1, "the hour of -hours before whose round the policy changes and the fleet is re-judged: needs the fleet re-judge, not in this build yet (-1: none)")
+	flag.IntVar(&day.policyChangeAt, "policy-change-at", -1, "the hour of -hours (2 or later: the nodes' claims are recorded at their first re-attestation) before whose round the policy changes three times and the fleet is re-judged each time: a revocation no node booted, the revocation of the TPM nodes' kernel, the policy put back (-1: none)")
 	flag.Parse()
 	log.SetFlags(log.Ltime)
 	if *replicas > 1 {
 		*steadyRate = 0
 	}
-	if day.policyChangeAt >= 0 {
-		log.Fatal(errNoRejudge)
+	if day.policyChangeAt >= 0 && (day.policyChangeAt < 2 || day.policyChangeAt > day.hours) {
+		log.Fatalf("-policy-change-at %d: want an hour from 2 to -hours (%d): the first round records the claims a re-judge reads", day.policyChangeAt, day.hours)
 	}
 	if day.hours > 0 {
 		if *replicas > 1 {
