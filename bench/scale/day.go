@@ -111,6 +111,7 @@ const rejudgeLine = "policy re-judged the fleet"
 // the reload logged) and the time from the write to that line.
 func applyPolicy(ctx context.Context, w *fleet.World, doc []byte) (rejudge.Counts, time.Duration, error) {
 	reloads := len(logLines(w.Server.Log, "policy reloaded"))
+	passes := len(logLines(w.Server.Log, rejudgeLine)) // a version put back was judged before
 	tmp := w.PolicyFile + ".new"
 	if err := os.WriteFile(tmp, doc, 0o600); err != nil {
 		return rejudge.Counts{}, 0, err
@@ -131,7 +132,7 @@ func applyPolicy(ctx context.Context, w *fleet.World, doc []byte) (rejudge.Count
 			}
 			continue
 		}
-		for _, l := range logLines(w.Server.Log, rejudgeLine) {
+		for _, l := range logLines(w.Server.Log, rejudgeLine)[passes:] {
 			if l["version"] != version {
 				continue
 			}
