@@ -5,10 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // DefaultAKState is where a re-attesting agent keeps its TPM's
@@ -35,19 +35,14 @@ type akState struct {
 // wrong with it is said.
 func loadAKState(path string) (akState, string) {
 	var st akState
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return st, ""
-	} else if err != nil {
-		return st, fmt.Sprintf("kept AK %s: %v; making a new one", path, err)
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxAKState+1))
+	b, err := fsutil.ReadFileMax(path, maxAKState)
 	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return st, ""
+	case errors.Is(err, fsutil.ErrTooLarge):
+		return st, fmt.Sprintf("kept AK %s is over %d bytes; making a new one", path, maxAKState)
 	case err != nil:
-		return akState{}, fmt.Sprintf("kept AK %s: %v; making a new one", path, err)
-	case len(b) > maxAKState:
-		return akState{}, fmt.Sprintf("kept AK %s is over %d bytes; making a new one", path, maxAKState)
+		return st, fmt.Sprintf("kept AK %s: %v; making a new one", path, err)
 	}
 	if err := json.Unmarshal(b, &st); err != nil || len(st.AK) == 0 {
 		return akState{}, fmt.Sprintf("kept AK %s does not decode; making a new one", path)

@@ -7,6 +7,7 @@ package fsutil
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 )
@@ -89,4 +90,27 @@ func CheckPrivate(path string) error {
 		return fmt.Errorf("%s belongs to uid %d, not to this process's uid %d (or root): %w", path, uid, os.Geteuid(), ErrNotPrivate)
 	}
 	return nil
+}
+
+// ErrTooLarge: a file is over the size its reader takes.
+var ErrTooLarge = errors.New("file too large")
+
+// ReadFileMax reads the file at path whole when it holds at most max
+// bytes, never more than max+1 of them (ErrTooLarge, wrapped, when it
+// holds more): for files whose contents are parsed and whose size an
+// attacker or a mistake may choose.
+func ReadFileMax(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s: over %d bytes: %w", path, max, ErrTooLarge)
+	}
+	return b, nil
 }

@@ -1,6 +1,7 @@
 package fsutil
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -28,5 +29,36 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 	if err := WriteFileSync(p, []byte("x"), 0o600); err == nil {
 		t.Fatal("WriteFileSync overwrote an existing file")
+	}
+}
+
+// TestReadFileMax: a file of max bytes reads whole, one byte more is
+// ErrTooLarge, a missing file is os.ErrNotExist.
+func TestReadFileMax(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, n int) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, make([]byte, n), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name    string
+		path    string
+		want    int
+		wantErr error
+	}{
+		{"at the bound", write("at", 16), 16, nil},
+		{"empty", write("empty", 0), 0, nil},
+		{"one byte over", write("over", 17), 0, ErrTooLarge},
+		{"missing", filepath.Join(dir, "none"), 0, os.ErrNotExist},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := ReadFileMax(tc.path, 16)
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) || len(b) != tc.want {
+				t.Errorf("read %d bytes, %v; want %d, %v", len(b), err, tc.want, tc.wantErr)
+			}
+		})
 	}
 }

@@ -116,10 +116,10 @@ func (s *Server) reattest(w http.ResponseWriter, ctx context.Context, d *decisio
 		// its outcome.
 		st.Passed, st.Reason, st.Message, st.Audit, st.Rejudged = refusal == nil, "", "", "", time.Time{}
 		if refusal == nil {
-			st.LastSuccess, st.Audit = now, policy.FormatAudits(audits, 4096)
+			st.LastSuccess, st.Audit = now, policy.FormatAudits(audits, store.MaxStatusAudit)
 		} else {
 			r, _ := attest.ReasonOf(refusal)
-			st.Reason, st.Message = string(r), truncate(refusal.Error(), 1024)
+			st.Reason, st.Message = string(r), store.StatusMessage(refusal.Error())
 		}
 		return nil
 	})
@@ -176,11 +176,4 @@ func recorded(c *attest.Claims) *attest.Claims {
 	tp.Boot.DBXSHA256s = nil
 	cp.TPM = &tp
 	return &cp
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
 }

@@ -20,6 +20,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -244,6 +245,22 @@ type AttestationStatus struct {
 	// the attempt's. A later re-judge whose policy passes the claims again
 	// clears it (Passed true again); any attempt of the node clears it.
 	Rejudged time.Time `json:"rejudged,omitzero"`
+}
+
+// Bounds of a status's Audit and Message, whoever writes them (a
+// re-attestation, a re-judge).
+const (
+	MaxStatusAudit   = 4096
+	MaxStatusMessage = 1024
+)
+
+// StatusMessage is msg as a status keeps it: at most MaxStatusMessage
+// bytes, cut on a character.
+func StatusMessage(msg string) string {
+	if len(msg) <= MaxStatusMessage {
+		return msg
+	}
+	return strings.ToValidUTF8(msg[:MaxStatusMessage], "")
 }
 
 // Attested says whether a binding's node is attested at now, given how

@@ -24,8 +24,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
-	"os"
 	"strconv"
 	"strings"
 
@@ -33,6 +31,7 @@ import (
 	"github.com/smallstep/pkcs7"
 
 	"github.com/nodeproof/nodeproof/attest/uefivar"
+	"github.com/nodeproof/nodeproof/fsutil"
 )
 
 // MaxSize bounds an image: kernels are ~10 MB and UKIs with an initrd
@@ -153,13 +152,10 @@ type SBATEntry struct {
 
 // ReadFile reads the image at path (see Read).
 func ReadFile(path string) (*Image, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxSize+1))
-	if err != nil {
+	b, err := fsutil.ReadFileMax(path, MaxSize)
+	if errors.Is(err, fsutil.ErrTooLarge) {
+		return nil, fmt.Errorf("%s: larger than %d bytes: not a boot image", path, MaxSize)
+	} else if err != nil {
 		return nil, err
 	}
 	img, err := Read(b)

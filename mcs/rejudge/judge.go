@@ -21,7 +21,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"strings"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
@@ -191,19 +190,12 @@ func Decide(pol *policy.Policy, b *store.Binding, now time.Time) Decision {
 		switch {
 		case !st.Passed:
 			d.Change = Cleared
-		case st.Audit != policy.FormatAudits(v.Audits, maxAudit):
+		case st.Audit != policy.FormatAudits(v.Audits, store.MaxStatusAudit):
 			d.Change = Audited
 		}
 	}
 	return d
 }
-
-// maxAudit and maxMessage bound a status's Audit and Message as a
-// re-attestation's do.
-const (
-	maxAudit   = 4096
-	maxMessage = 1024
-)
 
 // apply writes d's change into b's status; version names the policy (its
 // version), now is when.
@@ -212,12 +204,12 @@ func (d Decision) apply(b *store.Binding, version string, now time.Time) {
 	switch d.Change {
 	case Failed, Refailed:
 		st.Passed, st.Audit, st.Rejudged = false, "", now
-		st.Reason, st.Message = string(d.Verdict.Reason()), truncate(Message(b, version, d.Verdict.Err), maxMessage)
+		st.Reason, st.Message = string(d.Verdict.Reason()), store.StatusMessage(Message(b, version, d.Verdict.Err))
 	case Cleared:
 		st.Passed, st.Reason, st.Message, st.Rejudged = true, "", "", time.Time{}
-		st.Audit = policy.FormatAudits(d.Verdict.Audits, maxAudit)
+		st.Audit = policy.FormatAudits(d.Verdict.Audits, store.MaxStatusAudit)
 	case Audited:
-		st.Audit = policy.FormatAudits(d.Verdict.Audits, maxAudit)
+		st.Audit = policy.FormatAudits(d.Verdict.Audits, store.MaxStatusAudit)
 	}
 }
 
@@ -231,11 +223,4 @@ func Message(b *store.Binding, version string, err error) string {
 	}
 	return fmt.Sprintf("the policy in force changed%s and refuses the claims of the node's last passing attestation (%s): %v",
 		v, b.Status.LastAttempt.UTC().Format(time.RFC3339), err)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "")
 }

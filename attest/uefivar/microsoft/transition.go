@@ -150,22 +150,6 @@ const (
 	KEKCA2023  = "Microsoft Corporation KEK 2K CA 2023"
 )
 
-// Holds reports whether fps (a variable's certificates, by fingerprint)
-// hold the CA named name.
-func Holds(fps []string, name string) bool {
-	for _, r := range table {
-		if r.name != name {
-			continue
-		}
-		for _, fp := range fps {
-			if fp == r.sha256 {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // TransitionOfRecorded is TransitionOf of recorded claims (JSON, as a
 // node's binding status keeps them): unknown throughout when there are
 // none, they do not decode or they are not a TPM's.
@@ -180,26 +164,22 @@ func (s Set) TransitionOfRecorded(claims []byte) Transition {
 // HoldsShimCA2023 reports whether db (its certificates, by fingerprint)
 // holds a 2023 CA that signs shims: Microsoft UEFI CA 2023, or an extra
 // db CA of 2023.
-func (s Set) HoldsShimCA2023(db []string) bool {
-	if Holds(db, UEFICA2023) {
-		return true
-	}
-	for _, e := range s.Extra {
-		if e.Variable == DB && e.Year == 2023 && slices.Contains(db, e.SHA256) {
-			return true
-		}
-	}
-	return false
-}
+func (s Set) HoldsShimCA2023(db []string) bool { return s.holds2023(db, DB, UEFICA2023) }
 
 // HoldsKEKCA2023 reports whether KEK holds Microsoft Corporation KEK 2K
 // CA 2023 or an extra KEK CA of 2023.
-func (s Set) HoldsKEKCA2023(kek []string) bool {
-	if Holds(kek, KEKCA2023) {
-		return true
+func (s Set) HoldsKEKCA2023(kek []string) bool { return s.holds2023(kek, KEK, KEKCA2023) }
+
+// holds2023 reports whether fps (variable's certificates) hold
+// Microsoft's CA named name, or an extra CA of 2023 in variable.
+func (s Set) holds2023(fps []string, variable, name string) bool {
+	for _, r := range table {
+		if r.name == name && slices.Contains(fps, r.sha256) {
+			return true
+		}
 	}
 	for _, e := range s.Extra {
-		if e.Variable == KEK && e.Year == 2023 && slices.Contains(kek, e.SHA256) {
+		if e.Variable == variable && e.Year == 2023 && slices.Contains(fps, e.SHA256) {
 			return true
 		}
 	}

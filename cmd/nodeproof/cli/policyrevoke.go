@@ -94,25 +94,8 @@ func cmdPolicyRevoke(_ context.Context, in *invocation) error {
 	return nil
 }
 
-// readBounded reads at most max bytes of file, refusing a larger one.
-func readBounded(file string, max int64) ([]byte, error) {
-	f, err := os.Open(file)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, fmt.Errorf("%s: larger than %d bytes", file, max)
-	}
-	return b, nil
-}
-
 func readDBXUpdate(file string) (*uefivar.Update, error) {
-	b, err := readBounded(file, uefivar.MaxSize)
+	b, err := fsutil.ReadFileMax(file, uefivar.MaxSize)
 	if err != nil {
 		return nil, fmt.Errorf("--dbx-update %s: %w", file, err)
 	}
@@ -161,7 +144,7 @@ const efivarfsAttributes = 4
 // readSBATLevel reads an SbatLevel text (a copy of the SbatLevelRT
 // variable from efivarfs, whose 4 bytes of attributes come first, too).
 func readSBATLevel(file string, stderr io.Writer) (map[string]int, error) {
-	b, err := readBounded(file, 64<<10)
+	b, err := fsutil.ReadFileMax(file, 64<<10)
 	if err != nil {
 		return nil, fmt.Errorf("--sbat-level %s: %w", file, err)
 	}
