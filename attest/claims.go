@@ -311,6 +311,16 @@ func StageName(i int) string {
 	return "kernel"
 }
 
+// StageOf names boot application i of this boot for people: as
+// StageName, but the last is the unified kernel image when systemd-stub
+// measured its sections (UKISectionsKnown).
+func (b *BootState) StageOf(i int) string {
+	if b.UKISectionsKnown && i == len(b.BootApplications)-1 {
+		return "unified kernel image"
+	}
+	return StageName(i)
+}
+
 // Kernels are the boot applications in the kernel's stage: every one
 // after the boot loader.
 func (b *BootState) Kernels() []string {

@@ -179,11 +179,7 @@ func writeBootSummary(w io.Writer, bs attest.BootState) {
 	}
 	fmt.Fprintf(w, "secure boot: %s\n", sb)
 	for i, a := range bs.BootApplications {
-		stage := attest.StageName(i)
-		if bs.UKISectionsKnown && i == len(bs.BootApplications)-1 {
-			stage = "unified kernel image" // systemd-stub measured its sections
-		}
-		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, stage, a)
+		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, bs.StageOf(i), a)
 	}
 	if bs.KernelCmdlineKnown {
 		fmt.Fprintf(w, "kernel command line: %s\n", safetext.Clean(bs.KernelCmdline))
