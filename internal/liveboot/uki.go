@@ -70,6 +70,9 @@ type UKISection struct {
 	Src string
 }
 
+// ukiPage is the least alignment of a UKI's added sections.
+const ukiPage = 4096
+
 // maxUKISection bounds each section (a kernel is ~8 MiB, an initramfs
 // tens).
 const maxUKISection = 1 << 30
@@ -79,8 +82,12 @@ const maxUKISection = 1 << 30
 // u has) are added by objcopy (binutils) to a copy of the stub, each at an
 // address computed from the stub's PE headers: the first after the
 // stub's image (SizeOfImage and every section's end), each next after
-// the one before, every one aligned to the stub's SectionAlignment. The
-// image is read back: each section must be where it was put with its
+// the one before, every one aligned to the stub's SectionAlignment or a
+// 4 KiB page, whichever is larger (Debian's stub aligns to 512 bytes;
+// Debian's shim sets each section's memory attributes when it loads the
+// image, and says "Invalid call dxe_update_mem_attrs ... addr is not page
+// aligned" of every section that does not start on a page). The image is
+// read back: each section must be where it was put with its
 // input's size as its VirtualSize.
 func BuildUKI(ctx context.Context, u UKI, out string) ([]UKISection, error) {
 	if u.Stub == "" || u.Kernel == "" {
@@ -147,8 +154,9 @@ func BuildUKI(ctx context.Context, u UKI, out string) ([]UKISection, error) {
 }
 
 // ukiLayout sets each section's RVA: after the stub's image and after the
-// section before, aligned to the stub's SectionAlignment. It returns the
-// stub's ImageBase (objcopy takes addresses with it).
+// section before, aligned to the stub's SectionAlignment or a page,
+// whichever is larger. It returns the stub's ImageBase (objcopy takes
+// addresses with it).
 func ukiLayout(stub *pe.File, secs []UKISection) (uint64, error) {
 	var align, sizeOfImage uint32
 	var base uint64
@@ -170,7 +178,7 @@ func ukiLayout(stub *pe.File, secs []UKISection) (uint64, error) {
 		}
 		next = max(next, uint64(s.VirtualAddress)+uint64(max(s.VirtualSize, s.Size)))
 	}
-	a := uint64(align)
+	a := max(uint64(align), ukiPage)
 	for i := range secs {
 		next = (next + a - 1) &^ (a - 1)
 		if next+uint64(secs[i].Size) > 1<<32-1 {
