@@ -129,7 +129,7 @@ func loadManifest(dir, what string, chain bool) (*Parts, error) {
 	files := append([]string{p.Path(p.Kernel)}, p.ModulePaths()...)
 	if chain {
 		if p.Shim == "" || p.Grub == "" || p.Stub == "" {
-			return nil, fmt.Errorf("liveboot: the cached %s (%s) was fetched before the shim, GRUB and systemd-stub were all its parts (its manifest lacks one): %s", what, p.Dir, PartsHint)
+			return nil, fmt.Errorf("liveboot: %s in the cache (%s) was fetched before systemd-stub was one of its parts (its manifest names no shim, GRUB or stub): %s", what, p.Dir, PartsHint)
 		}
 		files = append(files, p.Path(p.Shim), p.Path(p.Grub), p.Path(p.Stub))
 	}

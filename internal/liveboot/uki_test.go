@@ -223,7 +223,7 @@ func TestLoadManifest(t *testing.T) {
 		err     string
 	}{
 		{"a boot chain with its stub", full, "", true, ""},
-		{"a boot chain fetched before the stub", noStub, "", true, "fetched before the shim, GRUB and systemd-stub"},
+		{"a boot chain fetched before the stub", noStub, "", true, "fetched before systemd-stub was one of its parts"},
 		{"the stub's file gone", full, "linuxx64.efi.stub", true, "lacks"},
 		{"a module gone", full, "modules/virtio.ko", true, "lacks"},
 		{"a previous kernel", kernelOnly, "", false, ""},
