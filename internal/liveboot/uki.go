@@ -39,7 +39,7 @@ type UKI struct {
 	// Cmdline is the kernel command line (.cmdline, these bytes: no NUL
 	// added). With Secure Boot on, the stub ignores any command line its
 	// loader passes when the image has one; with none it takes the
-	// loader's (and measures it into PCR 12).
+	// loader's (which these tests never boot).
 	Cmdline string
 	// OSRelease is the os-release (.osrel, these bytes); none when empty.
 	OSRelease []byte
