@@ -10,15 +10,17 @@
 # and what the live boot test (internal/liveboot, make test-boot) boots a VM
 # with: qemu-system-x86 and ovmf (UEFI firmware with Secure Boot), mtools,
 # dosfstools and fdisk (the ESP disk image, no loop mounts), busybox-static
-# (the guest's initramfs), and sbsigntool and efitools (the signer tests'
-# own Secure Boot keys: images re-signed, variable updates signed).
+# (the guest's initramfs), sbsigntool and efitools (the signer tests'
+# own Secure Boot keys: images re-signed, variable updates signed), and
+# binutils (objcopy builds the unified kernel images).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
 need=()
 for bin in swtpm swtpm_setup swtpm_localca:swtpm-tools tpm2_quote:tpm2-tools gcc sslscan haproxy skopeo podman jq curl openssl \
   qemu-system-x86_64:qemu-system-x86 mcopy:mtools mkfs.vfat:dosfstools sfdisk:fdisk \
-  sbsign:sbsigntool sbattach:sbsigntool cert-to-efi-sig-list:efitools sign-efi-sig-list:efitools; do
+  sbsign:sbsigntool sbattach:sbsigntool sbverify:sbsigntool cert-to-efi-sig-list:efitools sign-efi-sig-list:efitools \
+  objcopy:binutils; do
   cmd=${bin%%:*}
   pkg=${bin#*:}
   [ "$pkg" = "$bin" ] && pkg=$cmd

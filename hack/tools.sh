@@ -9,7 +9,8 @@
 #   controller-gen  from the nested tool module hack/tools/controller-gen/
 #                   (`make generate`, and the store's CRD drift test)
 #   boot-chain      Debian's signed shim, GRUB and kernel (the ABI
-#                   linux-image-amd64 depends on today) and the guest's
+#                   linux-image-amd64 depends on today), systemd-stub
+#                   (systemd-boot-efi: unified kernel images) and the guest's
 #                   kernel modules, for the live boot (make test-boot):
 #                   apt-get download and unpacked, never installed, into
 #                   boot/<abi>_<versions>/ with boot/current pointing at it;

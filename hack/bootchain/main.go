@@ -1,7 +1,8 @@
 // Command bootchain fetches what the live boot (internal/liveboot, make
 // test-boot, make demo-boot) boots: Debian's Microsoft-signed shim, its
 // signed GRUB and its signed kernel of the ABI linux-image-amd64 depends
-// on today, with the kernel modules the guest loads, and the signed kernel
+// on today, with the kernel modules the guest loads, systemd-stub (the
+// unsigned program of unified kernel images), and the signed kernel
 // of the ABI before it (the live boot's second kernel signed by the same
 // key: internal/liveboot's signer tests). They are downloaded
 // with apt-get download and unpacked, never installed, into the cache

@@ -269,7 +269,7 @@ func isExec(p string) bool {
 func toolHint(name string) string {
 	pkg := map[string]string{
 		"sfdisk": "fdisk", "mkfs.vfat": "dosfstools", "mcopy": "mtools", "mmd": "mtools",
-		"qemu-system-x86_64": "qemu-system-x86", "swtpm": "swtpm",
+		"qemu-system-x86_64": "qemu-system-x86", "swtpm": "swtpm", "objcopy": "binutils",
 	}[name]
 	if pkg == "" {
 		pkg = name

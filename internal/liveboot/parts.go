@@ -40,8 +40,10 @@ const (
 	ShimPackage   = "shim-signed"
 	GrubPackage   = "grub-efi-amd64-signed"
 	KernelMeta    = "linux-image-amd64" // depends on the current ABI's signed image
+	StubPackage   = "systemd-boot-efi"  // systemd-stub, the UKI's EFI program (unsigned)
 	shimFile      = "usr/lib/shim/shimx64.efi.signed"
 	grubFile      = "usr/lib/grub/x86_64-efi-signed/grubx64.efi.signed"
+	stubFile      = "usr/lib/systemd/boot/efi/linuxx64.efi.stub"
 	manifestName  = "manifest.json"
 	currentLink   = "current"
 	partsCacheDir = "boot"
@@ -68,6 +70,11 @@ type Parts struct {
 	Shim   string `json:"shim"`
 	Grub   string `json:"grub"`
 	Kernel string `json:"kernel"`
+	// Stub is systemd-stub (linuxx64.efi.stub, from systemd-boot-efi):
+	// the EFI program a unified kernel image (BuildUKI) is made of. Debian
+	// ships it unsigned. Empty in parts of only a kernel
+	// (LoadPreviousKernel).
+	Stub string `json:"stub,omitempty"`
 	// Modules are the guest's kernel modules, dependencies first (load
 	// them in this order), as file names under Dir/modules.
 	Modules []string `json:"modules"`
@@ -95,7 +102,7 @@ func (p *Parts) ModulePaths() []string {
 }
 
 // PartsHint says how to get the parts.
-const PartsHint = "run `make tools` (hack/tools.sh boot-chain: Debian's signed shim, GRUB and kernel, downloaded with apt-get download and unpacked into the cache)"
+const PartsHint = "run `make tools` (hack/tools.sh boot-chain: Debian's signed shim, GRUB and kernel and systemd-stub, downloaded with apt-get download and unpacked into the cache)"
 
 // LoadParts reads the parts last fetched into cache (hack/tools.sh's
 // cache directory).
@@ -104,8 +111,9 @@ func LoadParts(cache string) (*Parts, error) {
 }
 
 // loadManifest reads the parts fetched into dir (what says "what" in its
-// errors), checking every file is there: the shim and GRUB too when
-// chain.
+// errors), checking every file is there: the shim, GRUB and the stub too
+// when chain. A chain fetched before the stub was one of its parts (its
+// manifest names none) is refused with how to fetch it again.
 func loadManifest(dir, what string, chain bool) (*Parts, error) {
 	b, err := os.ReadFile(filepath.Join(dir, manifestName))
 	if err != nil {
@@ -120,7 +128,10 @@ func loadManifest(dir, what string, chain bool) (*Parts, error) {
 	}
 	files := append([]string{p.Path(p.Kernel)}, p.ModulePaths()...)
 	if chain {
-		files = append(files, p.Path(p.Shim), p.Path(p.Grub))
+		if p.Shim == "" || p.Grub == "" || p.Stub == "" {
+			return nil, fmt.Errorf("liveboot: %s in the cache (%s) was fetched before systemd-stub was one of its parts (its manifest names no shim, GRUB or stub): %s", what, p.Dir, PartsHint)
+		}
+		files = append(files, p.Path(p.Shim), p.Path(p.Grub), p.Path(p.Stub))
 	}
 	for _, f := range files {
 		if _, err := os.Stat(f); err != nil {
@@ -131,12 +142,12 @@ func loadManifest(dir, what string, chain bool) (*Parts, error) {
 }
 
 // FetchParts looks the kernel's ABI up (apt-cache depends
-// linux-image-amd64), downloads the three packages with apt-get download
+// linux-image-amd64), downloads the four packages with apt-get download
 // (never installing them: no maintainer script runs on this machine),
-// unpacks the shim, GRUB, the kernel and the guest's modules (found by
-// name, their dependencies read from each module's depends=, no depmod)
-// into cache/boot/<ABI>-<versions>, and points cache/boot/current at it.
-// A fetch already there is kept. say gets one line per step.
+// unpacks the shim, GRUB, systemd-stub, the kernel and the guest's modules
+// (found by name, their dependencies read from each module's depends=, no
+// depmod) into cache/boot/<ABI>-<versions>, and points cache/boot/current
+// at it. A fetch already there is kept. say gets one line per step.
 func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*Parts, error) {
 	abi, err := kernelABI(ctx)
 	if err != nil {
@@ -144,14 +155,15 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	}
 	kernelPkg := "linux-image-" + abi
 	versions := map[string]string{}
-	for _, pkg := range []string{ShimPackage, GrubPackage, kernelPkg} {
+	pkgs := []string{ShimPackage, GrubPackage, StubPackage, kernelPkg}
+	for _, pkg := range pkgs {
 		v, err := candidate(ctx, pkg)
 		if err != nil {
 			return nil, err
 		}
 		versions[pkg] = v
 	}
-	name := sanitize(fmt.Sprintf("%s_shim-%s_grub-%s_linux-%s", abi, versions[ShimPackage], versions[GrubPackage], versions[kernelPkg]))
+	name := sanitize(fmt.Sprintf("%s_shim-%s_grub-%s_stub-%s_linux-%s", abi, versions[ShimPackage], versions[GrubPackage], versions[StubPackage], versions[kernelPkg]))
 	root := filepath.Join(cache, partsCacheDir)
 	dir := filepath.Join(root, name)
 	if _, err := os.Stat(filepath.Join(dir, manifestName)); err == nil {
@@ -170,11 +182,11 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	if err := os.Mkdir(debs, 0o755); err != nil {
 		return nil, err
 	}
-	say("boot chain: apt-get download %s=%s %s=%s %s=%s", ShimPackage, versions[ShimPackage], GrubPackage, versions[GrubPackage], kernelPkg, versions[kernelPkg])
 	args := []string{"download"}
-	for _, pkg := range []string{ShimPackage, GrubPackage, kernelPkg} {
+	for _, pkg := range pkgs {
 		args = append(args, pkg+"="+versions[pkg])
 	}
+	say("boot chain: apt-get %s", strings.Join(args, " "))
 	cmd := exec.CommandContext(ctx, "apt-get", args...)
 	cmd.Dir = debs
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -184,7 +196,7 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 	if err := os.MkdirAll(filepath.Join(out, "modules"), 0o755); err != nil {
 		return nil, err
 	}
-	p := &Parts{ABI: abi, Packages: versions, Shim: path.Base(shimFile), Grub: path.Base(grubFile), Kernel: "vmlinuz-" + abi}
+	p := &Parts{ABI: abi, Packages: versions, Shim: path.Base(shimFile), Grub: path.Base(grubFile), Stub: path.Base(stubFile), Kernel: "vmlinuz-" + abi}
 	deb := func(pkg string) string {
 		m, _ := filepath.Glob(filepath.Join(debs, pkg+"_*.deb"))
 		if len(m) != 1 {
@@ -192,11 +204,14 @@ func FetchParts(ctx context.Context, cache string, say func(string, ...any)) (*P
 		}
 		return m[0]
 	}
-	say("boot chain: unpacking the shim, GRUB and the kernel")
+	say("boot chain: unpacking the shim, GRUB, systemd-stub and the kernel")
 	if err := extract(ctx, deb(ShimPackage), map[string]string{shimFile: filepath.Join(out, p.Shim)}); err != nil {
 		return nil, err
 	}
 	if err := extract(ctx, deb(GrubPackage), map[string]string{grubFile: filepath.Join(out, p.Grub)}); err != nil {
+		return nil, err
+	}
+	if err := extract(ctx, deb(StubPackage), map[string]string{stubFile: filepath.Join(out, p.Stub)}); err != nil {
 		return nil, err
 	}
 	if p.Modules, err = unpackKernel(ctx, deb(kernelPkg), abi, out, p.Kernel, say); err != nil {
@@ -361,10 +376,13 @@ func previousABI(ctx context.Context, current string) (string, error) {
 	return fmt.Sprintf("%s-%d-amd64", m[1], best), nil
 }
 
-// WithKernel is p's shim and GRUB with k's kernel and modules (k from
-// LoadPreviousKernel): parts of absolute paths.
+// WithKernel is p's shim, GRUB and stub with k's kernel and modules (k
+// from LoadPreviousKernel): parts of absolute paths.
 func (p *Parts) WithKernel(k *Parts) *Parts {
 	out := &Parts{ABI: k.ABI, Packages: map[string]string{}, Shim: p.Path(p.Shim), Grub: p.Path(p.Grub), Kernel: k.Path(k.Kernel), Modules: k.ModulePaths()}
+	if p.Stub != "" {
+		out.Stub = p.Path(p.Stub)
+	}
 	for n, v := range p.Packages {
 		if !strings.HasPrefix(n, "linux-image-") {
 			out.Packages[n] = v

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"debug/pe"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -190,10 +191,19 @@ func makeKeys(dir string) error {
 	return os.Rename(tmp, dir)
 }
 
-// Sign writes to dst a copy of the PE image src, its signatures removed
-// (sbattach --remove) and signed by k (sbsign). Its Authenticode digest is
-// src's: the same code under another signer.
+// Sign writes to dst a copy of the PE image src signed by k (sbsign):
+// a signed src's signatures are removed first (sbattach --remove, which
+// refuses an image without one), an unsigned src (BuildUKI's) is signed
+// as it is. Either way its Authenticode digest is src's: the same code
+// under another signer. src and dst may not be the same file.
 func (k KeyPair) Sign(ctx context.Context, src, dst string) error {
+	signed, err := peSigned(src)
+	if err != nil {
+		return err
+	}
+	if !signed {
+		return runTool(ctx, "sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", dst, src)
+	}
 	tmp := dst + ".unsigned"
 	defer os.Remove(tmp)
 	if err := copyFile(src, tmp); err != nil {
@@ -203,6 +213,26 @@ func (k KeyPair) Sign(ctx context.Context, src, dst string) error {
 		return err
 	}
 	return runTool(ctx, "sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", dst, tmp)
+}
+
+// peSigned says whether a PE image has an Authenticode signature: a
+// non-empty certificate table (its security data directory).
+func peSigned(path string) (bool, error) {
+	f, err := pe.Open(path)
+	if err != nil {
+		return false, fmt.Errorf("liveboot: %s: %w", path, err)
+	}
+	defer f.Close()
+	var dirs []pe.DataDirectory
+	switch h := f.OptionalHeader.(type) {
+	case *pe.OptionalHeader64:
+		dirs = h.DataDirectory[:min(h.NumberOfRvaAndSizes, uint32(len(h.DataDirectory)))]
+	case *pe.OptionalHeader32:
+		dirs = h.DataDirectory[:min(h.NumberOfRvaAndSizes, uint32(len(h.DataDirectory)))]
+	default:
+		return false, fmt.Errorf("liveboot: %s has no PE optional header", path)
+	}
+	return len(dirs) > pe.IMAGE_DIRECTORY_ENTRY_SECURITY && dirs[pe.IMAGE_DIRECTORY_ENTRY_SECURITY].Size > 0, nil
 }
 
 // runTool runs one of efitools' or sbsigntool's programs.
