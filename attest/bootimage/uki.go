@@ -349,6 +349,14 @@ const (
 // line of another form, a key that is not [A-Za-z_][A-Za-z0-9_]*, and a
 // key given twice (the shell's last-wins is not followed).
 func parseOSRelease(b []byte) (OSRelease, error) {
+	out, err := osRelease(b)
+	if err != nil {
+		return OSRelease{}, err
+	}
+	return out, nil
+}
+
+func osRelease(b []byte) (OSRelease, error) {
 	var out OSRelease
 	b = bytes.TrimRight(b, "\x00")
 	switch {
