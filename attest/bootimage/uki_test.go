@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
@@ -157,6 +159,35 @@ func TestUKI(t *testing.T) {
 		}
 		if !hasComponent(img, "systemd") {
 			t.Errorf("no SBAT component systemd (the stub's) in %+v", img.SBAT)
+		}
+	})
+
+	t.Run("signed: its signer as any image's, and the signature covers the command line", func(t *testing.T) {
+		keys, err := liveboot.EnsureSecureBootKeys(testenv.Cache())
+		if err != nil {
+			t.Fatal(err)
+		}
+		signed := filepath.Join(t.TempDir(), "signed.efi")
+		k := keys.DBSigner
+		if out, err := exec.Command("sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", signed, path).CombinedOutput(); err != nil {
+			t.Fatalf("sbsign (sbsigntool): %v: %s", err, out)
+		}
+		b, err := os.ReadFile(signed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := bootimage.Read(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(img.Signatures) != 1 || !img.Signatures[0].Signer.Equal(keys.DBSigner.Cert) || img.UKI == nil || len(img.UKI.Sections) != 4 {
+			t.Fatalf("%d signatures, UKI %+v", len(img.Signatures), img.UKI)
+		}
+		h := sectionHeader(t, b, ".cmdline")
+		at := binary.LittleEndian.Uint32(b[h+20:])
+		_, err = bootimage.Read(edit(t, b, func(b []byte) { b[at] ^= 'c' ^ 'C' }))
+		if !errors.Is(err, bootimage.ErrSignsAnotherImage) {
+			t.Fatalf("the command line changed after signing: %v; want %v", err, bootimage.ErrSignsAnotherImage)
 		}
 	})
 
