@@ -179,7 +179,9 @@ func ReadFile(path string) (*Image, error) {
 }
 
 // Read reads an image. It refuses, with an error saying which:
-//   - more than MaxSize bytes, or not a PE/COFF image (saferwall/pe);
+//   - more than MaxSize bytes, or not a PE/COFF image (saferwall/pe), or
+//     a section table past the file or with sections saferwall/pe left
+//     out (sectionTable);
 //   - a certificate table outside the file, or an entry that is not a
 //     WIN_CERTIFICATE of revision 2.0 and type PKCS_SIGNED_DATA, or whose
 //     length runs past the table;
@@ -213,6 +215,10 @@ func Read(b []byte) (*Image, error) {
 		Linux: len(b) >= 0x206 && string(b[0x202:0x206]) == "HdrS" || len(b) >= 0x3c && string(b[0x38:0x3c]) == "ARM\x64"}
 	if len(img.AuthenticodeSHA256) != sha256.Size {
 		return nil, fmt.Errorf("bootimage: %w: no Authenticode digest (headers out of bounds)", ErrNotPE)
+	}
+	table, err := sectionTable(f, b)
+	if err != nil {
+		return nil, err
 	}
 	sum := sha256.Sum256(b)
 	img.FileSHA256 = sum[:]
@@ -252,11 +258,11 @@ func Read(b []byte) (*Image, error) {
 			}
 		}
 	}
-	if isUKI(f) {
+	if isUKI(table) {
 		if img.Kind == KindImage {
 			img.Kind = KindUKI
 		}
-		if img.UKI, err = readUKI(f, b, img); err != nil {
+		if img.UKI, err = readUKI(f, b, table, img); err != nil {
 			return nil, err
 		}
 	}

@@ -75,15 +75,54 @@ type OSRelease struct {
 	ID, VersionID, PrettyName, ImageID, ImageVersion string
 }
 
-// isUKI says whether systemd-stub would take f for a UKI: a section whose
-// 8-byte name starts with ".linux" (its match, below).
-func isUKI(f *pe.File) bool {
-	for _, s := range f.Sections {
-		if bytes.HasPrefix(s.Header.Name[:], []byte(".linux")) {
+// isUKI says whether systemd-stub would take an image with this section
+// table for a UKI: a section whose 8-byte name starts with ".linux" (its
+// match, readUKI).
+func isUKI(table []pe.ImageSectionHeader) bool {
+	for _, h := range table {
+		if bytes.HasPrefix(h.Name[:], []byte(".linux")) {
 			return true
 		}
 	}
 	return false
+}
+
+// sectionTable reads the section headers from b in the table's order (as
+// the stub walks them; saferwall/pe sorts its Sections by address): the
+// COFF file header's NumberOfSections entries of 40 bytes after the
+// optional header. It refuses a table past the file, and a count other
+// than saferwall/pe's (it stops reading at a section it finds too odd,
+// and the Authenticode digest it computes then leaves sections out).
+func sectionTable(f *pe.File, b []byte) ([]pe.ImageSectionHeader, error) {
+	if len(b) < 0x40 {
+		return nil, fmt.Errorf("bootimage: %w: no DOS header", ErrNotPE)
+	}
+	lfanew := uint64(binary.LittleEndian.Uint32(b[0x3c:]))
+	if lfanew+24 > uint64(len(b)) {
+		return nil, fmt.Errorf("bootimage: %w: the PE header past the file", ErrNotPE)
+	}
+	n := uint64(binary.LittleEndian.Uint16(b[lfanew+6:]))
+	start := lfanew + 24 + uint64(binary.LittleEndian.Uint16(b[lfanew+20:]))
+	if start+40*n > uint64(len(b)) {
+		return nil, fmt.Errorf("bootimage: %w: the section table (%d sections) runs past the file", ErrNotPE, n)
+	}
+	if int(n) != len(f.Sections) {
+		return nil, fmt.Errorf("bootimage: %w: the section table has %d sections, the PE reader took %d", ErrNotPE, n, len(f.Sections))
+	}
+	out := make([]pe.ImageSectionHeader, n)
+	for i := range out {
+		e := b[start+40*uint64(i):]
+		h := &out[i]
+		copy(h.Name[:], e[:8])
+		h.VirtualSize = binary.LittleEndian.Uint32(e[8:])
+		h.VirtualAddress = binary.LittleEndian.Uint32(e[12:])
+		h.SizeOfRawData = binary.LittleEndian.Uint32(e[16:])
+		h.PointerToRawData = binary.LittleEndian.Uint32(e[20:])
+		if uint64(h.PointerToRawData)+uint64(h.SizeOfRawData) > uint64(len(b)) {
+			return nil, fmt.Errorf("bootimage: %w: section %d (%q) runs past the file", ErrSection, i+1, strings.TrimRight(string(h.Name[:]), "\x00"))
+		}
+	}
+	return out, nil
 }
 
 // readUKI reads a UKI's sections as systemd-stub 252 finds and measures
@@ -105,23 +144,26 @@ func isUKI(f *pe.File) bool {
 //     name resolves to a known name (the stub and other readers disagree);
 //   - a known section has a VirtualSize of 0 (the stub skips it), or
 //     larger than MaxSize, or ends past SizeOfImage;
-//   - two sections overlap in memory (VirtualAddress, VirtualSize) or in
-//     the file (PointerToRawData, SizeOfRawData);
+//   - a known section's VirtualSize exceeds its raw data by more than
+//     maxZeroFill;
+//   - two sections, or a section and the headers, overlap in memory
+//     (VirtualAddress, VirtualSize) or in the file (PointerToRawData,
+//     SizeOfRawData), or a section's raw data and the certificate table;
 //   - a base relocation patches a byte of a measured section, or the
 //     relocation table does not read;
 //   - the .osrel is not an os-release text (parseOSRelease), or .uname
 //     names another kernel version than the kernel in .linux.
 //
-// Every section's raw data was checked to lie within the file before.
-func readUKI(f *pe.File, b []byte, img *Image) (*UKI, error) {
-	secs := f.Sections
+// secs is the section table in its order (sectionTable: each section's
+// raw data within the file); section numbers in errors are its, from 1.
+func readUKI(f *pe.File, b []byte, secs []pe.ImageSectionHeader, img *Image) (*UKI, error) {
 	found := make([]int, len(uki.Sections252))
 	for k := range found {
 		found[k] = -1
 	}
-	for i, s := range secs {
-		raw := s.Header.Name[:]
-		long := sectionName(f, s)
+	for i, h := range secs {
+		raw := h.Name[:]
+		long := sectionName(f, pe.Section{Header: h})
 		for k, name := range uki.Sections252 {
 			if strings.HasPrefix(string(raw), "/") && long == name {
 				return nil, fmt.Errorf("bootimage: %w: section %d is named %s through the string table, which systemd-stub does not read", ErrUKI, i+1, name)
@@ -138,14 +180,18 @@ func readUKI(f *pe.File, b []byte, img *Image) (*UKI, error) {
 			found[k] = i
 		}
 	}
-	var sizeOfImage uint32
+	var sizeOfImage, sizeOfHeaders uint32
 	switch oh := f.NtHeader.OptionalHeader.(type) {
 	case pe.ImageOptionalHeader64:
-		sizeOfImage = oh.SizeOfImage
+		sizeOfImage, sizeOfHeaders = oh.SizeOfImage, oh.SizeOfHeaders
 	case pe.ImageOptionalHeader32:
-		sizeOfImage = oh.SizeOfImage
+		sizeOfImage, sizeOfHeaders = oh.SizeOfImage, oh.SizeOfHeaders
 	}
-	if err := disjoint(secs); err != nil {
+	certOff, certSize, err := certificateTable(f)
+	if err != nil {
+		return nil, err
+	}
+	if err := disjoint(secs, sizeOfHeaders, certOff, certSize); err != nil {
 		return nil, err
 	}
 	u := &UKI{}
@@ -155,7 +201,7 @@ func readUKI(f *pe.File, b []byte, img *Image) (*UKI, error) {
 		if i < 0 {
 			continue
 		}
-		h := secs[i].Header
+		h := secs[i]
 		switch {
 		case h.VirtualSize == 0:
 			return nil, fmt.Errorf("bootimage: %w: %s has a VirtualSize of 0: systemd-stub takes it as absent", ErrUKI, name)
@@ -163,6 +209,8 @@ func readUKI(f *pe.File, b []byte, img *Image) (*UKI, error) {
 			return nil, fmt.Errorf("bootimage: %w: %s has a VirtualSize of %d (at most %d)", ErrUKI, name, h.VirtualSize, MaxSize)
 		case uint64(h.VirtualAddress)+uint64(h.VirtualSize) > uint64(sizeOfImage):
 			return nil, fmt.Errorf("bootimage: %w: %s ends past the image's SizeOfImage %#x", ErrUKI, name, sizeOfImage)
+		case h.VirtualSize > h.SizeOfRawData && h.VirtualSize-h.SizeOfRawData > maxZeroFill:
+			return nil, fmt.Errorf("bootimage: %w: %s: a VirtualSize of %d over %d bytes of raw data (at most %d bytes of the loader's zeros)", ErrUKI, name, h.VirtualSize, h.SizeOfRawData, maxZeroFill)
 		}
 		// What the loader copies: the raw data up to VirtualSize; zeros
 		// after it, up to VirtualSize.
@@ -191,7 +239,7 @@ func readUKI(f *pe.File, b []byte, img *Image) (*UKI, error) {
 		// isUKI saw a .linux prefix, so found it or refused above.
 		return nil, fmt.Errorf("bootimage: %w: no .linux section", ErrUKI)
 	}
-	if err := relocationsOutside(f, b, secs, u, found); err != nil {
+	if err := relocationsOutside(f, b, secs, found); err != nil {
 		return nil, err
 	}
 	if osrel != nil {
@@ -221,27 +269,47 @@ func (zeros) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// disjoint refuses sections that overlap in memory (each from its
-// VirtualAddress for its VirtualSize, or its SizeOfRawData when that is
-// 0, as loaders map them) or in the file (from PointerToRawData for
-// SizeOfRawData).
-func disjoint(secs []pe.Section) error {
+// maxZeroFill bounds the zeros a loader puts after a measured section's
+// raw data (VirtualSize over SizeOfRawData): objcopy and ukify write the
+// content whole, so a large fill is no UKI's, and would only cost hashing.
+const maxZeroFill = 1 << 20
+
+// disjoint refuses sections that overlap each other or the headers, in
+// memory (each from its VirtualAddress for its VirtualSize, or its
+// SizeOfRawData when that is 0, as loaders map them; the headers from 0
+// for SizeOfHeaders) or in the file (from PointerToRawData for
+// SizeOfRawData; the headers, and the certificate table, whose bytes the
+// Authenticode digest leaves out).
+func disjoint(secs []pe.ImageSectionHeader, sizeOfHeaders, certOff, certSize uint32) error {
 	type span struct {
 		start, end uint64
 		i          int
 	}
+	const headers, certTable = -1, -2
 	check := func(what string, spans []span) error {
 		sort.Slice(spans, func(a, b int) bool { return spans[a].start < spans[b].start })
+		name := func(i int) string {
+			switch i {
+			case headers:
+				return "the headers"
+			case certTable:
+				return "the certificate table"
+			}
+			return fmt.Sprintf("section %d", i+1)
+		}
 		for j := 1; j < len(spans); j++ {
 			if spans[j].start < spans[j-1].end {
-				return fmt.Errorf("bootimage: %w: sections %d and %d overlap in %s", ErrUKI, spans[j-1].i+1, spans[j].i+1, what)
+				return fmt.Errorf("bootimage: %w: %s and %s overlap in %s", ErrUKI, name(spans[j-1].i), name(spans[j].i), what)
 			}
 		}
 		return nil
 	}
-	var mem, file []span
-	for i, s := range secs {
-		h := s.Header
+	mem := []span{{0, uint64(sizeOfHeaders), headers}}
+	file := []span{{0, uint64(sizeOfHeaders), headers}}
+	if certSize > 0 {
+		file = append(file, span{uint64(certOff), uint64(certOff) + uint64(certSize), certTable})
+	}
+	for i, h := range secs {
 		size := h.VirtualSize
 		if size == 0 {
 			size = h.SizeOfRawData
@@ -272,7 +340,7 @@ const maxRelocWidth = 8
 // loader applies them before the stub measures, so the measured bytes
 // would not be the file's. It refuses a table outside the file's sections
 // or a block that does not hold together.
-func relocationsOutside(f *pe.File, b []byte, secs []pe.Section, u *UKI, found []int) error {
+func relocationsOutside(f *pe.File, b []byte, secs []pe.ImageSectionHeader, found []int) error {
 	var dir pe.DataDirectory
 	switch oh := f.NtHeader.OptionalHeader.(type) {
 	case pe.ImageOptionalHeader64:
@@ -285,8 +353,7 @@ func relocationsOutside(f *pe.File, b []byte, secs []pe.Section, u *UKI, found [
 	}
 	// The table's bytes: in the section whose memory holds its RVA.
 	var table []byte
-	for _, s := range secs {
-		h := s.Header
+	for _, h := range secs {
 		if dir.VirtualAddress >= h.VirtualAddress && uint64(dir.VirtualAddress)+uint64(dir.Size) <= uint64(h.VirtualAddress)+uint64(min(h.VirtualSize, h.SizeOfRawData)) {
 			off := uint64(h.PointerToRawData) + uint64(dir.VirtualAddress-h.VirtualAddress)
 			table = b[off : off+uint64(dir.Size)]
@@ -303,7 +370,7 @@ func relocationsOutside(f *pe.File, b []byte, secs []pe.Section, u *UKI, found [
 	var measured []span
 	for k, name := range uki.Sections252 {
 		if i := found[k]; i >= 0 && uki.Measured252(name) {
-			h := secs[i].Header
+			h := secs[i]
 			measured = append(measured, span{name, uint64(h.VirtualAddress), uint64(h.VirtualAddress) + uint64(h.VirtualSize)})
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
@@ -228,40 +229,54 @@ func TestUKI(t *testing.T) {
 		name string
 		edit func(b []byte)
 		want error
+		says string
 	}{
 		{"two .linux sections (the .initrd renamed): the stub would boot the second", func(b []byte) {
 			copy(b[sectionHeader(t, b, ".initrd"):], ".linux\x00\x00")
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "are both .linux: systemd-stub 252 would use the last"},
 		{"a section the stub takes for .linux by its prefix", func(b []byte) {
 			copy(b[sectionHeader(t, b, ".initrd"):], ".linuxX\x00")
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "reads it as .linux"},
 		{"a section running past the file's end", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".initrd")+hdrSizeOfRawData:], 1<<24)
-		}, bootimage.ErrSection},
+		}, bootimage.ErrSection, "section 12 (\".initrd\") runs past the file"},
 		{"a VirtualSize larger than MaxSize", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".initrd")+hdrVirtualSize:], 1<<30)
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "a VirtualSize of 1073741824"},
 		{"a VirtualSize past SizeOfImage", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".initrd")+hdrVirtualSize:], 1<<28)
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "ends past the image's SizeOfImage"},
 		{"a VirtualSize of 0 (the stub skips the section)", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".initrd")+hdrVirtualSize:], 0)
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "takes it as absent"},
 		{".cmdline loaded over .osrel", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".cmdline")+hdrVirtualAddress:], 0x20000)
-		}, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "overlap in memory"},
 		{".initrd's raw data over .linux's", func(b []byte) {
 			h := sectionHeader(t, b, ".linux")
 			copy(b[sectionHeader(t, b, ".initrd")+20:], b[h+20:h+24])
-		}, bootimage.ErrUKI},
-		{"a base relocation into .cmdline", relocated, bootimage.ErrUKI},
+		}, bootimage.ErrUKI, "overlap in the file"},
+		{"a base relocation into .cmdline", relocated, bootimage.ErrUKI, "patches .cmdline"},
+		{"a section odd enough that saferwall/pe stops reading the table there", func(b []byte) {
+			// Three of its anomalies: VirtualSize and VirtualAddress past
+			// 256 MiB, PointerToRawData off the file alignment.
+			h := sectionHeader(t, b, ".initrd")
+			binary.LittleEndian.PutUint32(b[h+hdrVirtualSize:], 0x10000001)
+			binary.LittleEndian.PutUint32(b[h+hdrVirtualAddress:], 0x20000000)
+			binary.LittleEndian.PutUint32(b[h+20:], binary.LittleEndian.Uint32(b[h+20:])+1)
+		}, bootimage.ErrNotPE, "the section table has 12 sections, the PE reader took 11"},
+		{".osrel loaded over the headers", func(b []byte) {
+			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".osrel")+hdrVirtualAddress:], 0x100)
+		}, bootimage.ErrUKI, "the headers and section 9 overlap in memory"},
+		{"megabytes of the loader's zeros after .cmdline", func(b []byte) {
+			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".cmdline")+hdrVirtualSize:], 2<<20)
+		}, bootimage.ErrUKI, "of the loader's zeros"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := bootimage.Read(edit(t, good, tc.edit))
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("%v; want %v", err, tc.want)
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.says) {
+				t.Fatalf("%v; want %v saying %q", err, tc.want, tc.says)
 			}
-			t.Log(err)
 		})
 	}
 
