@@ -280,6 +280,23 @@ func TestUKI(t *testing.T) {
 		})
 	}
 
+	t.Run(".uname: the same version read, another refused", func(t *testing.T) {
+		for _, tc := range []struct {
+			uname string
+			ok    bool
+		}{{kernel.KernelVersion, true}, {"6.1.0-1-amd64", false}} {
+			uname := ukitest.WriteT(t, "uname", []byte(tc.uname))
+			secs := append(ukitest.Standard(in.osrel, in.cmdline, in.kernel, ""), ukitest.Section{Name: ".uname", File: uname, VMA: 0x40000})
+			img, err := bootimage.ReadFile(ukitest.BuildT(t, in.stub, secs))
+			switch {
+			case tc.ok && (err != nil || img.KernelVersion != tc.uname || len(img.UKI.Sections) != 3):
+				t.Errorf(".uname %s: %v; want read, 3 measured sections (252 does not measure .uname)", tc.uname, err)
+			case !tc.ok && (!errors.Is(err, bootimage.ErrUKI) || !strings.Contains(err.Error(), ".uname says")):
+				t.Errorf(".uname %s: %v; want %v", tc.uname, err, bootimage.ErrUKI)
+			}
+		}
+	})
+
 	t.Run("an .osrel that is not os-release", func(t *testing.T) {
 		bad := ukitest.WriteT(t, "bad-os-release", []byte("ID=debian\nPRETTY_NAME=\"unclosed\nID=again\n"))
 		_, err := bootimage.ReadFile(ukitest.BuildT(t, in.stub, ukitest.Standard(bad, in.cmdline, in.kernel, "")))
