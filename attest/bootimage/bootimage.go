@@ -190,6 +190,8 @@ func ReadFile(path string) (*Image, error) {
 //     it carries, its authenticated attributes; no chain, no time), whose
 //     content is not an Authenticode SpcIndirectDataContent, or whose
 //     signed digest is not this image's Authenticode digest in that hash;
+//   - two sections named .sbat, .vendor_cert, .sbatlevel or .uname (which
+//     one a reader takes is its own choice);
 //   - a .sbat section that is not CSV lines of at least two fields with a
 //     numeric generation;
 //   - a .vendor_cert section whose table points outside it, or whose
@@ -235,12 +237,21 @@ func Read(b []byte) (*Image, error) {
 			return nil, err
 		}
 	}
+	seen := map[string]bool{}
 	for _, s := range f.Sections {
 		data, err := sectionData(f, b, s)
 		if err != nil {
 			return nil, err
 		}
-		switch sectionName(f, s) {
+		name := sectionName(f, s)
+		switch name {
+		case ".sbat", ".vendor_cert", ".sbatlevel", ".uname":
+			if seen[name] {
+				return nil, fmt.Errorf("bootimage: %w: two %s sections", ErrSection, name)
+			}
+			seen[name] = true
+		}
+		switch name {
 		case ".sbat":
 			if img.SBAT, err = parseSBAT(data); err != nil {
 				return nil, fmt.Errorf("bootimage: %w: .sbat: %v", ErrSection, err)

@@ -265,6 +265,9 @@ func TestUKI(t *testing.T) {
 			binary.LittleEndian.PutUint32(b[h+hdrVirtualAddress:], 0x20000000)
 			binary.LittleEndian.PutUint32(b[h+20:], binary.LittleEndian.Uint32(b[h+20:])+1)
 		}, bootimage.ErrNotPE, "the section table has 12 sections, the PE reader took 11"},
+		{"two .sbat sections (.sdmagic renamed)", func(b []byte) {
+			copy(b[sectionHeader(t, b, ".sdmagic"):], ".sbat\x00\x00\x00")
+		}, bootimage.ErrSection, "two .sbat sections"},
 		{".osrel loaded over the headers", func(b []byte) {
 			binary.LittleEndian.PutUint32(b[sectionHeader(t, b, ".osrel")+hdrVirtualAddress:], 0x100)
 		}, bootimage.ErrUKI, "the headers and section 9 overlap in memory"},
