@@ -246,6 +246,27 @@ type BootState struct {
 	// ShimState is what the shim measured about itself (PCRs 7 and 14);
 	// nil when the log shows no shim.
 	ShimState *ShimState `json:"shimState,omitempty"`
+
+	// UKISections are what systemd-stub measured into PCR 11 of the
+	// unified kernel image (UKI) it ran: each section's name (measured:
+	// the hash of the name with its NUL) and the digest of its content,
+	// in PCR 11's own order. UKISectionsKnown is set when PCR 11 replayed
+	// and every one of its events read as such a pair, the sections in
+	// systemd's canonical order, each once, .linux among them
+	// (attest/tpm's pcr11 lists the checks).
+	UKISectionsKnown bool           `json:"ukiSectionsKnown,omitempty"`
+	UKISections      []MeasuredFile `json:"ukiSections,omitempty"`
+}
+
+// UKISection returns the digest of the UKI section name measured, if it
+// was.
+func (b *BootState) UKISection(name string) (string, bool) {
+	for _, s := range b.UKISections {
+		if s.Path == name {
+			return s.Digest, true
+		}
+	}
+	return "", false
 }
 
 // MeasuredFile is one file's measurement (PCR 9): the digest of its
@@ -288,6 +309,16 @@ func StageName(i int) string {
 		return "boot loader"
 	}
 	return "kernel"
+}
+
+// StageOf names boot application i of this boot for people: as
+// StageName, but the last is the unified kernel image when systemd-stub
+// measured its sections (UKISectionsKnown).
+func (b *BootState) StageOf(i int) string {
+	if b.UKISectionsKnown && i == len(b.BootApplications)-1 {
+		return "unified kernel image"
+	}
+	return StageName(i)
 }
 
 // Kernels are the boot applications in the kernel's stage: every one

@@ -271,6 +271,16 @@ const (
 	// another kind than the one the pool accepts (tpm.ek): a TPM's other
 	// EK is not a second identity.
 	ReasonPolicyEKKind Reason = "EKKindNotAccepted"
+	// ReasonPolicyUKISections: a pool that judges a unified kernel image
+	// (tpm.uki) got a boot whose PCR 11 does not establish the UKI's
+	// sections (not replayed, not systemd-stub's name and content pairs
+	// in its order, no .linux), or a section tpm.uki.sections pins was
+	// not measured or holds other content.
+	ReasonPolicyUKISections Reason = "UKISectionNotAllowed"
+	// ReasonPolicyUKIExtended: a UKI booted with measurements its
+	// signature does not cover: PCR 12 (a command line the boot loader
+	// passed, credentials) or PCR 13 (system extensions) extended.
+	ReasonPolicyUKIExtended Reason = "UKIExtraMeasurements"
 	// ReasonPolicyReferenceSetExpired: the boot chain matches only
 	// reference sets whose notAfter has passed.
 	ReasonPolicyReferenceSetExpired Reason = "ReferenceSetExpired"

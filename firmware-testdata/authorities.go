@@ -26,7 +26,8 @@ import (
 //   - signers, with Secure Boot on (e.SecureBoot "on"): the first boot
 //     application's (the first of the boot chain: a TDX log's is in PCR
 //     2) is the firmware's one authority, every later one's the shim's
-//     one authority; a log where either measured more than one is an
+//     one authority (a chain of one application, a UKI the firmware ran:
+//     its one authority); a log where either measured more than one is an
 //     error (write those by hand);
 //   - the SbatLevel's text, and the digests of the PCR 14 EV_IPL events
 //     whose data is "MokList", "MokListX" and "MokListTrusted".
@@ -97,6 +98,10 @@ func (e *Expected) ReadSecureBoot(raw []byte) error {
 		}
 	}
 	if e.SecureBoot != "on" {
+		return nil
+	}
+	if len(firmware) == 1 && len(shim) == 0 && len(e.BootApplications) == 1 {
+		e.Signers = firmware // one application the firmware ran (a UKI)
 		return nil
 	}
 	if len(firmware) != 1 || len(shim) != 1 {

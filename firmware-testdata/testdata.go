@@ -61,8 +61,18 @@ type Expected struct {
 	MokList        string `json:"mokList,omitempty"`
 	MokListX       string `json:"mokListX,omitempty"`
 	MokListTrusted string `json:"mokListTrusted,omitempty"`
+	// UKISections are, for a log of a unified kernel image's boot, the
+	// sections systemd-stub measured into PCR 11, in order: each name and
+	// the SHA-256 of its content. Empty: PCR 11 does not establish a UKI.
+	UKISections []UKISection `json:"ukiSections,omitempty"`
 	// Note says anything special about the log.
 	Note string `json:"note,omitempty"`
+}
+
+// UKISection is one section of a UKI as PCR 11 shows it.
+type UKISection struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
 }
 
 // Authority is one Secure Boot authority of a log: who measured it

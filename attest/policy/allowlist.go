@@ -46,6 +46,17 @@ func (l AllowList) check() error {
 // (whether or not the pool takes it), in the order they are checked.
 func (pp Pool) AllowLists() []AllowList {
 	t := pp.TPM
+	if t.UKI != nil {
+		// A UKI pool: the UKI, and the shim only when one runs it.
+		out := []AllowList{t.EKTrustList(), t.UKI.ukiList()}
+		if !emptyStage(t.BootComponents.Shim) {
+			out = append(out, t.BootComponents.Shim.allowList("shim", "shim"))
+		}
+		for _, c := range clouds {
+			out = append(out, c.lists(&pp)...)
+		}
+		return out
+	}
 	out := []AllowList{t.EKTrustList(), t.BootComponents.Shim.allowList("shim", "shim"),
 		t.BootComponents.Bootloader.allowList("bootloader", "boot loader"), t.BootComponents.Kernel.allowList("kernel", "kernel"),
 		t.kernelCmdlineList(), t.grubList()}

@@ -31,13 +31,14 @@ const (
 	RuleGrubCommands     = RuleGrub + ".commands"
 	RuleMinimumKernel    = "minimumKernel"
 	RuleMicrosoftCA2023  = "microsoftCA2023"
+	RuleUKI              = "uki"
 )
 
 // AuditRules lists every name tpm.audit takes.
 var AuditRules = []string{RuleSecureBoot, RuleDeniedDigests, RuleDeniedSigners, RuleBootComponents,
 	RuleBootComponents + ".shim", RuleBootComponents + ".bootloader", RuleBootComponents + ".kernel",
 	RuleMinimumSBAT, RuleMachineOwnerKeys, RuleMinimumDBX, RulePCRs, RuleKernelCmdline,
-	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel, RuleMicrosoftCA2023}
+	RuleGrub, RuleGrubFiles, RuleGrubCommands, RuleMinimumKernel, RuleMicrosoftCA2023, RuleUKI}
 
 // Audit is a refusal an audited rule would have made of a machine the
 // pool admitted.

@@ -85,11 +85,11 @@ func stageApps(b *attest.BootState, key string) []int {
 }
 
 // images are every image digest the log shows (the boot chain, PCR 2's
-// and PCR 4's other images) and every file GRUB read: where a denied
-// digest refuses.
+// and PCR 4's other images), every file GRUB read and every section of a
+// UKI systemd-stub measured: where a denied digest refuses.
 func images(b *attest.BootState) []string {
 	out := slices.Concat(b.BootApplications, b.OtherImages)
-	for _, f := range b.GrubFiles {
+	for _, f := range slices.Concat(b.GrubFiles, b.UKISections) {
 		out = append(out, f.Digest)
 	}
 	return out

@@ -39,6 +39,10 @@ type Learned struct {
 	// updates; a stage whose signer the log does not establish is pinned
 	// by digest all the same (with a note).
 	Digests bool
+	// PCRs are the machine's PCR values, hex by index: quoted, or those
+	// its log implies (attest/tpm LogPCRs). A UKI pool reads PCRs 12 and
+	// 13 (tpm.uki); the learned pool must admit the machine with them.
+	PCRs map[int]string
 }
 
 // ErrNodeNamesUnset: the learned pool would refuse the machine
@@ -208,9 +212,19 @@ func (lr *learning) nodeNames(pp *Pool) error {
 }
 
 // chain: each stage's signers (and digests with Digests, or where the log
-// names no signer).
+// names no signer). A machine that booted a unified kernel image
+// (systemd-stub's sections in PCR 11) is learned as one (learnUKI).
 func (lr *learning) chain(pp *Pool) error {
 	b := &lr.l.Boot
+	uki := b.UKISectionsKnown && (len(b.BootApplications) == 1 || len(b.BootApplications) == 2)
+	switch {
+	case uki && lr.existed && pp.TPM.UKI == nil:
+		return fmt.Errorf("policy learn: pools.%s judges GRUB's boot chain, and this machine booted a unified kernel image: learn it into a pool of its own", lr.pool)
+	case !uki && pp.TPM.UKI != nil:
+		return fmt.Errorf("policy learn: pools.%s judges unified kernel images (tpm.uki), and this machine's log shows none (no systemd-stub sections in PCR 11, or a chain of %d applications): learn it into a pool of its own", lr.pool, len(b.BootApplications))
+	case uki:
+		return lr.learnUKI(pp)
+	}
 	for _, st := range chainStages {
 		s := stageOf(&pp.TPM.BootComponents, st.key)
 		apps := stageApps(b, st.key)
@@ -258,12 +272,60 @@ func (lr *learning) chain(pp *Pool) error {
 	return nil
 }
 
+// learnUKI learns a UKI boot: tpm.uki's signedBy, the authorities that
+// verified the UKI (its digest too with Digests, or where the log names
+// no signer); with a shim before it, the shim's stage as chain learns
+// it. No GRUB rules: the UKI's signature covers its command line and
+// initramfs.
+func (lr *learning) learnUKI(pp *Pool) error {
+	b, t := &lr.l.Boot, &pp.TPM
+	if t.UKI == nil {
+		t.UKI = &UKIRule{}
+	}
+	u := t.UKI
+	i := len(b.BootApplications) - 1
+	if i == 1 {
+		s := &t.BootComponents.Shim
+		signers, _ := learnedSigners(b, []int{0})
+		for _, sg := range signers {
+			s.SignedBy = appendNew(s.SignedBy, sg)
+		}
+		if len(signers) == 0 || lr.l.Digests || len(s.Allow) > 0 {
+			s.Allow = appendNew(s.Allow, b.BootApplications[0])
+		}
+	}
+	if u.Any {
+		return nil
+	}
+	signers, many := learnedSigners(b, []int{i})
+	for _, sg := range signers {
+		u.SignedBy = appendNew(u.SignedBy, sg)
+	}
+	switch {
+	case len(signers) == 0:
+		u.Allow = appendNew(u.Allow, b.BootApplications[i])
+		lr.note("tpm.uki: the log names no signer of the unified kernel image (Secure Boot off?): pinned by its digest")
+	case lr.l.Digests || len(u.Allow) > 0:
+		u.Allow = appendNew(u.Allow, b.BootApplications[i])
+	default:
+		lr.note("tpm.uki.signedBy: admits every unified kernel image its signer signs — a new kernel, initramfs or command line included, and older releases: deny those (tpm.uki.deny) or pin sections (tpm.uki.sections)")
+	}
+	if many {
+		lr.note("tpm.uki.signedBy: the log leaves %d authorities that may have verified the unified kernel image, all listed: keep only those that sign your UKIs", len(signers))
+	}
+	return nil
+}
+
 // afterKernel: the command line, GRUB's files and commands, exactly as
 // the machine ran them; in an existing pool that does not accept them, a
-// reference set of their own.
+// reference set of their own. Not for a UKI pool: its sections are the
+// UKI's.
 func (lr *learning) afterKernel(pp *Pool) error {
 	b := &lr.l.Boot
 	t := &pp.TPM
+	if t.UKI != nil {
+		return nil
+	}
 	cmd := &KernelCmdline{Any: true}
 	if b.KernelCmdlineKnown {
 		cmd = &KernelCmdline{Exact: []string{b.KernelCmdline}}
@@ -331,7 +393,7 @@ func (lr *learning) finish() ([]byte, []string, error) {
 		return nil, nil, fmt.Errorf("policy learn: the learned policy does not check: %w", err)
 	}
 	l, pool := lr.l, lr.pool
-	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, EKKind: pol.Pools[pool].TPM.EKKind(), PCRBank: l.Bank, Boot: l.Boot}}
+	claims := &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKTrust: l.EKTrust, EKKind: pol.Pools[pool].TPM.EKKind(), PCRBank: l.Bank, PCRs: l.PCRs, Boot: l.Boot}}
 	err = pol.Evaluate(pool, claims)
 	if lr.existed {
 		// A kept minimum this machine is below: said, not refused, if

@@ -85,6 +85,9 @@ type TPMPolicy struct {
 	// Microsoft's 2011 Secure Boot CAs, which expired in 2026, as its
 	// PCR 7 shows (cacheck.go).
 	MicrosoftCA2023 *MicrosoftCA2023 `yaml:"microsoftCA2023"`
+	// UKI, when set, judges a boot from a unified kernel image in place
+	// of GRUB's stages (uki.go).
+	UKI *UKIRule `yaml:"uki"`
 }
 
 // BootComponents are the rules of each boot stage.
@@ -122,6 +125,9 @@ type MinimumDBX struct {
 // quoted.)
 func needsLog(t *TPMPolicy) bool {
 	c := t.BootComponents
+	if t.UKI != nil {
+		return true // the UKI's sections are read from the log
+	}
 	return t.RequireSecureBoot || !c.Shim.Any || !c.Bootloader.Any || !c.Kernel.Any || t.MinimumDBX != nil ||
 		len(t.MinimumSBAT) > 0 || t.MachineOwnerKeys != nil || t.MinimumKernel != nil || t.MicrosoftCA2023 != nil ||
 		t.KernelCmdline == nil || !t.KernelCmdline.Any || t.Grub == nil || !t.Grub.Any
@@ -191,7 +197,11 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 	if err := e.rule(RuleDeniedSigners, deniedSigners(in, t, b)); err != nil {
 		return err
 	}
-	if err := bootChain(in, t, b, e); err != nil {
+	if t.UKI != nil {
+		if err := ukiBoot(in, t, c, e); err != nil {
+			return err
+		}
+	} else if err := bootChain(in, t, b, e); err != nil {
 		return err
 	}
 	if t.MinimumKernel != nil {

@@ -24,6 +24,11 @@ func (p *Policy) normalize() error {
 				return fmt.Errorf("pool %q: %w", name, err)
 			}
 		}
+		if u := t.UKI; u != nil {
+			if u.SignedBy, err = fingerprints("tpm.uki.signedBy", u.SignedBy); err != nil {
+				return fmt.Errorf("pool %q: %w", name, err)
+			}
+		}
 		if m := t.MachineOwnerKeys; m != nil {
 			if m.Allow, err = fingerprints("tpm.machineOwnerKeys.allow", m.Allow); err != nil {
 				return fmt.Errorf("pool %q: %w", name, err)
@@ -164,6 +169,11 @@ func (pool Pool) validate(roots map[string]bool, haveInventory bool) error {
 	}
 	if err := checkAfterKernel("tpm.", t.KernelCmdline, t.Grub); err != nil {
 		return err
+	}
+	if t.UKI != nil {
+		if err := t.UKI.check(&t); err != nil {
+			return err
+		}
 	}
 	for _, tr := range t.EKTrust {
 		switch {

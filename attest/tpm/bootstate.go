@@ -77,7 +77,9 @@ import (
 //     commands (root appending one makes the command line unknown, never
 //     another) or a text that cannot be checked;
 //   - the files GRUB read (PCR 9), in order, by digest, with the path the
-//     log gives each (not measured: a name, never a fact).
+//     log gives each (not measured: a name, never a fact);
+//   - the sections of the unified kernel image systemd-stub ran (PCR 11
+//     alone; ukistub.go lists when they are known).
 func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
 	r := bootReader{bank: bank, seen: map[string]bool{}, shimVars: map[string]bool{}}
 	r.bs.LogEvents = len(events)
@@ -103,6 +105,7 @@ func bootState(events []tcg.Event, bank crypto.Hash) (attest.BootState, error) {
 		func() error { return r.pcr5(per[5]) },
 		func() error { r.pcr8(per[8]); return nil },
 		func() error { r.pcr9(per[9]); return nil },
+		func() error { r.pcr11(per[11]); return nil },
 		func() error { return r.pcr14(per[14]) },
 	}
 	for _, step := range steps {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto"
 	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"sort"
 
@@ -107,6 +108,29 @@ func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
 		return attest.BootState{}, err
 	}
 	return bootState(events, bank)
+}
+
+// LogPCRs are the PCR values (hex, by index, PCRs 0-16) a quote of the
+// machine that wrote the log would hold if the log is whole: what its
+// events extend to, and the reset value (zeros) for a PCR it has no
+// events in. For `policy learn` and `policy check --event-log` on a log
+// from a machine the operator trusts, like LogBootState; never to admit
+// a machine.
+func LogPCRs(raw []byte, bank crypto.Hash) (map[int]string, error) {
+	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
+	if err != nil {
+		return nil, attest.Deny(attest.ReasonEventLogInvalid, "the event log does not parse as a TCG PC Client event log: %v", err)
+	}
+	implied := impliedPCRs(el, bank)
+	out := map[int]string{}
+	for i := 0; i <= lastSRTMPCR; i++ {
+		v, ok := implied[i]
+		if !ok {
+			v = make([]byte, bank.Size())
+		}
+		out[i] = hex.EncodeToString(v)
+	}
+	return out, nil
 }
 
 // impliedPCRs are the values of the SRTM PCRs (0-16) that el's events in

@@ -160,6 +160,13 @@ func checkBoot(t *testing.T, claims *attest.Claims, exp firmwaretestdata.Expecte
 	} else if !b.KernelCmdlineKnown || b.KernelCmdline != exp.KernelCmdline {
 		t.Errorf("kernel command line known=%v %q; want %q", b.KernelCmdlineKnown, b.KernelCmdline, exp.KernelCmdline)
 	}
+	var sections []firmwaretestdata.UKISection
+	for _, s := range b.UKISections {
+		sections = append(sections, firmwaretestdata.UKISection{Name: s.Path, SHA256: s.Digest})
+	}
+	if b.UKISectionsKnown != (len(exp.UKISections) > 0) || !slices.Equal(sections, exp.UKISections) {
+		t.Errorf("UKI sections known=%v %v; want %v", b.UKISectionsKnown, sections, exp.UKISections)
+	}
 }
 
 // checkLivePCRs: a live boot's log (internal/liveboot) comes with the

@@ -142,8 +142,12 @@ func checkEventLog(pol *policy.Policy, pool, file, bank string, stdout io.Writer
 		fmt.Fprintf(stdout, "%s: refused: %v\n", file, err)
 		return errFailed
 	}
+	pcrs, err := tpm.LogPCRs(raw, h)
+	if err != nil {
+		return err
+	}
 	writeBootSummary(stdout, bs)
-	d, err := pol.JudgeBoot(pool, &attest.TPMClaims{PCRBank: bank, Boot: bs}, policy.Options{Now: time.Now()})
+	d, err := pol.JudgeBoot(pool, &attest.TPMClaims{PCRBank: bank, PCRs: pcrs, Boot: bs}, policy.Options{Now: time.Now()})
 	if err != nil {
 		fmt.Fprintf(stdout, "%s: refused by pools.%s:\n", file, pool)
 		refusals := []policy.Audit{}
@@ -175,7 +179,7 @@ func writeBootSummary(w io.Writer, bs attest.BootState) {
 	}
 	fmt.Fprintf(w, "secure boot: %s\n", sb)
 	for i, a := range bs.BootApplications {
-		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, attest.StageName(i), a)
+		fmt.Fprintf(w, "boot application %d (%s): %s\n", i, bs.StageOf(i), a)
 	}
 	if bs.KernelCmdlineKnown {
 		fmt.Fprintf(w, "kernel command line: %s\n", safetext.Clean(bs.KernelCmdline))
@@ -186,6 +190,11 @@ func writeBootSummary(w io.Writer, bs attest.BootState) {
 		fmt.Fprintf(w, "GRUB read: %s %s\n", f.Digest, safetext.Clean(f.Path))
 	}
 	fmt.Fprintf(w, "GRUB commands: %d measured\n", len(bs.GrubCommands))
+	if bs.UKISectionsKnown {
+		for _, s := range bs.UKISections {
+			fmt.Fprintf(w, "UKI section (PCR 11): %s %s\n", s.Digest, s.Path)
+		}
+	}
 }
 
 // Verdicts of policy check --against-records.
@@ -334,7 +343,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 		if !b.Status.Passed {
 			fmt.Fprintf(stderr, "note: node %s's last re-attestation failed (%s); learning from it anyway\n", *node, b.Status.Reason)
 		}
-		l.Bank, l.Boot = cl.TPM.PCRBank, cl.TPM.Boot
+		l.Bank, l.Boot, l.PCRs = cl.TPM.PCRBank, cl.TPM.Boot, cl.TPM.PCRs
 		if *ekTrust == "" {
 			l.EKTrust = cl.TPM.EKTrust
 		}
@@ -344,6 +353,9 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 			return err
 		}
 		if l.Boot, err = tpm.LogBootState(raw, crypto.SHA256); err != nil {
+			return fmt.Errorf("the event log: %w", err)
+		}
+		if l.PCRs, err = tpm.LogPCRs(raw, crypto.SHA256); err != nil {
 			return fmt.Errorf("the event log: %w", err)
 		}
 	}

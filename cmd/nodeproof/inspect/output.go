@@ -378,7 +378,10 @@ func writeBoot(w io.Writer, raw []byte) {
 		row("EK", c.TPM.EKKind)
 	}
 	for i, a := range b.BootApplications {
-		row(attest.StageName(i), a)
+		row(b.StageOf(i), a)
+	}
+	for _, s := range b.UKISections {
+		row("UKI "+s.Path, s.Digest)
 	}
 	cmdline := "not established"
 	if b.KernelCmdlineKnown {
