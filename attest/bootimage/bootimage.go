@@ -4,7 +4,9 @@
 // Authenticode SHA-256 digest (what they measure into PCR 4), its
 // signatures (each PKCS#7 SignedData of its certificate table: the signer
 // and the certificates it carries), its SBAT entries, and for a shim the
-// vendor certificates and SBAT levels built into it.
+// vendor certificates and SBAT levels built into it; for a unified kernel
+// image the sections systemd-stub measures into PCR 11 (with attest/uki),
+// its os-release and its kernel's version.
 //
 // It is for the operator's side (`nodeproof policy learn --efi`): the files
 // are ones the operator trusts to have been released, and nothing here
@@ -63,7 +65,8 @@ type Kind string
 const (
 	// KindShim: it has a .vendor_cert section (the shim's built-in keys).
 	KindShim Kind = "shim"
-	// KindUKI: it has a .linux section (systemd-stub with a kernel).
+	// KindUKI: it has a .linux section (systemd-stub with a kernel), as
+	// systemd-stub finds it (readUKI).
 	KindUKI Kind = "uki"
 	// KindImage: anything else (GRUB, a kernel's EFI stub).
 	KindImage Kind = "image"
@@ -101,6 +104,10 @@ type Image struct {
 	// FileSHA256 is the SHA-256 of the whole file: what GRUB measures into
 	// PCR 9 when it reads it.
 	FileSHA256 []byte
+	// UKI is what a unified kernel image holds (its sections as
+	// systemd-stub measures them into PCR 11, its os-release, its
+	// kernel's version); nil for any other image.
+	UKI *UKI
 }
 
 // Boot stages, as attest/policy's bootComponents name them.
@@ -108,17 +115,23 @@ const (
 	StageShim       = "shim"
 	StageBootloader = "bootloader"
 	StageKernel     = "kernel"
+	// StageUKI is a unified kernel image: systemd-stub with the kernel,
+	// its command line and initrd, signed as one (`policy learn --efi
+	// uki=FILE`).
+	StageUKI = "uki"
 )
 
 // Stage is the boot stage the image is, by what it says: the shim (a
 // .vendor_cert section), a boot loader (an SBAT component grub or
-// systemd-boot), a kernel (a Linux kernel's header, or a UKI); "" when it
-// says none of these.
+// systemd-boot), a UKI (a .linux section), a kernel (a Linux kernel's
+// header); "" when it says none of these.
 func (img *Image) Stage() string {
 	switch {
 	case img.Kind == KindShim:
 		return StageShim
-	case img.Kind == KindUKI || img.Linux:
+	case img.Kind == KindUKI:
+		return StageUKI
+	case img.Linux:
 		return StageKernel
 	}
 	for _, e := range img.SBAT {
@@ -166,7 +179,9 @@ func ReadFile(path string) (*Image, error) {
 }
 
 // Read reads an image. It refuses, with an error saying which:
-//   - more than MaxSize bytes, or not a PE/COFF image (saferwall/pe);
+//   - more than MaxSize bytes, or not a PE/COFF image (saferwall/pe), or
+//     a section table past the file or with sections saferwall/pe left
+//     out (sectionTable);
 //   - a certificate table outside the file, or an entry that is not a
 //     WIN_CERTIFICATE of revision 2.0 and type PKCS_SIGNED_DATA, or whose
 //     length runs past the table;
@@ -175,10 +190,15 @@ func ReadFile(path string) (*Image, error) {
 //     it carries, its authenticated attributes; no chain, no time), whose
 //     content is not an Authenticode SpcIndirectDataContent, or whose
 //     signed digest is not this image's Authenticode digest in that hash;
+//   - two sections named .sbat, .vendor_cert, .sbatlevel or .uname (which
+//     one a reader takes is its own choice);
 //   - a .sbat section that is not CSV lines of at least two fields with a
 //     numeric generation;
 //   - a .vendor_cert section whose table points outside it, or whose
-//     authorized part is neither a certificate nor a signature list.
+//     authorized part is neither a certificate nor a signature list;
+//   - for a unified kernel image (a section systemd-stub takes for
+//     .linux), sections the stub would read otherwise than this reader
+//     (readUKI's list: ErrUKI).
 //
 // An unsigned image is not an error: it has no Signatures.
 func Read(b []byte) (*Image, error) {
@@ -198,6 +218,10 @@ func Read(b []byte) (*Image, error) {
 	if len(img.AuthenticodeSHA256) != sha256.Size {
 		return nil, fmt.Errorf("bootimage: %w: no Authenticode digest (headers out of bounds)", ErrNotPE)
 	}
+	table, err := sectionTable(f, b)
+	if err != nil {
+		return nil, err
+	}
 	sum := sha256.Sum256(b)
 	img.FileSHA256 = sum[:]
 	img.KernelVersion = x86KernelVersion(b)
@@ -213,12 +237,21 @@ func Read(b []byte) (*Image, error) {
 			return nil, err
 		}
 	}
+	seen := map[string]bool{}
 	for _, s := range f.Sections {
 		data, err := sectionData(f, b, s)
 		if err != nil {
 			return nil, err
 		}
-		switch sectionName(f, s) {
+		name := sectionName(f, s)
+		switch name {
+		case ".sbat", ".vendor_cert", ".sbatlevel", ".uname":
+			if seen[name] {
+				return nil, fmt.Errorf("bootimage: %w: two %s sections", ErrSection, name)
+			}
+			seen[name] = true
+		}
+		switch name {
 		case ".sbat":
 			if img.SBAT, err = parseSBAT(data); err != nil {
 				return nil, fmt.Errorf("bootimage: %w: .sbat: %v", ErrSection, err)
@@ -230,14 +263,18 @@ func Read(b []byte) (*Image, error) {
 			}
 		case ".sbatlevel":
 			img.SBATLevelAutomatic, img.SBATLevelLatest = sbatLevels(data)
-		case ".linux":
-			if img.Kind == KindImage {
-				img.Kind = KindUKI
-			}
 		case ".uname":
 			if v := versionWord(data); v != "" {
 				img.KernelVersion = v
 			}
+		}
+	}
+	if isUKI(table) {
+		if img.Kind == KindImage {
+			img.Kind = KindUKI
+		}
+		if img.UKI, err = readUKI(f, b, table, img); err != nil {
+			return nil, err
 		}
 	}
 	return img, nil

@@ -9,14 +9,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/uki"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/internal/ukitest"
 )
 
 // debianChain reads Debian's signed shim, GRUB and kernel as
@@ -258,11 +261,26 @@ func TestForgedImages(t *testing.T) {
 }
 
 func FuzzRead(f *testing.F) {
-	// Small real images: the start of the kernel (its headers) and an
-	// unsigned EFI program.
+	// Small real images: the start of the kernel (its headers), a UKI of
+	// Debian's systemd-stub with that start as its .linux, and an unsigned
+	// EFI program.
 	if p, err := liveboot.LoadParts(testenv.Cache()); err == nil {
 		if b, err := os.ReadFile(p.Path(p.Kernel)); err == nil {
 			f.Add(b[:4096])
+			if stub, err := ukitest.Stub(testenv.Cache()); err == nil {
+				dir := f.TempDir()
+				linux, osrel, cmdline := filepath.Join(dir, "linux"), filepath.Join(dir, "osrel"), filepath.Join(dir, "cmdline")
+				os.WriteFile(linux, b[:4096], 0o644)
+				os.WriteFile(osrel, []byte(testOSRelease), 0o644)
+				os.WriteFile(cmdline, []byte("console=ttyS0"), 0o644)
+				out := filepath.Join(dir, "uki.efi")
+				if err := ukitest.Build(stub, out, ukitest.Standard(osrel, cmdline, linux, "")); err != nil {
+					f.Fatal(err)
+				}
+				if u, err := os.ReadFile(out); err == nil {
+					f.Add(u)
+				}
+			}
 		}
 	}
 	if b, err := os.ReadFile("/usr/lib/efitools/x86_64-linux-gnu/HelloWorld.efi"); err == nil {
@@ -280,6 +298,24 @@ func FuzzRead(f *testing.F) {
 		for _, s := range img.Signatures {
 			if s.Signer == nil {
 				t.Fatal("a signature without a signer")
+			}
+		}
+		if img.Kind == bootimage.KindUKI && img.UKI == nil {
+			t.Fatalf("kind %s with UKI %v", img.Kind, img.UKI != nil)
+		}
+		if img.UKI != nil {
+			// The sections read are the stub's, in its order, once each,
+			// .linux among them, each within the file's size.
+			if _, err := uki.Events(img.UKI.Measured()); err != nil {
+				t.Fatal(err)
+			}
+			if img.UKI.Section(".linux") == nil {
+				t.Fatal("a UKI without .linux")
+			}
+			for _, s := range img.UKI.Sections {
+				if s.Size == 0 || s.Size > bootimage.MaxSize {
+					t.Fatalf("%s of %d bytes", s.Name, s.Size)
+				}
 			}
 		}
 	})

@@ -277,7 +277,7 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	nodeNames := fs.String("node-names", "", "how the pool's machines get their node names (serve.nodeNames): requested (the name the agent asks for; needed for an EK trusted through a vendor CA, which names no node) or evidence (an EK inventory entry's nodeName); default: the merged pool's, and asked for when that cannot name the machine")
 	out := fs.String("o", "", "write the policy here (default: standard output)")
 	var efi efiFlag
-	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader or kernel when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
+	fs.Var(&efi, "efi", "[STAGE=]FILE: a boot file (shim, GRUB, a kernel, a UKI; STAGE shim, bootloader, kernel or uki when it does not say) whose signers, SBAT and Authenticode digest to write as reference values; repeat for each")
 	digests := fs.Bool("digests", false, "pin digests as well as signers: with --efi, the files' Authenticode digests (to --pool in --merge); from a machine, its boot applications' digests")
 	var af afterFiles
 	fs.StringVar(&af.initrd, "initrd", "", "with --grub-cfg: the initramfs grub.cfg's initrd command loads (its digest, as GRUB will measure it)")

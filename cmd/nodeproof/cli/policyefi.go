@@ -15,6 +15,7 @@ import (
 	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	"github.com/nodeproof/nodeproof/attest/tpm"
+	"github.com/nodeproof/nodeproof/attest/uki"
 	"github.com/nodeproof/nodeproof/fsutil"
 	"github.com/nodeproof/nodeproof/safetext"
 )
@@ -46,13 +47,17 @@ func readEFIFiles(args []string) ([]efiFile, error) {
 		}
 		if stage == "" {
 			if stage = img.Stage(); stage == "" {
-				return nil, fmt.Errorf("--efi %s: the file does not say which boot stage it is; say it: --efi shim=%s, bootloader=…, kernel=…", path, path)
+				return nil, fmt.Errorf("--efi %s: the file does not say which boot stage it is; say it: --efi shim=%s, bootloader=…, kernel=…, uki=…", path, path)
 			}
 		}
 		switch stage {
 		case bootimage.StageShim, bootimage.StageBootloader, bootimage.StageKernel:
+		case bootimage.StageUKI:
+			if img.UKI == nil {
+				return nil, fmt.Errorf("--efi %s: not a unified kernel image: it has no .linux section", a)
+			}
 		default:
-			return nil, fmt.Errorf("--efi %s: no boot stage %q (shim, bootloader, kernel)", a, stage)
+			return nil, fmt.Errorf("--efi %s: no boot stage %q (shim, bootloader, kernel, uki)", a, stage)
 		}
 		out = append(out, efiFile{path: path, stage: stage, img: img})
 	}
@@ -76,7 +81,11 @@ type efiLearn struct {
 // values from the boot files themselves. It writes a draft of comments
 // naming, per stage, each file's Authenticode digest, its signers and the
 // certificates their signatures carry, a kernel's version, the shim's
-// vendor certificate (what verifies GRUB and the kernel) and SBAT data.
+// vendor certificate (what verifies GRUB and the kernel) and SBAT data;
+// for a unified kernel image (stage uki) also its os-release, its
+// kernel's version and command line, and the sections systemd-stub
+// measures into PCR 11 with the PCR 11 value they give. A UKI does not go
+// into a pool yet (--merge refuses it).
 // With --pool and --merge (an existing pool) it adds to that pool (or to
 // --reference-set's set) the files' signer rules (efiSigners), the
 // SbatLevel the shim applies as minimumSBAT, each kernel's version under
@@ -97,6 +106,13 @@ func cmdPolicyLearnEFI(o efiLearn, stdout, stderr io.Writer) error {
 	read, err := readEFIFiles(o.files)
 	if err != nil {
 		return err
+	}
+	if o.pool != "" {
+		for _, f := range read {
+			if f.stage == bootimage.StageUKI {
+				return fmt.Errorf("policy learn --efi %s: writing a unified kernel image into a pool (--merge) is not supported yet: without --pool and --merge, the draft says what it holds (its signers, the sections systemd-stub measures into PCR 11)", f.path)
+			}
+		}
 	}
 	var b strings.Builder
 	writeEFIDraft(&b, read)
@@ -230,6 +246,7 @@ func writeEFIDraft(w io.Writer, files []efiFile) {
 	fmt.Fprintln(w, "# With --pool and --merge, each stage's signers go into the pool's")
 	fmt.Fprintln(w, "# bootComponents signedBy and the shim's SbatLevel into minimumSBAT;")
 	fmt.Fprintln(w, "# --digests adds the Authenticode digests to the allow lists.")
+	fmt.Fprintln(w, "# A unified kernel image (uki) is listed for reading; --merge does not take it yet.")
 	var vendor []*x509.Certificate
 	for _, f := range files {
 		if f.stage == bootimage.StageShim {
@@ -241,7 +258,7 @@ func writeEFIDraft(w io.Writer, files []efiFile) {
 		fmt.Fprintf(w, "#\n# %s: %s (%s)\n", f.stage, filepath.Base(f.path), img.Kind)
 		fmt.Fprintf(w, "#   authenticode sha256: %s\n", hex.EncodeToString(img.AuthenticodeSHA256))
 		fmt.Fprintf(w, "#   file sha256 (what GRUB measures reading it): %s\n", hex.EncodeToString(img.FileSHA256))
-		if img.KernelVersion != "" {
+		if img.KernelVersion != "" && img.UKI == nil {
 			fmt.Fprintf(w, "#   kernel version: %s\n", safetext.Clean(img.KernelVersion))
 		}
 		if len(img.Signatures) == 0 {
@@ -274,6 +291,49 @@ func writeEFIDraft(w io.Writer, files []efiFile) {
 			fmt.Fprintf(w, "#   SbatLevel it applies: %s\n", oneLine(img.SBATLevelAutomatic))
 			fmt.Fprintf(w, "#   SbatLevel latest it knows: %s\n", oneLine(img.SBATLevelLatest))
 		}
+		if img.UKI != nil {
+			writeUKIDraft(w, img.UKI)
+		}
+	}
+}
+
+// writeUKIDraft writes what a unified kernel image holds: its os-release,
+// its kernel's version and command line, and the sections systemd-stub
+// measures into PCR 11 with the value they give.
+func writeUKIDraft(w io.Writer, u *bootimage.UKI) {
+	o := u.OSRelease
+	fmt.Fprintf(w, "#   os-release: PRETTY_NAME %q, ID %q, VERSION_ID %q", safetext.Clean(o.PrettyName), safetext.Clean(o.ID), safetext.Clean(o.VersionID))
+	if o.ImageID != "" || o.ImageVersion != "" {
+		fmt.Fprintf(w, ", IMAGE_ID %q, IMAGE_VERSION %q", safetext.Clean(o.ImageID), safetext.Clean(o.ImageVersion))
+	}
+	fmt.Fprintln(w)
+	kv := u.KernelVersion
+	if kv == "" {
+		kv = "(its .linux names none)"
+	}
+	fmt.Fprintf(w, "#   embedded kernel (.linux) version: %s\n", safetext.Clean(kv))
+	if u.Section(".cmdline") != nil {
+		fmt.Fprintf(w, "#   command line (.cmdline): %q\n", safetext.Clean(u.Cmdline))
+	}
+	fmt.Fprintln(w, "#   a signer rule on this file covers its kernel, initrd and command line: they are signed as one")
+	fmt.Fprintf(w, "#   sections systemd-stub 252 measures into PCR %d, in its order (sha256 of each section's name with its NUL, then of its content):\n", uki.PCR)
+	for _, s := range u.Sections {
+		fmt.Fprintf(w, "#     %-8s %10d bytes sha256:%s\n", s.Name, s.Size, hex.EncodeToString(s.SHA256))
+	}
+	if u.PCRSig {
+		fmt.Fprintln(w, "#     (.pcrsig present: systemd-measure's signature, not measured)")
+	}
+	for _, phase := range []string{"", "enter-initrd"} {
+		v, err := uki.PCR11(u.Measured(), phase)
+		if err != nil {
+			fmt.Fprintf(w, "#   PCR %d: %s\n", uki.PCR, safetext.Clean(err.Error()))
+			return
+		}
+		what := "after the stub"
+		if phase != "" {
+			what = "after the stub and a systemd initrd's " + phase
+		}
+		fmt.Fprintf(w, "#   PCR %d %s: %s\n", uki.PCR, what, hex.EncodeToString(v))
 	}
 }
 
