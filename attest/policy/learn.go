@@ -596,6 +596,56 @@ type References struct {
 	// rules.
 	ReferenceSet string
 	NotAfter     string
+	// UKIPool, with a "uki" stage, lets a pool that judges GRUB's chain
+	// become one that judges unified kernel images: its boot loader and
+	// kernel stages, kernelCmdline, grub, referenceSets and minimumKernel
+	// are removed (each said in a note).
+	UKIPool bool
+}
+
+// addUKIReferences adds r's UKI signers and digests to t.UKI, making the
+// pool a UKI pool first when r.UKIPool says so (and only then).
+func addUKIReferences(t *TPMPolicy, pool string, r References, note func(string, ...any)) error {
+	if r.ReferenceSet != "" || r.After != nil || r.MinimumKernel != "" || len(r.KernelVersions) > 0 {
+		return errors.New("policy learn: a unified kernel image takes no reference set, GRUB prediction or kernel floor: its signer rule covers its kernel, initramfs and command line")
+	}
+	if t.UKI == nil {
+		if !r.UKIPool {
+			return fmt.Errorf("policy learn: pools.%s judges GRUB's boot chain; to judge unified kernel images instead, give --uki-pool (its boot loader and kernel stages, kernelCmdline, grub, referenceSets and minimumKernel are removed)", pool)
+		}
+		removed := []string{}
+		for _, f := range []struct {
+			name string
+			set  bool
+			drop func()
+		}{
+			{"bootComponents.bootloader", !emptyStage(t.BootComponents.Bootloader), func() { t.BootComponents.Bootloader = DigestList{} }},
+			{"bootComponents.kernel", !emptyStage(t.BootComponents.Kernel), func() { t.BootComponents.Kernel = DigestList{} }},
+			{"kernelCmdline", t.KernelCmdline != nil, func() { t.KernelCmdline = nil }},
+			{"grub", t.Grub != nil, func() { t.Grub = nil }},
+			{"referenceSets", len(t.ReferenceSets) > 0, func() { t.ReferenceSets = nil }},
+			{"minimumKernel", t.MinimumKernel != nil, func() { t.MinimumKernel = nil }},
+		} {
+			if f.set {
+				f.drop()
+				removed = append(removed, f.name)
+			}
+		}
+		t.UKI = &UKIRule{}
+		note("tpm.uki: the pool now judges unified kernel images; removed: %s", strings.Join(removed, ", "))
+	}
+	u := t.UKI
+	if u.Any {
+		note("tpm.uki: any: true kept; the UKI's signers and digests read are not added")
+		return nil
+	}
+	for _, v := range r.Signers["uki"] {
+		u.SignedBy = appendNew(u.SignedBy, v)
+	}
+	for _, v := range r.Digests["uki"] {
+		u.Allow = appendNew(u.Allow, v)
+	}
+	return nil
 }
 
 // AddReferences adds r to pool in the policy document doc and returns the
@@ -605,8 +655,10 @@ type References struct {
 // the pool's stage rules); r.After becomes that set's grub and
 // kernelCmdline; minimumSBAT and minimumKernel.version are raised to r's
 // where they are higher (never lowered), and kernel versions join
-// minimumKernel.versions. The pool must exist (its EK trust and Secure
-// Boot rules come from a machine, or by hand). The result must parse.
+// minimumKernel.versions. A "uki" stage's signers and digests go into
+// tpm.uki (addUKIReferences: a GRUB pool becomes a UKI pool only with
+// r.UKIPool). The pool must exist (its EK trust and Secure Boot rules
+// come from a machine, or by hand). The result must parse.
 // Comments of doc are not kept.
 func AddReferences(doc []byte, pool string, r References) ([]byte, []string, error) {
 	p, err := decodeDraft(doc)
@@ -617,10 +669,19 @@ func AddReferences(doc []byte, pool string, r References) ([]byte, []string, err
 	if !ok {
 		return nil, nil, fmt.Errorf("policy learn: pool %s is not in the policy to merge into (learn it from a machine first, or write it)", pool)
 	}
+	uki := false
 	for _, m := range []map[string][]string{r.Signers, r.Digests} {
 		for stage := range m {
-			if stage != "shim" && stage != "bootloader" && stage != "kernel" {
-				return nil, nil, fmt.Errorf("policy learn: no boot stage %q (shim, bootloader, kernel)", stage)
+			switch stage {
+			case "shim":
+			case "bootloader", "kernel":
+				if pp.TPM.UKI != nil && len(m[stage]) > 0 {
+					return nil, nil, fmt.Errorf("policy learn: pools.%s judges unified kernel images (tpm.uki): a %s file has no stage there", pool, stage)
+				}
+			case "uki":
+				uki = uki || len(m[stage]) > 0
+			default:
+				return nil, nil, fmt.Errorf("policy learn: no boot stage %q (shim, bootloader, kernel, uki)", stage)
 			}
 		}
 	}
@@ -628,6 +689,11 @@ func AddReferences(doc []byte, pool string, r References) ([]byte, []string, err
 	var notes []string
 	note := func(format string, args ...any) {
 		notes = append(notes, fmt.Sprintf("pools.%s.", pool)+fmt.Sprintf(format, args...))
+	}
+	if uki {
+		if err := addUKIReferences(t, pool, r, note); err != nil {
+			return nil, nil, err
+		}
 	}
 	comps, where := &t.BootComponents, "tpm.bootComponents"
 	var set *ReferenceSet

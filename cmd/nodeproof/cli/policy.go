@@ -288,15 +288,16 @@ func cmdPolicyLearn(ctx context.Context, in *invocation) error {
 	refSet := fs.String("reference-set", "", "with --efi: write the files' rules into this reference set of the pool (made from the pool's stage rules if absent): a rollout's new release, beside the old")
 	notAfter := fs.String("not-after", "", "with --reference-set: the set's notAfter (RFC 3339, or a date)")
 	minKernel := fs.String("minimum-kernel", "", "with --efi: minimumKernel.version, the oldest kernel the pool accepts (raised, never lowered; each --efi kernel's version is recorded under its digest)")
+	ukiPool := fs.Bool("uki-pool", false, "with --efi uki=FILE: make --pool, which judges GRUB's boot chain, judge unified kernel images (tpm.uki) instead: its boot loader and kernel stages, kernelCmdline, grub, referenceSets and minimumKernel are removed")
 	if _, err := in.exactly(0); err != nil {
 		return err
 	}
-	if len(efi) > 0 || af.given() || *refSet != "" || *minKernel != "" {
+	if len(efi) > 0 || af.given() || *refSet != "" || *minKernel != "" || *ukiPool {
 		if *logFile != "" || *evidence != "" || *node != "" || *ekTrust != "" || *ekRoot != "" || *nodeNames != "" {
 			return in.usageError("--efi, --initrd, --grub-cfg, --grub-file, --kernel-cmdline, --reference-set and --minimum-kernel read boot files, not a machine: without --event-log, --evidence, --node, --ek-trust, --ek-root, --node-names")
 		}
 		return cmdPolicyLearnEFI(efiLearn{files: efi, digests: *digests, pool: *pool, merge: *merge, out: *out, after: af,
-			referenceSet: *refSet, notAfter: *notAfter, minimumKernel: *minKernel}, stdout, stderr)
+			referenceSet: *refSet, notAfter: *notAfter, minimumKernel: *minKernel, ukiPool: *ukiPool}, stdout, stderr)
 	}
 	sources := 0
 	for _, s := range []string{*logFile, *evidence, *node} {

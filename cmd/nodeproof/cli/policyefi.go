@@ -75,6 +75,7 @@ type efiLearn struct {
 	after                  afterFiles
 	referenceSet, notAfter string
 	minimumKernel          string
+	ukiPool                bool
 }
 
 // cmdPolicyLearnEFI is `nodeproof policy learn --efi FILE...`: reference
@@ -84,8 +85,9 @@ type efiLearn struct {
 // vendor certificate (what verifies GRUB and the kernel) and SBAT data;
 // for a unified kernel image (stage uki) also its os-release, its
 // kernel's version and command line, and the sections systemd-stub
-// measures into PCR 11 with the PCR 11 value they give. A UKI does not go
-// into a pool yet (--merge refuses it).
+// measures into PCR 11 with the PCR 11 value they give. A UKI's signers
+// (and with --digests its digest) go into the pool's tpm.uki; a pool that
+// judges GRUB's chain becomes a UKI pool only with --uki-pool.
 // With --pool and --merge (an existing pool) it adds to that pool (or to
 // --reference-set's set) the files' signer rules (efiSigners), the
 // SbatLevel the shim applies as minimumSBAT, each kernel's version under
@@ -107,12 +109,8 @@ func cmdPolicyLearnEFI(o efiLearn, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if o.pool != "" {
-		for _, f := range read {
-			if f.stage == bootimage.StageUKI {
-				return fmt.Errorf("policy learn --efi %s: writing a unified kernel image into a pool (--merge) is not supported yet: without --pool and --merge, the draft says what it holds (its signers, the sections systemd-stub measures into PCR 11)", f.path)
-			}
-		}
+	if o.ukiPool && !slices.ContainsFunc(read, func(f efiFile) bool { return f.stage == bootimage.StageUKI }) {
+		return errors.New("policy learn --efi: --uki-pool makes a pool judge unified kernel images: give one (--efi uki=FILE)")
 	}
 	var b strings.Builder
 	writeEFIDraft(&b, read)
@@ -133,7 +131,7 @@ func cmdPolicyLearnEFI(o efiLearn, stdout, stderr io.Writer) error {
 		if refs.After, err = predictAfter(o.after, kernel, cur, o.pool); err != nil {
 			return err
 		}
-		refs.ReferenceSet, refs.NotAfter, refs.MinimumKernel = o.referenceSet, o.notAfter, o.minimumKernel
+		refs.ReferenceSet, refs.NotAfter, refs.MinimumKernel, refs.UKIPool = o.referenceSet, o.notAfter, o.minimumKernel, o.ukiPool
 		learned, more, err := policy.AddReferences(cur, o.pool, refs)
 		if err != nil {
 			return err
@@ -246,7 +244,7 @@ func writeEFIDraft(w io.Writer, files []efiFile) {
 	fmt.Fprintln(w, "# With --pool and --merge, each stage's signers go into the pool's")
 	fmt.Fprintln(w, "# bootComponents signedBy and the shim's SbatLevel into minimumSBAT;")
 	fmt.Fprintln(w, "# --digests adds the Authenticode digests to the allow lists.")
-	fmt.Fprintln(w, "# A unified kernel image (uki) is listed for reading; --merge does not take it yet.")
+	fmt.Fprintln(w, "# A unified kernel image (uki) goes into tpm.uki (--uki-pool: a GRUB pool becomes a UKI pool).")
 	var vendor []*x509.Certificate
 	for _, f := range files {
 		if f.stage == bootimage.StageShim {

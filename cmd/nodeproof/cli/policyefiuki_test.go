@@ -9,12 +9,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
+	"github.com/nodeproof/nodeproof/attest/policy"
+	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/ukitest"
@@ -24,8 +27,9 @@ import (
 // systemd-stub 252 and kernel and signed by the test db signer writes, as
 // comments, its digest and signer, its os-release, its kernel's version,
 // each section systemd-stub measures with the sha256 of the file that went
-// in, and the PCR 11 they give; --merge refuses it for now, and uki= on a
-// file that is not a UKI is refused.
+// in, and the PCR 11 they give; with --merge its signer (and with
+// --digests its digest) goes into tpm.uki, a GRUB pool becoming a UKI pool
+// only with --uki-pool; uki= on a file that is not a UKI is refused.
 func TestPolicyLearnEFIUKI(t *testing.T) {
 	parts, err := liveboot.LoadParts(testenv.Cache())
 	if err != nil {
@@ -114,13 +118,48 @@ func TestPolicyLearnEFIUKI(t *testing.T) {
 		})
 	}
 
-	pol := ukitest.WriteT(t, "policy.yaml", []byte("pools: {}\n"))
+	// Into a pool: a GRUB pool learned from the live log becomes a UKI
+	// pool only when asked (--uki-pool); the UKI's signer goes into
+	// tpm.uki, its digest with --digests; GRUB's rules go.
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "live.bin")
+	if err := os.WriteFile(logPath, firmwaretestdata.MustLog("debian-12-ovmf-secure-boot"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pol := filepath.Join(dir, "policy.yaml")
+	if _, errs, code := run("--pool", "worker", "--event-log", logPath, "--ek-root", "swtpm="+testRoots(t), "--node-names", "requested", "-o", pol); code != 0 {
+		t.Fatalf("learn from the live log: exit %d: %s", code, errs)
+	}
+	ukiPol := filepath.Join(dir, "policy-uki.yaml")
+	_, errs, code := run("--efi", "uki="+signed, "--digests", "--uki-pool", "--pool", "worker", "--merge", pol, "-o", ukiPol)
+	if code != 0 {
+		t.Fatalf("--uki-pool: exit %d: %s", code, errs)
+	}
+	if !strings.Contains(errs, "the pool now judges unified kernel images; removed: bootComponents.bootloader, bootComponents.kernel, kernelCmdline, grub") {
+		t.Errorf("--uki-pool's notes do not say what went:\n%s", errs)
+	}
+	b, err := os.ReadFile(ukiPol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(b)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	tp := p.Pools["worker"].TPM
+	if tp.UKI == nil || !slices.Contains(tp.UKI.SignedBy, k.SHA256()) || !slices.Equal(tp.UKI.Allow, []string{hex.EncodeToString(img.AuthenticodeSHA256)}) ||
+		tp.Grub != nil || tp.KernelCmdline != nil || len(tp.BootComponents.Shim.SignedBy) == 0 {
+		t.Errorf("the UKI pool:\n%s\nwant tpm.uki with the UKI's signer and digest, the shim's rule kept, no GRUB rules", b)
+	}
 	for _, c := range []struct {
 		name string
 		args []string
 		want string
 	}{
-		{"a UKI into a pool", []string{"--efi", signed, "--pool", "worker", "--merge", pol}, "not supported yet"},
+		{"a UKI into a GRUB pool without --uki-pool", []string{"--efi", signed, "--pool", "worker", "--merge", pol}, "give --uki-pool"},
+		{"--uki-pool without a UKI", []string{"--efi", "kernel=" + kernel, "--uki-pool", "--pool", "worker", "--merge", pol}, "give one (--efi uki=FILE)"},
+		{"a kernel into a UKI pool", []string{"--efi", "kernel=" + kernel, "--pool", "worker", "--merge", ukiPol}, "a kernel file has no stage there"},
+		{"a UKI into a reference set", []string{"--efi", signed, "--pool", "worker", "--merge", ukiPol, "--reference-set", "next"}, "takes no reference set"},
 		{"uki= on a kernel", []string{"--efi", "uki=" + kernel}, "not a unified kernel image"},
 		{"uki= on the stub alone", []string{"--efi", "uki=" + stub}, "not a unified kernel image"},
 	} {
