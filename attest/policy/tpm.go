@@ -209,7 +209,9 @@ func evaluateBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) e
 			return err
 		}
 	}
-	if len(t.MinimumSBAT) > 0 {
+	// A UKI the firmware ran has no shim to apply an SbatLevel: the rule
+	// judges the boots a shim ran (uki.go).
+	if len(t.MinimumSBAT) > 0 && !(t.UKI != nil && len(b.BootApplications) == 1) {
 		if err := e.rule(RuleMinimumSBAT, minimumSBAT(in, t.MinimumSBAT, b)); err != nil {
 			return err
 		}

@@ -114,7 +114,10 @@ func emptyStage(d DigestList) bool {
 //     passed, credentials, system extensions — was measured
 //     (UKIExtraMeasurements).
 //
-// Each is the rule "uki" (tpm.audit may name it).
+// Each is the rule "uki" (tpm.audit may name it). The pool's other rules
+// (Secure Boot, denied digests and signers, dbx, the 2023 CAs, PCRs)
+// judge a UKI boot as any; minimumSBAT and machineOwnerKeys only a boot a
+// shim ran (a UKI the firmware ran has no shim to apply them).
 func ukiBoot(in string, t *TPMPolicy, c *attest.TPMClaims, e *evaluation) error {
 	return e.rule(RuleUKI, checkUKI(in, t, c))
 }

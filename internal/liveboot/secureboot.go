@@ -197,22 +197,36 @@ func makeKeys(dir string) error {
 // as it is. Either way its Authenticode digest is src's: the same code
 // under another signer. src and dst may not be the same file.
 func (k KeyPair) Sign(ctx context.Context, src, dst string) error {
+	return k.sign(ctx, src, dst)
+}
+
+// SignCarrying is Sign with the issuer's certificate carried in the
+// signature (sbsign --addcert), as a vendor's signature carries its CA:
+// `policy learn --efi` then names the CA a db holds, which the firmware
+// measures when it verifies the image.
+func (k KeyPair) SignCarrying(ctx context.Context, src, dst string, issuer KeyPair) error {
+	return k.sign(ctx, src, dst, "--addcert", issuer.CertPath)
+}
+
+func (k KeyPair) sign(ctx context.Context, src, dst string, extra ...string) error {
 	signed, err := peSigned(src)
 	if err != nil {
 		return err
 	}
-	if !signed {
-		return runTool(ctx, "sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", dst, src)
+	in := src
+	if signed {
+		tmp := dst + ".unsigned"
+		defer os.Remove(tmp)
+		if err := copyFile(src, tmp); err != nil {
+			return err
+		}
+		if err := runTool(ctx, "sbattach", "--remove", tmp); err != nil {
+			return err
+		}
+		in = tmp
 	}
-	tmp := dst + ".unsigned"
-	defer os.Remove(tmp)
-	if err := copyFile(src, tmp); err != nil {
-		return err
-	}
-	if err := runTool(ctx, "sbattach", "--remove", tmp); err != nil {
-		return err
-	}
-	return runTool(ctx, "sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", dst, tmp)
+	args := append([]string{"--key", k.KeyPath, "--cert", k.CertPath}, extra...)
+	return runTool(ctx, "sbsign", append(args, "--output", dst, in)...)
 }
 
 // peSigned says whether a PE image has an Authenticode signature: a

@@ -1,12 +1,10 @@
 package liveboot_test
 
 import (
-	"bytes"
 	"context"
 	"crypto"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -57,27 +55,7 @@ func wholeBoot(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, w
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// np runs nodeproof and returns what it said on standard error (a
-	// policy learn's notes); -o FILE writes standard output there.
-	np := func(args ...string) string {
-		t.Helper()
-		var out string
-		if i := slices.Index(args, "-o"); i >= 0 {
-			out, args = args[i+1], slices.Delete(slices.Clone(args), i, i+2)
-		}
-		cmd := exec.Command(w.bins.nodeproof, args...)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		if err := cmd.Run(); err != nil {
-			t.Fatalf("nodeproof %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
-		}
-		if out != "" {
-			if err := os.WriteFile(out, stdout.Bytes(), 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return stderr.String()
-	}
+	np := func(args ...string) string { t.Helper(); return w.policyCmd(t, args...) }
 	logB := filepath.Join(dir, "kernel-b.bin")
 	raw, ok := kernelB.EventLog()
 	if !ok {

@@ -1,6 +1,7 @@
 package liveboot_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -204,6 +206,29 @@ func (w *world) nodeproofCmd(t testing.TB, args ...string) string {
 		t.Fatalf("nodeproof %v: %v\n%s", args, err, out)
 	}
 	return string(out)
+}
+
+// policyCmd runs nodeproof (a policy command: no store flags) and returns
+// what it said on standard error (a policy learn's notes); -o FILE writes
+// its standard output there.
+func (w *world) policyCmd(t testing.TB, args ...string) string {
+	t.Helper()
+	var out string
+	if i := slices.Index(args, "-o"); i >= 0 {
+		out, args = args[i+1], slices.Delete(slices.Clone(args), i, i+2)
+	}
+	cmd := exec.Command(w.bins.nodeproof, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("nodeproof %s: %v\n%s%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	if out != "" {
+		if err := os.WriteFile(out, stdout.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return stderr.String()
 }
 
 // inspectUntil is inspecttest.Until through this world's nodeproof.
