@@ -71,7 +71,7 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 	return digests{shim: one(parts.Shim), grub: one(parts.Grub), kernel: one(parts.Kernel)}
 }
 
-// TestLiveBoot boots a real machine twelve times (make test-boot; about
+// TestLiveBoot boots a real machine fifteen times (make test-boot; about
 // 20-45 s a boot here, one VM at a time; the first run also enrols the
 // test Secure Boot keys, a ~10 s firmware boot, cached after): OVMF with Secure Boot and
 // Microsoft's keys, Debian's Microsoft-signed shim, its signed GRUB and
@@ -118,10 +118,19 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     kernel update learned from its files alone is admitted, its
 //     prediction what the machine measured; the floor raised, kernel B is
 //     refused as a rollback (five boots).
-//  7. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
+//  7. Unified kernel images (ukiBoots; three boots): a UKI (systemd-stub
+//     252, kernel A, the live initramfs and command line) signed by the
+//     test db signer, learned from its file into the pool (`policy learn
+//     --efi uki= --uki-pool`) and run by the firmware, is admitted, PCR 11
+//     its sections; one with another initramfs and command line, signed
+//     by the test MOK signer and run by the shim, is refused
+//     BootSignerNotAllowed; one of kernel B signed by the db signer is
+//     admitted with no policy change. The boot time beside the GRUB
+//     chain's is said.
+//  8. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
 //     Event; the node failed and tainted.
-//  8. Secure Boot off with GRUB's plain linux (what update-grub writes):
+//  9. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
 //

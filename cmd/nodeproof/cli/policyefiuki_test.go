@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -50,8 +49,8 @@ func TestPolicyLearnEFIUKI(t *testing.T) {
 	unsigned := ukitest.BuildT(t, stub, ukitest.Standard(osrel, cmdline, kernel, initrd))
 	signed := filepath.Join(t.TempDir(), "node-7.efi")
 	k := keys.DBSigner
-	if out, err := exec.Command("sbsign", "--key", k.KeyPath, "--cert", k.CertPath, "--output", signed, unsigned).CombinedOutput(); err != nil {
-		t.Fatalf("sbsign (sbsigntool): %v: %s", err, out)
+	if err := k.Sign(context.Background(), unsigned, signed); err != nil {
+		t.Fatal(err)
 	}
 	img, err := bootimage.ReadFile(signed)
 	if err != nil {
