@@ -169,7 +169,7 @@ func ukiBoots(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wo
 	tampered.Tamper = "echo nodeproof-liveboot: a tampered initramfs, not signed by the key the pool names"
 	_, diskM, _ := build("uki-m", lab.Current, &tampered, liveboot.KernelCmdline+" nodeproof.tampered=1", keys.MOKSigner, keys.MOKCA, true)
 	rM := boot("uki-mok-shim", diskM, lab.Vars.Path)
-	expectLines(t, rM, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: a tampered initramfs, not signed by the key the pool names", "nodeproof-liveboot: agent reattest start",
+	expectLines(t, rM, "nodeproof-liveboot: a tampered initramfs, not signed by the key the pool names", "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent reattest start",
 		"nodeproof-agent: REFUSED at re-attestation by the server (HTTP 403): "+string(attest.ReasonPolicyBootSigner), "nodeproof-liveboot: agent exit 3")
 	if l, _ := rM.Find("  reason: "); !strings.Contains(l.Text, "nodeproof test MOK CA") || !strings.Contains(l.Text, "uki.signedBy") {
 		t.Errorf("the refusal does not name the MOK CA and tpm.uki.signedBy: %q", l.Text)
