@@ -1,0 +1,23 @@
+#!/bin/bash
+# dracut module "nodeproof-liveboot": the live boot's end of a first boot in
+# the dracut initramfs (internal/liveboot, tests only, never for a real
+# image). The initramfs has no installed system to switch to (root=tmpfs):
+# once Ignition's stages and nodeproof's units are done
+# (ignition-complete.target), nodeproof-liveboot-report.service says on the
+# console what Ignition wrote under /sysroot, saves /sysroot to the data disk
+# (/dev/vdb, a tar archive the host reads back) and powers the machine off.
+
+check() {
+    return 255
+}
+
+depends() {
+    echo ignition nodeproof
+}
+
+install() {
+    inst_multiple tar find sort stat sync cut sha256sum tr systemctl
+    inst_script "$moddir/nodeproof-liveboot-report.sh" /usr/libexec/nodeproof-liveboot-report
+    inst_simple "$moddir/nodeproof-liveboot-report.service" "$systemdsystemunitdir/nodeproof-liveboot-report.service"
+    $SYSTEMCTL -q --root="$initdir" add-wants initrd.target nodeproof-liveboot-report.service || exit 1
+}
