@@ -11,7 +11,9 @@
 # with: qemu-system-x86 and ovmf (UEFI firmware with Secure Boot), mtools,
 # dosfstools and fdisk (the ESP disk image, no loop mounts), busybox-static
 # (the guest's initramfs), and sbsigntool and efitools (the signer tests'
-# own Secure Boot keys: images re-signed, variable updates signed).
+# own Secure Boot keys: images re-signed, variable updates signed), and
+# dracut-core and dracut-network (the dracut + systemd initramfs of
+# TestLiveBootDracut; they install beside systemd, removing nothing).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -31,6 +33,10 @@ done
 # variables, and a statically linked busybox for the initramfs.
 [ -f /usr/share/OVMF/OVMF_CODE_4M.secboot.fd ] && [ -f /usr/share/OVMF/OVMF_VARS_4M.ms.fd ] || need+=(ovmf)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
+# The dracut initramfs: dracut 059 and its network modules (systemd-networkd,
+# url-lib), which Ignition's and nodeproof's dracut modules depend on.
+[ -x /usr/bin/dracut ] || need+=(dracut-core)
+[ -d /usr/lib/dracut/modules.d/45url-lib ] || need+=(dracut-network)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/systemtest"
 )
 
 const dracutNode = "live-dracut"
@@ -27,19 +29,21 @@ const dracutNode = "live-dracut"
 // pointer config comes as the qemu platform's config (fw_cfg), as an
 // RHCOS image's platform would hand it over.
 //
-//  1. First boot: ignition-fetch-offline reads the pointer and finds it
-//     needs the network; the network comes up (systemd-networkd);
-//     nodeproof-agent.service runs after fetch-offline and before
-//     ignition-fetch (systemd's own timestamps say so), attests with the
-//     TPM and writes the full config as Ignition's user.ign; Ignition's
-//     fetch, disks, mount and files stages apply it (the bootstrap
-//     kubeconfig lands in /sysroot); nodeproof-kubelet-key.service puts
-//     the attested kubelet key beside it (0600); the server has bound the
-//     machine.
-//  2. Secure Boot off (another machine: a new TPM): the agent is refused
-//     SecureBootDisabled and says so on the console; ignition-fetch never
-//     runs (its drop-in's Requires=), Ignition Complete is never reached,
-//     the boot stops (emergency, powered off) and nothing is written.
+//  1. An unlisted machine (its EK chains to the vendor CA, but nothing
+//     names it a node: the pool's policy has no inventory yet): the agent
+//     runs after ignition-fetch-offline found the pointer needs the
+//     network, is refused NodeNameNotEstablished and says so and the EK
+//     to list on the console; ignition-fetch's dependency fails (its
+//     drop-in's Requires=), Ignition Complete is never reached, the boot
+//     stops (emergency, powered off) and Ignition writes nothing.
+//  2. The operator lists the EK (trust.ekInventory, node live-dracut);
+//     the same machine boots again: nodeproof-agent.service runs after
+//     fetch-offline and before ignition-fetch (systemd's own timestamps
+//     say so), attests with the TPM and writes the full config as
+//     Ignition's user.ign; Ignition's fetch, disks, mount and files stages
+//     apply it (the bootstrap kubeconfig lands in /sysroot);
+//     nodeproof-kubelet-key.service puts the attested kubelet key beside
+//     it (0600); the server has bound the machine as live-dracut.
 func TestLiveBootDracut(t *testing.T) {
 	begin := time.Now()
 	say := func(format string, args ...any) {
@@ -100,15 +104,15 @@ func TestLiveBootDracut(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	boot := func(t *testing.T, name string, secureBoot bool) *liveboot.Result {
+	m, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	boot := func(t *testing.T, name string) *liveboot.Result {
 		t.Helper()
-		m, err := liveboot.NewMachine(ctx, w.man, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		say("boot %s: Secure Boot %v", name, secureBoot)
-		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: secureBoot, Forward: []int{w.serverPort, w.apiPort},
+		say("boot %s", name)
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
 			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer}, Progress: say, Limit: 10 * time.Minute})
 		p := cons.save(t, "dracut-"+name, r)
 		if err != nil {
@@ -118,8 +122,40 @@ func TestLiveBootDracut(t *testing.T) {
 		return r
 	}
 
-	ok := t.Run("first boot: the agent between fetch-offline and fetch, Ignition applies the attested config, the kubelet key kept", func(t *testing.T) {
-		r := boot(t, "firstboot", true)
+	var ek string
+	ok := t.Run("an unlisted machine: refused NodeNameNotEstablished on the console, Ignition never fetches, the boot stops", func(t *testing.T) {
+		r := boot(t, "unlisted")
+		expectLines(t, r, "Finished ignition-fetch-of", "Starting nodeproof-agent", "nodeproof-agent: REFUSED", "Power down")
+		l, _ := r.Find("nodeproof-agent: REFUSED")
+		if !strings.Contains(l.Text, string(attest.ReasonPolicyNodeNameMissing)) {
+			t.Errorf("the agent's refusal does not say %s: %q", attest.ReasonPolicyNodeNameMissing, l.Text)
+		}
+		failed := false
+		for _, l := range r.Lines {
+			failed = failed || strings.Contains(l.Text, "Dependency failed for") && strings.Contains(l.Text, "Ignition (fetch)")
+		}
+		if !failed {
+			t.Error("the console does not say Ignition (fetch) failed for its dependency")
+		}
+		if l, found := r.Find("nodeproof-liveboot: ignition complete"); found {
+			t.Errorf("the console says %q after a refusal", l.Text)
+		}
+		if len(r.Files) != 0 {
+			t.Errorf("the refused boot left files: %v", keys(r.Files))
+		}
+		m := regexp.MustCompile(`tpm-ek:([0-9a-f]{64})`).FindStringSubmatch(r.Console())
+		if m == nil {
+			t.Fatalf("the console names no EK to list\n%s", tail(r))
+		}
+		ek = m[1]
+	})
+	if !ok {
+		return
+	}
+	listEK(t, w, dg, ek, dracutNode)
+
+	t.Run("listed: the agent between fetch-offline and fetch, Ignition applies the attested config, the kubelet key kept", func(t *testing.T) {
+		r := boot(t, "listed")
 		expectLines(t, r, "nodeproof-liveboot: ignition complete", "nodeproof-liveboot: poweroff")
 		units := unitTimes(t, r)
 		for _, u := range []string{"ignition-fetch-offline", "nodeproof-agent", "ignition-fetch", "ignition-disks", "ignition-mount", "ignition-files", "nodeproof-kubelet-key"} {
@@ -152,26 +188,37 @@ func TestLiveBootDracut(t *testing.T) {
 		a, f := units["nodeproof-agent"], units["ignition-files"]
 		say("first boot: agent %.1fs, Ignition fetch→files %.1fs, powered off at %.1fs", float64(a.exit-a.start)/1e6, float64(f.exit-units["ignition-fetch"].start)/1e6, r.Took.Seconds())
 	})
-	if !ok {
-		return
-	}
+}
 
-	t.Run("Secure Boot off: refused on the console, Ignition never fetches, the boot stops", func(t *testing.T) {
-		r := boot(t, "secureboot-off", false)
-		expectLines(t, r, "nodeproof-agent: REFUSED", "Dependency failed for", "Power down")
-		if l, _ := r.Find("nodeproof-agent: REFUSED"); !strings.Contains(l.Text, string(attest.ReasonPolicySecureBootOff)) {
-			t.Errorf("the agent's refusal does not say %s: %q", attest.ReasonPolicySecureBootOff, l.Text)
+// listEK writes an EK inventory naming the machine with EK SHA-256 ek
+// node, puts it in the live policy (the pool trusting the inventory beside
+// the vendor CA) and waits for the server to apply it.
+func listEK(t *testing.T, w *world, dg digests, ek, node string) {
+	t.Helper()
+	dir := filepath.Dir(w.policyFile)
+	inv := filepath.Join(dir, "ek-inventory.yaml")
+	if err := os.WriteFile(inv, fmt.Appendf(nil, "entries:\n- ekSHA256: %s\n  nodeName: %s\n", ek, node), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := policytest.New().EKRoot(systemtest.VendorRoot, w.roots).EKInventory(inv).
+		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot, "inventory").SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)).
+		YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloads := strings.Count(w.server.out.String(), "policy reloaded")
+	tmp := w.policyFile + ".new"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, w.policyFile); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); strings.Count(w.server.out.String(), "policy reloaded") == reloads; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not apply the policy within a minute\n%s", w.server.out.String())
 		}
-		if l, _ := r.Find("Dependency failed for"); !strings.Contains(l.Text, "Ignition (fetch)") {
-			t.Errorf("the first dependency failure is not Ignition (fetch)'s: %q", l.Text)
-		}
-		if l, found := r.Find("nodeproof-liveboot: ignition complete"); found {
-			t.Errorf("the console says %q after a refusal", l.Text)
-		}
-		if len(r.Files) != 0 {
-			t.Errorf("the refused boot left files: %v", keys(r.Files))
-		}
-	})
+	}
 }
 
 // unitTime is what systemd recorded of one unit's run.
