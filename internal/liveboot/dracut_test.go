@@ -2,24 +2,32 @@ package liveboot_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/attest/policy/policytest"
+	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
+	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/systemtest"
 )
 
-const dracutNode = "live-dracut"
+const dracutNode, dracutNode2 = "live-dracut", "live-dracut-2"
 
 // TestLiveBootDracut boots the node's real first-boot path (issue 40 item
 // 1): a dracut + systemd initramfs built by Debian's dracut 059 from this
@@ -152,7 +160,14 @@ func TestLiveBootDracut(t *testing.T) {
 	if !ok {
 		return
 	}
-	listEK(t, w, dg, ek, dracutNode)
+	// The machine of the unreachable server's boot, listed too (its EK
+	// read from its TPM here, as `nodeproof dev tpm init` prints it).
+	m2, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m2.Close() })
+	listEKs(t, w, dg, map[string]string{ek: dracutNode, ekSHA256(t, m2): dracutNode2})
 
 	t.Run("listed: the agent between fetch-offline and fetch, Ignition applies the attested config, the kubelet key kept", func(t *testing.T) {
 		r := boot(t, "listed")
@@ -188,19 +203,68 @@ func TestLiveBootDracut(t *testing.T) {
 		a, f := units["nodeproof-agent"], units["ignition-files"]
 		say("first boot: agent %.1fs, Ignition fetch→files %.1fs, powered off at %.1fs", float64(a.exit-a.start)/1e6, float64(f.exit-units["ignition-fetch"].start)/1e6, r.Took.Seconds())
 	})
+
+	t.Run("the server unreachable for a while: the agent retries, then attests; Ignition applies the config", func(t *testing.T) {
+		relay := startRelay(t, w.serverPort, 4)
+		url := fmt.Sprintf("https://%s:%d", liveboot.GuestHost, relay.port)
+		g2 := *g
+		g2.Server = url
+		initramfs2, disk2, pointer2 := filepath.Join(work, "initrd2.img"), filepath.Join(work, "boot2.img"), filepath.Join(work, "pointer2.ign")
+		if err := g2.BuildInitramfs(ctx, parts, kmoddir, initramfs2); err != nil {
+			t.Fatal(err)
+		}
+		if err := liveboot.BuildBootDiskWith(ctx, parts, initramfs2, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode2)), disk2); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := exec.Command(w.bins.nodeproof, "pointer", "--state-dir", w.stateDir, "--url", url, "--pool", "worker",
+			"--http-total", "60s", "-o", pointer2).CombinedOutput(); err != nil {
+			t.Fatalf("nodeproof pointer: %v\n%s", err, b)
+		}
+		say("boot unreachable (the relay drops the first %d connections)", relay.drop)
+		r, err := m2.Boot(ctx, liveboot.Boot{Disk: disk2, SecureBoot: true, Forward: []int{relay.port, w.apiPort},
+			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer2}, Progress: say, Limit: 10 * time.Minute})
+		p := cons.save(t, "dracut-unreachable", r)
+		if err != nil {
+			t.Fatalf("boot: %v (console: %s)\n%s", err, p, tail(r))
+		}
+		say("boot unreachable: powered off after %.1fs; the relay dropped %d connections", r.Took.Seconds(), relay.dropped.Load())
+		if relay.dropped.Load() < int32(relay.drop) {
+			t.Errorf("the relay dropped %d connections; want %d: the guest never met the unreachable server", relay.dropped.Load(), relay.drop)
+		}
+		expectLines(t, r, "Starting nodeproof-agent", "retrying in", "nodeproof-liveboot: ignition complete", "nodeproof-liveboot: poweroff")
+		units := unitTimes(t, r)
+		for _, u := range []string{"nodeproof-agent", "ignition-fetch", "ignition-files", "nodeproof-kubelet-key"} {
+			if units[u].result != "success" {
+				t.Errorf("%s.service: result %q; want success", u, units[u].result)
+			}
+		}
+		if !strings.Contains(string(r.Files["etc/kubernetes/kubeconfig"]), "token:") {
+			t.Errorf("no bootstrap kubeconfig in /sysroot; files: %v", keys(r.Files))
+		}
+		w.inspectUntil(t, dracutNode2, 30*time.Second, func(s *inspect.Story) string {
+			if s.Binding == nil || s.Binding.Status.Boots != 1 {
+				return "the machine bound, this boot counted"
+			}
+			return ""
+		})
+	})
 }
 
-// listEK writes an EK inventory naming the machine with EK SHA-256 ek
-// node, puts it in the live policy (the pool trusting the inventory beside
+// listEKs writes an EK inventory naming each machine (EK SHA-256 → node
+// name), puts it in the live policy (the pool trusting the inventory beside
 // the vendor CA) and waits for the server to apply it.
-func listEK(t *testing.T, w *world, dg digests, ek, node string) {
+func listEKs(t *testing.T, w *world, dg digests, eks map[string]string) {
 	t.Helper()
 	dir := filepath.Dir(w.policyFile)
 	inv := filepath.Join(dir, "ek-inventory.yaml")
-	if err := os.WriteFile(inv, fmt.Appendf(nil, "entries:\n- ekSHA256: %s\n  nodeName: %s\n", ek, node), 0o600); err != nil {
+	b := []byte("entries:\n")
+	for ek, node := range eks {
+		b = fmt.Appendf(b, "- ekSHA256: %s\n  nodeName: %s\n", ek, node)
+	}
+	if err := os.WriteFile(inv, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b, err := policytest.New().EKRoot(systemtest.VendorRoot, w.roots).EKInventory(inv).
+	pol, err := policytest.New().EKRoot(systemtest.VendorRoot, w.roots).EKInventory(inv).
 		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot, "inventory").SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)).
 		YAML()
 	if err != nil {
@@ -208,7 +272,7 @@ func listEK(t *testing.T, w *world, dg digests, ek, node string) {
 	}
 	reloads := strings.Count(w.server.out.String(), "policy reloaded")
 	tmp := w.policyFile + ".new"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	if err := os.WriteFile(tmp, pol, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(tmp, w.policyFile); err != nil {
@@ -219,6 +283,76 @@ func listEK(t *testing.T, w *world, dg digests, ek, node string) {
 			t.Fatalf("the server did not apply the policy within a minute\n%s", w.server.out.String())
 		}
 	}
+}
+
+// ekSHA256 is the SHA-256 of m's EK (PKIX DER), as EK inventories list
+// it, read from its TPM.
+func ekSHA256(t *testing.T, m *liveboot.Machine) string {
+	t.Helper()
+	tp, err := swtpm.Start(context.Background(), m.TPMState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tp.Stop()
+	ch, err := tpm.DialSocket("tcp", tp.Addr, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := tpm.NewCollector(ch)
+	if err != nil {
+		ch.Close()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req, err := c.Request()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(req.EKPublic)
+	return hex.EncodeToString(sum[:])
+}
+
+// relay is a TCP relay to a loopback port that drops its first drop
+// connections (accepted and closed at once: the server unreachable), then
+// relays.
+type relay struct {
+	port    int
+	drop    int
+	dropped atomic.Int32
+}
+
+func startRelay(t *testing.T, target, drop int) *relay {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	r := &relay{port: ln.Addr().(*net.TCPAddr).Port, drop: drop}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if int(r.dropped.Load()) < r.drop {
+				r.dropped.Add(1)
+				c.Close()
+				continue
+			}
+			go func() {
+				defer c.Close()
+				s, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", target), 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer s.Close()
+				go func() { _, _ = io.Copy(s, c); s.(*net.TCPConn).CloseWrite() }()
+				_, _ = io.Copy(c, s)
+			}()
+		}
+	}()
+	return r
 }
 
 // unitTime is what systemd recorded of one unit's run.

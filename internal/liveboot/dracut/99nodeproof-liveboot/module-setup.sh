@@ -6,6 +6,8 @@
 # (ignition-complete.target), nodeproof-liveboot-report.service says on the
 # console what Ignition wrote under /sysroot, saves /sysroot to the data disk
 # (/dev/vdb, a tar archive the host reads back) and powers the machine off.
+# A failed boot (emergency; rd.shell=0 rd.emergency=poweroff) prints the
+# journal of Ignition's and nodeproof's units on the console first.
 
 check() {
     return 255
@@ -16,7 +18,8 @@ depends() {
 }
 
 install() {
-    inst_multiple tar find sort stat sync cut sha256sum tr systemctl
+    inst_multiple tar find sort stat sync cut sha256sum tr systemctl journalctl grep tail sed
+    inst_hook shutdown-emergency 50 "$moddir/nodeproof-liveboot-failed.sh"
     inst_script "$moddir/nodeproof-liveboot-report.sh" /usr/libexec/nodeproof-liveboot-report
     inst_simple "$moddir/nodeproof-liveboot-report.service" "$systemdsystemunitdir/nodeproof-liveboot-report.service"
     $SYSTEMCTL -q --root="$initdir" add-wants initrd.target nodeproof-liveboot-report.service || exit 1
