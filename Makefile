@@ -37,7 +37,7 @@ test: deps tools vet ## everything: vet, gofmt, unit and integration tests on re
 test-boot: deps tools test-boot-only ## a real machine boots (QEMU, OVMF Secure Boot, swtpm, Debian's signed shim, GRUB and kernel; the agent in the initramfs): enrol, reboot, a published dbx revocation (the running node tainted, an updated dbx and chain clear it), own Secure Boot keys (a test db key, a real dbx, a MOK), kernel B under signer, digest and audit rules, the whole boot (a tampered initramfs, command line and grub.cfg refused, a kernel update learned from its files admitted, a rollback refused), Secure Boot off, no event log (twelve boots, ~7-10 min; consoles kept in $$NODEPROOF_ARTIFACTS on failure)
 
 test-boot-only:
-	@$(GO) test -count=1 -timeout 15m -v ./internal/liveboot
+	@$(GO) test -count=1 -timeout 25m -v ./internal/liveboot
 
 demo-boot: deps tools ## make demo's story on a live VM: it boots with Secure Boot (enrols, Ignition, kubelet CSR approved), reboots (re-attests), boots with Secure Boot off (refused, tainted); narrated
 	@hack/progress.sh "building the demo and the guest's programs" bash -c '$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo && CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $${TMPDIR:-/tmp}/nodeproof-guest/ ./cmd/nodeproof-agent ./internal/liveboot/kubeletcsr'
