@@ -34,10 +34,10 @@ test: deps tools vet ## everything: vet, gofmt, unit and integration tests on re
 	@$(MAKE) --no-print-directory test-boot-only
 
 .PHONY: test-boot test-boot-only demo-boot bench-boot
-test-boot: deps tools test-boot-only ## a real machine boots (QEMU, OVMF Secure Boot, swtpm, Debian's signed shim, GRUB and kernel; the agent in the initramfs): enrol, reboot, a published dbx revocation (the running node tainted, an updated dbx and chain clear it), own Secure Boot keys (a test db key, a real dbx, a MOK), kernel B under signer, digest and audit rules, the whole boot (a tampered initramfs, command line and grub.cfg refused, a kernel update learned from its files admitted, a rollback refused), unified kernel images (one learned from its file admitted, another signer's refused, a new one admitted), Secure Boot off, no event log (fifteen boots, ~9-12 min; consoles kept in $$NODEPROOF_ARTIFACTS on failure)
+test-boot: deps tools test-boot-only ## a real machine boots (QEMU, OVMF Secure Boot, swtpm, Debian's signed shim, GRUB and kernel; the agent in the initramfs): enrol, reboot, a published dbx revocation (the running node tainted, an updated dbx and chain clear it), own Secure Boot keys (a test db key, a real dbx, a MOK), kernel B under signer, digest and audit rules, the whole boot (a tampered initramfs, command line and grub.cfg refused, a kernel update learned from its files admitted, a rollback refused), unified kernel images (one learned from its file admitted, another signer's refused, a new one admitted), Secure Boot off, no event log (fifteen boots), and a dracut + systemd initramfs with Ignition's own units (three boots: refused, retried, applied) (~13-18 min; consoles kept in $$NODEPROOF_ARTIFACTS on failure)
 
 test-boot-only:
-	@$(GO) test -count=1 -timeout 20m -v ./internal/liveboot
+	@$(GO) test -count=1 -timeout 30m -v ./internal/liveboot
 
 demo-boot: deps tools ## make demo's story on a live VM: it boots with Secure Boot (enrols, Ignition, kubelet CSR approved), reboots (re-attests), boots with Secure Boot off (refused, tainted); narrated
 	@hack/progress.sh "building the demo and the guest's programs" bash -c '$(GO) build -o $${TMPDIR:-/tmp}/nodeproof-demo ./cmd/nodeproof-demo && CGO_ENABLED=0 $(GO) build -ldflags "-s -w" -o $${TMPDIR:-/tmp}/nodeproof-guest/ ./cmd/nodeproof-agent ./internal/liveboot/kubeletcsr'

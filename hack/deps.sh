@@ -11,8 +11,10 @@
 # with: qemu-system-x86 and ovmf (UEFI firmware with Secure Boot), mtools,
 # dosfstools and fdisk (the ESP disk image, no loop mounts), busybox-static
 # (the guest's initramfs), sbsigntool and efitools (the signer tests'
-# own Secure Boot keys: images re-signed, variable updates signed), and
-# binutils (objcopy builds the unified kernel images).
+# own Secure Boot keys: images re-signed, variable updates signed),
+# binutils (objcopy builds the unified kernel images), and dracut-core and
+# dracut-network (the dracut + systemd initramfs of TestLiveBootDracut;
+# they install beside systemd, removing nothing).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -33,6 +35,15 @@ done
 # variables, and a statically linked busybox for the initramfs.
 [ -f /usr/share/OVMF/OVMF_CODE_4M.secboot.fd ] && [ -f /usr/share/OVMF/OVMF_VARS_4M.ms.fd ] || need+=(ovmf)
 dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok installed' || need+=(busybox-static)
+# The dracut initramfs: dracut 059 and its network modules (systemd-networkd,
+# url-lib), which Ignition's and nodeproof's dracut modules depend on.
+[ -x /usr/bin/dracut ] || need+=(dracut-core)
+[ -d /usr/lib/dracut/modules.d/45url-lib ] || need+=(dracut-network)
+# dracut copies the initramfs's systemd, udev and systemd-networkd from
+# this machine.
+[ -x /lib/systemd/systemd ] || need+=(systemd)
+[ -x /lib/systemd/systemd-networkd ] || need+=(systemd)
+[ -x /bin/udevadm ] || need+=(udev)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

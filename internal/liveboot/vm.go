@@ -95,6 +95,9 @@ type Boot struct {
 	// FwCfg are QEMU fw_cfg items for the guest (opt/<name>, readable
 	// under /sys/firmware/qemu_fw_cfg/by_name/); not measured.
 	FwCfg map[string]string
+	// FwCfgFiles are fw_cfg items read from host files (opt/<name>,
+	// file=<path>), such as Ignition's config (IgnitionConfigFwCfg).
+	FwCfgFiles map[string]string
 	// Console, when set, gets the serial console as it comes, each line
 	// prefixed with the seconds since QEMU started.
 	Console io.Writer
@@ -219,6 +222,12 @@ func (m *Machine) Boot(ctx context.Context, b Boot) (*Result, error) {
 			return nil, fmt.Errorf("liveboot: fw_cfg item %s: no commas or newlines", k)
 		}
 		args = append(args, "-fw_cfg", "name=opt/"+k+",string="+v)
+	}
+	for k, f := range b.FwCfgFiles {
+		if strings.ContainsAny(k+f, ",\n") {
+			return nil, fmt.Errorf("liveboot: fw_cfg file item %s: no commas or newlines", k)
+		}
+		args = append(args, "-fw_cfg", "name=opt/"+k+",file="+f)
 	}
 	cmd := exec.CommandContext(ctx, qemu, args...)
 	cmd.Stdin = nil
