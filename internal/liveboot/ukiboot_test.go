@@ -63,37 +63,9 @@ func ukiBoots(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wo
 			applyPolicy(t, w, saved)
 		}
 	})
-	stub := lab.Current.Path(lab.Current.Stub)
-	// build makes a UKI of kernel (with its own initramfs for g) and the
-	// command line, signed by signer (its issuer carried), laid out for the
-	// firmware or the shim.
-	build := func(name string, kernel *liveboot.Parts, g *liveboot.Guest, cmdline string, signer, issuer liveboot.KeyPair, shim bool) (image, disk string, u liveboot.UKI) {
+	build := func(name string, kernel *liveboot.Parts, g *liveboot.Guest, cmdline string, signer, issuer liveboot.KeyPair, shim bool) (string, string, liveboot.UKI) {
 		t.Helper()
-		d := filepath.Join(dir, name)
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		initrd := filepath.Join(d, "initrd.img")
-		if err := g.BuildInitramfs(ctx, kernel, initrd); err != nil {
-			t.Fatal(err)
-		}
-		u = liveboot.UKI{Stub: stub, Kernel: kernel.Path(kernel.Kernel), Initrd: initrd, Cmdline: cmdline, OSRelease: []byte(liveboot.UKIOSRelease)}
-		unsigned, image, disk := filepath.Join(d, "unsigned.efi"), filepath.Join(d, "uki.efi"), filepath.Join(d, "boot.img")
-		if _, err := liveboot.BuildUKI(ctx, u, unsigned); err != nil {
-			t.Fatal(err)
-		}
-		if err := signer.SignCarrying(ctx, unsigned, image, issuer); err != nil {
-			t.Fatal(err)
-		}
-		if shim {
-			err = liveboot.BuildUKIShimDisk(ctx, lab.Current.Path(lab.Current.Shim), image, disk)
-		} else {
-			err = liveboot.BuildUKIDisk(ctx, image, disk)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		return image, disk, u
+		return buildUKI(t, ctx, lab, filepath.Join(dir, name), kernel, g, cmdline, signer, issuer, shim)
 	}
 	keys := lab.Keys
 	admitted := func(name, disk string, u liveboot.UKI) *liveboot.Result {
@@ -205,4 +177,39 @@ func ukiBoots(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wo
 	}
 	say("UKI: C (kernel B %s, its own initramfs, the same signer) admitted with no policy change; %.1fs", imgC.UKI.KernelVersion, rC.Took.Seconds())
 	return rA.Took
+}
+
+// buildUKI makes, under dir, a UKI of kernel (with its own initramfs for
+// g) and the command line, signed by signer (its issuer carried), on a
+// boot disk for the firmware, or for Debian's shim; it returns the image,
+// the disk and what went in.
+func buildUKI(t testing.TB, ctx context.Context, lab *liveboot.SignerLab, dir string, kernel *liveboot.Parts, g *liveboot.Guest, cmdline string,
+	signer, issuer liveboot.KeyPair, shim bool) (image, disk string, u liveboot.UKI) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	initrd := filepath.Join(dir, "initrd.img")
+	if err := g.BuildInitramfs(ctx, kernel, initrd); err != nil {
+		t.Fatal(err)
+	}
+	u = liveboot.UKI{Stub: lab.Current.Path(lab.Current.Stub), Kernel: kernel.Path(kernel.Kernel), Initrd: initrd, Cmdline: cmdline, OSRelease: []byte(liveboot.UKIOSRelease)}
+	unsigned := filepath.Join(dir, "unsigned.efi")
+	image, disk = filepath.Join(dir, "uki.efi"), filepath.Join(dir, "boot.img")
+	if _, err := liveboot.BuildUKI(ctx, u, unsigned); err != nil {
+		t.Fatal(err)
+	}
+	if err := signer.SignCarrying(ctx, unsigned, image, issuer); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if shim {
+		err = liveboot.BuildUKIShimDisk(ctx, lab.Current.Path(lab.Current.Shim), image, disk)
+	} else {
+		err = liveboot.BuildUKIDisk(ctx, image, disk)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return image, disk, u
 }

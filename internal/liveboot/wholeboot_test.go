@@ -206,7 +206,7 @@ func wholeBoot(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, w
 
 // applyPolicy puts file in the server's --policy file and waits until the
 // server says it reloaded it.
-func applyPolicy(t *testing.T, w *world, file string) {
+func applyPolicy(t testing.TB, w *world, file string) {
 	t.Helper()
 	b, err := os.ReadFile(file)
 	if err != nil {
