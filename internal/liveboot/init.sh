@@ -75,6 +75,13 @@ done >/var/lib/liveboot/pcr-sha256
 #      authenticated by the first certificate, while the kubelet waits for
 #      a runtime at a socket kubelet-csr holds (accepts, never answers);
 #      kubelet-csr closes it once the renewed certificate is written.
+# no_runtime says on the console why the kubelet stopped, when it was for
+# want of a container runtime (its CRI connection check failed).
+no_runtime() {
+	grep -q 'validate service connection' "$1" && mark "kubelet stopped: no container runtime (its CRI connection check failed)"
+	return 0
+}
+
 kubelet_bootstrap() {
 	pki=/var/lib/kubelet/pki
 	mkdir -p /etc/kubernetes $pki
@@ -87,6 +94,7 @@ kubelet_bootstrap() {
 	kubelet "$@" --rotate-certificates=false >/run/kubelet-bootstrap.log 2>&1
 	mark "kubelet exit $?"
 	grep -E 'bootstrap|Waiting for client certificate|certificate|failed to run Kubelet' /run/kubelet-bootstrap.log | cut -c1-400 | tail -n 8
+	no_runtime /run/kubelet-bootstrap.log
 	[ -s $pki/kubelet-client-current.pem ] || { mark "kubelet wrote no client certificate"; return 1; }
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-bootstrap.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE" || return 1
@@ -98,6 +106,7 @@ kubelet_bootstrap() {
 	mark "kubelet exit $?"
 	wait $holder
 	grep -E 'rotat|Rotat|certificate|failed to run Kubelet' /run/kubelet-rotation.log | cut -c1-400 | tail -n 8
+	no_runtime /run/kubelet-rotation.log
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-renewed.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE"
 }

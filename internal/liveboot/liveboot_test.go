@@ -227,8 +227,11 @@ func TestLiveBoot(t *testing.T) {
 		first = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
 			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet start (bootstrap", "nodeproof-liveboot: kubelet exit",
+			"nodeproof-liveboot: kubelet stopped: no container runtime",
 			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotation",
-			"nodeproof-liveboot: kubelet exit", "kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes",
+			"kubelet-csr: runtime socket /run/cri.sock closed", "nodeproof-liveboot: kubelet exit", `"Rotating certificates"`,
+			"nodeproof-liveboot: kubelet stopped: no container runtime",
+			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes",
 			"nodeproof-liveboot: kubelet bootstrap exit 0",
 			"nodeproof-liveboot: agent reattest start (first boot)", fmt.Sprintf("node %s re-attested (tpm evidence, boot 1 seen by the server)", node),
 			"nodeproof-liveboot: agent exit 0")

@@ -190,6 +190,12 @@ func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *pol
 	w.signer = process(t, "kube-controller-manager", kcm, "--kubeconfig", w.admin, "--controllers", "csrsigning",
 		"--cluster-signing-cert-file", certFile, "--cluster-signing-key-file", keyFile, "--cluster-signing-duration", SigningDuration.String(),
 		"--leader-elect=false", "--secure-port=0")
+	select { // a flag it refuses stops it at once
+	case err := <-w.signer.done:
+		w.signer.done <- err
+		t.Fatalf("kube-controller-manager stopped: %v\n%s", err, w.signer.out)
+	case <-time.After(2 * time.Second):
+	}
 
 	w.stateDir = filepath.Join(t.TempDir(), "state")
 	w.serverPort = testenv.FreePort(t)
