@@ -125,7 +125,8 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     refused as a rollback (five boots).
 //  7. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
-//     Event; the node failed and tainted.
+//     Event (unauthenticated: the first boot's kubelet removed the key the
+//     agent bound); the node failed and tainted.
 //  8. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
@@ -169,8 +170,9 @@ func TestLiveBoot(t *testing.T) {
 	if _, err := withProgress(say, "building the initramfs", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, parts, initramfs) }); err != nil {
 		t.Fatal(err)
 	}
-	// The first boot's initramfs holds the kubelet too (the others do not
-	// run it: they boot faster without it).
+	// The first boot's initramfs holds the kubelet too, and the reboot
+	// boots the same disk (PCR 5 measures its GPT); the other boots do not
+	// run the kubelet and boot faster without it.
 	kg := *g
 	if kg.Kubelet, err = testenv.KubeletPath(); err != nil {
 		t.Fatal(err)
@@ -258,7 +260,7 @@ func TestLiveBoot(t *testing.T) {
 
 	ok = t.Run("reboot: fresh PCRs, the same EK, a higher reset count; re-attested at boot, still attested", func(t *testing.T) {
 		before := w.inspectUntil(t, node, time.Second, func(*inspect.Story) string { return "" })
-		r := boot(t, "secureboot-reboot", efiDisk, true)
+		r := boot(t, "secureboot-reboot", kubeletDisk, true) // the first boot's disk: its GPT is in PCR 5
 		reboot = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent reattest start", "nodeproof-liveboot: agent exit 0")
 		if _, found := r.Find(fmt.Sprintf("node %s re-attested (tpm evidence, boot %d seen by the server)", node, boots1+1)); !found {
@@ -334,8 +336,13 @@ func TestLiveBoot(t *testing.T) {
 				return "state Failed " + string(attest.ReasonPolicySecureBootOff) + ", not " + s.State + " " + s.Reason
 			case a != corev1.ConditionFalse || reason != string(attest.ReasonAttestationFailed) || taint != corev1.TaintEffectNoSchedule:
 				return "the Node's Attested condition False (AttestationFailed) and the NoSchedule taint"
-			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
-				return "the agent's report Event (NodeReportedFailure: SecureBootDisabled)"
+			// Unauthenticated: the real kubelet's bootstrap in the first
+			// boot removed kubelet-client.key.tmp once its certificate was
+			// issued (LoadClientCert), so the agent has made another key
+			// since, and its report proves a key the binding does not hold
+			// (deploy/node/README.md).
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReportUnauthenticated), string(attest.ReasonPolicySecureBootOff)):
+				return "the agent's report Event (NodeReportedFailureUnauthenticated: SecureBootDisabled)"
 			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed), ""):
 				return "the server's AttestationFailed Event"
 			}
