@@ -11,7 +11,7 @@ all: build
 deps: ## OS packages: swtpm, swtpm-tools, tpm2-tools, gcc, libssl-dev, libblkid-dev, sslscan, haproxy, skopeo, podman, jq, curl, openssl; for the live boot qemu-system-x86, ovmf, mtools, dosfstools, fdisk, busybox-static, sbsigntool, efitools, binutils
 	@hack/deps.sh
 
-tools: deps ## real Ignition, kube-apiserver, etcd for tests, and the live boot's Debian boot chain, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
+tools: deps ## real Ignition, kube-apiserver, etcd for tests, the live boot's kubelet, kube-controller-manager and Debian boot chain, cached under ~/.cache/nodeproof (or $NODEPROOF_CACHE)
 	@hack/tools.sh
 
 # The version `nodeproof version` prints: git describe, as make image builds in.

@@ -5,6 +5,11 @@
 #   ignition        the real Ignition client (cgo, libblkid)
 #   kube-apiserver  from the nested tool module hack/tools/kube/
 #   kubectl         from the same module (deploy/'s server-side dry run)
+#   kube-controller-manager  from the same module (the live boot's CSR
+#                   signer)
+#   kubelet         from the same module, statically linked (CGO_ENABLED=0:
+#                   it runs in the live boot's busybox initramfs, which has
+#                   no C library)
 #   etcd            from the nested tool module hack/tools/etcd/
 #   controller-gen  from the nested tool module hack/tools/controller-gen/
 #                   (`make generate`, and the store's CRD drift test)
@@ -23,13 +28,15 @@
 # downloads included): ignition 76 s, kube-apiserver 218 s, kubectl 70 s and
 # etcd 34 s after it (they share its build cache), controller-gen 62 s —
 # 8 minutes in all. A slower or busier machine took 20 (kube-apiserver 12).
+# kube-controller-manager then took 499 s and the kubelet 586 s (81 MB,
+# static) on the same machine busy with other builds and boots (load ~12).
 # Every build says every 30 s that it is still going.
 #
 # Layout: ${NODEPROOF_CACHE:-$HOME/.cache/nodeproof}/bin/<name>-<version>/<name>,
 # plus bin/kubebuilder-assets-<kube version>/ with symlinks to kube-apiserver and
 # etcd (envtest's KUBEBUILDER_ASSETS). internal/testenv finds them there.
 #
-# Usage: hack/tools.sh [ignition|kube-apiserver|kubectl|etcd|controller-gen|boot-chain ...]   (default: all)
+# Usage: hack/tools.sh [ignition|kube-apiserver|kubectl|kube-controller-manager|kubelet|etcd|controller-gen|boot-chain ...]   (default: all)
 # Build flags are fixed on purpose: changing them (e.g. adding -trimpath)
 # invalidates Go's build cache for the whole kube-apiserver graph.
 set -euo pipefail
@@ -123,6 +130,31 @@ build_kubectl() {
   )
 }
 
+# Same module, same -ldflags: shares the build cache with kube-apiserver.
+build_kube_controller_manager() {
+  local out=$1
+  (
+    cd "$root/hack/tools/kube"
+    go build \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
+      -o "$out/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
+  )
+}
+
+# Same module, same -ldflags, but CGO_ENABLED=0: the live boot copies the
+# kubelet into a busybox initramfs that has no C library (upstream links it
+# dynamically). Without cgo the packages that differ (net, os/user and what
+# depends on them) are compiled once more, in a build cache of their own.
+build_kubelet() {
+  local out=$1
+  (
+    cd "$root/hack/tools/kube"
+    CGO_ENABLED=0 go build \
+      -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34" \
+      -o "$out/kubelet" k8s.io/kubernetes/cmd/kubelet
+  )
+}
+
 build_etcd() {
   local out=$1
   (
@@ -162,17 +194,19 @@ boot_chain() {
 }
 
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver kubectl etcd controller-gen boot-chain)
+[ ${#want[@]} -gt 0 ] || want=(ignition kube-apiserver kubectl kube-controller-manager kubelet etcd controller-gen boot-chain)
 for t in "${want[@]}"; do
   case $t in
   ignition) ensure ignition "$IGNITION_VERSION" build_ignition ;;
   kube-apiserver) ensure kube-apiserver "$KUBE_VERSION" build_kube_apiserver ;;
   kubectl) ensure kubectl "$KUBE_VERSION" build_kubectl ;;
+  kube-controller-manager) ensure kube-controller-manager "$KUBE_VERSION" build_kube_controller_manager ;;
+  kubelet) ensure kubelet "$KUBE_VERSION" build_kubelet ;;
   etcd) ensure etcd "$ETCD_VERSION" build_etcd ;;
   controller-gen) ensure controller-gen "$CONTROLLER_TOOLS_VERSION" build_controller_gen ;;
   boot-chain) boot_chain ;;
   *)
-    echo "unknown tool: $t (want ignition, kube-apiserver, kubectl, etcd, controller-gen or boot-chain)" >&2
+    echo "unknown tool: $t (want ignition, kube-apiserver, kubectl, kube-controller-manager, kubelet, etcd, controller-gen or boot-chain)" >&2
     exit 2
     ;;
   esac

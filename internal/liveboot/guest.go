@@ -23,6 +23,10 @@ type Guest struct {
 	// KubeletCSR, when set, is a statically linked kubelet-csr
 	// (internal/liveboot/kubeletcsr).
 	KubeletCSR string
+	// Kubelet, when set (with KubeletCSR, which helps it), is a
+	// statically linked kubelet: the first boot runs its TLS bootstrap
+	// instead of kubelet-csr's imitation (init.sh).
+	Kubelet string
 	// Ignition, when set, is the Ignition binary; it is linked against
 	// libc and libblkid, which come along from this machine (ldd).
 	Ignition string
@@ -73,6 +77,12 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 	files["/etc/nodeproof/modules"] = File{Data: []byte(strings.Join(mods, "\n") + "\n")}
 	if g.KubeletCSR != "" {
 		files["/bin/kubelet-csr"] = File{Src: g.KubeletCSR, Mode: 0o755}
+	}
+	if g.Kubelet != "" {
+		if g.KubeletCSR == "" {
+			return fmt.Errorf("liveboot: Guest.Kubelet needs Guest.KubeletCSR")
+		}
+		files["/bin/kubelet"] = File{Src: g.Kubelet, Mode: 0o755}
 	}
 	if g.Ignition != "" {
 		stripped, err := stripped(ctx, g.Ignition, filepath.Dir(out))

@@ -29,6 +29,7 @@ import (
 	"github.com/nodeproof/nodeproof/internal/swtpm"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/mcs/certs"
+	"github.com/nodeproof/nodeproof/mcs/cluster/clustertest"
 	"github.com/nodeproof/nodeproof/systemtest"
 )
 
@@ -132,7 +133,19 @@ type world struct {
 	policyFile          string
 	server, approver    *proc
 	admin               string
+	// signer is kube-controller-manager's CSR signing controller (the
+	// kubelet signers), signing with signerCA: the API server's client
+	// CA.
+	signer   *proc
+	signerCA []byte
 }
+
+// SigningDuration is the signer's --cluster-signing-duration: the kubelet's
+// certificates live this long after issue (and 5 minutes before: the
+// controller backdates NotBefore), so its certificate manager's rotation
+// deadline (70-90 % of that life from NotBefore) falls between a minute
+// before issue and 6 s after: the boot's second kubelet run renews at once.
+const SigningDuration = 40 * time.Second
 
 // guestURL is the server as the guest reaches it.
 func (w *world) guestURL() string {
@@ -141,12 +154,22 @@ func (w *world) guestURL() string {
 
 // startWorld starts the API server (its certificate also naming
 // GuestHost) as a deployment leaves it (systemtest), `nodeproof
-// serve` in cluster mode with policy and `nodeproof approve`.
+// serve` in cluster mode with policy, `nodeproof approve`, and
+// kube-controller-manager's CSR signing controller alone, signing with
+// the API server's client CA for SigningDuration.
 func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *policytest.Builder, say func(string, ...any)) *world {
 	t.Helper()
 	w := &world{bins: bins}
 	start := time.Now()
-	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy})
+	kcm, err := testenv.KubeControllerManagerPath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := clustertest.NewSigner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy, Signer: ca})
 	w.cfg, w.kc, w.man, w.roots, w.policyFile, w.admin = sys.Config, sys.KC, sys.Manufacturer, sys.EKRoots, sys.PolicyFile, sys.Admin
 	u, err := url.Parse(w.cfg.Host)
 	if err != nil {
@@ -156,6 +179,25 @@ func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *pol
 		t.Fatal(err)
 	}
 	say("kube-apiserver %s at %s (certificate names %s too), up in %.1fs", testenv.KubeVersion, w.cfg.Host, liveboot.GuestHost, time.Since(start).Seconds())
+	// The kubelet renews its client certificate with its own: the Node
+	// authorizer lets nodes request certificates; RBAC alone runs here.
+	if err := clustertest.NodesMayRequest(context.Background(), w.kc); err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile, err := ca.WriteCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.signerCA = ca.CA()
+	w.signer = process(t, "kube-controller-manager", kcm, "--kubeconfig", w.admin, "--controllers", "csrsigning",
+		"--cluster-signing-cert-file", certFile, "--cluster-signing-key-file", keyFile, "--cluster-signing-duration", SigningDuration.String(),
+		"--leader-elect=false", "--secure-port=0")
+	select { // a flag it refuses stops it at once
+	case err := <-w.signer.done:
+		w.signer.done <- err
+		t.Fatalf("kube-controller-manager stopped: %v\n%s", err, w.signer.out)
+	case <-time.After(2 * time.Second):
+	}
 
 	w.stateDir = filepath.Join(t.TempDir(), "state")
 	w.serverPort = testenv.FreePort(t)
@@ -167,7 +209,7 @@ func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *pol
 	if err := systemtest.WaitServing(fmt.Sprintf("http://127.0.0.1:%d", plain), 2*time.Minute); err != nil {
 		t.Fatalf("%v\n%s", err, w.server.out)
 	}
-	say("nodeproof serve at %s (reached from the guest at %s), nodeproof approve running", fmt.Sprintf("https://127.0.0.1:%d", w.serverPort), w.guestURL())
+	say("nodeproof serve at %s (reached from the guest at %s), nodeproof approve and kube-controller-manager (csrsigning) running", fmt.Sprintf("https://127.0.0.1:%d", w.serverPort), w.guestURL())
 	return w
 }
 

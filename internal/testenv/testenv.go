@@ -93,6 +93,20 @@ func KubectlPath() (string, error) {
 	return p, executable("kubectl "+KubeVersion, p)
 }
 
+// KubeletPath is the statically linked kubelet hack/tools.sh builds (the
+// live boot's guest runs it).
+func KubeletPath() (string, error) {
+	p := filepath.Join(Cache(), "bin", "kubelet-"+KubeVersion, "kubelet")
+	return p, executable("kubelet "+KubeVersion, p)
+}
+
+// KubeControllerManagerPath is the kube-controller-manager hack/tools.sh
+// builds (the live boot's CSR signer).
+func KubeControllerManagerPath() (string, error) {
+	p := filepath.Join(Cache(), "bin", "kube-controller-manager-"+KubeVersion, "kube-controller-manager")
+	return p, executable("kube-controller-manager "+KubeVersion, p)
+}
+
 func mustExecutable(t testing.TB, what, path string) {
 	t.Helper()
 	if err := executable(what, path); err != nil {

@@ -10,6 +10,24 @@
 //	kubelet-csr: CSR csr-abcde Approved NodeproofAttestedTPM: <message>
 //
 // Exit 0 approved, 3 denied, 1 anything else.
+//
+// Where the guest runs the real kubelet instead (Guest.Kubelet), it helps
+// the shell script around it, which has busybox and nothing else:
+//
+//	kubelet-csr --ignition-config F --print-file P
+//	  prints file P of the Ignition config F (the bootstrap kubeconfig);
+//	kubelet-csr --check-cert PEM --key KEY --node N
+//	  prints what the kubelet's certificate is, and whether its public key
+//	  is KEY's (the key the agent bound into its evidence):
+//	  kubelet-csr: client certificate CN=system:node:N,O=system:nodes,
+//	  issuer …, serial …, valid … to …, public key the agent's bound key
+//	  (SHA-256 …); exit 0 when the subject is the node's, 1 otherwise;
+//	kubelet-csr --hold-socket S --until-changed PEM --timeout D
+//	  listens on the unix socket S, accepts and never answers (no
+//	  container runtime implemented: the kubelet waits for one there, as
+//	  it does while CRI-O starts) until the file PEM changes (the kubelet
+//	  wrote a renewed certificate) or D passes, then closes the socket:
+//	  the kubelet's wait for its runtime fails, and it stops.
 package main
 
 import (
@@ -17,11 +35,14 @@ import (
 	"compress/gzip"
 	"context"
 	"crypto"
+	"crypto/sha256"
+	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -46,7 +67,38 @@ func main() {
 	keyFile := flag.String("key", "/var/lib/kubelet/pki/kubelet-client.key.tmp", "the kubelet key the agent bound")
 	node := flag.String("node", "", "the node's name")
 	timeout := flag.Duration("timeout", 2*time.Minute, "give up after this long")
+	printFile := flag.String("print-file", "", "print this file of the Ignition config and exit")
+	checkCert := flag.String("check-cert", "", "describe this certificate (PEM) against --key and exit")
+	holdSocket := flag.String("hold-socket", "", "hold this unix socket until --until-changed changes or --timeout passes")
+	untilChanged := flag.String("until-changed", "", "with --hold-socket: the file whose change ends the hold")
 	flag.Parse()
+	switch {
+	case *printFile != "":
+		b, err := fileOf(*ign, *printFile)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-csr: %v\n", err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(b)
+		return
+	case *checkCert != "":
+		line, ok, err := describe(*checkCert, *keyFile, *node)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-csr: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Println("kubelet-csr: " + line)
+		if !ok {
+			os.Exit(1)
+		}
+		return
+	case *holdSocket != "":
+		if err := hold(*holdSocket, *untilChanged, *timeout); err != nil {
+			fmt.Fprintf(os.Stderr, "kubelet-csr: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	cond, name, err := run(ctx, *ign, *keyFile, *node)
@@ -148,6 +200,95 @@ func fileOf(ignFile, path string) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("the Ignition config has no file %s: it is not the full (attested) config", path)
+}
+
+// describe says what the certificate in certFile (the kubelet's
+// kubelet-client-current.pem: the certificate, then its key) is, and
+// whether its public key is the one of keyFile; ok when its subject is
+// the node's client identity.
+func describe(certFile, keyFile, node string) (line string, ok bool, err error) {
+	certs, err := cert.CertsFromFile(certFile)
+	if err != nil {
+		return "", false, err
+	}
+	c := certs[0]
+	k, err := keyutil.PrivateKeyFromFile(keyFile)
+	if err != nil {
+		return "", false, fmt.Errorf("the agent's key: %w", err)
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok {
+		return "", false, fmt.Errorf("%s cannot sign", keyFile)
+	}
+	bound, err := x509.MarshalPKIXPublicKey(signer.Public())
+	if err != nil {
+		return "", false, err
+	}
+	sum := sha256.Sum256(c.RawSubjectPublicKeyInfo)
+	whose := "another key than the agent's (the kubelet's own)"
+	if bytes.Equal(c.RawSubjectPublicKeyInfo, bound) {
+		whose = "the agent's bound key"
+	}
+	line = fmt.Sprintf("client certificate %s, issuer %s, serial %x, valid %s to %s, public key %s (SHA-256 %x)",
+		c.Subject, c.Issuer, c.SerialNumber, c.NotBefore.UTC().Format(time.TimeOnly), c.NotAfter.UTC().Format(time.TimeOnly), whose, sum[:8])
+	want := pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}
+	return line, c.Subject.String() == want.String(), nil
+}
+
+// hold listens on the unix socket path and holds every connection,
+// answering nothing, until the file changed changes or d passes.
+func hold(path, changed string, d time.Duration) error {
+	if changed == "" {
+		return errors.New("--hold-socket needs --until-changed")
+	}
+	before, err := os.ReadFile(changed)
+	if err != nil {
+		return err
+	}
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return err
+	}
+	var conns []net.Conn
+	accepted := make(chan net.Conn)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				close(accepted)
+				return
+			}
+			accepted <- c
+		}
+	}()
+	deadline := time.After(d)
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	why := "no change within " + d.String()
+loop:
+	for {
+		select {
+		case c, ok := <-accepted:
+			if ok {
+				conns = append(conns, c)
+			}
+		case <-tick.C:
+			now, err := os.ReadFile(changed)
+			if err == nil && !bytes.Equal(now, before) {
+				why = changed + " changed"
+				break loop
+			}
+		case <-deadline:
+			break loop
+		}
+	}
+	l.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	fmt.Printf("kubelet-csr: runtime socket %s closed after %d connection(s): %s\n", path, len(conns), why)
+	return nil
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -81,6 +81,26 @@ func NewSigner() (*Signer, error) {
 // CA is the signer's CA certificate (PEM): the API server's client CA.
 func (s *Signer) CA() []byte { return s.caPEM }
 
+// WriteCA writes the signer's CA certificate and key (PEM) into dir, as
+// kube-controller-manager's --cluster-signing-cert-file and
+// --cluster-signing-key-file read them: a real CSR signing controller
+// then signs with the CA the API server trusts for client certificates,
+// in Run's place.
+func (s *Signer) WriteCA(dir string) (certFile, keyFile string, err error) {
+	der, err := x509.MarshalECPrivateKey(s.key)
+	if err != nil {
+		return "", "", err
+	}
+	certFile, keyFile = filepath.Join(dir, "signer-ca.crt"), filepath.Join(dir, "signer-ca.key")
+	if err := os.WriteFile(certFile, s.caPEM, 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
+}
+
 // Issued is how many certificates Run has issued.
 func (s *Signer) Issued() int {
 	s.mu.Lock()
