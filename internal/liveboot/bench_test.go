@@ -173,3 +173,108 @@ func BenchmarkLiveBoot(b *testing.B) {
 			a.network.Seconds(), a.network.Seconds()/took, a.server.Seconds(), a.server.Seconds()/took)
 	}
 }
+
+// BenchmarkLiveBootDracut is the dracut initramfs's part of `make
+// bench-boot`: in one run, a machine boots the live boot's busybox
+// initramfs without the agent (the baseline) and another machine, its EK
+// listed, boots a dracut + systemd initramfs with Ignition's own units and
+// deploy/node's 50nodeproof for its first boot (the agent attests, then
+// Ignition fetches and writes the attested config); it reports seconds
+// per boot, the dracut boot against the baseline, and the agent's and
+// Ignition's shares of the dracut boot (systemd's own unit timestamps).
+func BenchmarkLiveBootDracut(b *testing.B) {
+	ctx := context.Background()
+	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-boot-dracut: "+format+"\n", args...) }
+	if err := liveboot.Check(); err != nil {
+		b.Fatal(err)
+	}
+	if err := liveboot.CheckDracut(); err != nil {
+		b.Fatal(err)
+	}
+	if b.N != 1 {
+		b.Fatalf("b.N = %d: each machine boots once; run with -benchtime 1x", b.N)
+	}
+	parts, err := liveboot.LoadParts(testenv.Cache())
+	if err != nil {
+		b.Fatal(err)
+	}
+	tb := testing.TB(b)
+	dg := authenticode(tb, parts)
+	bins := build(tb, say)
+	w := startWorld(tb, bins, livePolicy(dg, false), say)
+	kmoddir, err := liveboot.FetchModuleTree(ctx, testenv.Cache(), parts, say)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ignition, err := testenv.IgnitionPath()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ignitionModule, err := liveboot.IgnitionDracutModule(ctx, testenv.IgnitionVersion)
+	if err != nil {
+		b.Fatal(err)
+	}
+	work := b.TempDir()
+	busybox := &liveboot.Guest{Agent: bins.agent, KubeletCSR: bins.kubeletCSR, Ignition: ignition, CABundle: w.caBundle(tb),
+		Pointer: w.pointer(tb), Server: w.guestURL(), Pool: "worker", Node: node}
+	bbInitrd, bbDisk := filepath.Join(work, "busybox.img"), filepath.Join(work, "busybox-boot.img")
+	if err := busybox.BuildInitramfs(ctx, parts, bbInitrd); err != nil {
+		b.Fatal(err)
+	}
+	if err := liveboot.BuildBootDisk(ctx, parts, bbInitrd, true, bbDisk); err != nil {
+		b.Fatal(err)
+	}
+	dg2 := &liveboot.DracutGuest{Agent: bins.agent, Ignition: ignition, IgnitionModule: ignitionModule,
+		NodeproofModule: "../../deploy/node/dracut/50nodeproof", CABundle: w.caBundle(tb),
+		Server: w.guestURL(), Pool: "worker", Evidence: "tpm"}
+	drInitrd, drDisk := filepath.Join(work, "dracut.img"), filepath.Join(work, "dracut-boot.img")
+	if err := dg2.BuildInitramfs(ctx, parts, kmoddir, drInitrd); err != nil {
+		b.Fatal(err)
+	}
+	if err := liveboot.BuildBootDiskWith(ctx, parts, drInitrd, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode)), drDisk); err != nil {
+		b.Fatal(err)
+	}
+	pointer := filepath.Join(work, "pointer.ign")
+	if err := os.WriteFile(pointer, w.pointer(tb), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	m1, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m1.Close() })
+	m2, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { m2.Close() })
+	listEKs(tb, w, dg, map[string]string{ekSHA256(tb, m2): dracutNode})
+	b.ResetTimer()
+	say("boot busybox, without the agent")
+	base, err := m1.Boot(ctx, liveboot.Boot{Disk: bbDisk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+		FwCfg: map[string]string{"nodeproof/plan": "none"}, Progress: say})
+	if err != nil {
+		b.Fatalf("the busybox boot: %v\n%s", err, tail(base))
+	}
+	say("boot dracut, first boot")
+	dr, err := m2.Boot(ctx, liveboot.Boot{Disk: drDisk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+		FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer}, Progress: say, Limit: 10 * time.Minute})
+	if err != nil {
+		b.Fatalf("the dracut boot: %v\n%s", err, tail(dr))
+	}
+	b.StopTimer()
+	if _, ok := dr.Find("nodeproof-liveboot: ignition complete"); !ok {
+		b.Fatalf("the dracut boot did not complete Ignition\n%s", tail(dr))
+	}
+	units := unitTimes(tb, dr)
+	agent := time.Duration(units["nodeproof-agent"].exit-units["nodeproof-agent"].start) * time.Microsecond
+	ign := time.Duration(units["ignition-files"].exit-units["ignition-fetch"].start) * time.Microsecond
+	took, baseTook := dr.Took.Seconds(), base.Took.Seconds()
+	b.ReportMetric(baseTook, "s/busybox-boot-without-agent")
+	b.ReportMetric(took, "s/dracut-first-boot")
+	b.ReportMetric(took/baseTook, "dracut-first-boot/busybox-boot-without-agent")
+	b.ReportMetric(agent.Seconds()/took, "dracut-agent/boot")
+	b.ReportMetric(ign.Seconds()/took, "dracut-ignition-fetch-to-files/boot")
+	say("busybox without the agent %.1fs; dracut first boot %.1fs (%.2fx): the agent %.2fs (%.3f of the boot), Ignition fetch→files %.2fs (%.3f)",
+		baseTook, took, took/baseTook, agent.Seconds(), agent.Seconds()/took, ign.Seconds(), ign.Seconds()/took)
+}

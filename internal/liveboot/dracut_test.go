@@ -257,7 +257,7 @@ func TestLiveBootDracut(t *testing.T) {
 // listEKs writes an EK inventory naming each machine (EK SHA-256 → node
 // name), puts it in the live policy (the pool trusting the inventory beside
 // the vendor CA) and waits for the server to apply it.
-func listEKs(t *testing.T, w *world, dg digests, eks map[string]string) {
+func listEKs(t testing.TB, w *world, dg digests, eks map[string]string) {
 	t.Helper()
 	dir := filepath.Dir(w.policyFile)
 	inv := filepath.Join(dir, "ek-inventory.yaml")
@@ -327,7 +327,7 @@ func checkBound(t *testing.T, w *world, node string, keyPEM []byte) {
 
 // ekSHA256 is the SHA-256 of m's EK (PKIX DER), as EK inventories list
 // it, read from its TPM.
-func ekSHA256(t *testing.T, m *liveboot.Machine) string {
+func ekSHA256(t testing.TB, m *liveboot.Machine) string {
 	t.Helper()
 	tp, err := swtpm.Start(context.Background(), m.TPMState)
 	if err != nil {
@@ -404,7 +404,7 @@ type unitTime struct {
 var unitLine = regexp.MustCompile(`nodeproof-liveboot: unit (\S+)\.service (.*) \[uptime`)
 
 // unitTimes reads the report's unit lines.
-func unitTimes(t *testing.T, r *liveboot.Result) map[string]unitTime {
+func unitTimes(t testing.TB, r *liveboot.Result) map[string]unitTime {
 	t.Helper()
 	units := map[string]unitTime{}
 	for _, l := range r.Lines {
