@@ -150,7 +150,9 @@ func (t TPMPolicy) EKKind() string {
 // (SecureBootStateUnknown, SecureBootDisabled), denied digests anywhere in
 // the log (BootComponentDenied), denied signers among the authorities it
 // measured (BootSignerDenied), the whole boot against the pool's rules
-// and the reference sets (bootChain: the chain's stages
+// and the reference sets (or, in a pool with tpm.uki, the unified kernel
+// image: ukiBoot, UKISectionNotAllowed, UKIExtraMeasurements and the stage
+// reasons below) (bootChain: the chain's stages
 // BootComponentDenied, BootComponentNotMeasured, BootComponentNotAllowed,
 // BootSignerUnknown, BootSignerAmbiguous, BootSignerNotAllowed; the
 // command line KernelCmdlineNotAllowed; GRUB's files GrubFileNotAllowed
