@@ -235,7 +235,7 @@ func TestLiveBoot(t *testing.T) {
 
 	var first, reboot *liveboot.Result
 	var boots1, reset1 int64
-	ok := t.Run("Secure Boot on: enrol, the attested tier, Ignition; the real kubelet bootstraps with the bound key, approved and signed, and renews", func(t *testing.T) {
+	ok := t.Run("Secure Boot on: enrol, the attested tier, Ignition; the agent gets the kubelet its first certificate with the bound key, approved and signed; the rotating kubelet only renews", func(t *testing.T) {
 		r := boot(t, "secureboot-enrol", kubeletDisk, true)
 		first = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
