@@ -239,9 +239,11 @@ func TestLiveBoot(t *testing.T) {
 		r := boot(t, "secureboot-enrol", kubeletDisk, true)
 		first = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
-			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet start (bootstrap", "nodeproof-liveboot: kubelet exit",
-			"nodeproof-liveboot: kubelet stopped: no container runtime",
-			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotation",
+			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: agent kubelet-bootstrap start",
+			"nodeproof-agent: submitted the kubelet's client CSR node-csr-", "Approved (NodeproofAttestedTPM); wrote /var/lib/kubelet/pki/kubelet-client-",
+			"nodeproof-liveboot: agent kubelet-bootstrap exit 0",
+			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotate-certificates true",
+			`"Loading cert/key pair from a file" filePath="/var/lib/kubelet/pki/kubelet-client-current.pem"`,
 			"kubelet-csr: runtime socket /run/cri.sock closed", "nodeproof-liveboot: kubelet exit", `"Rotating certificates"`,
 			"nodeproof-liveboot: kubelet stopped: no container runtime",
 			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes",
