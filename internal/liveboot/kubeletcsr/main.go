@@ -1,6 +1,7 @@
 // Command kubelet-csr runs in the live boot's guest (internal/liveboot):
 // it does what the kubelet's TLS bootstrap does on a node's first boot,
-// with the same client-go code the other end-to-end tests use. It reads
+// with the agent's CSR code (agent/kubeletboot, which `nodeproof-agent
+// kubelet-bootstrap` runs on a node). It reads
 // the bootstrap kubeconfig from the Ignition config the node got (the
 // file /etc/kubernetes/kubeconfig of Ignition's cached config), makes the
 // kubelet's client CSR (CN system:node:<node>, O system:nodes) with the
