@@ -260,7 +260,7 @@ func TestBootstrapRefused(t *testing.T) {
 	}{
 		{name: "denied", decide: "deny", refused: true, want: "Denied (NodeproofKeyNotBound"},
 		{name: "a token the API server does not know", decide: "approve", token: "other.token", refused: true, want: "HTTP 401"},
-		{name: "never decided", decide: "", timeout: 2 * time.Second, want: "not issued: context deadline exceeded"},
+		{name: "never decided", decide: "", timeout: 2 * time.Second, want: "context deadline exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, tc.decide)

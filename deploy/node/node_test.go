@@ -690,12 +690,17 @@ func TestKubeletBootstrapUnit(t *testing.T) {
 	if len(args) < 2 || args[0] != "/usr/bin/nodeproof-agent" || args[1] != "kubelet-bootstrap" {
 		t.Fatalf("%s runs %q, not nodeproof-agent kubelet-bootstrap", kubeletUnit, args)
 	}
+	// The bootstrap kubeconfig is left to the default
+	// (kubeletboot.DefaultBootstrapKubeconfig): the unit rides in the
+	// public tier, which never names it (mcs/render's checkPublicServed).
+	if raw, err := os.ReadFile(kubeletUnit); err != nil || bytes.Contains(raw, []byte("bootstrap-kubeconfig")) {
+		t.Errorf("%s names bootstrap-kubeconfig (%v): the public tier must not", kubeletUnit, err)
+	}
 	want := map[string]string{
-		"bootstrap-kubeconfig": kubeletboot.DefaultBootstrapKubeconfig,
-		"kubeconfig":           kubeletboot.DefaultKubeconfig,
-		"cert-dir":             kubeletboot.DefaultCertDir,
-		"kubelet-key":          agent.DefaultKubeletKeyPath,
-		"bound-key":            agent.DefaultBoundKeyPath, // what reattest reads (its default)
+		"kubeconfig":  kubeletboot.DefaultKubeconfig,
+		"cert-dir":    kubeletboot.DefaultCertDir,
+		"kubelet-key": agent.DefaultKubeletKeyPath,
+		"bound-key":   agent.DefaultBoundKeyPath, // what reattest reads (its default)
 	}
 	var usage bytes.Buffer
 	if code := agentcli.Main(context.Background(), []string{"kubelet-bootstrap", "-h"}, &usage, &usage); code != 0 {
