@@ -70,3 +70,47 @@ func LoadKubeletKey(path string) (*ecdsa.PrivateKey, []byte, error) {
 	pub, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
 	return k, pub, err
 }
+
+// DefaultBoundKeyPath is where the agent keeps its own copy of the
+// kubelet key it bound into its evidence (--bound-key): the kubelet
+// removes kubelet-client.key.tmp once its certificate is issued and
+// rotates its key at each renewal, and the agent's re-attestations and
+// failure reports must still prove the key the binding holds.
+const DefaultBoundKeyPath = "/var/lib/nodeproof/kubelet-bound.key"
+
+// BoundKey is the key the agent bound: the copy at keptPath when there,
+// else LoadKubeletKey(kubeletPath), which it then keeps at keptPath
+// (KeepKey). keptPath "" keeps no copy.
+func BoundKey(keptPath, kubeletPath string) (*ecdsa.PrivateKey, []byte, error) {
+	if keptPath != "" {
+		if _, err := os.Stat(keptPath); err == nil {
+			return LoadKubeletKey(keptPath)
+		}
+	}
+	k, pub, err := LoadKubeletKey(kubeletPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	if keptPath != "" {
+		if err := KeepKey(keptPath, k); err != nil {
+			return nil, nil, err
+		}
+	}
+	return k, pub, nil
+}
+
+// KeepKey writes k to path (PEM "EC PRIVATE KEY", mode 0600, its
+// directory 0700 when missing, atomically).
+func KeepKey(path string, k *ecdsa.PrivateKey) error {
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("agent: bound key directory: %w", err)
+	}
+	if err := fsutil.WriteFileAtomic(path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return fmt.Errorf("agent: keep the bound key: %w", err)
+	}
+	return nil
+}

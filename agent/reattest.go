@@ -57,6 +57,11 @@ type ReattestConfig struct {
 	// KubeletKeyPath is the kubelet's bootstrap key; the challenge binds
 	// its public key (a re-attestation approves nothing with it).
 	KubeletKeyPath string
+	// BoundKeyPath is the agent's own copy of the key it bound
+	// (DefaultBoundKeyPath; BoundKey): used in preference to
+	// KubeletKeyPath, which the kubelet removes once its certificate is
+	// issued. "" uses KubeletKeyPath alone.
+	BoundKeyPath string
 	// StatePath is where the state is kept (DefaultReattestState).
 	StatePath string
 	// BootID reads the current boot's ID (default: BootIDPath).
@@ -122,7 +127,7 @@ func Reattest(ctx context.Context, cfg ReattestConfig) error {
 	if cfg.Timing != nil {
 		c.HTTP.Transport = cfg.Timing.Transport(c.HTTP.Transport)
 	}
-	key, pub, err := LoadKubeletKey(cfg.KubeletKeyPath)
+	key, pub, err := BoundKey(cfg.BoundKeyPath, cfg.KubeletKeyPath)
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -87,4 +89,70 @@ func TestReattestSchedule(t *testing.T) {
 		t.Fatalf("a refusal changed the state: %+v → %+v", before, after)
 	}
 	run("refused, tried again at the next run", 6)
+}
+
+// keyEvidence answers like countingEvidence and records the kubelet key
+// each attestation bound.
+type keyEvidence struct {
+	countingEvidence
+	keys [][]byte
+}
+
+func (e *keyEvidence) Attest(ctx context.Context, c *Client, pool, node string, pub []byte) (*api.VerifyResponse, error) {
+	e.keys = append(e.keys, pub)
+	return e.countingEvidence.Attest(ctx, c, pool, node, pub)
+}
+
+// TestReattestBoundKey: with its own copy of the bound key, the agent
+// proves the same key after the kubelet removed kubelet-client.key.tmp
+// (LoadClientCert does once its certificate is issued); without it, it
+// would make another key there, one the binding does not hold.
+func TestReattestBoundKey(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kept bool
+		same bool
+	}{
+		{name: "the agent keeps its copy", kept: true, same: true},
+		{name: "no copy: a new key after the kubelet removed its file", kept: false, same: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			kubeletKey := filepath.Join(dir, "pki", "kubelet-client.key.tmp")
+			bound := filepath.Join(dir, "nodeproof", "kubelet-bound.key")
+			enrolled, err := KubeletKey(kubeletKey) // what enrolment bound
+			if err != nil {
+				t.Fatal(err)
+			}
+			ev := &keyEvidence{}
+			cfg := ReattestConfig{
+				Server: "https://mcs.example:22623", CABundle: testCA(t), Pool: "worker", NodeName: "worker-1", Evidence: ev,
+				KubeletKeyPath: kubeletKey, StatePath: filepath.Join(dir, "state.json"), Force: true,
+				BootID: func() (string, error) { return "boot-1", nil },
+			}
+			if tc.kept {
+				cfg.BoundKeyPath = bound
+			}
+			if err := Reattest(context.Background(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(kubeletKey); err != nil {
+				t.Fatal(err)
+			}
+			if err := Reattest(context.Background(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if len(ev.keys) != 2 || !bytes.Equal(ev.keys[0], enrolled) {
+				t.Fatalf("attestations bound %d keys, the first the enrolled one: %v", len(ev.keys), len(ev.keys) > 0 && bytes.Equal(ev.keys[0], enrolled))
+			}
+			if got := bytes.Equal(ev.keys[1], enrolled); got != tc.same {
+				t.Errorf("after the kubelet removed its key file, the bound key proved: %v, want %v", got, tc.same)
+			}
+			if tc.kept {
+				if fi, err := os.Stat(bound); err != nil || fi.Mode().Perm() != 0o600 {
+					t.Errorf("the kept copy: %v, mode %v; want 0600", err, fi.Mode())
+				}
+			}
+		})
+	}
 }

@@ -81,7 +81,10 @@ type Config struct {
 	Evidence Evidence
 	// KubeletKeyPath is the kubelet's bootstrap key (DefaultKubeletKeyPath).
 	KubeletKeyPath string
-	Mode           Mode
+	// BoundKeyPath, when set, receives the agent's own copy of the key
+	// it binds (DefaultBoundKeyPath), for its later re-attestations.
+	BoundKeyPath string
+	Mode         Mode
 	// IgnitionDir is Ignition's system config directory (ModePointer).
 	IgnitionDir string
 	// Root is where first-boot files are written (ModeFetch; "/" on a node).
@@ -128,6 +131,11 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if err != nil {
 		return err
+	}
+	if cfg.BoundKeyPath != "" {
+		if err := KeepKey(cfg.BoundKeyPath, key); err != nil {
+			return err
+		}
 	}
 	c.KubeletKey = key
 	say("kubelet key %s ready; attesting to %s for pool %s with %s evidence", cfg.KubeletKeyPath, cfg.Server, cfg.Pool, cfg.Evidence.Kind())

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/agent/kubeletboot"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )
@@ -28,6 +30,7 @@ const (
 	fetchDropIn   = moduleDir + "/ignition-fetch-nodeproof.conf"
 	firstbootUnit = "nodeproof-agent-firstboot.service"
 	reattestUnit  = "nodeproof-reattest.service"
+	kubeletUnit   = "nodeproof-kubelet-bootstrap.service"
 	reattestTimer = "nodeproof-reattest.timer"
 	moduleSetup   = moduleDir + "/module-setup.sh"
 	keyHelper     = moduleDir + "/nodeproof-persist-kubelet-key.sh"
@@ -421,7 +424,7 @@ func TestSystemdAnalyzeVerify(t *testing.T) {
 	dir := t.TempDir()
 	exe := regexp.MustCompile(`(?m)^(Exec[A-Za-z]*=)[-@:+!]*\S+`)
 	var names []string
-	for _, f := range []string{agentUnit, keyUnit, firstbootUnit, reattestUnit, reattestTimer} {
+	for _, f := range []string{agentUnit, keyUnit, firstbootUnit, reattestUnit, reattestTimer, kubeletUnit} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -664,5 +667,75 @@ func TestAgentFlags(t *testing.T) {
 					strings.Join(args, " "), code, out.String())
 			}
 		})
+	}
+}
+
+// TestKubeletBootstrapUnit: the kubelet's first certificate is got with
+// the bound key before the kubelet starts, in both modes (the bootstrap
+// kubeconfig is there, whoever wrote it), after the fetch-mode agent wrote
+// its files; the kubelet requires it; the paths it passes are the ones
+// OpenShift's kubelet.service passes the kubelet and the ones the
+// re-attesting agent reads; every flag is the subcommand's, and the whole
+// command line parses (run against an empty directory, it stops at the
+// missing bound key, not at a usage error).
+func TestKubeletBootstrapUnit(t *testing.T) {
+	u := parseUnit(t, kubeletUnit)
+	wantHas(t, kubeletUnit+" ConditionPathExists", u.all("Unit", "ConditionPathExists"), kubeletboot.DefaultBootstrapKubeconfig)
+	wantHas(t, kubeletUnit+" Before", u.all("Unit", "Before"), "kubelet.service")
+	wantHas(t, kubeletUnit+" After", u.all("Unit", "After"), firstbootUnit, "network-online.target")
+	wantHas(t, kubeletUnit+" Wants", u.all("Unit", "Wants"), "network-online.target")
+	wantHas(t, kubeletUnit+" RequiredBy", u.all("Install", "RequiredBy"), "kubelet.service")
+	wantOne(t, u, kubeletUnit, "Service", "Type", "oneshot")
+	args := execArgs(t, u.one(t, "Service", "ExecStart"))
+	if len(args) < 2 || args[0] != "/usr/bin/nodeproof-agent" || args[1] != "kubelet-bootstrap" {
+		t.Fatalf("%s runs %q, not nodeproof-agent kubelet-bootstrap", kubeletUnit, args)
+	}
+	// The bootstrap kubeconfig is left to the default
+	// (kubeletboot.DefaultBootstrapKubeconfig): the unit rides in the
+	// public tier, which never names it (mcs/render's checkPublicServed).
+	if raw, err := os.ReadFile(kubeletUnit); err != nil || bytes.Contains(raw, []byte("bootstrap-kubeconfig")) {
+		t.Errorf("%s names bootstrap-kubeconfig (%v): the public tier must not", kubeletUnit, err)
+	}
+	want := map[string]string{
+		"kubeconfig":  kubeletboot.DefaultKubeconfig,
+		"cert-dir":    kubeletboot.DefaultCertDir,
+		"kubelet-key": agent.DefaultKubeletKeyPath,
+		"bound-key":   agent.DefaultBoundKeyPath, // what reattest reads (its default)
+	}
+	var usage bytes.Buffer
+	if code := agentcli.Main(context.Background(), []string{"kubelet-bootstrap", "-h"}, &usage, &usage); code != 0 {
+		t.Fatalf("nodeproof-agent kubelet-bootstrap -h: exit %d\n%s", code, usage.String())
+	}
+	dir := t.TempDir()
+	run := []string{"kubelet-bootstrap"}
+	seen := map[string]bool{}
+	for _, a := range args[2:] {
+		name, val, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !ok || !strings.HasPrefix(a, "--") {
+			t.Fatalf("%s: %q is not a --flag=value", kubeletUnit, a)
+		}
+		if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `(\s|$)`).Match(usage.Bytes()) {
+			t.Errorf("%s: nodeproof-agent kubelet-bootstrap has no flag --%s", kubeletUnit, name)
+		}
+		if w, ok := want[name]; ok {
+			seen[name] = true
+			if val != w {
+				t.Errorf("%s: --%s=%s, want %s", kubeletUnit, name, val, w)
+			}
+			val = filepath.Join(dir, val)
+		}
+		run = append(run, "--"+name+"="+val)
+	}
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("%s does not pass --%s", kubeletUnit, name)
+		}
+	}
+	if slices.ContainsFunc(execArgs(t, parseUnit(t, reattestUnit).one(t, "Service", "ExecStart")), func(a string) bool { return strings.HasPrefix(a, "--bound-key") }) {
+		t.Errorf("%s passes --bound-key: keep it the default this unit writes", reattestUnit)
+	}
+	var out bytes.Buffer
+	if code := agentcli.Main(context.Background(), run, &out, &out); code != 1 || !strings.Contains(out.String(), "no bound key") {
+		t.Errorf("nodeproof-agent %s: exit %d, want 1 at the missing bound key\n%s", strings.Join(run, " "), code, out.String())
 	}
 }

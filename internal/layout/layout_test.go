@@ -28,6 +28,10 @@ var floors = map[string]int{
 	// the servers; the commands and benches build on it.
 	"agent": 4, "systemtest": 4,
 	"cmd": 5, "bench": 5, "deploy": 5, "hack": 5,
+	// The live boot's guest-side command: a command, on the commands'
+	// floor; it makes the kubelet's CSR with the agent's code
+	// (agent/kubeletboot).
+	"internal/liveboot/kubeletcsr": 5,
 }
 
 func floorOf(t *testing.T, pkg string) (string, int) {

@@ -61,20 +61,22 @@ for i in $(seq 0 23); do
 	echo "$i $(cat /sys/class/tpm/tpm0/pcr-sha256/$i)"
 done >/var/lib/liveboot/pcr-sha256
 
-# kubelet_bootstrap runs the real kubelet twice, with the bootstrap
-# kubeconfig the attested config carried (/etc/kubernetes/kubeconfig):
-#   1. --rotate-certificates=false: its TLS bootstrap
-#      (pkg/kubelet/certificate/bootstrap.LoadClientCert) makes the client
-#      CSR with the key it finds at kubelet-client.key.tmp, the one the
-#      agent bound into its evidence; `nodeproof approve` approves it,
-#      kube-controller-manager signs it, the kubelet writes
-#      kubelet-client-current.pem and then stops: no container runtime
-#      (its CRI connection is checked before anything else starts);
-#   2. --rotate-certificates=true, its certificate past its rotation
-#      deadline: its certificate manager renews with a new key of its own,
-#      authenticated by the first certificate, while the kubelet waits for
-#      a runtime at a socket kubelet-csr holds (accepts, never answers);
-#      kubelet-csr closes it once the renewed certificate is written.
+# kubelet_bootstrap runs the node's kubelet bootstrap as deploy/node does
+# it, with the bootstrap kubeconfig the attested config carried
+# (/etc/kubernetes/kubeconfig):
+#   1. `nodeproof-agent kubelet-bootstrap` (nodeproof-kubelet-bootstrap.
+#      service): the kubelet's client CSR with the key the agent bound into
+#      its evidence; `nodeproof approve` approves it, kube-controller-
+#      manager signs it, and the agent writes kubelet-client-current.pem
+#      and the kubelet's kubeconfig;
+#   2. the real kubelet with --rotate-certificates=true (OpenShift's
+#      kubelet.conf): it finds that certificate valid and makes no
+#      bootstrap CSR; past its rotation deadline (kube-controller-manager
+#      signs for 40 s) its certificate manager renews with a new key of
+#      its own, authenticated by the first certificate, while the kubelet
+#      waits for a runtime at a socket kubelet-csr holds (accepts, never
+#      answers); kubelet-csr closes it once the renewed certificate is
+#      written.
 # no_runtime says on the console why the kubelet stopped, when it was for
 # want of a container runtime (its CRI connection check failed).
 no_runtime() {
@@ -86,26 +88,22 @@ kubelet_bootstrap() {
 	pki=/var/lib/kubelet/pki
 	mkdir -p /etc/kubernetes $pki
 	kubelet-csr --ignition-config /run/ignition.json --print-file /etc/kubernetes/kubeconfig >/etc/kubernetes/kubeconfig || return 1
-	# The kubelet removes the key file once its certificate is issued.
 	cp $pki/kubelet-client.key.tmp /run/agent-kubelet.key || return 1
-	set -- --bootstrap-kubeconfig=/etc/kubernetes/kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig \
-		--cert-dir=$pki --hostname-override="$NP_NODE" --node-ip=10.0.2.15 --rotate-server-certificates --v=2
-	mark "kubelet start (bootstrap, rotate-certificates false)"
-	kubelet "$@" --rotate-certificates=false >/run/kubelet-bootstrap.log 2>&1
-	mark "kubelet exit $?"
-	grep -E 'bootstrap|Waiting for client certificate|certificate|failed to run Kubelet' /run/kubelet-bootstrap.log | cut -c1-400 | tail -n 8
-	no_runtime /run/kubelet-bootstrap.log
-	[ -s $pki/kubelet-client-current.pem ] || { mark "kubelet wrote no client certificate"; return 1; }
+	mark "agent kubelet-bootstrap start"
+	nodeproof-agent kubelet-bootstrap --node-name "$NP_NODE" --timeout 120s || { mark "agent kubelet-bootstrap failed"; return 1; }
+	mark "agent kubelet-bootstrap exit 0"
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-bootstrap.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE" || return 1
-	mark "kubelet start (rotation, rotate-certificates true)"
+	mark "kubelet start (rotate-certificates true)"
 	kubelet-csr --hold-socket /run/cri.sock --until-changed $pki/kubelet-client-current.pem --timeout 90s &
 	holder=$!
 	sleep 1
-	kubelet "$@" --rotate-certificates=true --container-runtime-endpoint=unix:///run/cri.sock --runtime-request-timeout=100s >/run/kubelet-rotation.log 2>&1
+	kubelet --bootstrap-kubeconfig=/etc/kubernetes/kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig \
+		--cert-dir=$pki --hostname-override="$NP_NODE" --node-ip=10.0.2.15 --rotate-server-certificates --v=2 \
+		--rotate-certificates=true --container-runtime-endpoint=unix:///run/cri.sock --runtime-request-timeout=100s >/run/kubelet-rotation.log 2>&1
 	mark "kubelet exit $?"
 	wait $holder
-	grep -E 'rotat|Rotat|certificate|failed to run Kubelet' /run/kubelet-rotation.log | cut -c1-400 | tail -n 8
+	grep -E 'bootstrap|Bootstrap|rotat|Rotat|certificate|failed to run Kubelet' /run/kubelet-rotation.log | cut -c1-400 | tail -n 10
 	no_runtime /run/kubelet-rotation.log
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-renewed.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE"

@@ -83,10 +83,12 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //
 //  1. Secure Boot on, first boot (its initramfs also holds the kubelet):
 //     the agent enrols, the attested tier is released, Ignition's fetch
-//     stage applies it, the real kubelet bootstraps with the bootstrap
-//     kubeconfig it carried and the key the agent bound, `nodeproof
-//     approve` approves its CSR, kube-controller-manager signs it, and the
-//     kubelet renews it (checkKubelet). The live event log replays to the
+//     stage applies it, `nodeproof-agent kubelet-bootstrap` gets the
+//     kubelet's first client certificate with the bootstrap kubeconfig it
+//     carried and the key the agent bound (`nodeproof approve` approves
+//     the CSR, kube-controller-manager signs it), and the real kubelet,
+//     rotating its certificates, uses it, makes no bootstrap CSR of its
+//     own and renews it (checkKubelet). The live event log replays to the
 //     PCRs the guest's kernel shows, and its boot applications are the
 //     Authenticode digests of the package files.
 //  2. Reboot (a new swtpm process on the same state): fresh PCRs, the same
@@ -134,8 +136,8 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     beside the GRUB chain's).
 //  8. Secure Boot off (OVMF variables without keys, GRUB's linuxefi):
 //     refused SecureBootDisabled, on the console and as the agent's report
-//     Event (unauthenticated: the first boot's kubelet removed the key the
-//     agent bound); the node failed and tainted.
+//     Event, authenticated (the agent kept its copy of the bound key); the
+//     node failed and tainted.
 //  9. Secure Boot off with GRUB's plain linux (what update-grub writes):
 //     the kernel has no event log; refused EventLogMissing, and the agent
 //     says why.
@@ -233,14 +235,16 @@ func TestLiveBoot(t *testing.T) {
 
 	var first, reboot *liveboot.Result
 	var boots1, reset1 int64
-	ok := t.Run("Secure Boot on: enrol, the attested tier, Ignition; the real kubelet bootstraps with the bound key, approved and signed, and renews", func(t *testing.T) {
+	ok := t.Run("Secure Boot on: enrol, the attested tier, Ignition; the agent gets the kubelet its first certificate with the bound key, approved and signed; the rotating kubelet only renews", func(t *testing.T) {
 		r := boot(t, "secureboot-enrol", kubeletDisk, true)
 		first = r
 		expectLines(t, r, "nodeproof-liveboot: secure-boot 1", "nodeproof-liveboot: agent pointer start", "nodeproof-liveboot: agent exit 0",
-			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: kubelet start (bootstrap", "nodeproof-liveboot: kubelet exit",
-			"nodeproof-liveboot: kubelet stopped: no container runtime",
-			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotation",
-			"kubelet-csr: runtime socket /run/cri.sock closed", "nodeproof-liveboot: kubelet exit", `"Rotating certificates"`,
+			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: agent kubelet-bootstrap start",
+			"nodeproof-agent: submitted the kubelet's client CSR node-csr-", "Approved (NodeproofAttestedTPM); wrote /var/lib/kubelet/pki/kubelet-client-",
+			"nodeproof-liveboot: agent kubelet-bootstrap exit 0",
+			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotate-certificates true",
+			"kubelet-csr: runtime socket /run/cri.sock closed", "nodeproof-liveboot: kubelet exit",
+			`"Loading cert/key pair from a file" filePath="/var/lib/kubelet/pki/kubelet-client-current.pem"`, `"Rotating certificates"`,
 			"nodeproof-liveboot: kubelet stopped: no container runtime",
 			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes",
 			"nodeproof-liveboot: kubelet bootstrap exit 0",
@@ -352,13 +356,11 @@ func TestLiveBoot(t *testing.T) {
 				return "state Failed " + string(attest.ReasonPolicySecureBootOff) + ", not " + s.State + " " + s.Reason
 			case a != corev1.ConditionFalse || reason != string(attest.ReasonAttestationFailed) || taint != corev1.TaintEffectNoSchedule:
 				return "the Node's Attested condition False (AttestationFailed) and the NoSchedule taint"
-			// Unauthenticated: the real kubelet's bootstrap in the first
-			// boot removed kubelet-client.key.tmp once its certificate was
-			// issued (LoadClientCert), so the agent has made another key
-			// since, and its report proves a key the binding does not hold
-			// (deploy/node/README.md).
-			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReportUnauthenticated), string(attest.ReasonPolicySecureBootOff)):
-				return "the agent's report Event (NodeReportedFailureUnauthenticated: SecureBootDisabled)"
+			// Authenticated: the agent proves the key it bound (its own
+			// copy, --bound-key), whatever the kubelet did with its key
+			// files since the first boot (deploy/node/README.md).
+			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonNodeReport), string(attest.ReasonPolicySecureBootOff)):
+				return "the agent's report Event (NodeReportedFailure: SecureBootDisabled)"
 			case !hasEvent(s.Cluster.Events, "NodeBinding/"+node, string(attest.ReasonAttestationFailed), ""):
 				return "the server's AttestationFailed Event"
 			}
@@ -400,15 +402,17 @@ func TestLiveBoot(t *testing.T) {
 	say("done in %.0fs; Secure Boot boots took %s", time.Since(begin).Seconds(), strings.Join(bootTimes, ", "))
 }
 
-// checkKubelet checks the real kubelet's two certificates from the first
-// boot (the guest left them on its data disk) against the API server's
-// CSRs: the bootstrap certificate's CSR was made with the bootstrap token
-// and approved for the attestation (the approver approves a first client
-// CSR only for the key the evidence bound), its certificate has the
-// node's client subject, chains to the API server's client CA, and its
-// public key is the one the guest's kubelet-csr found equal to the
-// agent's key; the renewal was requested by the node with that
-// certificate, approved, and holds another key.
+// checkKubelet checks the kubelet's two certificates from the first boot
+// (the guest left them on its data disk) against the API server's CSRs:
+// the bootstrap certificate, which `nodeproof-agent kubelet-bootstrap`
+// got before the kubelet started, has the only CSR made with the
+// bootstrap token (the kubelet, rotating, made none of its own), approved
+// for the attestation (the approver approves a first client CSR only for
+// the key the evidence bound); its certificate has the node's client
+// subject, chains to the API server's client CA, and its public key is
+// the one the guest's kubelet-csr found equal to the agent's key; the
+// renewal was requested by the kubelet with that certificate, approved,
+// and holds another key.
 func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Result) {
 	t.Helper()
 	roots := x509.NewCertPool()
@@ -468,6 +472,18 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 		return nil
 	}
 	first, renewal := csrOf(boot), csrOf(renewed)
+	var byToken []string
+	for _, c := range csrs.Items {
+		if strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
+			byToken = append(byToken, c.Name)
+		}
+	}
+	if len(byToken) != 1 || byToken[0] != first.Name {
+		t.Errorf("CSRs made with the bootstrap token: %q; want only the agent's %s (the kubelet made a bootstrap CSR of its own?)", byToken, first.Name)
+	}
+	if _, found := r.Find("nodeproof-liveboot: agent kubelet-bootstrap exit 0"); !found {
+		t.Errorf("the agent's kubelet-bootstrap did not finish")
+	}
 	if !strings.HasPrefix(first.Spec.Username, "system:bootstrap:") || !approvedBy(first, "NodeproofAttestedTPM") || first.Spec.SignerName != certv1.KubeAPIServerClientKubeletSignerName {
 		t.Errorf("the bootstrap CSR %s by %q for %s: %+v; want approved NodeproofAttestedTPM, requested with a bootstrap token", first.Name, first.Spec.Username, first.Spec.SignerName, first.Status.Conditions)
 	}

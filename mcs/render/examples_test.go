@@ -209,8 +209,9 @@ NODEPROOF_EVIDENCE=auto
 `
 
 // exampleAgentUnits are deploy/node's units the public tier installs, as
-// shipped: the first-boot unit, and the re-attestation service and timer.
-var exampleAgentUnits = []string{"nodeproof-agent-firstboot.service", "nodeproof-reattest.service", "nodeproof-reattest.timer"}
+// shipped: the first-boot unit, the kubelet bootstrap unit, and the
+// re-attestation service and timer.
+var exampleAgentUnits = []string{"nodeproof-agent-firstboot.service", "nodeproof-kubelet-bootstrap.service", "nodeproof-reattest.service", "nodeproof-reattest.timer"}
 
 // exampleMC describes one source MachineConfig.
 type exampleMC struct {
@@ -521,7 +522,7 @@ func generateExamples(t *testing.T) map[string][]byte {
 			t.Fatal(err)
 		}
 		// The re-attestation service runs from its timer: only the timer
-		// and the first-boot unit are enabled.
+		// the first-boot unit and the kubelet bootstrap unit are enabled.
 		units = append(units, map[string]any{"name": name, "enabled": name != "nodeproof-reattest.service", "contents": string(b)})
 	}
 	sources := exampleSources(units)
@@ -564,7 +565,9 @@ from (` + "`--server-basedir`" + `), for two pools, master and worker:
 ` + "`nodeproof.io/needed-before-node-approved: \"true\"`" + `: they alone make the
 public tier. 50-worker-nodeproof-agent is the two-stage delivery of
 ` + "`deploy/node`" + ` (fetch mode): it installs
-` + "`nodeproof-agent-firstboot.service`" + ` (enabled), the re-attestation
+` + "`nodeproof-agent-firstboot.service`" + ` (enabled),
+` + "`nodeproof-kubelet-bootstrap.service`" + ` (enabled: the kubelet's first
+certificate with the bound key), the re-attestation
 ` + "`nodeproof-reattest.service`" + ` and its timer ` + "`nodeproof-reattest.timer`" + `
 (enabled; all generated from those files) and
 ` + "`/etc/nodeproof/agent.env`" + ` (server, pool, evidence); the agent binary

@@ -171,7 +171,7 @@ func TestPublicTier(t *testing.T) {
 		wantUnits []string
 	}{
 		{pool: "worker", wantFiles: []string{"/etc/chrony.conf", "/etc/nodeproof/agent.env", "/etc/pki/ca-trust/source/anchors/nodeproof.crt"},
-			wantUnits: []string{"nodeproof-agent-firstboot.service", "nodeproof-reattest.service", "nodeproof-reattest.timer", "nodeproof-agent.service"}},
+			wantUnits: []string{"nodeproof-agent-firstboot.service", "nodeproof-kubelet-bootstrap.service", "nodeproof-reattest.service", "nodeproof-reattest.timer", "nodeproof-agent.service"}},
 		{pool: "master", wantFiles: []string{"/etc/pki/ca-trust/source/anchors/nodeproof.crt"}, wantUnits: []string{"nodeproof-agent.service"}},
 	}
 	for _, c := range cases {

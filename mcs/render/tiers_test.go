@@ -39,7 +39,7 @@ func TestPoolTiers(t *testing.T) {
 	want := map[string]string{
 		"00-worker": PlaceHeld, "01-worker-kubelet": PlaceHeld, "05-worker-kernelarg-audit": PlaceHeld,
 		"50-worker-chrony": PlacePublic, "50-worker-nodeproof-agent": PlacePublic, "99-worker-ssh": PlacePublic,
-		"rendered-worker-e82663cb39c85650870def709a753f68": PlaceHeld,
+		"rendered-worker-aee233518d8593f5d0ccaced531b7165": PlaceHeld,
 	}
 	if fmt.Sprint(w) != fmt.Sprint(want) {
 		t.Errorf("worker:\n got %v\nwant %v", w, want)

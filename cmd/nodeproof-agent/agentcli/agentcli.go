@@ -25,19 +25,25 @@ import (
 // agent.SourceTable (usageLine, evidenceHelp).
 const usage = `usage: nodeproof-agent --server URL [--mode pointer|fetch|reattest] [--evidence auto|%s] [flags]
        nodeproof-agent --dump-evidence FILE [--event-log FILE]
+       nodeproof-agent kubelet-bootstrap [flags]
 
 Proves this machine to the nodeproof server (a TPM quote, or a cloud
 instance identity), then: pointer mode (initramfs, before Ignition) writes a
 pointer config with a single-use config token for Ignition; fetch mode
 fetches the full config now and writes the first-boot files; reattest mode
-proves an enrolled node again (every boot and on a timer). Exit status: 0
-done, 1 error, 2 usage, 3 refused by the server (its reason on the console).
+proves an enrolled node again (every boot and on a timer); kubelet-bootstrap
+(before the kubelet) gets the kubelet's first client certificate with the
+bound key (nodeproof-agent kubelet-bootstrap -h). Exit status: 0 done, 1
+error, 2 usage, 3 refused by the server (its reason on the console).
 `
 
 // Main runs the agent with args (without the program name) and returns
 // the exit code: 0 done, 1 error, 2 usage, agent.ExitRefused when the
 // server refused.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "kubelet-bootstrap" {
+		return kubeletBootstrap(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("nodeproof-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required; https only: the agent speaks only TLS to its server and follows no redirect)")
@@ -49,6 +55,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	ekKind := fs.String("ek", attest.EKKindRSA2048, "tpm evidence: the kind of endorsement key to attest with, the one the pool accepts (its tpm.ek): "+strings.Join(attest.EKKinds, ", "))
 	eventLog := fs.String("event-log", "", "with tcp:…: the event log file to send (a real TPM's comes from securityfs)")
 	keyPath := fs.String("kubelet-key", agent.DefaultKubeletKeyPath, "the kubelet's bootstrap key (made if missing)")
+	boundKey := fs.String("bound-key", agent.DefaultBoundKeyPath, "the agent's own copy of the kubelet key it binds: written at enrolment (fetch, pointer), used by reattest in preference to --kubelet-key (which the kubelet removes); \"none\" keeps no copy")
 	mode := fs.String("mode", string(agent.ModePointer), "pointer: write a pointer config for Ignition (initramfs, before ignition-fetch); fetch: fetch the full config now (first boot after Ignition); reattest: prove this enrolled node again (every boot and on a timer; nothing is fetched)")
 	statePath := fs.String("state", agent.DefaultReattestState, "reattest mode: where the last success and the next due time are kept")
 	akState := fs.String("ak-state", agent.DefaultAKState, "reattest mode, tpm evidence: where the TPM's attestation key and the server's ticket for it are kept between runs, so a re-attestation loads the key and quotes (no key generation; no credential activation while the ticket holds); \"none\" makes a new key each run")
@@ -160,12 +167,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		err = agent.Reattest(ctx, agent.ReattestConfig{
 			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
-			KubeletKeyPath: *keyPath, StatePath: *statePath, Force: *force, Console: stdout, Timing: timing,
+			KubeletKeyPath: *keyPath, BoundKeyPath: keep(*boundKey), StatePath: *statePath, Force: *force, Console: stdout, Timing: timing,
 		})
 	} else {
 		err = agent.Run(ctx, agent.Config{
 			Server: *server, CABundle: ca, Pool: *pool, NodeName: *nodeName, Evidence: ev,
-			KubeletKeyPath: *keyPath, Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
+			KubeletKeyPath: *keyPath, BoundKeyPath: keep(*boundKey), Mode: agent.Mode(*mode), IgnitionDir: *ignDir, Root: *root,
 			ConfigOut: *configOut, Console: stdout, Timing: timing,
 		})
 	}
@@ -179,6 +186,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
 		return 1
 	}
+}
+
+// keep is --bound-key's path, "" for none.
+func keep(path string) string {
+	if path == "none" {
+		return ""
+	}
+	return path
 }
 
 // kindList is the evidence kinds the agent presents, as --evidence takes

@@ -165,3 +165,39 @@ func TestUsageListsSources(t *testing.T) {
 		t.Errorf("the usage line does not read %q:\n%s", line, out)
 	}
 }
+
+// TestKubeletBootstrapCommand: the subcommand has its own usage and
+// flags; a bad flag or argument is a usage error; with no bound key (no
+// kubelet-client.key.tmp, no kept copy) it stops and says so, and writes
+// nothing for the kubelet.
+func TestKubeletBootstrapCommand(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		code     int
+		want     string
+		toStdout bool
+	}{
+		{name: "help", args: []string{"-h"}, code: 0, want: "usage: nodeproof-agent kubelet-bootstrap", toStdout: true},
+		{name: "a bad flag", args: []string{"--frob"}, code: 2, want: "usage: nodeproof-agent kubelet-bootstrap"},
+		{name: "an argument", args: []string{"now"}, code: 2, want: "unexpected arguments"},
+		{name: "no bound key", args: []string{"--node-name=n1", "--kubelet-key=" + dir + "/absent.key", "--bound-key=" + dir + "/absent-too.key",
+			"--cert-dir=" + dir + "/pki", "--kubeconfig=" + dir + "/kubeconfig"}, code: 1, want: "no bound key"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), append([]string{"kubelet-bootstrap"}, tc.args...), &stdout, &stderr)
+			out := stderr.String()
+			if tc.toStdout {
+				out = stdout.String()
+			}
+			if code != tc.code || !strings.Contains(out, tc.want) {
+				t.Errorf("exit %d, want %d; %q lacks %q", code, tc.code, out, tc.want)
+			}
+		})
+	}
+	if _, err := os.Stat(dir + "/pki"); !os.IsNotExist(err) {
+		t.Errorf("the certificate directory was made: %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 // Command kubelet-csr runs in the live boot's guest (internal/liveboot):
 // it does what the kubelet's TLS bootstrap does on a node's first boot,
-// with the same client-go code the other end-to-end tests use. It reads
+// with the agent's CSR code (agent/kubeletboot, which `nodeproof-agent
+// kubelet-bootstrap` runs on a node). It reads
 // the bootstrap kubeconfig from the Ignition config the node got (the
 // file /etc/kubernetes/kubeconfig of Ignition's cached config), makes the
 // kubelet's client CSR (CN system:node:<node>, O system:nodes) with the
@@ -48,13 +49,10 @@ import (
 	"time"
 
 	"github.com/coreos/ignition/v2/config"
+	"github.com/nodeproof/nodeproof/agent"
+	"github.com/nodeproof/nodeproof/agent/kubeletboot"
 	"github.com/vincent-petithory/dataurl"
-	certv1 "k8s.io/api/certificates/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/cert"
-	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
 )
 
@@ -107,13 +105,13 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Printf("kubelet-csr: CSR %s %s %s: %s\n", name, cond.Type, cond.Reason, oneLine(cond.Message))
-	if cond.Type != certv1.CertificateApproved {
+	if cond.Type != "Approved" {
 		os.Exit(3)
 	}
 }
 
-func run(ctx context.Context, ignFile, keyFile, node string) (certv1.CertificateSigningRequestCondition, string, error) {
-	var none certv1.CertificateSigningRequestCondition
+func run(ctx context.Context, ignFile, keyFile, node string) (kubeletboot.Condition, string, error) {
+	var none kubeletboot.Condition
 	if ignFile == "" || node == "" {
 		return none, "", errors.New("--ignition-config and --node are required")
 	}
@@ -121,50 +119,35 @@ func run(ctx context.Context, ignFile, keyFile, node string) (certv1.Certificate
 	if err != nil {
 		return none, "", err
 	}
-	rc, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	kc, err := kubeletboot.ParseKubeconfig(kubeconfig, "")
 	if err != nil {
 		return none, "", fmt.Errorf("the served kubeconfig: %w", err)
 	}
-	rc.Timeout = 30 * time.Second
-	k, err := keyutil.PrivateKeyFromFile(keyFile)
+	key, _, err := agent.LoadKubeletKey(keyFile)
 	if err != nil {
 		return none, "", fmt.Errorf("kubelet key: %w", err)
 	}
-	key, ok := k.(crypto.Signer)
-	if !ok {
-		return none, "", fmt.Errorf("kubelet key %s cannot sign", keyFile)
-	}
-	kc, err := kubernetes.NewForConfig(rc)
+	client, err := kubeletboot.NewClient(kc)
 	if err != nil {
 		return none, "", err
 	}
-	data, err := cert.MakeCSR(key, &pkix.Name{Organization: []string{"system:nodes"}, CommonName: "system:node:" + node}, nil, nil)
+	data, err := kubeletboot.MakeCSR(key, node)
 	if err != nil {
 		return none, "", err
 	}
-	name, _, err := csr.RequestCertificate(kc, data, "", certv1.KubeAPIServerClientKubeletSignerName, nil,
-		[]certv1.KeyUsage{certv1.UsageDigitalSignature, certv1.UsageClientAuth}, key)
+	name, err := client.Submit(ctx, data)
 	if err != nil {
 		return none, "", fmt.Errorf("submit the CSR: %w", err)
 	}
-	fmt.Printf("kubelet-csr: submitted CSR %s for system:node:%s to %s\n", name, node, rc.Host)
+	fmt.Printf("kubelet-csr: submitted CSR %s for system:node:%s to %s\n", name, node, kc.Server)
 	// No signer runs on the test's API server: the decision is the
 	// approver's condition, not an issued certificate.
-	for {
-		got, err := kc.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
-		if err == nil {
-			for _, c := range got.Status.Conditions {
-				if c.Type == certv1.CertificateApproved || c.Type == certv1.CertificateDenied {
-					return c, name, nil
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return none, name, fmt.Errorf("CSR %s undecided: %w (last error: %v)", name, ctx.Err(), err)
-		case <-time.After(200 * time.Millisecond):
-		}
+	csr, err := client.Wait(ctx, name, false, 200*time.Millisecond)
+	if csr != nil {
+		cond, _ := csr.Decision()
+		return cond, name, nil
 	}
+	return none, name, err
 }
 
 // fileOf returns the contents of path in an Ignition config (any spec
