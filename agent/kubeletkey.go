@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/nodeproof/nodeproof/fsutil"
+	"github.com/nodeproof/nodeproof/kubeletboot"
 )
 
 // DefaultKubeletKeyPath is where the kubelet looks for the private key of
@@ -37,16 +38,9 @@ func LoadKubeletKey(path string) (*ecdsa.PrivateKey, []byte, error) {
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		block, _ := pem.Decode(b)
-		if block == nil || block.Type != "EC PRIVATE KEY" {
-			return nil, nil, fmt.Errorf("agent: %s holds no EC PRIVATE KEY", path)
-		}
-		k, err := x509.ParseECPrivateKey(block.Bytes)
+		k, err := kubeletboot.ParseKey(b)
 		if err != nil {
 			return nil, nil, fmt.Errorf("agent: %s: %w", path, err)
-		}
-		if k.Curve != elliptic.P256() {
-			return nil, nil, fmt.Errorf("agent: %s is not a P-256 key", path)
 		}
 		pub, err := x509.MarshalPKIXPublicKey(&k.PublicKey)
 		return k, pub, err

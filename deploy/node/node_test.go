@@ -18,7 +18,7 @@ import (
 	"testing"
 
 	"github.com/nodeproof/nodeproof/agent"
-	"github.com/nodeproof/nodeproof/agent/kubeletboot"
+	"github.com/nodeproof/nodeproof/kubeletboot"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )

@@ -21,17 +21,13 @@ const module = "github.com/nodeproof/nodeproof"
 // floor of its own (docs/architecture.md): the longest that holds a
 // package names its floor.
 var floors = map[string]int{
-	"attest": 1, "pemcert": 1, "fsutil": 1, "firmware-testdata": 1, "safetext": 1, "strictjson": 1, "leader": 1, "metrics": 1, "reload": 1,
+	"attest": 1, "pemcert": 1, "fsutil": 1, "firmware-testdata": 1, "safetext": 1, "strictjson": 1, "leader": 1, "metrics": 1, "reload": 1, "kubeletboot": 1,
 	"identity": 2, "store": 2, "internal": 2,
 	"mcs": 3, "approver": 3,
 	// The whole system in one process, for tests and demos: it builds on
 	// the servers; the commands and benches build on it.
 	"agent": 4, "systemtest": 4,
 	"cmd": 5, "bench": 5, "deploy": 5, "hack": 5,
-	// The live boot's guest-side command: a command, on the commands'
-	// floor; it makes the kubelet's CSR with the agent's code
-	// (agent/kubeletboot).
-	"internal/liveboot/kubeletcsr": 5,
 }
 
 func floorOf(t *testing.T, pkg string) (string, int) {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/agent"
-	"github.com/nodeproof/nodeproof/agent/kubeletboot"
+	"github.com/nodeproof/nodeproof/kubeletboot"
 )
 
 // kubeletBootstrapUsage is the kubelet-bootstrap subcommand's usage.

@@ -1,6 +1,6 @@
 // Command kubelet-csr runs in the live boot's guest (internal/liveboot):
 // it does what the kubelet's TLS bootstrap does on a node's first boot,
-// with the agent's CSR code (agent/kubeletboot, which `nodeproof-agent
+// with the agent's CSR code (kubeletboot, which `nodeproof-agent
 // kubelet-bootstrap` runs on a node). It reads
 // the bootstrap kubeconfig from the Ignition config the node got (the
 // file /etc/kubernetes/kubeconfig of Ignition's cached config), makes the
@@ -49,8 +49,7 @@ import (
 	"time"
 
 	"github.com/coreos/ignition/v2/config"
-	"github.com/nodeproof/nodeproof/agent"
-	"github.com/nodeproof/nodeproof/agent/kubeletboot"
+	"github.com/nodeproof/nodeproof/kubeletboot"
 	"github.com/vincent-petithory/dataurl"
 	"k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/keyutil"
@@ -123,9 +122,13 @@ func run(ctx context.Context, ignFile, keyFile, node string) (kubeletboot.Condit
 	if err != nil {
 		return none, "", fmt.Errorf("the served kubeconfig: %w", err)
 	}
-	key, _, err := agent.LoadKubeletKey(keyFile)
+	keyPEM, err := os.ReadFile(keyFile)
 	if err != nil {
 		return none, "", fmt.Errorf("kubelet key: %w", err)
+	}
+	key, err := kubeletboot.ParseKey(keyPEM)
+	if err != nil {
+		return none, "", fmt.Errorf("kubelet key %s: %w", keyFile, err)
 	}
 	client, err := kubeletboot.NewClient(kc)
 	if err != nil {
