@@ -181,7 +181,8 @@ func TestLiveBootCloud(t *testing.T) {
 
 	t.Run("listed: after switch-root the first-boot unit attests, writes the first-boot files and its stamp, then the kubelet starts", func(t *testing.T) {
 		r := boot(t, m, cloudNode, "listed")
-		expectLines(t, r, "Starting nodeproof-agent-firstboot", "nodeproof-agent: attested", "nodeproof-cloudroot: kubelet stand-in started", "nodeproof-cloudroot: unit nodeproof-agent-firstboot.service")
+		expectLines(t, r, "Welcome to nodeproof live boot root", "nodeproof-agent: kubelet key", "nodeproof-agent: attested", "nodeproof-agent: fetched the full config",
+			"Finished nodeproof-agent-f", "nodeproof-cloudroot: kubelet stand-in started", "nodeproof-cloudroot: unit nodeproof-agent-firstboot.service")
 		units := cloudUnits(t, r)
 		fb, kl := units["nodeproof-agent-firstboot"], units["kubelet"]
 		if fb["Result"] != "success" || fb["ActiveState"] != "active" {
@@ -205,7 +206,7 @@ func TestLiveBootCloud(t *testing.T) {
 
 	t.Run("unlisted: the first-boot unit is refused on the console, no stamp, the kubelet and the MCD's first boot never start", func(t *testing.T) {
 		r := boot(t, m2, cloudNode2, "unlisted")
-		expectLines(t, r, "Starting nodeproof-agent-firstboot", "nodeproof-agent: REFUSED", "nodeproof-cloudroot: unit nodeproof-agent-firstboot.service")
+		expectLines(t, r, "Welcome to nodeproof live boot root", "nodeproof-agent: REFUSED", "Failed to start nodeproof-agent-f", "nodeproof-cloudroot: unit nodeproof-agent-firstboot.service")
 		if l, _ := r.Find("nodeproof-agent: REFUSED"); !strings.Contains(l.Text, string(attest.ReasonPolicyNodeNameMissing)) {
 			t.Errorf("the agent's refusal does not say %s: %q", attest.ReasonPolicyNodeNameMissing, l.Text)
 		}
