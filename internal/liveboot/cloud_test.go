@@ -21,7 +21,7 @@ import (
 	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
-const cloudNode, cloudNode2 = "live-cloud", "live-cloud-2"
+const cloudNode, cloudNode2, cloudNode3 = "live-cloud", "live-cloud-2", "live-cloud-3"
 
 // TestLiveBootCloud boots the cloud path (issue 40 item 2): an image whose
 // initramfs cannot be changed (installer-provisioned GCP and AWS
@@ -45,6 +45,9 @@ const cloudNode, cloudNode2 = "live-cloud", "live-cloud-2"
 //  2. An unlisted machine: the unit is refused NodeNameNotEstablished and
 //     says so on the console, the stamp is not written, and the kubelet
 //     and the MCD's first boot never start (their dependency failed).
+//  3. The server unreachable at first (another listed machine, its agent
+//     through a relay that drops the first connections): the unit retries
+//     with backoff on the console, then attests as in 1.
 func TestLiveBootCloud(t *testing.T) {
 	begin := time.Now()
 	say := func(format string, args ...any) {
@@ -94,7 +97,7 @@ func TestLiveBootCloud(t *testing.T) {
 		t.Fatal(err)
 	}
 	disks := map[string]string{}
-	for _, node := range []string{cloudNode, cloudNode2} {
+	for _, node := range []string{cloudNode, cloudNode2, cloudNode3} {
 		disks[node] = filepath.Join(work, node+".img")
 		if err := liveboot.BuildBootDiskWith(ctx, parts, initramfs, liveboot.GrubConfig(true, liveboot.CloudCmdline(node)), disks[node]); err != nil {
 			t.Fatal(err)
@@ -154,13 +157,36 @@ func TestLiveBootCloud(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m2.Close() })
-	listEKs(t, w, dg, map[string]string{ekSHA256(t, m): cloudNode})
+	m3, err := liveboot.NewMachine(ctx, w.man, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m3.Close() })
+	listEKs(t, w, dg, map[string]string{ekSHA256(t, m): cloudNode, ekSHA256(t, m3): cloudNode3})
+	// The third machine's agent reaches the server through a relay that
+	// drops its first connections (Ignition's fetch of the public tier
+	// goes to the server directly).
+	rl := startRelay(t, w.serverPort, 4)
+	ud3 := *ud
+	ud3.Server = fmt.Sprintf("https://%s:%d", liveboot.GuestHost, rl.port)
+	cfg3, err := ud3.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	userData3 := filepath.Join(work, "user-data-3.ign")
+	if err := os.WriteFile(userData3, cfg3, 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	boot := func(t *testing.T, m *liveboot.Machine, node, name string) *liveboot.Result {
 		t.Helper()
 		say("boot %s", name)
-		r, err := m.Boot(ctx, liveboot.Boot{Disk: disks[node], Disks: []string{root}, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort, httpPort},
-			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: userData}, Progress: say, Limit: 3 * time.Minute})
+		ud := userData
+		if node == cloudNode3 {
+			ud = userData3
+		}
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disks[node], Disks: []string{root}, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort, httpPort, rl.port},
+			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: ud}, Progress: say, Limit: 3 * time.Minute})
 		p := cons.save(t, "cloud-"+name, r)
 		if err != nil {
 			t.Fatalf("boot %s: %v (console: %s)\n%s", name, err, p, tail(r))
@@ -238,6 +264,20 @@ func TestLiveBootCloud(t *testing.T) {
 				t.Errorf("the refused machine has /%s", f)
 			}
 		}
+	})
+	t.Run("the server unreachable at first: the first-boot unit retries, then attests and writes the first-boot files", func(t *testing.T) {
+		r := boot(t, m3, cloudNode3, "unreachable")
+		if rl.dropped.Load() < int32(rl.drop) {
+			t.Errorf("the relay dropped %d connections; want %d: the guest never met the unreachable server", rl.dropped.Load(), rl.drop)
+		}
+		expectLines(t, r, "Welcome to nodeproof live boot root", "retrying in", "nodeproof-agent: attested", "nodeproof-cloudroot: kubelet stand-in started")
+		if fb := cloudUnits(t, r)["nodeproof-agent-firstboot"]; fb["Result"] != "success" {
+			t.Errorf("nodeproof-agent-firstboot.service: %v; want success", fb)
+		}
+		if _, ok := r.Files["etc/nodeproof/.fetched"]; !ok {
+			t.Errorf("no stamp; files: %v", keys(r.Files))
+		}
+		checkBound(t, w, cloudNode3, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 	})
 	say("the agent binary was fetched %d times", fetched.Load())
 }
