@@ -2,6 +2,7 @@ package liveboot
 
 import (
 	"context"
+	"crypto/sha256"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -27,9 +28,11 @@ import (
 // module tree (with what they depend on): the busybox guest's
 // (GuestModules), what dracut's qemu module asks for (virtio_scsi,
 // virtio_console), and the vsock transport that 30ignition requires
-// (instmods -c: the build fails without it).
+// (instmods -c: the build fails without it), and ext4 with the crc32c it
+// loads at mount (crypto API, no module dependency) for a real root on a
+// disk (the cloud path's BuildCloudRoot).
 var DracutKernelModules = append(append([]string(nil), GuestModules...),
-	"virtio_scsi", "virtio_console", "vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport")
+	"virtio_scsi", "virtio_console", "vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport", "ext4", "crc32c_generic")
 
 // DracutCmdline is the kernel command line of a dracut first boot:
 // Ignition's first boot on QEMU (the config from fw_cfg
@@ -68,6 +71,18 @@ type DracutGuest struct {
 	// Evidence the agent's settings (agent.env).
 	CABundle               []byte
 	Server, Pool, Evidence string
+	// Stock builds the image's initramfs as a cloud image ships it:
+	// Ignition's module only, neither 50nodeproof nor the live boot's end
+	// (the agent then comes in the machine's user data and runs after the
+	// switch to the real root: fetch mode). Agent, NodeproofModule, the CA
+	// bundle and the agent's settings are not used.
+	Stock bool
+	// Install are more programs for the image (dracut --install), such as
+	// the tools a real root made from it (BuildCloudRoot) needs.
+	Install []string
+	// Drivers are kernel modules the image must hold (dracut
+	// --add-drivers), such as CloudRootDrivers.
+	Drivers []string
 }
 
 // dracutOmit are dracut modules a first boot on QEMU does not need (they
@@ -79,7 +94,7 @@ const dracutOmit = "crypt dm lvm mdraid multipath dmraid nvdimm lunmask resume p
 func (g *DracutGuest) BuildInitramfs(ctx context.Context, parts *Parts, kmoddir, out string) error {
 	for k, v := range map[string]string{"Agent": g.Agent, "Ignition": g.Ignition, "IgnitionModule": g.IgnitionModule,
 		"NodeproofModule": g.NodeproofModule, "Server": g.Server, "Pool": g.Pool, "Evidence": g.Evidence} {
-		if v == "" {
+		if v == "" && (!g.Stock || k == "Ignition" || k == "IgnitionModule") {
 			return fmt.Errorf("liveboot: DracutGuest.%s is required", k)
 		}
 	}
@@ -113,6 +128,31 @@ func (g *DracutGuest) BuildInitramfs(ctx context.Context, parts *Parts, kmoddir,
 	if err := os.Chmod(filepath.Join(mods, "30ignition", "ignition"), 0o755); err != nil {
 		return err
 	}
+	confdir := filepath.Join(work, "conf.d")
+	if err := os.Mkdir(confdir, 0o755); err != nil {
+		return err
+	}
+	tmp := filepath.Join(work, "tmp")
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return err
+	}
+	args := []string{"--force", "--quiet", "--conf", "/dev/null", "--confdir", confdir,
+		"--no-hostonly", "--no-early-microcode", "--nostrip", "--zstd", "--tmpdir", tmp, "--omit", dracutOmit}
+	if len(g.Install) > 0 {
+		args = append(args, "--install", strings.Join(g.Install, " "))
+	}
+	if len(g.Drivers) > 0 {
+		args = append(args, "--add-drivers", strings.Join(g.Drivers, " "))
+	}
+	if g.Stock {
+		args = append(args, "--add", "ignition", "--kver", parts.ABI, "--kmoddir", kmoddir, out)
+		cmd := exec.CommandContext(ctx, dracut, args...)
+		cmd.Env = append(os.Environ(), "dracutbasedir="+base)
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("liveboot: dracut: %w\n%s", err, b)
+		}
+		return nil
+	}
 	if err := copyModule(os.DirFS(g.NodeproofModule), ".", filepath.Join(mods, "50nodeproof"), nil); err != nil {
 		return err
 	}
@@ -133,18 +173,8 @@ func (g *DracutGuest) BuildInitramfs(ctx context.Context, parts *Parts, kmoddir,
 	if err := os.WriteFile(filepath.Join(conf, "mcs-ca-bundle.crt"), g.CABundle, 0o644); err != nil {
 		return err
 	}
-	confdir := filepath.Join(work, "conf.d")
-	if err := os.Mkdir(confdir, 0o755); err != nil {
-		return err
-	}
-	tmp := filepath.Join(work, "tmp")
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return err
-	}
-	cmd := exec.CommandContext(ctx, dracut, "--force", "--quiet", "--conf", "/dev/null", "--confdir", confdir,
-		"--no-hostonly", "--no-early-microcode", "--nostrip", "--zstd", "--tmpdir", tmp,
-		"--omit", dracutOmit, "--add", "ignition nodeproof nodeproof-liveboot",
-		"--kver", parts.ABI, "--kmoddir", kmoddir, out)
+	args = append(args, "--add", "ignition nodeproof nodeproof-liveboot", "--kver", parts.ABI, "--kmoddir", kmoddir, out)
+	cmd := exec.CommandContext(ctx, dracut, args...)
 	cmd.Env = append(os.Environ(), "dracutbasedir="+base, "NODEPROOF_CONFIG_DIR="+conf)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("liveboot: dracut: %w\n%s", err, b)
@@ -202,7 +232,7 @@ func IgnitionDracutModule(ctx context.Context, version string) (string, error) {
 // kernel of p (--kmoddir): DracutKernelModules and what they depend on,
 // with the package's modules.builtin, modules.builtin.modinfo and
 // modules.order, indexed by depmod, in
-// cache/boot/modtree-<ABI>_linux-<version>/lib/modules/<ABI>. The kernel
+// cache/boot/modtree-<ABI>_linux-<version>_<hash of the list>/lib/modules/<ABI>. The kernel
 // package is downloaded again (apt-get download, never installed); a tree
 // already there is kept. It returns the tree's directory.
 func FetchModuleTree(ctx context.Context, cache string, p *Parts, say func(string, ...any)) (string, error) {
@@ -212,7 +242,9 @@ func FetchModuleTree(ctx context.Context, cache string, p *Parts, say func(strin
 		return "", fmt.Errorf("liveboot: the parts name no version of %s", pkg)
 	}
 	root := filepath.Join(cache, partsCacheDir)
-	name := sanitize(fmt.Sprintf("modtree-%s_linux-%s", p.ABI, version))
+	// The name says which modules it holds: a changed list makes a new tree.
+	sum := sha256.Sum256([]byte(strings.Join(DracutKernelModules, " ")))
+	name := sanitize(fmt.Sprintf("modtree-%s_linux-%s_%x", p.ABI, version, sum[:4]))
 	tree := filepath.Join(root, name, "lib", "modules", p.ABI)
 	if _, err := os.Stat(filepath.Join(tree, "modules.dep")); err == nil {
 		say("module tree %s: cached", name)

@@ -85,6 +85,10 @@ type Boot struct {
 	// Disk is the boot disk (BuildDisk); the guest's writes to it are
 	// discarded (snapshot).
 	Disk string
+	// Disks are more disks after the data disk (/dev/vdc, /dev/vdd, …),
+	// such as a real root (BuildCloudRoot); the guest's writes to them are
+	// discarded (snapshot).
+	Disks []string
 	// SecureBoot picks the OVMF variable store: Microsoft's keys, or none.
 	SecureBoot bool
 	// Vars, when set, is the variable store to boot with instead (a copy
@@ -210,6 +214,13 @@ func (m *Machine) Boot(ctx context.Context, b Boot) (*Result, error) {
 		"-device", "virtio-blk-pci,drive=data0",
 		"-device", "virtio-net-pci,netdev=n0,romfile=",
 		"-nographic", "-no-reboot", "-monitor", "none", "-serial", "stdio",
+	}
+	for i, d := range b.Disks {
+		if strings.ContainsAny(d, ",\n") {
+			return nil, fmt.Errorf("liveboot: disk %s: no commas or newlines", d)
+		}
+		args = append(args, "-drive", fmt.Sprintf("if=none,id=disk%d,format=raw,snapshot=on,file=%s", i, d),
+			"-device", fmt.Sprintf("virtio-blk-pci,drive=disk%d", i))
 	}
 	netdev := "user,id=n0,restrict=on"
 	for _, p := range b.Forward {
