@@ -18,9 +18,9 @@ import (
 	"testing"
 
 	"github.com/nodeproof/nodeproof/agent"
-	"github.com/nodeproof/nodeproof/kubeletboot"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof-agent/agentcli"
 	"github.com/nodeproof/nodeproof/internal/testenv"
+	"github.com/nodeproof/nodeproof/kubeletboot"
 )
 
 const (

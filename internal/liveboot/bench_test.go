@@ -185,35 +185,12 @@ func BenchmarkLiveBoot(b *testing.B) {
 func BenchmarkLiveBootDracut(b *testing.B) {
 	ctx := context.Background()
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench-boot-dracut: "+format+"\n", args...) }
-	if err := liveboot.Check(); err != nil {
-		b.Fatal(err)
-	}
-	if err := liveboot.CheckDracut(); err != nil {
-		b.Fatal(err)
-	}
 	if b.N != 1 {
 		b.Fatalf("b.N = %d: each machine boots once; run with -benchtime 1x", b.N)
 	}
-	parts, err := liveboot.LoadParts(testenv.Cache())
-	if err != nil {
-		b.Fatal(err)
-	}
 	tb := testing.TB(b)
-	dg := authenticode(tb, parts)
-	bins := build(tb, say)
-	w := startWorld(tb, bins, livePolicy(dg, false), say)
-	kmoddir, err := liveboot.FetchModuleTree(ctx, testenv.Cache(), parts, say)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ignition, err := testenv.IgnitionPath()
-	if err != nil {
-		b.Fatal(err)
-	}
-	ignitionModule, err := liveboot.IgnitionDracutModule(ctx, testenv.IgnitionVersion)
-	if err != nil {
-		b.Fatal(err)
-	}
+	env := newDracutEnv(tb, ctx, say)
+	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	work := b.TempDir()
 	busybox := &liveboot.Guest{Agent: bins.agent, KubeletCSR: bins.kubeletCSR, Ignition: ignition, CABundle: w.caBundle(tb),
 		Pointer: w.pointer(tb), Server: w.guestURL(), Pool: "worker", Node: node}

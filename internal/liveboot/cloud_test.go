@@ -18,7 +18,6 @@ import (
 
 	"github.com/nodeproof/nodeproof/attest"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
-	"github.com/nodeproof/nodeproof/internal/testenv"
 )
 
 const cloudNode, cloudNode2, cloudNode3 = "live-cloud", "live-cloud-2", "live-cloud-3"
@@ -54,33 +53,9 @@ func TestLiveBootCloud(t *testing.T) {
 		fmt.Fprintf(os.Stderr, "liveboot-cloud %5.1fs: %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
 	ctx := context.Background()
-	if err := liveboot.Check(); err != nil {
-		t.Fatal(err)
-	}
-	if err := liveboot.CheckDracut(); err != nil {
-		t.Fatal(err)
-	}
-	parts, err := liveboot.LoadParts(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dg := authenticode(t, parts)
+	env := newDracutEnv(t, ctx, say)
+	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	cons := &consoles{dir: artifactDir(t)}
-	bins := build(t, say)
-	w := startWorld(t, bins, livePolicy(dg, false), say)
-
-	kmoddir, err := liveboot.FetchModuleTree(ctx, testenv.Cache(), parts, say)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ignition, err := testenv.IgnitionPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ignitionModule, err := liveboot.IgnitionDracutModule(ctx, testenv.IgnitionVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
 	work, err := os.MkdirTemp("", "np-liveboot-cloud-")
 	if err != nil {
 		t.Fatal(err)

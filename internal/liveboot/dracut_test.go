@@ -72,33 +72,9 @@ func TestLiveBootDracut(t *testing.T) {
 		fmt.Fprintf(os.Stderr, "liveboot-dracut %5.1fs: %s\n", time.Since(begin).Seconds(), fmt.Sprintf(format, args...))
 	}
 	ctx := context.Background()
-	if err := liveboot.Check(); err != nil {
-		t.Fatal(err)
-	}
-	if err := liveboot.CheckDracut(); err != nil {
-		t.Fatal(err)
-	}
-	parts, err := liveboot.LoadParts(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dg := authenticode(t, parts)
+	env := newDracutEnv(t, ctx, say)
+	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	cons := &consoles{dir: artifactDir(t)}
-	bins := build(t, say)
-	w := startWorld(t, bins, livePolicy(dg, false), say)
-
-	kmoddir, err := liveboot.FetchModuleTree(ctx, testenv.Cache(), parts, say)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ignition, err := testenv.IgnitionPath()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ignitionModule, err := liveboot.IgnitionDracutModule(ctx, testenv.IgnitionVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
 	work, err := os.MkdirTemp("", "np-liveboot-dracut-")
 	if err != nil {
 		t.Fatal(err)
@@ -439,4 +415,44 @@ func keys[V any](m map[string]V) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// dracutEnv is what a dracut boot stands on: the boot chain's parts and
+// their digests, the programs, the world (the live policy in force), the
+// guest kernel's module tree, Ignition and its dracut module.
+type dracutEnv struct {
+	parts                             *liveboot.Parts
+	dg                                digests
+	bins                              binaries
+	w                                 *world
+	kmoddir, ignition, ignitionModule string
+}
+
+// newDracutEnv checks the machine can boot a dracut initramfs and makes
+// its environment.
+func newDracutEnv(tb testing.TB, ctx context.Context, say func(string, ...any)) *dracutEnv {
+	tb.Helper()
+	if err := liveboot.Check(); err != nil {
+		tb.Fatal(err)
+	}
+	if err := liveboot.CheckDracut(); err != nil {
+		tb.Fatal(err)
+	}
+	parts, err := liveboot.LoadParts(testenv.Cache())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e := &dracutEnv{parts: parts, dg: authenticode(tb, parts)}
+	e.bins = build(tb, say)
+	e.w = startWorld(tb, e.bins, livePolicy(e.dg, false), say)
+	if e.kmoddir, err = liveboot.FetchModuleTree(ctx, testenv.Cache(), parts, say); err != nil {
+		tb.Fatal(err)
+	}
+	if e.ignition, err = testenv.IgnitionPath(); err != nil {
+		tb.Fatal(err)
+	}
+	if e.ignitionModule, err = liveboot.IgnitionDracutModule(ctx, testenv.IgnitionVersion); err != nil {
+		tb.Fatal(err)
+	}
+	return e
 }
