@@ -207,8 +207,11 @@ type CloudUserData struct {
 	// Agent is the agent binary (its hash goes in the config); AgentURL
 	// where the machine fetches it.
 	Agent, AgentURL string
-	// Unit is deploy/node/nodeproof-agent-firstboot.service.
-	Unit []byte
+	// Unit is deploy/node/nodeproof-agent-firstboot.service; Bootstrap,
+	// when set, deploy/node/nodeproof-kubelet-bootstrap.service (the public
+	// tier installs and enables it; the user data gives it the agent's
+	// path too).
+	Unit, Bootstrap []byte
 	// CABundle, Server, Pool and Evidence are the agent's settings.
 	CABundle               []byte
 	Server, Pool, Evidence string
@@ -238,17 +241,24 @@ func (u *CloudUserData) Config() ([]byte, error) {
 		return nil, err
 	}
 	sum := sha512.Sum512(agent)
-	exec, rest, ok := strings.Cut(string(u.Unit), "ExecStart=/usr/bin/nodeproof-agent ")
-	if !ok || !strings.Contains(exec, "[Service]") {
-		return nil, fmt.Errorf("liveboot: the first-boot unit has no ExecStart=/usr/bin/nodeproof-agent")
-	}
-	args, _, _ := strings.Cut(rest, "\n")
 	// The user data's settings in a file of their own, read after
 	// agent.env: Ignition's merge gives the merged public tier's files the
 	// last word on a path, and the public tier may carry an agent.env too
 	// (deploy/examples' 50-worker-nodeproof-agent).
-	dropin := "# The agent and its settings come in the user data (/usr is the image's).\n[Service]\nEnvironmentFile=" + CloudAgentEnv +
-		"\nExecStart=\nExecStart=" + CloudAgentPath + " " + args + "\n"
+	dropin, err := agentDropin("the first-boot unit", u.Unit, "EnvironmentFile="+CloudAgentEnv+"\n")
+	if err != nil {
+		return nil, err
+	}
+	units := []any{map[string]any{"name": "nodeproof-agent-firstboot.service", "enabled": true, "contents": string(u.Unit),
+		"dropins": []any{map[string]any{"name": "10-agent-from-user-data.conf", "contents": dropin}}}}
+	if u.Bootstrap != nil {
+		d, err := agentDropin("the kubelet bootstrap unit", u.Bootstrap, "")
+		if err != nil {
+			return nil, err
+		}
+		units = append(units, map[string]any{"name": "nodeproof-kubelet-bootstrap.service",
+			"dropins": []any{map[string]any{"name": "10-agent-from-user-data.conf", "contents": d}}})
+	}
 	env := fmt.Sprintf("NODEPROOF_SERVER=%s\nNODEPROOF_POOL=%s\nNODEPROOF_EVIDENCE=%s\n", u.Server, u.Pool, u.Evidence)
 	data := func(b []byte) string { return "data:;base64," + base64.StdEncoding.EncodeToString(b) }
 	cfg["storage"] = map[string]any{"files": []any{
@@ -257,9 +267,18 @@ func (u *CloudUserData) Config() ([]byte, error) {
 		map[string]any{"path": CloudAgentEnv, "mode": 0o644, "overwrite": true, "contents": map[string]any{"source": data([]byte(env))}},
 		map[string]any{"path": "/etc/nodeproof/mcs-ca-bundle.crt", "mode": 0o644, "overwrite": true, "contents": map[string]any{"source": data(u.CABundle)}},
 	}}
-	cfg["systemd"] = map[string]any{"units": []any{
-		map[string]any{"name": "nodeproof-agent-firstboot.service", "enabled": true, "contents": string(u.Unit),
-			"dropins": []any{map[string]any{"name": "10-agent-from-user-data.conf", "contents": dropin}}},
-	}}
+	cfg["systemd"] = map[string]any{"units": units}
 	return json.MarshalIndent(cfg, "", "  ")
+}
+
+// agentDropin is a drop-in that runs unit's nodeproof-agent command from
+// CloudAgentPath (with extra [Service] lines first).
+func agentDropin(what string, unit []byte, extra string) (string, error) {
+	exec, rest, ok := strings.Cut(string(unit), "ExecStart=/usr/bin/nodeproof-agent ")
+	if !ok || !strings.Contains(exec, "[Service]") {
+		return "", fmt.Errorf("liveboot: %s has no ExecStart=/usr/bin/nodeproof-agent", what)
+	}
+	args, _, _ := strings.Cut(rest, "\n")
+	return "# The agent comes in the user data (/usr is the image's).\n[Service]\n" + extra +
+		"ExecStart=\nExecStart=" + CloudAgentPath + " " + args + "\n", nil
 }

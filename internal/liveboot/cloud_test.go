@@ -110,8 +110,12 @@ func TestLiveBootCloud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	bootstrap, err := os.ReadFile("../../deploy/node/nodeproof-kubelet-bootstrap.service")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ud := &liveboot.CloudUserData{Pointer: w.pointer(t), Agent: bins.agent,
-		AgentURL: fmt.Sprintf("http://%s:%d/nodeproof-agent", liveboot.GuestHost, httpPort), Unit: unit,
+		AgentURL: fmt.Sprintf("http://%s:%d/nodeproof-agent", liveboot.GuestHost, httpPort), Unit: unit, Bootstrap: bootstrap,
 		CABundle: w.caBundle(t), Server: w.guestURL(), Pool: "worker", Evidence: "tpm"}
 	cfg, err := ud.Config()
 	if err != nil {
