@@ -73,6 +73,10 @@ type Options struct {
 	Signer        *clustertest.Signer
 	ServingIPs    []net.IP
 	CommandPrefix []string
+	// Production, with Cluster, authorizes as a production cluster does
+	// (clustertest.LaunchOptions.Production: the Node authorizer and
+	// NodeRestriction): a real kubelet registers its Node.
+	Production bool
 	// EditExamples, if set, changes the example MachineConfigs and pools
 	// before they are created (bench/fleet grows a config).
 	EditExamples func(*clustertest.Examples) error
@@ -194,6 +198,7 @@ func Start(ctx context.Context, o Options) (w *World, err error) {
 func (w *World) startCluster(ctx context.Context) error {
 	env, err := clustertest.LaunchWith(w.mkdir("control-plane"), clustertest.LaunchOptions{
 		CRDDirs: []string{w.Path("deploy/crds")}, Signer: w.o.Signer, ServingIPs: w.o.ServingIPs, CommandPrefix: w.o.CommandPrefix,
+		Production: w.o.Production,
 	})
 	if err != nil {
 		return err

@@ -105,6 +105,11 @@ type LaunchOptions struct {
 	// Bare installs no CRD at all, not even the MCO's: a plain cluster,
 	// on which the caller applies them as an operator does.
 	Bare bool
+	// Production authorizes and admits as a production cluster does
+	// (kubetest.Options.Production): --authorization-mode=Node,RBAC and
+	// the NodeRestriction admission plugin, so that a real kubelet may
+	// register its own Node and request its certificates.
+	Production bool
 }
 
 // LaunchWith is Launch with options.
@@ -149,6 +154,10 @@ func LaunchWith(dir string, o LaunchOptions) (*Env, error) {
 		}
 	}
 	api.Configure().Set("enable-bootstrap-token-auth", "true")
+	if o.Production {
+		api.Configure().Set("authorization-mode", "Node,RBAC")
+		api.Configure().Set("enable-admission-plugins", "NodeRestriction")
+	}
 	if o.Signer != nil {
 		api.SecureServing.Authn = o.Signer
 	}
