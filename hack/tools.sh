@@ -21,8 +21,9 @@
 #                   boot/<abi>_<versions>/ with boot/current pointing at it;
 #                   and the signed kernel of the ABI before it (same key,
 #                   another version: the signer tests' second kernel), in
-#                   boot/previous-kernel (hack/bootchain; ~140 MB
-#                   downloaded, ~45 s)
+#                   boot/previous-kernel; and Debian's containerd (the
+#                   first boot's kubelet's container runtime), in
+#                   runtime/ (hack/bootchain; ~170 MB downloaded, ~50 s)
 #
 # Measured on a fresh 2-core machine, with other work beside it (module
 # downloads included): ignition 76 s, kube-apiserver 218 s, kubectl 70 s and

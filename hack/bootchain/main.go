@@ -4,7 +4,8 @@
 // on today, with the kernel modules the guest loads, systemd-stub (the
 // unsigned program of unified kernel images), and the signed kernel
 // of the ABI before it (the live boot's second kernel signed by the same
-// key: internal/liveboot's signer tests). They are downloaded
+// key: internal/liveboot's signer tests), and Debian's containerd (the
+// kubelet's container runtime in the first boot). They are downloaded
 // with apt-get download and unpacked, never installed, into the cache
 // hack/tools.sh builds into ($NODEPROOF_CACHE, default
 // ~/.cache/nodeproof), under boot/. hack/tools.sh runs it.
@@ -43,4 +44,10 @@ func main() {
 		os.Exit(1)
 	}
 	say("previous kernel %s: %s", prev.ABI, filepath.Base(prev.Dir))
+	rt, err := liveboot.FetchRuntime(ctx, testenv.Cache(), say)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bootchain:", err)
+		os.Exit(1)
+	}
+	say("container runtime %s %s: %s", liveboot.RuntimePackage, rt.Version, filepath.Base(rt.Dir))
 }

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
-	"github.com/nodeproof/nodeproof/attest/policy/policytest"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
@@ -235,34 +234,11 @@ func TestLiveBootDracut(t *testing.T) {
 // the vendor CA) and waits for the server to apply it.
 func listEKs(t testing.TB, w *world, dg digests, eks map[string]string) {
 	t.Helper()
-	dir := filepath.Dir(w.policyFile)
-	inv := filepath.Join(dir, "ek-inventory.yaml")
-	b := []byte("entries:\n")
+	var entries []ekEntry
 	for ek, node := range eks {
-		b = fmt.Appendf(b, "- ekSHA256: %s\n  nodeName: %s\n", ek, node)
+		entries = append(entries, ekEntry{ek: ek, node: node})
 	}
-	if err := os.WriteFile(inv, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	pol, err := policytest.New().EKRoot(systemtest.VendorRoot, w.roots).EKInventory(inv).
-		Pool("worker", policytest.TPM("ca:"+systemtest.VendorRoot, "inventory").SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)).
-		YAML()
-	if err != nil {
-		t.Fatal(err)
-	}
-	reloads := strings.Count(w.server.out.String(), "policy reloaded")
-	tmp := w.policyFile + ".new"
-	if err := os.WriteFile(tmp, pol, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, w.policyFile); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(time.Minute); strings.Count(w.server.out.String(), "policy reloaded") == reloads; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server did not apply the policy within a minute\n%s", w.server.out.String())
-		}
-	}
+	listInventory(t, w, livePool(dg, false, "ca:"+systemtest.VendorRoot, "inventory"), entries...)
 }
 
 // checkBound checks that the server bound node (Attested, named by the EK

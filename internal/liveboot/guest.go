@@ -27,6 +27,11 @@ type Guest struct {
 	// statically linked kubelet: the first boot runs its TLS bootstrap
 	// instead of kubelet-csr's imitation (init.sh).
 	Kubelet string
+	// Containerd, with Kubelet, is Debian's containerd (Runtime.Path):
+	// the kubelet's container runtime, with ContainerdConfig and its C
+	// library (ldd, from this machine). With it the kubelet gets past its
+	// runtime check, registers its Node and makes its serving CSR.
+	Containerd string
 	// Ignition, when set, is the Ignition binary; it is linked against
 	// libc and libblkid, which come along from this machine (ldd).
 	Ignition string
@@ -83,6 +88,24 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 			return fmt.Errorf("liveboot: Guest.Kubelet needs Guest.KubeletCSR")
 		}
 		files["/bin/kubelet"] = File{Src: g.Kubelet, Mode: 0o755}
+		// The kubelet reads the account database (its user namespace
+		// mappings: a "kubelet" user, here none) and fails without one.
+		files["/etc/passwd"] = File{Data: []byte("root:x:0:0:root:/root:/bin/sh\n")}
+		files["/etc/group"] = File{Data: []byte("root:x:0:\n")}
+	}
+	if g.Containerd != "" {
+		if g.Kubelet == "" {
+			return fmt.Errorf("liveboot: Guest.Containerd needs Guest.Kubelet")
+		}
+		files["/bin/containerd"] = File{Src: g.Containerd, Mode: 0o755}
+		files["/etc/containerd/config.toml"] = File{Data: ContainerdConfig}
+		libs, err := SharedLibraries(ctx, g.Containerd)
+		if err != nil {
+			return err
+		}
+		for _, l := range libs {
+			files[l] = File{Src: l, Mode: 0o755}
+		}
 	}
 	if g.Ignition != "" {
 		stripped, err := stripped(ctx, g.Ignition, filepath.Dir(out))

@@ -131,16 +131,36 @@ func writeFile(dst string, f File) error {
 	return out.Close()
 }
 
-// The boot disk: 64 MiB, GPT, one EFI system partition from 1 MiB to
-// 63 MiB (room for the backup GPT at the end).
+// The boot disk: GPT, one EFI system partition from 1 MiB, 62 MiB
+// (a 64 MiB disk: room for the backup GPT at the end) unless its files
+// need more (espBytes).
 const (
-	diskSize     = 64 << 20
-	espStart     = 1 << 20
-	espSectors   = 126976 // 62 MiB
-	sectorSize   = 512
-	espTypeGUID  = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
-	espSizeBytes = espSectors * sectorSize
+	espStart    = 1 << 20
+	espMinBytes = 62 << 20
+	espSlack    = 8 << 20 // FAT tables, directories, cluster rounding
+	sectorSize  = 512
+	espTypeGUID = "C12A7328-F81F-11D2-BA4B-00A0C93EC93B"
 )
+
+// espBytes is the ESP's size for files: espMinBytes, or their sizes and
+// espSlack rounded up to a MiB when that is more (the first boot's
+// initramfs with the kubelet and containerd).
+func espBytes(files map[string]File) (int64, error) {
+	var n int64 = espSlack
+	for _, f := range files {
+		if f.Src == "" {
+			n += int64(len(f.Data))
+			continue
+		}
+		fi, err := os.Stat(f.Src)
+		if err != nil {
+			return 0, err
+		}
+		n += fi.Size()
+	}
+	n = (n + 1<<20 - 1) &^ (1<<20 - 1)
+	return max(n, espMinBytes), nil
+}
 
 // ESP paths of the boot chain: the firmware's removable-media path boots
 // the shim; the shim loads grubx64.efi beside it; Debian's signed GRUB
@@ -168,8 +188,8 @@ func GrubConfig(efi bool, cmdline string) []byte {
 	return fmt.Appendf(nil, "set timeout=0\n%s %s %s\n%s %s\nboot\n", linux, ESPKernel, cmdline, initrd, ESPInitramfs)
 }
 
-// BuildDisk writes a raw 64 MiB GPT disk image whose one partition, an
-// EFI system partition (FAT), holds files (keyed by their path on the
+// BuildDisk writes a raw GPT disk image (64 MiB unless the files need
+// more) whose one partition, an EFI system partition (FAT), holds files (keyed by their path on the
 // ESP). It runs sfdisk, mkfs.vfat and mtools on image files: no loop
 // device, no mount, no root needed.
 func BuildDisk(ctx context.Context, out string, files map[string]File) error {
@@ -178,22 +198,26 @@ func BuildDisk(ctx context.Context, out string, files map[string]File) error {
 			return err
 		}
 	}
+	espSize, err := espBytes(files)
+	if err != nil {
+		return err
+	}
 	disk, err := os.Create(out)
 	if err != nil {
 		return err
 	}
 	defer disk.Close()
-	if err := disk.Truncate(diskSize); err != nil {
+	if err := disk.Truncate(espStart + espSize + 1<<20); err != nil {
 		return err
 	}
-	if err := run(ctx, strings.NewReader(fmt.Sprintf("label: gpt\nstart=%d, size=%d, type=%s, name=\"EFI system partition\"\n", espStart/sectorSize, espSectors, espTypeGUID)),
+	if err := run(ctx, strings.NewReader(fmt.Sprintf("label: gpt\nstart=%d, size=%d, type=%s, name=\"EFI system partition\"\n", espStart/sectorSize, espSize/sectorSize, espTypeGUID)),
 		"sfdisk", "--quiet", out); err != nil {
 		return err
 	}
 	esp := out + ".esp"
 	defer os.Remove(esp)
 	_ = os.Remove(esp)
-	if err := run(ctx, nil, "mkfs.vfat", "-C", "-n", "ESP", esp, fmt.Sprint(espSizeBytes/1024)); err != nil {
+	if err := run(ctx, nil, "mkfs.vfat", "-C", "-n", "ESP", esp, fmt.Sprint(espSize/1024)); err != nil {
 		return err
 	}
 	dirs := map[string]bool{}

@@ -69,21 +69,18 @@ done >/var/lib/liveboot/pcr-sha256
 #      its evidence; `nodeproof approve` approves it, kube-controller-
 #      manager signs it, and the agent writes kubelet-client-current.pem
 #      and the kubelet's kubeconfig;
-#   2. the real kubelet with --rotate-certificates=true (OpenShift's
-#      kubelet.conf): it finds that certificate valid and makes no
-#      bootstrap CSR; past its rotation deadline (kube-controller-manager
-#      signs for 40 s) its certificate manager renews with a new key of
-#      its own, authenticated by the first certificate, while the kubelet
-#      waits for a runtime at a socket kubelet-csr holds (accepts, never
-#      answers); kubelet-csr closes it once the renewed certificate is
-#      written.
-# no_runtime says on the console why the kubelet stopped, when it was for
-# want of a container runtime (its CRI connection check failed).
-no_runtime() {
-	grep -q 'validate service connection' "$1" && mark "kubelet stopped: no container runtime (its CRI connection check failed)"
-	return 0
-}
-
+#   2. the real kubelet with --rotate-certificates=true and
+#      --rotate-server-certificates (OpenShift's kubelet.conf), on Debian's
+#      containerd: it finds that certificate valid and makes no bootstrap
+#      CSR; it registers its Node (InternalIP 10.0.2.15, Hostname the node
+#      name) and its serving certificate manager asks for a serving
+#      certificate with those addresses, which `nodeproof approve` judges
+#      against the addresses the evidence attested; past its rotation
+#      deadline (kube-controller-manager signs for 40 s) its client
+#      certificate manager renews with a new key of its own, authenticated
+#      by the first certificate. Once both certificates are written the
+#      kubelet and containerd are stopped (no pod runs: the node has no
+#      network plugin and stays NotReady).
 kubelet_bootstrap() {
 	pki=/var/lib/kubelet/pki
 	mkdir -p /etc/kubernetes $pki
@@ -94,17 +91,40 @@ kubelet_bootstrap() {
 	mark "agent kubelet-bootstrap exit 0"
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-bootstrap.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE" || return 1
-	mark "kubelet start (rotate-certificates true)"
-	kubelet-csr --hold-socket /run/cri.sock --until-changed $pki/kubelet-client-current.pem --timeout 90s &
-	holder=$!
-	sleep 1
+	mark "kubelet start (rotate-certificates true, containerd)"
+	mkdir -p /sys/fs/cgroup /run/containerd /var/lib/containerd
+	mount -t cgroup2 cgroup2 /sys/fs/cgroup || mark "no cgroup2"
+	containerd --config /etc/containerd/config.toml >/run/containerd.log 2>&1 &
+	ctrd=$!
+	i=0
+	while [ ! -S /run/containerd/containerd.sock ] && [ $i -lt 60 ]; do sleep 1; i=$((i + 1)); done
+	[ -S /run/containerd/containerd.sock ] || { mark "containerd not serving after 60 s"; tail -n 20 /run/containerd.log; return 1; }
+	mark "containerd serving"
+	client=$(sha256sum <$pki/kubelet-client-current.pem)
 	kubelet --bootstrap-kubeconfig=/etc/kubernetes/kubeconfig --kubeconfig=/var/lib/kubelet/kubeconfig \
 		--cert-dir=$pki --hostname-override="$NP_NODE" --node-ip=10.0.2.15 --rotate-server-certificates --v=2 \
-		--rotate-certificates=true --container-runtime-endpoint=unix:///run/cri.sock --runtime-request-timeout=100s >/run/kubelet-rotation.log 2>&1
+		--rotate-certificates=true --container-runtime-endpoint=unix:///run/containerd/containerd.sock \
+		--cgroups-per-qos=false --enforce-node-allocatable= --fail-swap-on=false >/run/kubelet.log 2>&1 &
+	kpid=$!
+	# Until the serving certificate is written and the client one renewed
+	# (or the kubelet stopped, or two minutes passed).
+	i=0
+	while [ $i -lt 120 ] && kill -0 $kpid 2>/dev/null; do
+		[ -e $pki/kubelet-server-current.pem ] && [ "$(sha256sum <$pki/kubelet-client-current.pem)" != "$client" ] && break
+		sleep 1
+		i=$((i + 1))
+	done
+	if [ -e $pki/kubelet-server-current.pem ] && [ "$(sha256sum <$pki/kubelet-client-current.pem)" != "$client" ]; then
+		mark "kubelet: serving certificate written, client certificate renewed; stopping it"
+	fi
+	kill $kpid 2>/dev/null
+	wait $kpid
 	mark "kubelet exit $?"
-	wait $holder
-	grep -E 'bootstrap|Bootstrap|rotat|Rotat|certificate|failed to run Kubelet' /run/kubelet-rotation.log | cut -c1-400 | tail -n 10
-	no_runtime /run/kubelet-rotation.log
+	kill $ctrd
+	wait $ctrd
+	grep -E 'bootstrap|Bootstrap|rotat|Rotat|certificate|Certificate|failed to run Kubelet|Successfully registered node|Unable to register' /run/kubelet.log | cut -c1-300 | head -n 30
+	[ -e $pki/kubelet-server-current.pem ] || { mark "kubelet wrote no serving certificate"; grep -E '^E' /run/kubelet.log | cut -c1-400 | tail -n 20; tail -n 10 /run/containerd.log; }
+	cat $pki/kubelet-server-current.pem >/var/lib/liveboot/kubelet-server.pem
 	cat $pki/kubelet-client-current.pem >/var/lib/liveboot/kubelet-client-renewed.pem
 	kubelet-csr --check-cert $pki/kubelet-client-current.pem --key /run/agent-kubelet.key --node "$NP_NODE"
 }

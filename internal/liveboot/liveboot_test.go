@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,12 +48,17 @@ const node = "live-1"
 // admitted and reported).
 func livePolicy(dg digests, audit bool) func(*systemtest.World) *policytest.Builder {
 	return func(w *systemtest.World) *policytest.Builder {
-		pool := policytest.TPM("ca:"+systemtest.VendorRoot).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
-		if audit {
-			pool = pool.Audit(policy.RuleBootComponents + ".kernel")
-		}
-		return policytest.New().EKRoot(systemtest.VendorRoot, w.EKRoots).Pool("worker", pool)
+		return policytest.New().EKRoot(systemtest.VendorRoot, w.EKRoots).Pool("worker", livePool(dg, audit, "ca:"+systemtest.VendorRoot))
 	}
+}
+
+// livePool is livePolicy's pool, its EKs trusted through trust.
+func livePool(dg digests, audit bool, trust ...string) *policytest.Pool {
+	pool := policytest.TPM(trust...).SecureBoot().Boot(dg.shim, dg.grub, dg.kernel).Requested().Lifetime(30*time.Minute, 2*time.Hour)
+	if audit {
+		pool = pool.Audit(policy.RuleBootComponents + ".kernel")
+	}
+	return pool
 }
 
 // digests are the PE Authenticode SHA-256 digests of the boot chain's
@@ -188,6 +194,11 @@ func TestLiveBoot(t *testing.T) {
 	if kg.Kubelet, err = testenv.KubeletPath(); err != nil {
 		t.Fatal(err)
 	}
+	rt, err := liveboot.LoadRuntime(testenv.Cache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	kg.Containerd = rt.Path()
 	kubeletInitramfs := filepath.Join(work, "initrd-kubelet.img")
 	if _, err := withProgress(say, "building the initramfs with the kubelet", func() (struct{}, error) { return struct{}{}, kg.BuildInitramfs(ctx, parts, kubeletInitramfs) }); err != nil {
 		t.Fatal(err)
@@ -211,6 +222,10 @@ func TestLiveBoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
+	// The operator lists the machine's EK with the node's name and the
+	// addresses its kubelet serves on (the serving CSR is judged against
+	// them); the vendor CA still trusts the EKs of other machines.
+	listInventory(t, w, livePool(dg, true, "ca:"+systemtest.VendorRoot, "inventory"), ekEntry{ek: ekSHA256(t, m), node: node, addresses: []string{node, liveboot.GuestIP}})
 	n := 0
 	bootWith := func(t *testing.T, name, disk string, secureBoot bool, vars string) *liveboot.Result {
 		t.Helper()
@@ -242,17 +257,16 @@ func TestLiveBoot(t *testing.T) {
 			"nodeproof-liveboot: ignition exit 0", "nodeproof-liveboot: agent kubelet-bootstrap start",
 			"nodeproof-agent: submitted the kubelet's client CSR node-csr-", "Approved (NodeproofAttestedTPM); wrote /var/lib/kubelet/pki/kubelet-client-",
 			"nodeproof-liveboot: agent kubelet-bootstrap exit 0",
-			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotate-certificates true",
-			"kubelet-csr: runtime socket /run/cri.sock closed", "nodeproof-liveboot: kubelet exit",
+			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes", "nodeproof-liveboot: kubelet start (rotate-certificates true, containerd)",
+			"nodeproof-liveboot: containerd serving", "nodeproof-liveboot: kubelet: serving certificate written, client certificate renewed; stopping it",
+			"nodeproof-liveboot: kubelet exit",
 			`"Loading cert/key pair from a file" filePath="/var/lib/kubelet/pki/kubelet-client-current.pem"`, `"Rotating certificates"`,
-			"nodeproof-liveboot: kubelet stopped: no container runtime",
 			"kubelet-csr: client certificate CN=system:node:"+node+",O=system:nodes",
 			"nodeproof-liveboot: kubelet bootstrap exit 0",
 			"nodeproof-liveboot: agent reattest start (first boot)", fmt.Sprintf("node %s re-attested (tpm evidence, boot 1 seen by the server)", node),
 			"nodeproof-liveboot: agent exit 0")
 		checkKubelet(t, ctx, w, r)
 		checkLiveLog(t, r, dg, true)
-		w.registerNode(t, node)
 		s := w.inspectUntil(t, node, 30*time.Second, func(s *inspect.Story) string {
 			if a, _, taint := nodeState(s); a != corev1.ConditionTrue || taint != "" {
 				return "the Node attested and untainted"
@@ -419,7 +433,7 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 	if !roots.AppendCertsFromPEM(w.signerCA) {
 		t.Fatal("the signer's CA does not parse")
 	}
-	leaf := func(file string) *x509.Certificate {
+	leaf := func(file string, usage x509.ExtKeyUsage) *x509.Certificate {
 		t.Helper()
 		b, ok := r.Files[file]
 		if !ok {
@@ -436,12 +450,16 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 		if c.Subject.CommonName != "system:node:"+node || !slices.Equal(c.Subject.Organization, []string{"system:nodes"}) {
 			t.Errorf("%s: subject %s", file, c.Subject)
 		}
-		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: c.NotAfter.Add(-time.Second), KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-			t.Errorf("%s does not chain to the API server's client CA: %v", file, err)
+		if _, err := c.Verify(x509.VerifyOptions{Roots: roots, CurrentTime: c.NotAfter.Add(-time.Second), KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
+			t.Errorf("%s does not chain to the signer's CA for %v: %v", file, usage, err)
 		}
 		return c
 	}
-	boot, renewed := leaf("var/lib/liveboot/kubelet-client-bootstrap.pem"), leaf("var/lib/liveboot/kubelet-client-renewed.pem")
+	boot, renewed := leaf("var/lib/liveboot/kubelet-client-bootstrap.pem", x509.ExtKeyUsageClientAuth), leaf("var/lib/liveboot/kubelet-client-renewed.pem", x509.ExtKeyUsageClientAuth)
+	serving := leaf("var/lib/liveboot/kubelet-server.pem", x509.ExtKeyUsageServerAuth)
+	if !slices.Equal(serving.DNSNames, []string{node}) || len(serving.IPAddresses) != 1 || !serving.IPAddresses[0].Equal(net.ParseIP(liveboot.GuestIP)) {
+		t.Errorf("the serving certificate names %q and %v; want the node's name and %s, its Node's addresses", serving.DNSNames, serving.IPAddresses, liveboot.GuestIP)
+	}
 	if bytes.Equal(boot.RawSubjectPublicKeyInfo, renewed.RawSubjectPublicKeyInfo) || boot.SerialNumber.Cmp(renewed.SerialNumber) == 0 {
 		t.Errorf("the renewed certificate (serial %x) has the bootstrap certificate's key or serial (%x)", renewed.SerialNumber, boot.SerialNumber)
 	}
@@ -471,7 +489,7 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 		t.Fatalf("no CSR on the API server issued the certificate with serial %x", c.SerialNumber)
 		return nil
 	}
-	first, renewal := csrOf(boot), csrOf(renewed)
+	first, renewal, servingCSR := csrOf(boot), csrOf(renewed), csrOf(serving)
 	var byToken []string
 	for _, c := range csrs.Items {
 		if strings.HasPrefix(c.Spec.Username, "system:bootstrap:") {
@@ -490,7 +508,27 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 	if renewal.Spec.Username != "system:node:"+node || !approvedBy(renewal, "NodeproofAttestedTPM") {
 		t.Errorf("the renewal CSR %s by %q: %+v; want approved NodeproofAttestedTPM, requested by the node", renewal.Name, renewal.Spec.Username, renewal.Status.Conditions)
 	}
-	t.Logf("kubelet: bootstrap CSR %s (%s) and renewal CSR %s (%s) approved and signed; certificates %x and %x", first.Name, first.Spec.Username, renewal.Name, renewal.Spec.Username, boot.SerialNumber, renewed.SerialNumber)
+	if servingCSR.Spec.Username != "system:node:"+node || servingCSR.Spec.SignerName != certv1.KubeletServingSignerName || !approvedBy(servingCSR, "NodeproofAttestedTPM") ||
+		!slices.ContainsFunc(servingCSR.Status.Conditions, func(c certv1.CertificateSigningRequestCondition) bool {
+			return strings.Contains(c.Message, "serving SANs attested by tpm evidence")
+		}) {
+		t.Errorf("the serving CSR %s by %q for %s: %+v; want approved NodeproofAttestedTPM for the attested SANs, requested by the node", servingCSR.Name, servingCSR.Spec.Username, servingCSR.Spec.SignerName, servingCSR.Status.Conditions)
+	}
+	// The kubelet registered its Node itself (the Node authorizer and
+	// NodeRestriction run), with the addresses the serving CSR named.
+	n, err := w.kc.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the kubelet registered no Node: %v", err)
+	}
+	if len(n.ManagedFields) == 0 || n.ManagedFields[0].Manager != "kubelet" || n.ManagedFields[0].Operation != metav1.ManagedFieldsOperationUpdate {
+		t.Errorf("the Node %s was not created by the kubelet: managed fields %+v", node, n.ManagedFields)
+	}
+	want := []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: liveboot.GuestIP}, {Type: corev1.NodeHostName, Address: node}}
+	if !slices.Equal(n.Status.Addresses, want) {
+		t.Errorf("the Node's addresses %v; want %v", n.Status.Addresses, want)
+	}
+	t.Logf("kubelet: bootstrap CSR %s (%s), renewal CSR %s (%s) and serving CSR %s (%v %v) approved and signed; certificates %x, %x and %x",
+		first.Name, first.Spec.Username, renewal.Name, renewal.Spec.Username, servingCSR.Name, serving.DNSNames, serving.IPAddresses, boot.SerialNumber, renewed.SerialNumber, serving.SerialNumber)
 }
 
 // artifactDir is where the boots' consoles go ($NODEPROOF_ARTIFACTS, else

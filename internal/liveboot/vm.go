@@ -37,8 +37,12 @@ const (
 // Certificates the guest checks must name it.
 const GuestHost = "10.0.2.100"
 
-// GuestAddr is the guest's static address on QEMU's user network.
-const GuestAddr = "10.0.2.15/24"
+// GuestIP is the guest's static address on QEMU's user network (init.sh
+// sets it; its kubelet's --node-ip); GuestAddr with its prefix length.
+const (
+	GuestIP   = "10.0.2.15"
+	GuestAddr = GuestIP + "/24"
+)
 
 // Machine is one machine that boots again and again: its TPM state (the
 // same EK every boot) and its data disk (the guest's persistent storage,

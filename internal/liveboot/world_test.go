@@ -2,7 +2,6 @@ package liveboot_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"net/url"
@@ -17,7 +16,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -169,7 +167,7 @@ func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *pol
 	if err != nil {
 		t.Fatal(err)
 	}
-	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy, Signer: ca})
+	sys := systemtest.New(t, "../..", systemtest.Options{Cluster: true, Production: true, ServingIPs: []net.IP{net.ParseIP(liveboot.GuestHost)}, TPM: true, Policy: policy, Signer: ca})
 	w.cfg, w.kc, w.man, w.roots, w.policyFile, w.admin = sys.Config, sys.KC, sys.Manufacturer, sys.EKRoots, sys.PolicyFile, sys.Admin
 	u, err := url.Parse(w.cfg.Host)
 	if err != nil {
@@ -179,11 +177,6 @@ func startWorld(t testing.TB, bins binaries, policy func(*systemtest.World) *pol
 		t.Fatal(err)
 	}
 	say("kube-apiserver %s at %s (certificate names %s too), up in %.1fs", testenv.KubeVersion, w.cfg.Host, liveboot.GuestHost, time.Since(start).Seconds())
-	// The kubelet renews its client certificate with its own: the Node
-	// authorizer lets nodes request certificates; RBAC alone runs here.
-	if err := clustertest.NodesMayRequest(context.Background(), w.kc); err != nil {
-		t.Fatal(err)
-	}
 	certFile, keyFile, err := ca.WriteCA(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -279,11 +272,46 @@ func (w *world) inspectUntil(t testing.TB, node string, d time.Duration, want fu
 	return inspecttest.Until(t, func(args ...string) string { return w.nodeproofCmd(t, args...) }, node, d, want)
 }
 
-// registerNode creates the Node object, as the kubelet does when it joins.
-func (w *world) registerNode(t testing.TB, name string) {
+// ekEntry is an EK inventory entry: the EK's SHA-256, the node it names
+// and the addresses it attests (a serving certificate's SANs).
+type ekEntry struct {
+	ek, node  string
+	addresses []string
+}
+
+// listInventory writes an EK inventory of entries, puts it in a policy
+// whose pool "worker" is pool (which should trust "inventory") and waits
+// for the server to apply it.
+func listInventory(t testing.TB, w *world, pool *policytest.Pool, entries ...ekEntry) {
 	t.Helper()
-	if _, err := w.kc.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+	dir := filepath.Dir(w.policyFile)
+	inv := filepath.Join(dir, "ek-inventory.yaml")
+	b := []byte("entries:\n")
+	for _, e := range entries {
+		b = fmt.Appendf(b, "- ekSHA256: %s\n  nodeName: %s\n", e.ek, e.node)
+		if len(e.addresses) > 0 {
+			b = fmt.Appendf(b, "  addresses: [%s]\n", strings.Join(e.addresses, ", "))
+		}
+	}
+	if err := os.WriteFile(inv, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+	pol, err := policytest.New().EKRoot(systemtest.VendorRoot, w.roots).EKInventory(inv).Pool("worker", pool).YAML()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloads := strings.Count(w.server.out.String(), "policy reloaded")
+	tmp := w.policyFile + ".new"
+	if err := os.WriteFile(tmp, pol, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, w.policyFile); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); strings.Count(w.server.out.String(), "policy reloaded") == reloads; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not apply the policy within a minute\n%s", w.server.out.String())
+		}
 	}
 }
 
