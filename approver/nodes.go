@@ -156,6 +156,12 @@ func (c *NodeController) Run(ctx context.Context) error {
 		}
 		after, err := c.sync(ctx, name)
 		switch {
+		case errors.Is(err, errNodeChanged) || apierrors.IsConflict(err):
+			// Another writer changed the Node between our read and our
+			// write: expected, not an error. Judged again from the Node
+			// as it is now.
+			c.o.Log.Info("node changed meanwhile, judged again", "node", name, "err", err.Error())
+			c.queue.AddRateLimited(name)
 		case err != nil:
 			c.o.Log.Error("node", "node", name, "err", err.Error())
 			c.queue.AddRateLimited(name)
@@ -304,10 +310,16 @@ func (c *NodeController) setCondition(ctx context.Context, node *corev1.Node, j 
 	return patched, nil
 }
 
+// errNodeChanged is setTaint's patch refused because the Node changed
+// since it was read: the patch's test of the resourceVersion failed (the
+// API server answers 422 Invalid, not 409 Conflict). The node is judged
+// again; it is no error.
+var errNodeChanged = errors.New("the node changed since it was read")
+
 // setTaint adds, changes or removes the nodeproof.io/unattested taint, with
 // a JSON patch that tests the resourceVersion it read (so a taint another
-// writer added meanwhile is never dropped: the patch fails and the node is
-// judged again).
+// writer added meanwhile is never dropped: the patch fails, errNodeChanged,
+// and the node is judged again).
 func (c *NodeController) setTaint(ctx context.Context, node *corev1.Node, j judgement, now time.Time) error {
 	var taints []corev1.Taint
 	var have *corev1.Taint
@@ -338,6 +350,9 @@ func (c *NodeController) setTaint(ctx context.Context, node *corev1.Node, j judg
 		return err
 	}
 	if _, err := c.o.Client.CoreV1().Nodes().Patch(ctx, node.Name, types.JSONPatchType, patch, metav1.PatchOptions{}); err != nil {
+		if apierrors.IsInvalid(err) && c.changed(ctx, node) {
+			return fmt.Errorf("approver: taint of node %s: %w (resourceVersion %s tested): %w", node.Name, errNodeChanged, node.ResourceVersion, err)
+		}
 		return fmt.Errorf("approver: taint of node %s: %w", node.Name, err)
 	}
 	what := "removed"
@@ -346,4 +361,13 @@ func (c *NodeController) setTaint(ctx context.Context, node *corev1.Node, j judg
 	}
 	c.o.Log.Info("node taint "+what, "node", node.Name, "taint", TaintUnattested, "reason", j.reason)
 	return nil
+}
+
+// changed reports whether the Node's resourceVersion on the API server is
+// no longer node's: a 422 to setTaint's patch is then its failed test (the
+// API server's answer does not say which operation failed). A Node that
+// cannot be read is not known to have changed: the 422 stays an error.
+func (c *NodeController) changed(ctx context.Context, node *corev1.Node) bool {
+	now, err := c.o.Client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+	return err == nil && now.ResourceVersion != node.ResourceVersion
 }

@@ -39,8 +39,8 @@ func (u *UKIRule) ukiList() AllowList {
 		Items: slices.Concat(u.Allow, u.SignedBy), Any: u.Any, Open: "tpm.uki.any: any unified kernel image not denied"}
 }
 
-// ukiStage is the UKI as a boot stage, for messages and checkStage.
-var ukiStage = chainStage{key: "uki", what: "unified kernel image"}
+// ukiWhat names a UKI in signedBy's messages.
+const ukiWhat = "unified kernel image"
 
 // check validates a pool's tpm.uki: the stages, rules and sets a UKI
 // boot does not have are unset, digests are digests, sections are
@@ -180,7 +180,7 @@ func checkUKIImage(at string, u *UKIRule, b *attest.BootState, i int) error {
 		return attest.DenySetting(attest.ReasonPolicyBootNotAllowed, at+"allow", "unified kernel image %s (boot application %d) is not in %sallow", digest, i, at)
 	}
 	if len(u.SignedBy) > 0 {
-		return signedBy(at+"signedBy", ukiStage.what, u.SignedBy, b, i)
+		return signedBy(at+"signedBy", ukiWhat, u.SignedBy, b, i)
 	}
 	return nil
 }

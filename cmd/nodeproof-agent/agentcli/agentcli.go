@@ -45,7 +45,6 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return kubeletBootstrap(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("nodeproof-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	server := fs.String("server", "", "the Machine Config Server, e.g. https://api-int.example.com:22623 (required; https only: the agent speaks only TLS to its server and follows no redirect)")
 	caFile := fs.String("ca-bundle", "/etc/nodeproof/mcs-ca-bundle.crt", "CA bundle (PEM) the server's certificate chains to")
 	pool := fs.String("pool", "worker", "the pool whose config this machine wants")
@@ -65,27 +64,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	configOut := fs.String("config-out", "", "fetch mode: also write the whole full config here (mode 0600)")
 	dump := fs.String("dump-evidence", "", "write this machine's event log (--event-log, else securityfs) to this file (for nodeproof policy learn --evidence, on a machine you trust), and exit")
 	timeout := fs.Duration("timeout", 0, "give up after this long (0: retry while the server says not yet, until stopped)")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), usage+"\nflags:\n", kindList())
-		fs.PrintDefaults()
-	}
-	// -h prints to standard output (exit 0); a bad flag, its error and the
-	// usage to standard error (exit 2).
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return 0
-		}
-		fmt.Fprintf(stderr, "nodeproof-agent: %v\n", err)
-		fs.SetOutput(stderr)
-		fs.Usage()
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "nodeproof-agent: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := parseFlags(fs, fmt.Sprintf(usage, kindList()), args, stdout, stderr); !ok {
+		return code
 	}
 	if *dump != "" {
 		if err := dumpEvidence(*dump, *eventLog); err != nil {

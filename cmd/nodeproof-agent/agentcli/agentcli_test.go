@@ -201,3 +201,60 @@ func TestKubeletBootstrapCommand(t *testing.T) {
 		t.Errorf("the certificate directory was made: %v", err)
 	}
 }
+
+// TestParseFlags: both commands parse their flags alike (parseFlags): -h
+// prints the command's usage and its flags to standard output and exits
+// 0; a bad flag prints "NAME: " and the flag package's error, then the
+// usage, to standard error and exits 2; an argument left over is named on
+// standard error, exit 2, without the usage.
+func TestParseFlags(t *testing.T) {
+	const (
+		main = "nodeproof-agent"
+		kb   = "nodeproof-agent kubelet-bootstrap"
+	)
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		code       int
+		wantStdout string // prefix; "" for none at all
+		wantStderr string // prefix; "" for none at all
+		wantUsage  bool   // the usage and flags follow on the same stream
+	}{
+		{name: "main -h", args: []string{"-h"}, code: 0, wantStdout: "usage: " + main + " --server URL", wantUsage: true},
+		{name: "main --help", args: []string{"--help"}, code: 0, wantStdout: "usage: " + main + " --server URL", wantUsage: true},
+		{name: "main bad flag", args: []string{"--frob"}, code: 2,
+			wantStderr: main + ": flag provided but not defined: -frob\nusage: " + main + " --server URL", wantUsage: true},
+		{name: "main bad value", args: []string{"--timeout", "soon"}, code: 2,
+			wantStderr: main + `: invalid value "soon" for flag -timeout: parse error` + "\nusage: " + main + " --server URL", wantUsage: true},
+		{name: "main argument", args: []string{"now"}, code: 2, wantStderr: main + `: unexpected arguments ["now"]` + "\n"},
+		{name: "kubelet-bootstrap -h", args: []string{"kubelet-bootstrap", "-h"}, code: 0, wantStdout: "usage: " + kb + " [flags]", wantUsage: true},
+		{name: "kubelet-bootstrap bad flag", args: []string{"kubelet-bootstrap", "--frob"}, code: 2,
+			wantStderr: kb + ": flag provided but not defined: -frob\nusage: " + kb + " [flags]", wantUsage: true},
+		{name: "kubelet-bootstrap bad value", args: []string{"kubelet-bootstrap", "--timeout", "soon"}, code: 2,
+			wantStderr: kb + `: invalid value "soon" for flag -timeout: parse error` + "\nusage: " + kb + " [flags]", wantUsage: true},
+		{name: "kubelet-bootstrap argument", args: []string{"kubelet-bootstrap", "now"}, code: 2, wantStderr: kb + `: unexpected arguments ["now"]` + "\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := Main(context.Background(), tc.args, &stdout, &stderr)
+			if code != tc.code {
+				t.Errorf("exit %d, want %d", code, tc.code)
+			}
+			for _, s := range []struct {
+				name, got, want string
+			}{{"stdout", stdout.String(), tc.wantStdout}, {"stderr", stderr.String(), tc.wantStderr}} {
+				switch {
+				case s.want == "" && s.got != "":
+					t.Errorf("%s: %q, want nothing", s.name, s.got)
+				case !strings.HasPrefix(s.got, s.want):
+					t.Errorf("%s: %q, want it to begin %q", s.name, s.got, s.want)
+				case s.want == "":
+				case tc.wantUsage && (!strings.Contains(s.got, "\n\nflags:\n  -") || !strings.Contains(s.got, "\n  -timeout duration\n")):
+					t.Errorf("%s: no flags after the usage:\n%s", s.name, s.got)
+				case !tc.wantUsage && s.got != s.want:
+					t.Errorf("%s: %q, want exactly %q", s.name, s.got, s.want)
+				}
+			}
+		})
+	}
+}

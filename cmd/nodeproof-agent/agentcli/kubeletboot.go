@@ -38,25 +38,8 @@ func kubeletBootstrap(ctx context.Context, args []string, stdout, stderr io.Writ
 	bound := fs.String("bound-key", agent.DefaultBoundKeyPath, "the agent's own copy of the bound key: used when there, else written from --kubelet-key")
 	nodeName := fs.String("node-name", "", "the node's name (default: the host name, lower-cased, as the kubelet takes it)")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up waiting for the certificate after this long")
-	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), kubeletBootstrapUsage+"\nflags:\n")
-		fs.PrintDefaults()
-	}
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fs.SetOutput(stdout)
-			fs.Usage()
-			return 0
-		}
-		fmt.Fprintf(stderr, "nodeproof-agent kubelet-bootstrap: %v\n", err)
-		fs.SetOutput(stderr)
-		fs.Usage()
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "nodeproof-agent kubelet-bootstrap: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := parseFlags(fs, kubeletBootstrapUsage, args, stdout, stderr); !ok {
+		return code
 	}
 	if *nodeName == "" {
 		h, err := os.Hostname()
