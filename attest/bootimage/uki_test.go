@@ -2,18 +2,15 @@ package bootimage_test
 
 import (
 	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/attest/uki"
-	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/ukitest"
 )
@@ -38,35 +35,18 @@ HOME_URL="https://example.com/"
 
 func ukiInputs(t *testing.T) ukiParts {
 	t.Helper()
-	parts, err := liveboot.LoadParts(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub, err := ukitest.Stub(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
+	stub, kernel := ukitest.StubAndKernelT(t, testenv.Cache())
 	initrd := make([]byte, 70000)
 	for i := range initrd {
 		initrd[i] = byte(i * 7)
 	}
 	return ukiParts{
 		stub:    stub,
-		kernel:  parts.Path(parts.Kernel),
+		kernel:  kernel,
 		osrel:   ukitest.WriteT(t, "os-release", []byte(testOSRelease)),
 		cmdline: ukitest.WriteT(t, "cmdline", []byte("console=ttyS0 root=LABEL=root ro")),
 		initrd:  ukitest.WriteT(t, "initrd", initrd),
 	}
-}
-
-func fileSHA256(t *testing.T, path string) []byte {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := sha256.Sum256(b)
-	return s[:]
 }
 
 // sectionHeader is the offset in b of the section header named name
@@ -130,22 +110,18 @@ func TestUKI(t *testing.T) {
 		}
 		// objcopy added .osrel, .cmdline, .linux, .initrd in that order;
 		// the stub measures .linux first.
-		want := []struct{ name, file string }{{".linux", in.kernel}, {".osrel", in.osrel}, {".cmdline", in.cmdline}, {".initrd", in.initrd}}
+		want := []ukitest.Section{{Name: ".linux", File: in.kernel}, {Name: ".osrel", File: in.osrel}, {Name: ".cmdline", File: in.cmdline}, {Name: ".initrd", File: in.initrd}}
 		if len(img.UKI.Sections) != len(want) {
 			t.Fatalf("sections %+v; want %v", img.UKI.Sections, want)
 		}
-		var chain []byte = make([]byte, 32)
 		for i, w := range want {
-			s := img.UKI.Sections[i]
-			if s.Name != w.name || !bytes.Equal(s.SHA256, fileSHA256(t, w.file)) {
-				t.Errorf("section %d: %s %x; want %s with its file's sha256 %x", i, s.Name, s.SHA256, w.name, fileSHA256(t, w.file))
-			}
-			for _, d := range [][]byte{sha(append([]byte(w.name), 0)), fileSHA256(t, w.file)} {
-				chain = sha(append(chain, d...))
+			s, sum := img.UKI.Sections[i], ukitest.FileSHA256T(t, w.File)
+			if s.Name != w.Name || !bytes.Equal(s.SHA256, sum) {
+				t.Errorf("section %d: %s %x; want %s with its file's sha256 %x", i, s.Name, s.SHA256, w.Name, sum)
 			}
 		}
 		pcr, err := uki.PCR11(img.UKI.Measured(), "")
-		if err != nil || !bytes.Equal(pcr, chain) {
+		if chain := ukitest.PCR11T(t, want); err != nil || !bytes.Equal(pcr, chain) {
 			t.Errorf("PCR 11 %x, %v; want %x", pcr, err, chain)
 		}
 		wantOS := bootimage.OSRelease{ID: "nodeos", VersionID: "1.2", PrettyName: `Node OS 1.2 "edge" ($test)`, ImageID: "node-image", ImageVersion: "2026.11.29"}
@@ -164,15 +140,7 @@ func TestUKI(t *testing.T) {
 	})
 
 	t.Run("signed: its signer as any image's, and the signature covers the command line", func(t *testing.T) {
-		keys, err := liveboot.EnsureSecureBootKeys(testenv.Cache())
-		if err != nil {
-			t.Fatal(err)
-		}
-		signed := filepath.Join(t.TempDir(), "signed.efi")
-		k := keys.DBSigner
-		if err := k.Sign(context.Background(), path, signed); err != nil {
-			t.Fatal(err)
-		}
+		signed, k := ukitest.SignT(t, testenv.Cache(), path, "signed.efi")
 		b, err := os.ReadFile(signed)
 		if err != nil {
 			t.Fatal(err)
@@ -181,7 +149,7 @@ func TestUKI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(img.Signatures) != 1 || !img.Signatures[0].Signer.Equal(keys.DBSigner.Cert) || img.UKI == nil || len(img.UKI.Sections) != 4 {
+		if len(img.Signatures) != 1 || !img.Signatures[0].Signer.Equal(k.Cert) || img.UKI == nil || len(img.UKI.Sections) != 4 {
 			t.Fatalf("%d signatures, UKI %+v", len(img.Signatures), img.UKI)
 		}
 		h := sectionHeader(t, b, ".cmdline")

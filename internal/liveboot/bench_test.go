@@ -190,51 +190,50 @@ func BenchmarkLiveBootDracut(b *testing.B) {
 	}
 	tb := testing.TB(b)
 	env := newDracutEnv(tb, ctx, say)
-	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	work := b.TempDir()
-	busybox := &liveboot.Guest{Agent: bins.agent, KubeletCSR: bins.kubeletCSR, Ignition: ignition, CABundle: w.caBundle(tb),
-		Pointer: w.pointer(tb), Server: w.guestURL(), Pool: "worker", Node: node}
+	busybox := &liveboot.Guest{Agent: env.bins.agent, KubeletCSR: env.bins.kubeletCSR, Ignition: env.ignition, CABundle: env.w.caBundle(tb),
+		Pointer: env.w.pointer(tb), Server: env.w.guestURL(), Pool: "worker", Node: node}
 	bbInitrd, bbDisk := filepath.Join(work, "busybox.img"), filepath.Join(work, "busybox-boot.img")
-	if err := busybox.BuildInitramfs(ctx, parts, bbInitrd); err != nil {
+	if err := busybox.BuildInitramfs(ctx, env.parts, bbInitrd); err != nil {
 		b.Fatal(err)
 	}
-	if err := liveboot.BuildBootDisk(ctx, parts, bbInitrd, true, bbDisk); err != nil {
+	if err := liveboot.BuildBootDisk(ctx, env.parts, bbInitrd, true, bbDisk); err != nil {
 		b.Fatal(err)
 	}
-	dg2 := &liveboot.DracutGuest{Agent: bins.agent, Ignition: ignition, IgnitionModule: ignitionModule,
-		NodeproofModule: "../../deploy/node/dracut/50nodeproof", CABundle: w.caBundle(tb),
-		Server: w.guestURL(), Pool: "worker", Evidence: "tpm"}
+	dg2 := &liveboot.DracutGuest{Agent: env.bins.agent, Ignition: env.ignition, IgnitionModule: env.ignitionModule,
+		NodeproofModule: "../../deploy/node/dracut/50nodeproof", CABundle: env.w.caBundle(tb),
+		Server: env.w.guestURL(), Pool: "worker", Evidence: "tpm"}
 	drInitrd, drDisk := filepath.Join(work, "dracut.img"), filepath.Join(work, "dracut-boot.img")
-	if err := dg2.BuildInitramfs(ctx, parts, kmoddir, drInitrd); err != nil {
+	if err := dg2.BuildInitramfs(ctx, env.parts, env.kmoddir, drInitrd); err != nil {
 		b.Fatal(err)
 	}
-	if err := liveboot.BuildBootDiskWith(ctx, parts, drInitrd, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode)), drDisk); err != nil {
+	if err := liveboot.BuildBootDiskWith(ctx, env.parts, drInitrd, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode)), drDisk); err != nil {
 		b.Fatal(err)
 	}
 	pointer := filepath.Join(work, "pointer.ign")
-	if err := os.WriteFile(pointer, w.pointer(tb), 0o644); err != nil {
+	if err := os.WriteFile(pointer, env.w.pointer(tb), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	m1, err := liveboot.NewMachine(ctx, w.man, "")
+	m1, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { m1.Close() })
-	m2, err := liveboot.NewMachine(ctx, w.man, "")
+	m2, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { m2.Close() })
-	listEKs(tb, w, dg, map[string]string{ekSHA256(tb, m2): dracutNode})
+	listEKs(tb, env.w, env.dg, map[string]string{ekSHA256(tb, m2): dracutNode})
 	b.ResetTimer()
 	say("boot busybox, without the agent")
-	base, err := m1.Boot(ctx, liveboot.Boot{Disk: bbDisk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+	base, err := m1.Boot(ctx, liveboot.Boot{Disk: bbDisk, SecureBoot: true, Forward: []int{env.w.serverPort, env.w.apiPort},
 		FwCfg: map[string]string{"nodeproof/plan": "none"}, Progress: say})
 	if err != nil {
 		b.Fatalf("the busybox boot: %v\n%s", err, tail(base))
 	}
 	say("boot dracut, first boot")
-	dr, err := m2.Boot(ctx, liveboot.Boot{Disk: drDisk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+	dr, err := m2.Boot(ctx, liveboot.Boot{Disk: drDisk, SecureBoot: true, Forward: []int{env.w.serverPort, env.w.apiPort},
 		FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer}, Progress: say, Limit: 10 * time.Minute})
 	if err != nil {
 		b.Fatalf("the dracut boot: %v\n%s", err, tail(dr))

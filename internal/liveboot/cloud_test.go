@@ -54,7 +54,6 @@ func TestLiveBootCloud(t *testing.T) {
 	}
 	ctx := context.Background()
 	env := newDracutEnv(t, ctx, say)
-	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	cons := &consoles{dir: artifactDir(t)}
 	work, err := os.MkdirTemp("", "np-liveboot-cloud-")
 	if err != nil {
@@ -62,9 +61,9 @@ func TestLiveBootCloud(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(work) })
 	start := time.Now()
-	g := &liveboot.DracutGuest{Ignition: ignition, IgnitionModule: ignitionModule, Stock: true, Install: liveboot.CloudRootTools, Drivers: liveboot.CloudRootDrivers}
+	g := &liveboot.DracutGuest{Ignition: env.ignition, IgnitionModule: env.ignitionModule, Stock: true, Install: liveboot.CloudRootTools, Drivers: liveboot.CloudRootDrivers}
 	initramfs := filepath.Join(work, "initrd.img")
-	if _, err := withProgress(say, "dracut", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, parts, kmoddir, initramfs) }); err != nil {
+	if _, err := withProgress(say, "dracut", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, env.parts, env.kmoddir, initramfs) }); err != nil {
 		t.Fatal(err)
 	}
 	root := filepath.Join(work, "root.img")
@@ -74,7 +73,7 @@ func TestLiveBootCloud(t *testing.T) {
 	disks := map[string]string{}
 	for _, node := range []string{cloudNode, cloudNode2, cloudNode3} {
 		disks[node] = filepath.Join(work, node+".img")
-		if err := liveboot.BuildBootDiskWith(ctx, parts, initramfs, liveboot.GrubConfig(true, liveboot.CloudCmdline(node)), disks[node]); err != nil {
+		if err := liveboot.BuildBootDiskWith(ctx, env.parts, initramfs, liveboot.GrubConfig(true, liveboot.CloudCmdline(node)), disks[node]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,7 +83,7 @@ func TestLiveBootCloud(t *testing.T) {
 
 	// The agent binary, served over plain HTTP on loopback (the user
 	// data's hash is what makes that safe).
-	agent, err := os.ReadFile(bins.agent)
+	agent, err := os.ReadFile(env.bins.agent)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,9 +113,9 @@ func TestLiveBootCloud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ud := &liveboot.CloudUserData{Pointer: w.pointer(t), Agent: bins.agent,
+	ud := &liveboot.CloudUserData{Pointer: env.w.pointer(t), Agent: env.bins.agent,
 		AgentURL: fmt.Sprintf("http://%s:%d/nodeproof-agent", liveboot.GuestHost, httpPort), Unit: unit, Bootstrap: bootstrap,
-		CABundle: w.caBundle(t), Server: w.guestURL(), Pool: "worker", Evidence: "tpm"}
+		CABundle: env.w.caBundle(t), Server: env.w.guestURL(), Pool: "worker", Evidence: "tpm"}
 	cfg, err := ud.Config()
 	if err != nil {
 		t.Fatal(err)
@@ -126,26 +125,26 @@ func TestLiveBootCloud(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := liveboot.NewMachine(ctx, w.man, "")
+	m, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	m2, err := liveboot.NewMachine(ctx, w.man, "")
+	m2, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m2.Close() })
-	m3, err := liveboot.NewMachine(ctx, w.man, "")
+	m3, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m3.Close() })
-	listEKs(t, w, dg, map[string]string{ekSHA256(t, m): cloudNode, ekSHA256(t, m3): cloudNode3})
+	listEKs(t, env.w, env.dg, map[string]string{ekSHA256(t, m): cloudNode, ekSHA256(t, m3): cloudNode3})
 	// The third machine's agent reaches the server through a relay that
 	// drops its first connections (Ignition's fetch of the public tier
 	// goes to the server directly).
-	rl := startRelay(t, w.serverPort, 4)
+	rl := startRelay(t, env.w.serverPort, 4)
 	ud3 := *ud
 	ud3.Server = fmt.Sprintf("https://%s:%d", liveboot.GuestHost, rl.port)
 	cfg3, err := ud3.Config()
@@ -164,7 +163,7 @@ func TestLiveBootCloud(t *testing.T) {
 		if node == cloudNode3 {
 			ud = userData3
 		}
-		r, err := m.Boot(ctx, liveboot.Boot{Disk: disks[node], Disks: []string{root}, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort, httpPort, rl.port},
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disks[node], Disks: []string{root}, SecureBoot: true, Forward: []int{env.w.serverPort, env.w.apiPort, httpPort, rl.port},
 			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: ud}, Progress: say, Limit: 3 * time.Minute})
 		p := cons.save(t, "cloud-"+name, r)
 		if err != nil {
@@ -205,7 +204,7 @@ func TestLiveBootCloud(t *testing.T) {
 		if l, ok := r.Find("nodeproof-cloudroot: file /var/lib/kubelet/pki/kubelet-client.key.tmp "); !ok || !strings.Contains(l.Text, " mode 600 ") {
 			t.Errorf("the kubelet key's line: %q; want mode 600", l.Text)
 		}
-		checkBound(t, w, cloudNode, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		checkBound(t, env.w, cloudNode, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 		say("listed: the first-boot unit %.1fs, powered off at %.1fs", float64(num(fb["ExecMainExitTimestampMonotonic"])-num(fb["ExecMainStartTimestampMonotonic"]))/1e6, r.Took.Seconds())
 	})
 
@@ -256,7 +255,7 @@ func TestLiveBootCloud(t *testing.T) {
 		if _, ok := r.Files["etc/nodeproof/.fetched"]; !ok {
 			t.Errorf("no stamp; files: %v", keys(r.Files))
 		}
-		checkBound(t, w, cloudNode3, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		checkBound(t, env.w, cloudNode3, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 	})
 	say("the agent binary was fetched %d times", fetched.Load())
 }

@@ -72,19 +72,18 @@ func TestLiveBootDracut(t *testing.T) {
 	}
 	ctx := context.Background()
 	env := newDracutEnv(t, ctx, say)
-	parts, dg, bins, w, kmoddir, ignition, ignitionModule := env.parts, env.dg, env.bins, env.w, env.kmoddir, env.ignition, env.ignitionModule
 	cons := &consoles{dir: artifactDir(t)}
 	work, err := os.MkdirTemp("", "np-liveboot-dracut-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(work) })
-	g := &liveboot.DracutGuest{Agent: bins.agent, Ignition: ignition, IgnitionModule: ignitionModule,
-		NodeproofModule: "../../deploy/node/dracut/50nodeproof", CABundle: w.caBundle(t),
-		Server: w.guestURL(), Pool: "worker", Evidence: "tpm"}
+	g := &liveboot.DracutGuest{Agent: env.bins.agent, Ignition: env.ignition, IgnitionModule: env.ignitionModule,
+		NodeproofModule: "../../deploy/node/dracut/50nodeproof", CABundle: env.w.caBundle(t),
+		Server: env.w.guestURL(), Pool: "worker", Evidence: "tpm"}
 	initramfs := filepath.Join(work, "initrd.img")
 	start := time.Now()
-	if _, err := withProgress(say, "dracut", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, parts, kmoddir, initramfs) }); err != nil {
+	if _, err := withProgress(say, "dracut", func() (struct{}, error) { return struct{}{}, g.BuildInitramfs(ctx, env.parts, env.kmoddir, initramfs) }); err != nil {
 		t.Fatal(err)
 	}
 	fi, err := os.Stat(initramfs)
@@ -92,16 +91,16 @@ func TestLiveBootDracut(t *testing.T) {
 		t.Fatal(err)
 	}
 	disk := filepath.Join(work, "boot.img")
-	if err := liveboot.BuildBootDiskWith(ctx, parts, initramfs, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode)), disk); err != nil {
+	if err := liveboot.BuildBootDiskWith(ctx, env.parts, initramfs, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode)), disk); err != nil {
 		t.Fatal(err)
 	}
 	say("dracut initramfs (%d MB) and boot disk built in %.1fs", fi.Size()>>20, time.Since(start).Seconds())
 	pointer := filepath.Join(work, "pointer.ign")
-	if err := os.WriteFile(pointer, w.pointer(t), 0o644); err != nil {
+	if err := os.WriteFile(pointer, env.w.pointer(t), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
-	m, err := liveboot.NewMachine(ctx, w.man, "")
+	m, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +108,7 @@ func TestLiveBootDracut(t *testing.T) {
 	boot := func(t *testing.T, name string) *liveboot.Result {
 		t.Helper()
 		say("boot %s", name)
-		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: true, Forward: []int{w.serverPort, w.apiPort},
+		r, err := m.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: true, Forward: []int{env.w.serverPort, env.w.apiPort},
 			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer}, Progress: say, Limit: 10 * time.Minute})
 		p := cons.save(t, "dracut-"+name, r)
 		if err != nil {
@@ -151,12 +150,12 @@ func TestLiveBootDracut(t *testing.T) {
 	}
 	// The machine of the unreachable server's boot, listed too (its EK
 	// read from its TPM here, as `nodeproof dev tpm init` prints it).
-	m2, err := liveboot.NewMachine(ctx, w.man, "")
+	m2, err := liveboot.NewMachine(ctx, env.w.man, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m2.Close() })
-	listEKs(t, w, dg, map[string]string{ek: dracutNode, ekSHA256(t, m2): dracutNode2})
+	listEKs(t, env.w, env.dg, map[string]string{ek: dracutNode, ekSHA256(t, m2): dracutNode2})
 
 	t.Run("listed: the agent between fetch-offline and fetch, Ignition applies the attested config, the kubelet key kept", func(t *testing.T) {
 		r := boot(t, "listed")
@@ -183,29 +182,29 @@ func TestLiveBootDracut(t *testing.T) {
 		if l, found := r.Find("nodeproof-liveboot: sysroot /var/lib/kubelet/pki/kubelet-client.key.tmp mode"); !found || !strings.Contains(l.Text, " mode 600 ") {
 			t.Errorf("the kubelet key's line: %q; want mode 600", l.Text)
 		}
-		checkBound(t, w, dracutNode, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		checkBound(t, env.w, dracutNode, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 		a, f := units["nodeproof-agent"], units["ignition-files"]
 		say("first boot: agent %.1fs, Ignition fetch→files %.1fs, powered off at %.1fs", float64(a.exit-a.start)/1e6, float64(f.exit-units["ignition-fetch"].start)/1e6, r.Took.Seconds())
 	})
 
 	t.Run("the server unreachable for a while: the agent retries, then attests; Ignition applies the config", func(t *testing.T) {
-		relay := startRelay(t, w.serverPort, 4)
+		relay := startRelay(t, env.w.serverPort, 4)
 		url := fmt.Sprintf("https://%s:%d", liveboot.GuestHost, relay.port)
 		g2 := *g
 		g2.Server = url
 		initramfs2, disk2, pointer2 := filepath.Join(work, "initrd2.img"), filepath.Join(work, "boot2.img"), filepath.Join(work, "pointer2.ign")
-		if err := g2.BuildInitramfs(ctx, parts, kmoddir, initramfs2); err != nil {
+		if err := g2.BuildInitramfs(ctx, env.parts, env.kmoddir, initramfs2); err != nil {
 			t.Fatal(err)
 		}
-		if err := liveboot.BuildBootDiskWith(ctx, parts, initramfs2, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode2)), disk2); err != nil {
+		if err := liveboot.BuildBootDiskWith(ctx, env.parts, initramfs2, liveboot.GrubConfig(true, liveboot.DracutCmdline(dracutNode2)), disk2); err != nil {
 			t.Fatal(err)
 		}
-		if b, err := exec.Command(w.bins.nodeproof, "pointer", "--state-dir", w.stateDir, "--url", url, "--pool", "worker",
+		if b, err := exec.Command(env.w.bins.nodeproof, "pointer", "--state-dir", env.w.stateDir, "--url", url, "--pool", "worker",
 			"--http-total", "60s", "-o", pointer2).CombinedOutput(); err != nil {
 			t.Fatalf("nodeproof pointer: %v\n%s", err, b)
 		}
 		say("boot unreachable (the relay drops the first %d connections)", relay.drop)
-		r, err := m2.Boot(ctx, liveboot.Boot{Disk: disk2, SecureBoot: true, Forward: []int{relay.port, w.apiPort},
+		r, err := m2.Boot(ctx, liveboot.Boot{Disk: disk2, SecureBoot: true, Forward: []int{relay.port, env.w.apiPort},
 			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer2}, Progress: say, Limit: 10 * time.Minute})
 		p := cons.save(t, "dracut-unreachable", r)
 		if err != nil {
@@ -225,7 +224,7 @@ func TestLiveBootDracut(t *testing.T) {
 		if !strings.Contains(string(r.Files["etc/kubernetes/kubeconfig"]), "token:") {
 			t.Errorf("no bootstrap kubeconfig in /sysroot; files: %v", keys(r.Files))
 		}
-		checkBound(t, w, dracutNode2, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		checkBound(t, env.w, dracutNode2, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 	})
 }
 

@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -17,7 +16,6 @@ import (
 	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/attest/policy"
 	firmwaretestdata "github.com/nodeproof/nodeproof/firmware-testdata"
-	"github.com/nodeproof/nodeproof/internal/liveboot"
 	"github.com/nodeproof/nodeproof/internal/testenv"
 	"github.com/nodeproof/nodeproof/internal/ukitest"
 )
@@ -30,28 +28,12 @@ import (
 // --digests its digest) goes into tpm.uki, a GRUB pool becoming a UKI pool
 // only with --uki-pool; uki= on a file that is not a UKI is refused.
 func TestPolicyLearnEFIUKI(t *testing.T) {
-	parts, err := liveboot.LoadParts(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stub, err := ukitest.Stub(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := liveboot.EnsureSecureBootKeys(testenv.Cache())
-	if err != nil {
-		t.Fatal(err)
-	}
+	stub, kernel := ukitest.StubAndKernelT(t, testenv.Cache())
 	osrel := ukitest.WriteT(t, "os-release", []byte("# the image's\nPRETTY_NAME=\"Node OS 7 (\\\"edge\\\")\"\nID=nodeos\nVERSION_ID='7'\nIMAGE_VERSION=7.1\n"))
 	cmdline := ukitest.WriteT(t, "cmdline", []byte("console=ttyS0 ro"))
 	initrd := ukitest.WriteT(t, "initrd", bytes.Repeat([]byte("initrd"), 5000))
-	kernel := parts.Path(parts.Kernel)
 	unsigned := ukitest.BuildT(t, stub, ukitest.Standard(osrel, cmdline, kernel, initrd))
-	signed := filepath.Join(t.TempDir(), "node-7.efi")
-	k := keys.DBSigner
-	if err := k.Sign(context.Background(), unsigned, signed); err != nil {
-		t.Fatal(err)
-	}
+	signed, k := ukitest.SignT(t, testenv.Cache(), unsigned, "node-7.efi")
 	img, err := bootimage.ReadFile(signed)
 	if err != nil {
 		t.Fatal(err)
@@ -60,25 +42,13 @@ func TestPolicyLearnEFIUKI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sum := func(path string) []byte {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := sha256.Sum256(b)
-		return s[:]
-	}
-	// PCR 11 as the stub extends it: each section's name (with its NUL),
-	// then its content, .linux first.
-	pcr := make([]byte, 32)
+	// The sections in the order the stub measures them, .linux first, and
+	// the PCR 11 they give.
+	measured := []ukitest.Section{{Name: ".linux", File: kernel}, {Name: ".osrel", File: osrel}, {Name: ".cmdline", File: cmdline}, {Name: ".initrd", File: initrd}}
+	pcr := ukitest.PCR11T(t, measured)
 	var sectionLines []string
-	for _, s := range []struct{ name, file string }{{".linux", kernel}, {".osrel", osrel}, {".cmdline", cmdline}, {".initrd", initrd}} {
-		n := sha256.Sum256(append([]byte(s.name), 0))
-		for _, d := range [][]byte{n[:], sum(s.file)} {
-			e := sha256.Sum256(append(pcr, d...))
-			pcr = e[:]
-		}
-		sectionLines = append(sectionLines, s.name, "sha256:"+hex.EncodeToString(sum(s.file)))
+	for _, s := range measured {
+		sectionLines = append(sectionLines, s.Name, "sha256:"+hex.EncodeToString(ukitest.FileSHA256T(t, s.File)))
 	}
 
 	run := func(args ...string) (string, string, int) {
