@@ -256,6 +256,13 @@ type BootState struct {
 	// (attest/tpm's pcr11 lists the checks).
 	UKISectionsKnown bool           `json:"ukiSectionsKnown,omitempty"`
 	UKISections      []MeasuredFile `json:"ukiSections,omitempty"`
+	// SystemdPhases are the boot phases systemd-pcrphase extended into
+	// PCR 11 after systemd-stub's logged measurements (enter-initrd,
+	// leave-initrd, sysinit, ready, shutdown, final: a run of them as
+	// systemd makes them), read from the quoted value: no log the node
+	// sends holds them (attest/tpm's pcr11Phases). Where the boot was, not
+	// what it ran: no policy rule reads them.
+	SystemdPhases []string `json:"systemdPhases,omitempty"`
 }
 
 // UKISection returns the digest of the UKI section name measured, if it

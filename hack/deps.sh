@@ -14,7 +14,9 @@
 # own Secure Boot keys: images re-signed, variable updates signed),
 # binutils (objcopy builds the unified kernel images), and dracut-core and
 # dracut-network (the dracut + systemd initramfs of TestLiveBootDracut;
-# they install beside systemd, removing nothing).
+# they install beside systemd, removing nothing), and systemd's
+# systemd-pcrphase with tpm2-tss's swtpm TCTI (attest/tpm's check of the boot
+# phases systemd measures).
 # Idempotent: does nothing when everything is there.
 set -euo pipefail
 
@@ -44,6 +46,12 @@ dpkg-query -W -f='${Status}' busybox-static 2>/dev/null | grep -q 'install ok in
 [ -x /lib/systemd/systemd ] || need+=(systemd)
 [ -x /lib/systemd/systemd-networkd ] || need+=(systemd)
 [ -x /bin/udevadm ] || need+=(udev)
+# attest/tpm runs Debian's systemd-pcrphase against swtpm (the boot phases
+# systemd extends into PCR 11), through tpm2-tss's swtpm TCTI, in a mount
+# namespace of its own (unshare, util-linux).
+[ -x /lib/systemd/systemd-pcrphase ] || need+=(systemd)
+ls /usr/lib/*/libtss2-tcti-swtpm.so.0 >/dev/null 2>&1 || need+=(libtss2-tcti-swtpm0)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

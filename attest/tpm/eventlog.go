@@ -24,45 +24,71 @@ const MaxEventLogSize = 1 << 20
 const lastSRTMPCR = 16
 
 // replayLog parses a TCG PC Client event log and replays it against the
-// quoted PCR values of one bank, returning only the events that replayed.
+// quoted PCR values of one bank, returning only the events that replayed,
+// and the boot phases systemd extended into PCR 11 after its log.
 // Checks:
 //   - the log parses (crypto-agile or SHA-1 format) and is within
 //     MaxEventLogSize;
 //   - for every quoted PCR 0-16 that has events, extending the events' digests
 //     of this bank from the PCR's initial value (locality-aware for PCR 0)
 //     gives exactly the quoted value. A PCR with no events in the log is
-//     not established by the log, so nothing is read from it.
+//     not established by the log, so nothing is read from it;
+//   - but for PCR 11 the quoted value may also be what its logged events
+//     extend to, extended by systemd-pcrphase's boot phases as systemd
+//     makes them (pcr11Phases lists what is accepted; they are returned,
+//     in order): they come after the firmware's log ended and are logged
+//     nowhere it could send.
 //
 // The common case takes fastReplay; go-eventlog decides everything else.
 //
 // An empty log replays nothing: the boot state then knows nothing, and a
 // policy that asks for any boot field refuses it.
-func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event, error) {
+func replayLog(raw []byte, bank crypto.Hash, quoted map[int][]byte) ([]tcg.Event, []string, error) {
 	if len(raw) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if len(raw) > MaxEventLogSize {
-		return nil, attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes exceeds %d", len(raw), MaxEventLogSize)
+		return nil, nil, attest.Deny(attest.ReasonEventLogInvalid, "event log of %d bytes exceeds %d", len(raw), MaxEventLogSize)
 	}
 	if events, ok := fastReplay(raw, bank, quoted); ok {
-		return events, nil
+		return events, nil, nil
 	}
 	el, err := tcg.ParseEventLog(raw, tcg.ParseOpts{AllowPadding: true})
 	if err != nil {
-		return nil, attest.Deny(attest.ReasonEventLogInvalid, "tpm.eventLog does not parse as a TCG PC Client event log")
+		return nil, nil, attest.Deny(attest.ReasonEventLogInvalid, "tpm.eventLog does not parse as a TCG PC Client event log")
 	}
 	mrs := make([]register.MR, 0, len(quoted))
+	at11 := -1
 	for _, i := range sortedIndexes(quoted) {
 		if i > lastSRTMPCR {
 			continue
 		}
+		if i == 11 {
+			at11 = len(mrs)
+		}
 		mrs = append(mrs, register.PCR{Index: i, Digest: quoted[i], DigestAlg: bank})
 	}
+	mismatch := attest.Deny(attest.ReasonEventLogReplay, "tpm.eventLog does not replay to the quoted PCR values")
 	events, err := el.Verify(mrs)
-	if err != nil {
-		return nil, attest.Deny(attest.ReasonEventLogReplay, "tpm.eventLog does not replay to the quoted PCR values")
+	if err == nil {
+		return events, nil, nil
 	}
-	return events, nil
+	if at11 < 0 {
+		return nil, nil, mismatch
+	}
+	logged, ok := impliedPCRs(el, bank)[11]
+	if !ok {
+		return nil, nil, mismatch
+	}
+	phases, ok := pcr11Phases(logged, quoted[11], bank)
+	if !ok {
+		return nil, nil, mismatch
+	}
+	mrs[at11] = register.PCR{Index: 11, Digest: logged, DigestAlg: bank}
+	if events, err = el.Verify(mrs); err != nil {
+		return nil, nil, mismatch
+	}
+	return events, phases, nil
 }
 
 // dataMatchesDigest reports whether data hashes to digest in bank's hash.
@@ -103,7 +129,7 @@ func LogBootState(raw []byte, bank crypto.Hash) (attest.BootState, error) {
 	if err != nil {
 		return attest.BootState{}, attest.Deny(attest.ReasonEventLogInvalid, "the event log does not parse as a TCG PC Client event log: %v", err)
 	}
-	events, err := replayLog(raw, bank, impliedPCRs(el, bank))
+	events, _, err := replayLog(raw, bank, impliedPCRs(el, bank))
 	if err != nil {
 		return attest.BootState{}, err
 	}

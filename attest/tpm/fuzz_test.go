@@ -111,7 +111,7 @@ func FuzzBootState(f *testing.F) {
 		if quoted == nil {
 			quoted = map[int][]byte{0: make([]byte, 32), 7: make([]byte, 32)}
 		}
-		events, err := replayLog(raw, crypto.SHA256, quoted)
+		events, _, err := replayLog(raw, crypto.SHA256, quoted)
 		if err != nil {
 			wantReasonIn(t, err, attest.ReasonEventLogInvalid, attest.ReasonEventLogReplay)
 			return

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"unicode/utf16"
 
@@ -171,8 +173,36 @@ func TestUKIAttacks(t *testing.T) {
 		rootAppends(t, uki, map[int][]rawEvent{end: section(".cmdline", []byte("init=/bin/sh"), algs)}), pol)
 	row("root appends half a section (a name without content) to PCR 11", attest.ReasonPolicyUKISections,
 		rootAppends(t, uki, map[int][]rawEvent{end: section(".uname", []byte("x"), algs)[:1]}), pol)
-	row("root extends PCR 11 without logging it: PCR 11 no longer replays, and the log is refused before any rule", attest.ReasonEventLogReplay,
-		rootExtends(t, uki, stubEvent(11, "", []byte("leave-initrd"), algs)), pol)
+	phase := func(words ...string) []rawEvent {
+		var es []rawEvent
+		for _, w := range words {
+			es = append(es, stubEvent(11, "", []byte(w), algs))
+		}
+		return es
+	}
+	row("root extends PCR 11 with leave-initrd, unlogged (not a run of systemd's phases: enter-initrd comes first): PCR 11 no longer replays, and the log is refused before any rule", attest.ReasonEventLogReplay,
+		rootExtends(t, uki, phase("leave-initrd")...), pol)
+	row("root extends PCR 11 with systemd's phases out of order (ready before sysinit)", attest.ReasonEventLogReplay,
+		rootExtends(t, uki, phase("enter-initrd", "leave-initrd", "ready", "sysinit")...), pol)
+	row("root extends PCR 11 with a phase twice (sysinit, sysinit)", attest.ReasonEventLogReplay,
+		rootExtends(t, uki, phase("sysinit", "sysinit")...), pol)
+	row("root extends PCR 11 with a phase word of its own after systemd's", attest.ReasonEventLogReplay,
+		rootExtends(t, uki, phase("enter-initrd", "leave-initrd", "sysinit", "ready", "rooted")...), pol)
+	row("root extends PCR 11 with a phase word and its NUL (not what systemd measures)", attest.ReasonEventLogReplay,
+		rootExtends(t, uki, phase("enter-initrd\x00")...), pol)
+	for _, words := range [][]string{{"enter-initrd"}, {"enter-initrd", "leave-initrd", "sysinit", "ready"}, {"sysinit", "ready"}} {
+		m := rootExtends(t, uki, phase(words...)...)
+		row(fmt.Sprintf("systemd-pcrphase's phases after the stub, as systemd makes them (%s): admitted, the phases read from the quote", strings.Join(words, ", ")), "accepted", m, pol)
+		claims, err := swAttest(t, m, v)
+		if err != nil {
+			t.Errorf("phases %q: %v", words, err)
+		} else if got := claims.TPM.Boot; !slices.Equal(got.SystemdPhases, words) || !got.UKISectionsKnown {
+			t.Errorf("phases %q: the claims' phases %q, sections known %v", words, got.SystemdPhases, got.UKISectionsKnown)
+		}
+	}
+	if len(b.SystemdPhases) != 0 {
+		t.Errorf("the honest quote (no phases) reads phases %q", b.SystemdPhases)
+	}
 	row("a command line passed by the boot loader (PCR 12, logged)", attest.ReasonPolicyUKIExtended,
 		rootAppends(t, uki, map[int][]rawEvent{end: {stubEvent(12, "LOADED_IMAGE::LoadOptions", []byte("init=/bin/sh"), algs)}}), pol)
 	row("credentials measured into PCR 12 and left out of the log", attest.ReasonPolicyUKIExtended,

@@ -35,8 +35,8 @@ var UKISectionOrder = []string{".linux", ".osrel", ".cmdline", ".initrd", ".ucod
 // Anything else leaves them unknown, not refused: a pool that judges a
 // UKI (tpm.uki) refuses unknown sections, and other pools do not read
 // them. (systemd's own later PCR 11 measurements — systemd-pcrphase's
-// boot phases, made after the firmware's log ended — make PCR 11 no
-// longer replay from the firmware's log: docs/tpm.md says so.)
+// boot phases, made after the firmware's log ended — are read from the
+// quoted value when the log is replayed: pcr11Phases.)
 func (r *bootReader) pcr11(es []tcg.Event) {
 	if len(es) == 0 || !slices.Contains(r.bs.ReplayedPCRs, 11) || len(es)%2 != 0 {
 		return

@@ -227,7 +227,9 @@ func (v *Verifier) ChallengeTicketed(pool string, kubeletKeySHA256 []byte, req *
 //     time (KubeletKeyMismatch): so the accepted quote's qualifying data is
 //     exactly BindingDigest(session nonce, session kubelet key).
 //  7. The event log parses (EventLogMalformed) and replays to the quoted
-//     PCR values (EventLogReplayMismatch).
+//     PCR values (EventLogReplayMismatch); PCR 11 may hold systemd's boot
+//     phases after its logged events, only as systemd makes them
+//     (pcr11Phases; BootState.SystemdPhases).
 //  8. Boot state is read only from replayed events whose data matches its
 //     digest where the meaning is in the data (EventLogMalformed), as the
 //     boot's sequence: bootState lists each of its checks (the order of
@@ -280,7 +282,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	ekHex := hex.EncodeToString(st.EKSHA256)
 	// From here on the identity is proven (the AK is the EK's, the quote
 	// is the AK's and this session's): what is refused is the boot.
-	events, err := replayLog(ev.EventLog, qr.bank, qr.pcrs)
+	events, phases, err := replayLog(ev.EventLog, qr.bank, qr.pcrs)
 	if err != nil {
 		return nil, &attest.Identified{Identity: "tpm-ek:" + ekHex, Err: err}
 	}
@@ -288,6 +290,7 @@ func (v *Verifier) Verify(sess *attest.Session, ev *Evidence) (*attest.Claims, e
 	if err != nil {
 		return nil, &attest.Identified{Identity: "tpm-ek:" + ekHex, Err: err}
 	}
+	boot.SystemdPhases = phases
 	boot.LogMissing = len(ev.EventLog) == 0
 	pcrs := make(map[int]string, len(qr.pcrs))
 	for i, d := range qr.pcrs {

@@ -179,11 +179,13 @@ func VerifyQuote(ak *AK, sess *attest.Session, ev *QuoteEvidence, o QuoteOptions
 // its reason). The caller wraps a refusal in an *attest.Identified once
 // the identity is proven.
 func (r *QuoteResult) ReplayBoot(eventLog []byte) (attest.BootState, error) {
-	events, err := replayLog(eventLog, r.q.bank, r.q.pcrs)
+	events, phases, err := replayLog(eventLog, r.q.bank, r.q.pcrs)
 	if err != nil {
 		return attest.BootState{}, err
 	}
-	return bootState(events, r.q.bank)
+	bs, err := bootState(events, r.q.bank)
+	bs.SystemdPhases = phases
+	return bs, err
 }
 
 // IdentifiedClaims is what a vouched-for kind's Verify ends with, once

@@ -86,6 +86,17 @@ func Events(sections []Section) ([]Event, error) {
 	return out, nil
 }
 
+// Phases are the boot phases systemd-pcrphase (systemd 252 and later, on
+// a system systemd-stub booted) extends into PCR 11 after the stub's own
+// measurements, in this order, each as the hash of the word (UTF-8, no
+// NUL): in the initrd (systemd-pcrphase-initrd.service) enter-initrd at
+// its start and leave-initrd before the switch to the real root; in the
+// real root sysinit, then ready, and shutdown and final on the way down
+// (systemd's docs/TPM2_PCR_MEASUREMENTS.md; Debian 12's systemd-pcrphase
+// checked against swtpm: attest/tpm's TestSystemdPCRPhase). They are in
+// no log the firmware keeps.
+var Phases = []string{"enter-initrd", "leave-initrd", "sysinit", "ready", "shutdown", "final"}
+
 // PhaseEvents are the events systemd-pcrphase extends into PCR 11 on the
 // way to phase, its words separated by colons ("enter-initrd",
 // "enter-initrd:leave-initrd:sysinit:ready"): each word's SHA-256 (without
