@@ -7,7 +7,8 @@
 #     fetch stage runs with the platform's pointer config; kubelet-csr
 #     makes the kubelet's client CSR with the kubeconfig the config carried
 #     and waits for the approver's decision (or, in an initramfs with the
-#     kubelet, the real kubelet bootstraps: kubelet_bootstrap below); then
+#     kubelet and containerd, the real kubelet bootstraps, registers its
+#     Node and gets its serving certificate: kubelet_bootstrap below); then
 #     the agent re-attests once, as the node's timer would in this boot;
 #   every later boot: the agent re-attests (--mode reattest).
 #

@@ -92,9 +92,11 @@ func authenticode(t testing.TB, parts *liveboot.Parts) digests {
 //     stage applies it, `nodeproof-agent kubelet-bootstrap` gets the
 //     kubelet's first client certificate with the bootstrap kubeconfig it
 //     carried and the key the agent bound (`nodeproof approve` approves
-//     the CSR, kube-controller-manager signs it), and the real kubelet,
-//     rotating its certificates, uses it, makes no bootstrap CSR of its
-//     own and renews it (checkKubelet). The live event log replays to the
+//     the CSR, kube-controller-manager signs it), and the real kubelet on
+//     Debian's containerd, rotating its certificates, uses it, makes no
+//     bootstrap CSR of its own, registers its Node, gets a serving
+//     certificate for the addresses the EK inventory attests and renews
+//     its client certificate (checkKubelet). The live event log replays to the
 //     PCRs the guest's kernel shows, and its boot applications are the
 //     Authenticode digests of the package files.
 //  2. Reboot (a new swtpm process on the same state): fresh PCRs, the same
@@ -527,8 +529,11 @@ func checkKubelet(t *testing.T, ctx context.Context, w *world, r *liveboot.Resul
 	if !slices.Equal(n.Status.Addresses, want) {
 		t.Errorf("the Node's addresses %v; want %v", n.Status.Addresses, want)
 	}
-	t.Logf("kubelet: bootstrap CSR %s (%s), renewal CSR %s (%s) and serving CSR %s (%v %v) approved and signed; certificates %x, %x and %x",
-		first.Name, first.Spec.Username, renewal.Name, renewal.Spec.Username, servingCSR.Name, serving.DNSNames, serving.IPAddresses, boot.SerialNumber, renewed.SerialNumber, serving.SerialNumber)
+	start, _ := r.Find("nodeproof-liveboot: kubelet start")
+	done, _ := r.Find("nodeproof-liveboot: kubelet: serving certificate written")
+	t.Logf("kubelet: bootstrap CSR %s (%s), renewal CSR %s (%s) and serving CSR %s (%v %v) approved and signed; certificates %x, %x and %x; containerd and the kubelet from their start to both certificates %.1fs of the %.1fs boot",
+		first.Name, first.Spec.Username, renewal.Name, renewal.Spec.Username, servingCSR.Name, serving.DNSNames, serving.IPAddresses, boot.SerialNumber, renewed.SerialNumber, serving.SerialNumber,
+		(done.At - start.At).Seconds(), r.Took.Seconds())
 }
 
 // artifactDir is where the boots' consoles go ($NODEPROOF_ARTIFACTS, else

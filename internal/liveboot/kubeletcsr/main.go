@@ -22,13 +22,7 @@
 //	  is KEY's (the key the agent bound into its evidence):
 //	  kubelet-csr: client certificate CN=system:node:N,O=system:nodes,
 //	  issuer …, serial …, valid … to …, public key the agent's bound key
-//	  (SHA-256 …); exit 0 when the subject is the node's, 1 otherwise;
-//	kubelet-csr --hold-socket S --until-changed PEM --timeout D
-//	  listens on the unix socket S, accepts and never answers (no
-//	  container runtime implemented: the kubelet waits for one there, as
-//	  it does while CRI-O starts) until the file PEM changes (the kubelet
-//	  wrote a renewed certificate) or D passes, then closes the socket:
-//	  the kubelet's wait for its runtime fails, and it stops.
+//	  (SHA-256 …); exit 0 when the subject is the node's, 1 otherwise.
 package main
 
 import (
@@ -43,7 +37,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -66,8 +59,6 @@ func main() {
 	timeout := flag.Duration("timeout", 2*time.Minute, "give up after this long")
 	printFile := flag.String("print-file", "", "print this file of the Ignition config and exit")
 	checkCert := flag.String("check-cert", "", "describe this certificate (PEM) against --key and exit")
-	holdSocket := flag.String("hold-socket", "", "hold this unix socket until --until-changed changes or --timeout passes")
-	untilChanged := flag.String("until-changed", "", "with --hold-socket: the file whose change ends the hold")
 	flag.Parse()
 	switch {
 	case *printFile != "":
@@ -86,12 +77,6 @@ func main() {
 		}
 		fmt.Println("kubelet-csr: " + line)
 		if !ok {
-			os.Exit(1)
-		}
-		return
-	case *holdSocket != "":
-		if err := hold(*holdSocket, *untilChanged, *timeout); err != nil {
-			fmt.Fprintf(os.Stderr, "kubelet-csr: %v\n", err)
 			os.Exit(1)
 		}
 		return
@@ -219,62 +204,6 @@ func describe(certFile, keyFile, node string) (line string, ok bool, err error) 
 		c.Subject, c.Issuer, c.SerialNumber, c.NotBefore.UTC().Format(time.TimeOnly), c.NotAfter.UTC().Format(time.TimeOnly), whose, sum[:8])
 	want := pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}
 	return line, c.Subject.String() == want.String(), nil
-}
-
-// hold listens on the unix socket path and holds every connection,
-// answering nothing, until the file changed changes or d passes.
-func hold(path, changed string, d time.Duration) error {
-	if changed == "" {
-		return errors.New("--hold-socket needs --until-changed")
-	}
-	before, err := os.ReadFile(changed)
-	if err != nil {
-		return err
-	}
-	_ = os.Remove(path)
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return err
-	}
-	var conns []net.Conn
-	accepted := make(chan net.Conn)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				close(accepted)
-				return
-			}
-			accepted <- c
-		}
-	}()
-	deadline := time.After(d)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	why := "no change within " + d.String()
-loop:
-	for {
-		select {
-		case c, ok := <-accepted:
-			if ok {
-				conns = append(conns, c)
-			}
-		case <-tick.C:
-			now, err := os.ReadFile(changed)
-			if err == nil && !bytes.Equal(now, before) {
-				why = changed + " changed"
-				break loop
-			}
-		case <-deadline:
-			break loop
-		}
-	}
-	l.Close()
-	for _, c := range conns {
-		c.Close()
-	}
-	fmt.Printf("kubelet-csr: runtime socket %s closed after %d connection(s): %s\n", path, len(conns), why)
-	return nil
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -8,7 +8,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,54 +53,6 @@ func TestDescribe(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestHold: the socket accepts and answers nothing until the watched file
-// changes, then the connection is closed.
-func TestHold(t *testing.T) {
-	dir := t.TempDir()
-	sock, watched := filepath.Join(dir, "cri.sock"), filepath.Join(dir, "cert.pem")
-	if err := os.WriteFile(watched, []byte("first"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- hold(sock, watched, time.Minute) }()
-	var c net.Conn
-	var err error
-	for i := 0; i < 100; i++ {
-		if c, err = net.Dial("unix", sock); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := c.Read(make([]byte, 1)); n != 0 || !isTimeout(err) {
-		t.Fatalf("read from the held socket: %d bytes, %v; want nothing until the deadline", n, err)
-	}
-	if err := os.WriteFile(watched, []byte("renewed"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("hold did not end when the file changed")
-	}
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
-		t.Fatalf("read after the hold: %v; want the connection closed", err)
-	}
-}
-
-func isTimeout(err error) bool {
-	ne, ok := err.(net.Error)
-	return ok && ne.Timeout()
 }
 
 func newKey(t *testing.T) *ecdsa.PrivateKey {
