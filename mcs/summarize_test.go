@@ -26,6 +26,10 @@ func TestSummarize(t *testing.T) {
 			"azure-vtpm azure account=8d10da13-8125-4ba9-a717-bf7490507b3d instance=5c6f1a2e-0d4b-4a39-9b6e-2c4f0e7d9a11 trust=ca:vendor bank=sha256 secureBoot=on kernel=k pcr8=88 pcr9=99"},
 		{"bare metal", &attest.Claims{Kind: attest.KindTPM, TPM: tpmFacts},
 			"tpm ek=0123456789abcdef… (rsa-2048) trust=ca:vendor bank=sha256 secureBoot=on kernel=k pcr8=88 pcr9=99"},
+		{"a unified kernel image, systemd in the initrd", &attest.Claims{Kind: attest.KindTPM, TPM: &attest.TPMClaims{EKSHA256: "0123456789abcdef0123", EKKind: attest.EKKindRSA2048, EKTrust: "inventory", PCRBank: "sha256",
+			PCRs: map[int]string{8: "00", 9: "99"}, Boot: attest.BootState{SecureBootKnown: true, SecureBoot: true, BootApplications: []string{"fedcba9876543210ff"},
+				UKISectionsKnown: true, SystemdPhases: []string{"enter-initrd", "leave-initrd"}}}},
+			"tpm ek=0123456789abcdef… (rsa-2048) trust=inventory bank=sha256 secureBoot=on kernel= pcr8=00 pcr9=99 uki=fedcba9876543210 phases=enter-initrd,leave-initrd"},
 		{"neither", &attest.Claims{Kind: attest.KindTPM, Identity: "tpm-ek:ab"}, "tpm tpm-ek:ab"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,7 +9,8 @@ import (
 
 // summarize describes claims in one line for records and logs (no
 // secrets: claims hold none): the instance a cloud names, then the boot a
-// TPM's quote and log tell (a cloud vTPM has both).
+// TPM's quote and log tell (a cloud vTPM has both): for a unified kernel
+// image its digest, and the boot phases systemd measured into PCR 11.
 func summarize(c *attest.Claims) string {
 	var parts []string
 	switch i := c.Instance; {
@@ -43,6 +44,12 @@ func summarize(c *attest.Claims) string {
 			kernel = k[0]
 		}
 		parts = append(parts, fmt.Sprintf("trust=%s bank=%s secureBoot=%s kernel=%.16s pcr8=%.16s pcr9=%.16s", c.TPM.EKTrust, c.TPM.PCRBank, sb, kernel, c.TPM.PCRs[8], c.TPM.PCRs[9]))
+		if n := len(b.BootApplications); b.UKISectionsKnown && n > 0 {
+			parts = append(parts, fmt.Sprintf("uki=%.16s", b.BootApplications[n-1]))
+		}
+		if len(b.SystemdPhases) > 0 {
+			parts = append(parts, "phases="+strings.Join(b.SystemdPhases, ","))
+		}
 	}
 	return strings.Join(parts, " ")
 }

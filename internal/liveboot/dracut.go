@@ -83,6 +83,10 @@ type DracutGuest struct {
 	// Drivers are kernel modules the image must hold (dracut
 	// --add-drivers), such as CloudRootDrivers.
 	Drivers []string
+	// Modules are more dracut modules (dracut --add), such as
+	// systemd-pcrphase: the initrd of a unified kernel image, where
+	// systemd measures its boot phases into PCR 11.
+	Modules []string
 }
 
 // dracutOmit are dracut modules a first boot on QEMU does not need (they
@@ -173,7 +177,7 @@ func (g *DracutGuest) BuildInitramfs(ctx context.Context, parts *Parts, kmoddir,
 	if err := os.WriteFile(filepath.Join(conf, "mcs-ca-bundle.crt"), g.CABundle, 0o644); err != nil {
 		return err
 	}
-	args = append(args, "--add", "ignition nodeproof nodeproof-liveboot", "--kver", parts.ABI, "--kmoddir", kmoddir, out)
+	args = append(args, "--add", strings.Join(append([]string{"ignition", "nodeproof", "nodeproof-liveboot"}, g.Modules...), " "), "--kver", parts.ABI, "--kmoddir", kmoddir, out)
 	cmd := exec.CommandContext(ctx, dracut, args...)
 	cmd.Env = append(os.Environ(), "dracutbasedir="+base, "NODEPROOF_CONFIG_DIR="+conf)
 	if b, err := cmd.CombinedOutput(); err != nil {

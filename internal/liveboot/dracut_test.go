@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/nodeproof/nodeproof/attest"
+	"github.com/nodeproof/nodeproof/attest/bootimage"
 	"github.com/nodeproof/nodeproof/attest/tpm"
 	"github.com/nodeproof/nodeproof/cmd/nodeproof/inspect"
 	"github.com/nodeproof/nodeproof/internal/liveboot"
@@ -30,7 +31,7 @@ import (
 	"github.com/nodeproof/nodeproof/systemtest"
 )
 
-const dracutNode, dracutNode2 = "live-dracut", "live-dracut-2"
+const dracutNode, dracutNode2, dracutNode3 = "live-dracut", "live-dracut-2", "live-dracut-uki"
 
 // TestLiveBootDracut boots the node's real first-boot path (issue 40 item
 // 1): a dracut + systemd initramfs built by Debian's dracut 059 from this
@@ -59,6 +60,14 @@ const dracutNode, dracutNode2 = "live-dracut", "live-dracut-2"
 //     server through a relay that drops the first connections): the agent
 //     retries with backoff and says so on the console, then attests;
 //     Ignition applies the config as in 2.
+//  4. A unified kernel image of the same initramfs (with dracut's
+//     systemd-pcrphase module) and the node's command line, made with
+//     Debian's systemd-stub and signed by the signer lab's db key, run by
+//     the firmware on the lab's store: the pool learned from the UKI's
+//     file (`policy learn --efi uki= --uki-pool`); systemd measures
+//     enter-initrd into PCR 11 before the agent runs (unit timestamps),
+//     and the server reads PCR 11 through it: admitted, the record naming
+//     the UKI and the phase.
 //
 // The initramfs's /sysroot is an empty tmpfs (root=tmpfs) holding only the
 // accounts an RHCOS image has; the boot ends in the initramfs after
@@ -155,7 +164,13 @@ func TestLiveBootDracut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m2.Close() })
-	listEKs(t, env.w, env.dg, map[string]string{ek: dracutNode, ekSHA256(t, m2): dracutNode2})
+	// The machine of the UKI boot, listed too.
+	m3, err := liveboot.NewMachine(ctx, env.w.man, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m3.Close() })
+	listEKs(t, env.w, env.dg, map[string]string{ek: dracutNode, ekSHA256(t, m2): dracutNode2, ekSHA256(t, m3): dracutNode3})
 
 	t.Run("listed: the agent between fetch-offline and fetch, Ignition applies the attested config, the kubelet key kept", func(t *testing.T) {
 		r := boot(t, "listed")
@@ -225,6 +240,55 @@ func TestLiveBootDracut(t *testing.T) {
 			t.Errorf("no bootstrap kubeconfig in /sysroot; files: %v", keys(r.Files))
 		}
 		checkBound(t, env.w, dracutNode2, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+	})
+
+	t.Run("a unified kernel image of the dracut initramfs, run by the firmware: systemd measures enter-initrd into PCR 11 after the stub; the quote is read through it, admitted", func(t *testing.T) {
+		lab, err := liveboot.LoadSignerLab(ctx, testenv.Cache(), say)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(work, "uki")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		g3 := *g
+		g3.Modules = []string{"systemd-pcrphase"}
+		initrd := filepath.Join(dir, "initrd.img")
+		if _, err := withProgress(say, "dracut (with systemd-pcrphase)", func() (struct{}, error) { return struct{}{}, g3.BuildInitramfs(ctx, env.parts, env.kmoddir, initrd) }); err != nil {
+			t.Fatal(err)
+		}
+		image, disk, _ := signedUKI(t, ctx, lab, dir, env.parts, initrd, liveboot.DracutCmdline(dracutNode3), lab.Keys.DBSigner, lab.Keys.DBCA, false)
+		pool := filepath.Join(dir, "uki-pool.yaml")
+		env.w.policyCmd(t, "policy", "learn", "--efi", "uki="+image, "--uki-pool", "--pool", "worker", "--merge", env.w.policyFile, "-o", pool)
+		applyPolicy(t, env.w, pool)
+		say("boot uki (the pool learned from the UKI's file)")
+		r, err := m3.Boot(ctx, liveboot.Boot{Disk: disk, SecureBoot: true, Vars: lab.Vars.Path, Forward: []int{env.w.serverPort, env.w.apiPort},
+			FwCfgFiles: map[string]string{liveboot.IgnitionConfigFwCfg: pointer}, Progress: say, Limit: 10 * time.Minute})
+		p := cons.save(t, "dracut-uki", r)
+		if err != nil {
+			t.Fatalf("boot: %v (console: %s)\n%s", err, p, tail(r))
+		}
+		say("boot uki: powered off after %.1fs", r.Took.Seconds())
+		expectLines(t, r, "nodeproof-liveboot: ignition complete", "nodeproof-liveboot: poweroff")
+		units := unitTimes(t, r)
+		if ph, a := units["systemd-pcrphase-initrd"], units["nodeproof-agent"]; ph.result != "success" || ph.start == 0 || a.start < ph.exit || a.result != "success" {
+			t.Errorf("systemd-pcrphase-initrd.service %+v, nodeproof-agent.service %+v; want the phase measured, then the agent run", ph, a)
+		}
+		checkBound(t, env.w, dracutNode3, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		// The enrolment's record (a first boot records the summary of its
+		// claims: the UKI, and the phases read from PCR 11).
+		img, err := bootimage.ReadFile(image)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := fmt.Sprintf("uki=%.16s phases=enter-initrd", hex.EncodeToString(img.AuthenticodeSHA256))
+		env.w.inspectUntil(t, dracutNode3, 30*time.Second, func(s *inspect.Story) string {
+			if s.Binding == nil || !strings.HasSuffix(s.Evidence, want) {
+				return "the binding, its evidence ending " + want
+			}
+			return ""
+		})
+		say("boot uki: admitted, PCR 11 read through enter-initrd (%s)", want)
 	})
 }
 

@@ -325,21 +325,16 @@ func FetchPreviousKernel(ctx context.Context, cache string, current *Parts, say 
 	}
 	defer os.RemoveAll(tmp)
 	say("previous kernel: apt-get download %s=%s", pkg, version)
-	cmd := exec.CommandContext(ctx, "apt-get", "download", pkg+"="+version)
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("liveboot: apt-get download %s=%s: %w\n%s", pkg, version, err, out)
-	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, pkg+"_*.deb"))
-	if len(debs) != 1 {
-		return nil, fmt.Errorf("liveboot: apt-get download %s left %d packages", pkg, len(debs))
+	deb, err := downloadDeb(ctx, tmp, pkg, version)
+	if err != nil {
+		return nil, err
 	}
 	out := filepath.Join(tmp, "parts")
 	if err := os.MkdirAll(filepath.Join(out, "modules"), 0o755); err != nil {
 		return nil, err
 	}
 	p := &Parts{ABI: abi, Packages: map[string]string{pkg: version}, Kernel: "vmlinuz-" + abi}
-	if p.Modules, err = unpackKernel(ctx, debs[0], abi, out, p.Kernel, say); err != nil {
+	if p.Modules, err = unpackKernel(ctx, deb, abi, out, p.Kernel, say); err != nil {
 		return nil, err
 	}
 	if err := install(p, out, dir); err != nil {
@@ -349,6 +344,21 @@ func FetchPreviousKernel(ctx context.Context, cache string, current *Parts, say 
 		return nil, err
 	}
 	return LoadPreviousKernel(cache)
+}
+
+// downloadDeb downloads version of pkg into dir (apt-get download: never
+// installed) and returns the package file's path.
+func downloadDeb(ctx context.Context, dir, pkg, version string) (string, error) {
+	cmd := exec.CommandContext(ctx, "apt-get", "download", pkg+"="+version)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("liveboot: apt-get download %s=%s: %w\n%s", pkg, version, err, out)
+	}
+	debs, _ := filepath.Glob(filepath.Join(dir, pkg+"_*.deb"))
+	if len(debs) != 1 {
+		return "", fmt.Errorf("liveboot: apt-get download %s left %d packages in %s", pkg, len(debs), dir)
+	}
+	return debs[0], nil
 }
 
 // previousABI is the highest kernel ABI of current's series (6.1.0-<n>)

@@ -125,31 +125,13 @@ func revocation(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, 
 		t.Fatalf("policy check --against-records: %v; want it to say the node would be tainted (exit 1)\n%s", err, out)
 	}
 	say("revocation: the dbx update (Debian's CA and two hashes) in the policy; the dry run: %s", lastLine(out))
-	// put replaces the policy file and waits for the server to apply it
-	// (its log says "policy reloaded" once more).
-	put := func(b []byte) {
-		t.Helper()
-		reloads := strings.Count(w.server.out.String(), "policy reloaded")
-		tmp := w.policyFile + ".new"
-		if err := os.WriteFile(tmp, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(tmp, w.policyFile); err != nil {
-			t.Fatal(err)
-		}
-		for deadline := time.Now().Add(time.Minute); strings.Count(w.server.out.String(), "policy reloaded") == reloads; time.Sleep(200 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("the server did not apply the policy within a minute\n%s", w.server.out.String())
-			}
-		}
-	}
 	b, err := os.ReadFile(revoked)
 	if err != nil {
 		t.Fatal(err)
 	}
 	applied := time.Now()
-	put(b)
-	defer put(orig)
+	w.putPolicy(t, b)
+	defer w.putPolicy(t, orig)
 	w.inspectUntil(t, node, 2*time.Minute, func(s *inspect.Story) string {
 		switch a, reason, taint := nodeState(s); {
 		case s.State != inspect.StateFailed || s.Reason != string(attest.ReasonPolicyBootSignerDenied):

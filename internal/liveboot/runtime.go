@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 )
@@ -94,21 +93,16 @@ func FetchRuntime(ctx context.Context, cache string, say func(string, ...any)) (
 	}
 	defer os.RemoveAll(tmp)
 	say("container runtime: apt-get download %s=%s", RuntimePackage, version)
-	cmd := exec.CommandContext(ctx, "apt-get", "download", RuntimePackage+"="+version)
-	cmd.Dir = tmp
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("liveboot: apt-get download %s=%s: %w\n%s", RuntimePackage, version, err, out)
-	}
-	debs, _ := filepath.Glob(filepath.Join(tmp, RuntimePackage+"_*.deb"))
-	if len(debs) != 1 {
-		return nil, fmt.Errorf("liveboot: apt-get download %s left %d packages in %s", RuntimePackage, len(debs), tmp)
+	deb, err := downloadDeb(ctx, tmp, RuntimePackage, version)
+	if err != nil {
+		return nil, err
 	}
 	out := filepath.Join(tmp, "runtime")
 	if err := os.Mkdir(out, 0o755); err != nil {
 		return nil, err
 	}
 	r := &Runtime{Version: version, Containerd: filepath.Base(containerdFile)}
-	if err := extract(ctx, debs[0], map[string]string{containerdFile: filepath.Join(out, r.Containerd)}); err != nil {
+	if err := extract(ctx, deb, map[string]string{containerdFile: filepath.Join(out, r.Containerd)}); err != nil {
 		return nil, err
 	}
 	if err := os.Chmod(filepath.Join(out, r.Containerd), 0o755); err != nil {

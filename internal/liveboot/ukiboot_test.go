@@ -84,27 +84,8 @@ func ukiBoots(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wo
 		})
 		// The claims recorded: the UKI, and its sections as the stub
 		// measured them — the sha256 of each input.
-		var c attest.Claims
-		if err := json.Unmarshal(s.Claims, &c); err != nil || c.TPM == nil {
-			t.Fatalf("the binding's claims: %v", err)
-		}
-		b := c.TPM.Boot
-		var want []attest.MeasuredFile
-		for _, sec := range []struct{ name, file string }{{".linux", u.Kernel}, {".osrel", ""}, {".cmdline", ""}, {".initrd", u.Initrd}} {
-			var data []byte
-			switch sec.name {
-			case ".osrel":
-				data = u.OSRelease
-			case ".cmdline":
-				data = []byte(u.Cmdline)
-			default:
-				if data, err = os.ReadFile(sec.file); err != nil {
-					t.Fatal(err)
-				}
-			}
-			sum := sha256.Sum256(data)
-			want = append(want, attest.MeasuredFile{Path: sec.name, Digest: hex.EncodeToString(sum[:])})
-		}
+		b := claimedBoot(t, s)
+		want := ukiSections(t, u)
 		if !b.UKISectionsKnown || !slices.Equal(b.UKISections, want) || len(b.BootApplications) != 1 || b.StageOf(0) != "unified kernel image" {
 			t.Errorf("%s: the recorded boot: applications %v, UKI sections %v (known %v); want the UKI alone and %v", name, b.BootApplications, b.UKISections, b.UKISectionsKnown, want)
 		}
@@ -177,6 +158,41 @@ func ukiBoots(t *testing.T, ctx context.Context, w *world, g *liveboot.Guest, wo
 	say("UKI: C (kernel B %s, its own initramfs, the same signer) admitted with no policy change; %.1fs", imgC.UKI.KernelVersion, rC.Took.Seconds())
 }
 
+// claimedBoot is the boot the claims of s's binding recorded.
+func claimedBoot(t testing.TB, s *inspect.Story) attest.BootState {
+	t.Helper()
+	var c attest.Claims
+	if err := json.Unmarshal(s.Claims, &c); err != nil || c.TPM == nil {
+		t.Fatalf("the binding's claims: %v", err)
+	}
+	return c.TPM.Boot
+}
+
+// ukiSections are the sections systemd-stub measures of u (a UKI of a
+// kernel, an initramfs, a command line and an os-release): each name
+// with the sha256 of what went in, in the stub's order.
+func ukiSections(t testing.TB, u liveboot.UKI) []attest.MeasuredFile {
+	t.Helper()
+	var want []attest.MeasuredFile
+	for _, sec := range []struct{ name, file string }{{".linux", u.Kernel}, {".osrel", ""}, {".cmdline", ""}, {".initrd", u.Initrd}} {
+		var data []byte
+		switch sec.name {
+		case ".osrel":
+			data = u.OSRelease
+		case ".cmdline":
+			data = []byte(u.Cmdline)
+		default:
+			var err error
+			if data, err = os.ReadFile(sec.file); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sum := sha256.Sum256(data)
+		want = append(want, attest.MeasuredFile{Path: sec.name, Digest: hex.EncodeToString(sum[:])})
+	}
+	return want
+}
+
 // buildUKI makes, under dir, a UKI of kernel (with its own initramfs for
 // g) and the command line, signed by signer (its issuer carried), on a
 // boot disk for the firmware, or for Debian's shim; it returns the image,
@@ -191,6 +207,13 @@ func buildUKI(t testing.TB, ctx context.Context, lab *liveboot.SignerLab, dir st
 	if err := g.BuildInitramfs(ctx, kernel, initrd); err != nil {
 		t.Fatal(err)
 	}
+	return signedUKI(t, ctx, lab, dir, kernel, initrd, cmdline, signer, issuer, shim)
+}
+
+// signedUKI is buildUKI with the initramfs initrd.
+func signedUKI(t testing.TB, ctx context.Context, lab *liveboot.SignerLab, dir string, kernel *liveboot.Parts, initrd, cmdline string,
+	signer, issuer liveboot.KeyPair, shim bool) (image, disk string, u liveboot.UKI) {
+	t.Helper()
 	u = liveboot.UKI{Stub: lab.Current.Path(lab.Current.Stub), Kernel: kernel.Path(kernel.Kernel), Initrd: initrd, Cmdline: cmdline, OSRelease: []byte(liveboot.UKIOSRelease)}
 	unsigned := filepath.Join(dir, "unsigned.efi")
 	image, disk = filepath.Join(dir, "uki.efi"), filepath.Join(dir, "boot.img")

@@ -212,15 +212,5 @@ func applyPolicy(t testing.TB, w *world, file string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := strings.Count(w.server.out.String(), "policy reloaded")
-	if err := os.WriteFile(w.policyFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for strings.Count(w.server.out.String(), "policy reloaded") == before {
-		if time.Now().After(deadline) {
-			t.Fatalf("the server did not reload %s:\n%s", file, w.server.out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	w.putPolicy(t, b)
 }

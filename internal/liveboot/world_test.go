@@ -300,9 +300,17 @@ func listInventory(t testing.TB, w *world, pool *policytest.Pool, entries ...ekE
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.putPolicy(t, pol)
+}
+
+// putPolicy replaces the server's --policy file with b (atomically) and
+// waits for the server to apply it (its log says "policy reloaded" once
+// more).
+func (w *world) putPolicy(t testing.TB, b []byte) {
+	t.Helper()
 	reloads := strings.Count(w.server.out.String(), "policy reloaded")
 	tmp := w.policyFile + ".new"
-	if err := os.WriteFile(tmp, pol, 0o600); err != nil {
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Rename(tmp, w.policyFile); err != nil {

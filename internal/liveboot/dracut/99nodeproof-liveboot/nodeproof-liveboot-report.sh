@@ -7,8 +7,9 @@ set -u
 mark() { echo "nodeproof-liveboot: $* [uptime $(cut -d' ' -f1 /proc/uptime)]"; }
 mark "ignition complete"
 # Each stage's start and exit (CLOCK_MONOTONIC, µs) as systemd recorded
-# them: the host checks their order.
-for u in ignition-fetch-offline ignition-fetch nodeproof-agent ignition-kargs ignition-disks ignition-mount ignition-files nodeproof-kubelet-key; do
+# them: the host checks their order (systemd-pcrphase-initrd runs only in
+# a unified kernel image's initrd: systemd-stub's variable says so).
+for u in systemd-pcrphase-initrd ignition-fetch-offline ignition-fetch nodeproof-agent ignition-kargs ignition-disks ignition-mount ignition-files nodeproof-kubelet-key; do
     mark "unit $u.service $(systemctl show -p Result -p ExecMainStatus -p ExecMainStartTimestampMonotonic -p ExecMainExitTimestampMonotonic "$u.service" | sort | tr '\n' ' ')"
 done
 cd /sysroot || exit 1
