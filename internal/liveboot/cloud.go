@@ -208,10 +208,13 @@ type CloudUserData struct {
 	// where the machine fetches it.
 	Agent, AgentURL string
 	// Unit is deploy/node/nodeproof-agent-firstboot.service; Bootstrap,
-	// when set, deploy/node/nodeproof-kubelet-bootstrap.service (the public
-	// tier installs and enables it; the user data gives it the agent's
-	// path too).
-	Unit, Bootstrap []byte
+	// when set, deploy/node/nodeproof-kubelet-bootstrap.service, and
+	// Reattest deploy/node/nodeproof-reattest.service (the public tier
+	// installs and enables them; the user data gives them the agent's path
+	// too, and the re-attestation the user data's settings: without it the
+	// node's timer would run an agent that is not there, and the node
+	// would never attest again).
+	Unit, Bootstrap, Reattest []byte
 	// CABundle, Server, Pool and Evidence are the agent's settings.
 	CABundle               []byte
 	Server, Pool, Evidence string
@@ -257,6 +260,14 @@ func (u *CloudUserData) Config() ([]byte, error) {
 			return nil, err
 		}
 		units = append(units, map[string]any{"name": "nodeproof-kubelet-bootstrap.service",
+			"dropins": []any{map[string]any{"name": "10-agent-from-user-data.conf", "contents": d}}})
+	}
+	if u.Reattest != nil {
+		d, err := agentDropin("the re-attestation unit", u.Reattest, "EnvironmentFile="+CloudAgentEnv+"\n")
+		if err != nil {
+			return nil, err
+		}
+		units = append(units, map[string]any{"name": "nodeproof-reattest.service",
 			"dropins": []any{map[string]any{"name": "10-agent-from-user-data.conf", "contents": d}}})
 	}
 	env := fmt.Sprintf("NODEPROOF_SERVER=%s\nNODEPROOF_POOL=%s\nNODEPROOF_EVIDENCE=%s\n", u.Server, u.Pool, u.Evidence)

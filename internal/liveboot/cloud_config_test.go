@@ -17,8 +17,10 @@ import (
 // parses with Ignition's own parser, keeps the pointer's merge, fetches the
 // agent with its SHA-512, enables deploy/node's first-boot unit with a
 // drop-in running the agent from /usr/local/bin with the user data's
-// settings; a unit without the agent's ExecStart and a pointer that
-// already has a storage section are refused.
+// settings, and the node's re-attestation unit (which the public tier
+// installs) with a drop-in running that agent too; a unit without the
+// agent's ExecStart and a pointer that already has a storage section are
+// refused.
 func TestCloudUserData(t *testing.T) {
 	dir := t.TempDir()
 	agent := filepath.Join(dir, "agent")
@@ -29,20 +31,27 @@ func TestCloudUserData(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reattest, err := os.ReadFile("../../deploy/node/nodeproof-reattest.service")
+	if err != nil {
+		t.Fatal(err)
+	}
 	pointer := []byte(`{"ignition":{"version":"3.4.0","config":{"merge":[{"source":"https://10.0.2.100:22623/config/worker"}]}}}`)
 	sum := sha512.Sum512([]byte("an agent build"))
 	for _, tc := range []struct {
-		name    string
-		pointer []byte
-		unit    []byte
-		wantErr string
+		name     string
+		pointer  []byte
+		unit     []byte
+		reattest []byte
+		wantErr  string
 	}{
 		{name: "the pointer plus the agent", pointer: pointer, unit: unit},
+		{name: "the pointer plus the agent, the re-attestation unit pointed at it too", pointer: pointer, unit: unit, reattest: reattest},
+		{name: "a re-attestation unit without the agent's ExecStart", pointer: pointer, unit: unit, reattest: []byte("[Service]\nExecStart=/bin/true\n"), wantErr: "the re-attestation unit has no ExecStart"},
 		{name: "a unit without the agent's ExecStart", pointer: pointer, unit: []byte("[Service]\nExecStart=/bin/true\n"), wantErr: "no ExecStart"},
 		{name: "a pointer with a storage section", pointer: []byte(`{"ignition":{"version":"3.4.0"},"storage":{}}`), unit: unit, wantErr: "storage section"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			u := &liveboot.CloudUserData{Pointer: tc.pointer, Agent: agent, AgentURL: "http://10.0.2.100:8080/nodeproof-agent", Unit: tc.unit,
+			u := &liveboot.CloudUserData{Pointer: tc.pointer, Agent: agent, AgentURL: "http://10.0.2.100:8080/nodeproof-agent", Unit: tc.unit, Reattest: tc.reattest,
 				CABundle: []byte("a CA"), Server: "https://10.0.2.100:22623", Pool: "worker", Evidence: "tpm"}
 			b, err := u.Config()
 			if tc.wantErr != "" {
@@ -75,12 +84,28 @@ func TestCloudUserData(t *testing.T) {
 			if _, ok := files[liveboot.CloudAgentEnv]; !ok {
 				t.Errorf("no %s; files %v", liveboot.CloudAgentEnv, files)
 			}
-			if len(cfg.Systemd.Units) != 1 || cfg.Systemd.Units[0].Enabled == nil || !*cfg.Systemd.Units[0].Enabled || len(cfg.Systemd.Units[0].Dropins) != 1 {
-				t.Fatalf("the first-boot unit: %+v; want it enabled with one drop-in", cfg.Systemd.Units)
+			want := 1
+			if tc.reattest != nil {
+				want = 2
+			}
+			if len(cfg.Systemd.Units) != want || cfg.Systemd.Units[0].Enabled == nil || !*cfg.Systemd.Units[0].Enabled || len(cfg.Systemd.Units[0].Dropins) != 1 {
+				t.Fatalf("the units: %+v; want the first-boot unit enabled with one drop-in, and %d in all", cfg.Systemd.Units, want)
 			}
 			d := *cfg.Systemd.Units[0].Dropins[0].Contents
 			if !strings.Contains(d, "EnvironmentFile="+liveboot.CloudAgentEnv) || !strings.Contains(d, "ExecStart=\nExecStart="+liveboot.CloudAgentPath+" --mode=fetch ") {
 				t.Errorf("the drop-in:\n%s", d)
+			}
+			if tc.reattest != nil {
+				// The public tier installs and enables the unit and its
+				// timer: the user data only points it at the agent.
+				u := cfg.Systemd.Units[1]
+				if u.Name != "nodeproof-reattest.service" || u.Enabled != nil || u.Contents != nil || len(u.Dropins) != 1 {
+					t.Fatalf("the re-attestation unit: %+v; want only a drop-in", u)
+				}
+				d := *u.Dropins[0].Contents
+				if !strings.Contains(d, "EnvironmentFile="+liveboot.CloudAgentEnv) || !strings.Contains(d, "ExecStart=\nExecStart="+liveboot.CloudAgentPath+" --mode=reattest ") {
+					t.Errorf("the re-attestation drop-in:\n%s", d)
+				}
 			}
 		})
 	}

@@ -113,8 +113,12 @@ func TestLiveBootCloud(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	reattest, err := os.ReadFile("../../deploy/node/nodeproof-reattest.service")
+	if err != nil {
+		t.Fatal(err)
+	}
 	ud := &liveboot.CloudUserData{Pointer: env.w.pointer(t), Agent: env.bins.agent,
-		AgentURL: fmt.Sprintf("http://%s:%d/nodeproof-agent", liveboot.GuestHost, httpPort), Unit: unit, Bootstrap: bootstrap,
+		AgentURL: fmt.Sprintf("http://%s:%d/nodeproof-agent", liveboot.GuestHost, httpPort), Unit: unit, Bootstrap: bootstrap, Reattest: reattest,
 		CABundle: env.w.caBundle(t), Server: env.w.guestURL(), Pool: "worker", Evidence: "tpm"}
 	cfg, err := ud.Config()
 	if err != nil {
@@ -205,6 +209,13 @@ func TestLiveBootCloud(t *testing.T) {
 			t.Errorf("the kubelet key's line: %q; want mode 600", l.Text)
 		}
 		checkBound(t, env.w, cloudNode, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
+		// The node's re-attestation (its timer's unit, started by the
+		// report as the timer would 30 s after boot) runs the agent the
+		// user data brought, with its settings.
+		if ra := units["nodeproof-reattest"]; ra["Result"] != "success" || num(ra["ExecMainStartTimestampMonotonic"]) == 0 {
+			t.Errorf("nodeproof-reattest.service: %v; want it run with success", ra)
+		}
+		expectLines(t, r, fmt.Sprintf("nodeproof-cloudroot: reattest journal: nodeproof-agent: node %s re-attested", cloudNode))
 		say("listed: the first-boot unit %.1fs, powered off at %.1fs", float64(num(fb["ExecMainExitTimestampMonotonic"])-num(fb["ExecMainStartTimestampMonotonic"]))/1e6, r.Took.Seconds())
 	})
 

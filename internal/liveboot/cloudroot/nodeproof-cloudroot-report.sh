@@ -22,6 +22,14 @@ find "${dirs[@]}" -type f | sort | while read -r f; do
     mark "file /$f mode $(stat -c %a "$f") sha256 $(sha256sum <"$f" | cut -d' ' -f1)"
 done
 journalctl -b --no-pager -o cat -u nodeproof-agent-firstboot.service | tail -n 30 | sed 's/^/nodeproof-cloudroot: journal: /'
+# The node's re-attestation, which its timer starts 30 s after every boot
+# (this boot powers off sooner): started now, once the first boot's unit
+# has run (its conditions skip it otherwise).
+if systemctl cat nodeproof-reattest.service >/dev/null 2>&1; then
+    systemctl start nodeproof-reattest.service
+    mark "unit nodeproof-reattest.service $(systemctl show -p ActiveState -p Result -p ExecMainStatus -p ExecMainStartTimestampMonotonic -p ExecMainExitTimestampMonotonic -p InactiveExitTimestampMonotonic nodeproof-reattest.service | sort | tr '\n' ' ')"
+    journalctl -b --no-pager -o cat -u nodeproof-reattest.service | tail -n 10 | sed 's/^/nodeproof-cloudroot: reattest journal: /'
+fi
 tar -cf /dev/vdb --exclude=usr/local/bin "${dirs[@]}" && sync
 mark "poweroff"
 systemctl --no-block poweroff
