@@ -63,7 +63,8 @@ const dracutNode, dracutNode2, dracutNode3 = "live-dracut", "live-dracut-2", "li
 //  4. A unified kernel image of the same initramfs (with dracut's
 //     systemd-pcrphase module) and the node's command line, made with
 //     Debian's systemd-stub and signed by the signer lab's db key, run by
-//     the firmware on the lab's store: the pool learned from the UKI's
+//     Debian's shim (as distributions ship UKIs; the shim verifies it
+//     against db) on the lab's store: the pool learned from the UKI's
 //     file (`policy learn --efi uki= --uki-pool`); systemd measures
 //     enter-initrd into PCR 11 before the agent runs (unit timestamps),
 //     and the server reads PCR 11 through it: admitted, the record naming
@@ -242,7 +243,7 @@ func TestLiveBootDracut(t *testing.T) {
 		checkBound(t, env.w, dracutNode2, r.Files["var/lib/kubelet/pki/kubelet-client.key.tmp"])
 	})
 
-	t.Run("a unified kernel image of the dracut initramfs, run by the firmware: systemd measures enter-initrd into PCR 11 after the stub; the quote is read through it, admitted", func(t *testing.T) {
+	t.Run("a unified kernel image of the dracut initramfs, run by Debian's shim: systemd measures enter-initrd into PCR 11 after the stub; the quote is read through it, admitted", func(t *testing.T) {
 		lab, err := liveboot.LoadSignerLab(ctx, testenv.Cache(), say)
 		if err != nil {
 			t.Fatal(err)
@@ -257,7 +258,7 @@ func TestLiveBootDracut(t *testing.T) {
 		if _, err := withProgress(say, "dracut (with systemd-pcrphase)", func() (struct{}, error) { return struct{}{}, g3.BuildInitramfs(ctx, env.parts, env.kmoddir, initrd) }); err != nil {
 			t.Fatal(err)
 		}
-		image, disk, _ := signedUKI(t, ctx, lab, dir, env.parts, initrd, liveboot.DracutCmdline(dracutNode3), lab.Keys.DBSigner, lab.Keys.DBCA, false)
+		image, disk, _ := signedUKI(t, ctx, lab, dir, env.parts, initrd, liveboot.DracutCmdline(dracutNode3), lab.Keys.DBSigner, lab.Keys.DBCA, true)
 		pool := filepath.Join(dir, "uki-pool.yaml")
 		env.w.policyCmd(t, "policy", "learn", "--efi", "uki="+image, "--uki-pool", "--pool", "worker", "--merge", env.w.policyFile, "-o", pool)
 		applyPolicy(t, env.w, pool)
