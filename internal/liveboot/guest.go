@@ -99,12 +99,8 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 		}
 		files["/bin/containerd"] = File{Src: g.Containerd, Mode: 0o755}
 		files["/etc/containerd/config.toml"] = File{Data: ContainerdConfig}
-		libs, err := SharedLibraries(ctx, g.Containerd)
-		if err != nil {
+		if err := addLibraries(ctx, files, g.Containerd); err != nil {
 			return err
-		}
-		for _, l := range libs {
-			files[l] = File{Src: l, Mode: 0o755}
 		}
 	}
 	if g.Ignition != "" {
@@ -114,12 +110,8 @@ func (g *Guest) BuildInitramfs(ctx context.Context, parts *Parts, out string) er
 		}
 		defer os.Remove(stripped)
 		files["/bin/ignition"] = File{Src: stripped, Mode: 0o755}
-		libs, err := SharedLibraries(ctx, g.Ignition)
-		if err != nil {
+		if err := addLibraries(ctx, files, g.Ignition); err != nil {
 			return err
-		}
-		for _, l := range libs {
-			files[l] = File{Src: l, Mode: 0o755}
 		}
 	}
 	return BuildInitramfs(ctx, out, files)
@@ -140,6 +132,19 @@ func BuildBootDiskWith(ctx context.Context, parts *Parts, initramfs string, grub
 		ESPKernel:    {Src: parts.Path(parts.Kernel)},
 		ESPInitramfs: {Src: initramfs},
 	})
+}
+
+// addLibraries puts what bin loads (SharedLibraries) into files, each at
+// its path on this machine.
+func addLibraries(ctx context.Context, files map[string]File, bin string) error {
+	libs, err := SharedLibraries(ctx, bin)
+	if err != nil {
+		return err
+	}
+	for _, l := range libs {
+		files[l] = File{Src: l, Mode: 0o755}
+	}
+	return nil
 }
 
 // SharedLibraries lists what a dynamically linked program loads (ldd):
